@@ -1,0 +1,97 @@
+"""The one error tree of sparkfleet.
+
+Every error a user can cause or fix is a ``SparkfleetError``; the CLI prints its message as one
+red line and exits with code 2. Anything else is a bug and gets a traceback in the log file.
+
+    SparkfleetError
+     ├── RecipeError        a recipe file is malformed or refers to something impossible
+     ├── ClusterError       a cluster inventory file is malformed, or too small for a recipe
+     ├── PlanError          recipe and cluster together cannot be planned
+     ├── NodeError          something on one node failed (carries the node name)
+     │    ├── TransportError   the node could not be reached or a command could not run
+     │    │    └── CommandError   a command ran and failed (carries the Result)
+     │    ├── RuntimeError_    a rank could not be started, inspected or stopped
+     │    └── StagingError     staging could not run or would not fit on the node
+     ├── ReadinessError     a deployment did not become ready (rank exited, timeout, forbidden line)
+     ├── StateError         the local state store or a deployment lock
+     ├── BenchError         a benchmark could not run (endpoint down, bad answers)
+     └── EvalError          a quality or needle evaluation could not run
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sparkfleet.transport.base import Result
+
+
+class SparkfleetError(Exception):
+    """A failure the user can understand and act on; its message is shown as-is."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class RecipeError(SparkfleetError):
+    """A recipe is malformed; the message names the file and the key path."""
+
+
+class ClusterError(SparkfleetError):
+    """A cluster inventory is malformed or does not fit the recipe."""
+
+
+class PlanError(SparkfleetError):
+    """A recipe and a cluster cannot be planned together."""
+
+
+class NodeError(SparkfleetError):
+    """Something failed on one node."""
+
+    def __init__(self, node: str, message: str) -> None:
+        super().__init__(f"{node}: {message}")
+        self.node = node
+        self.detail = message
+
+
+class TransportError(NodeError):
+    """A node could not be reached, or a command could not be run there."""
+
+
+class CommandError(TransportError):
+    """A command ran on a node and exited non-zero; carries its Result."""
+
+    def __init__(self, result: Result, what: str | None = None) -> None:
+        tail = result.tail()
+        label = what or result.display()
+        msg = f"{label} exited {result.exit_code}" + (f":\n{tail}" if tail else "")
+        super().__init__(result.node, msg)
+        self.result = result
+
+
+class RankRuntimeError(NodeError):
+    """A rank could not be started, inspected or stopped."""
+
+
+class StagingError(NodeError):
+    """Staging could not run, or would not fit, on a node."""
+
+
+class ReadinessError(SparkfleetError):
+    """A deployment did not become ready."""
+
+
+class StateError(SparkfleetError):
+    """The local state store, or a deployment lock, refused the operation."""
+
+
+class BenchError(SparkfleetError):
+    """A benchmark could not run."""
+
+
+class EvalError(SparkfleetError):
+    """A quality or needle evaluation could not run."""

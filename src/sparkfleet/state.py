@@ -1,0 +1,70 @@
+"""The local SQLite store: deployments, ranks, events, bench and eval runs.
+
+Each feature owns its tables and declares them with ``Store.ensure(schema)``; the store only
+knows where the file lives and how to open it safely (WAL, one writer at a time).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sparkfleet.errors import StateError
+
+STATE_DIR_ENV = "SPARKFLEET_STATE_DIR"
+
+
+def state_dir() -> Path:
+    """Where this user's sparkfleet state lives (``$SPARKFLEET_STATE_DIR`` wins)."""
+    override = os.environ.get(STATE_DIR_ENV)
+    if override:
+        return Path(override)
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "sparkfleet"
+
+
+class Store:
+    """One SQLite database file; connections are short-lived and transactions atomic."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = Path(path) if path else state_dir() / "state.db"
+        self._ensured: set[str] = set()
+
+    @contextmanager
+    def connect(self) -> Iterator[sqlite3.Connection]:
+        """A connection inside one transaction: committed on success, rolled back on error."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        except (OSError, sqlite3.Error) as exc:
+            raise StateError(f"cannot open the state store {self.path}: {exc}") from exc
+        conn.row_factory = sqlite3.Row
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+
+    def ensure(self, schema: str) -> None:
+        """Create tables and indexes (idempotent ``CREATE … IF NOT EXISTS`` statements)."""
+        if schema in self._ensured:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, timeout=30)
+        try:
+            conn.executescript(schema)
+        except sqlite3.Error as exc:
+            raise StateError(f"cannot prepare the state store {self.path}: {exc}") from exc
+        finally:
+            conn.close()
+        self._ensured.add(schema)
