@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Build the local test images (no registry needed):
+#   sparkfleet-test:latest          `docker import` of a busybox-static root filesystem
+#                                   + the stand-in rank (scripts/test-image/standin-rank)
+#   sparkfleet-test-derived:latest  `docker build` FROM the first (proves build works offline)
+# Skips a build when the image exists and its input hash label matches (FORCE=1 rebuilds).
+# Needs: busybox-static (scripts/setup-system.sh), a running dockerd (scripts/start-dockerd.sh).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ctx="$here/test-image"
+IMAGE="${IMAGE:-sparkfleet-test:latest}"
+DERIVED="${DERIVED:-sparkfleet-test-derived:latest}"
+BB="$(command -v busybox || true)"
+[ -n "$BB" ] && file -L "$BB" 2>/dev/null | grep -q static || BB=/bin/busybox
+[ -x "$BB" ] || { echo "build-test-image: busybox-static missing (apt-get install busybox-static)" >&2; exit 1; }
+docker info >/dev/null 2>&1 || "$here/start-dockerd.sh"
+
+hash="$( (sha256sum "$BB" "$ctx/standin-rank" "$ctx/standin-handler" "$0" | cut -d' ' -f1) | sha256sum | cut -c1-16)"
+have="$(docker image inspect -f '{{index .Config.Labels "org.sparkfleet.inputs"}}' "$IMAGE" 2>/dev/null || true)"
+if [ "${FORCE:-0}" != 1 ] && [ "$have" = "$hash" ]; then
+  echo "build-test-image: $IMAGE up to date ($hash)"
+else
+  root="$(mktemp -d)"; trap 'rm -rf "$root"' EXIT
+  mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,etc,tmp,proc,sys,dev,root,var/log,srv}
+  chmod 1777 "$root/tmp"
+  cp "$BB" "$root/bin/busybox"
+  for a in $("$BB" --list); do
+    [ "$a" = busybox ] || ln -s busybox "$root/bin/$a"
+  done
+  install -m 0755 "$ctx/standin-rank" "$ctx/standin-handler" "$root/usr/bin/"
+  printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' > "$root/etc/passwd"
+  printf 'root:x:0:\nnogroup:x:65534:\n' > "$root/etc/group"
+  echo "127.0.0.1 localhost" > "$root/etc/hosts"
+  tar -C "$root" --numeric-owner --owner=0 --group=0 -c . | docker import \
+    -c 'ENV PATH=/usr/sbin:/usr/bin:/sbin:/bin' \
+    -c 'CMD ["standin-rank"]' \
+    -c "LABEL org.sparkfleet.inputs=$hash" \
+    -c 'EXPOSE 8000' \
+    -m "sparkfleet test image (busybox + stand-in rank)" - "$IMAGE" >/dev/null
+  echo "build-test-image: imported $IMAGE ($(docker image inspect -f '{{.Size}}' "$IMAGE") bytes)"
+  FORCE=1
+fi
+dhave="$(docker image inspect -f '{{index .Config.Labels "org.sparkfleet.base"}}' "$DERIVED" 2>/dev/null || true)"
+base_id="$(docker image inspect -f '{{.Id}}' "$IMAGE")"
+if [ "${FORCE:-0}" != 1 ] && [ "$dhave" = "$base_id" ]; then
+  echo "build-test-image: $DERIVED up to date"
+else
+  DOCKER_BUILDKIT=0 docker build -q -f "$ctx/Dockerfile.derived" --label "org.sparkfleet.base=$base_id" \
+    -t "$DERIVED" "$ctx" >/dev/null 2>/tmp/docker-build.err || { cat /tmp/docker-build.err >&2; exit 1; }
+  echo "build-test-image: built $DERIVED"
+fi
+# Smoke: the image runs a command.
+out="$(docker run --rm --network none "$IMAGE" sh -c 'cat /etc/passwd | head -1; sleep 0; echo ok')"
+[ "${out##*$'\n'}" = ok ] || { echo "build-test-image: smoke run failed: $out" >&2; exit 1; }
+echo "build-test-image: smoke run ok"
