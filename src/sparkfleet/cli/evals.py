@@ -1,0 +1,10 @@
+"""CLI commands for quality and needle evals (issue 6)."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the app (none yet)."""
+    return None

@@ -1,0 +1,10 @@
+"""CLI commands for image build/push (issue 7)."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the app (none yet)."""
+    return None

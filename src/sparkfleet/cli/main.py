@@ -1,0 +1,92 @@
+"""Entry point: builds the typer app from the command modules and maps errors to exit codes.
+
+Command modules import only typer and rich at import time; heavy libraries are imported inside
+the commands so `sparkfleet plan` starts fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import typer
+
+from sparkfleet.errors import SparkfleetError
+
+# Each module exposes register(app); the order here is the order of `sparkfleet --help`.
+COMMAND_MODULES = (
+    "sparkfleet.cli.recipes",  # validate, plan
+    "sparkfleet.cli.lifecycle",  # up, down, status, logs
+    "sparkfleet.cli.stage",  # stage
+    "sparkfleet.cli.doctor",  # doctor
+    "sparkfleet.cli.image",  # image build|push
+    "sparkfleet.cli.bench",  # bench decode|prefill|show|compare|export
+    "sparkfleet.cli.evals",  # eval quality|compare|needle|show
+    "sparkfleet.cli.imports",  # import mia-env|sparkrun
+    "sparkfleet.cli.export",  # export k8s|slurm
+    "sparkfleet.cli.dashboard",  # dashboard
+)
+
+EXIT_USER_ERROR = 2
+
+
+def build_app() -> typer.Typer:
+    """The full command tree."""
+    app = typer.Typer(
+        name="sparkfleet",
+        help="Launch, stage, verify, benchmark and evaluate multi-node LLM deployments.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+    for module in COMMAND_MODULES:
+        importlib.import_module(module).register(app)
+    return app
+
+
+def _crash_log() -> Path:
+    from sparkfleet.state import state_dir
+
+    return state_dir() / "crash.log"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI: user errors become one red line and exit 2; bugs go to the crash log."""
+    from sparkfleet.cli.console import err_console
+
+    logging.basicConfig(level=os.environ.get("SPARKFLEET_LOG", "WARNING"))
+    try:
+        build_app()(args=argv, standalone_mode=False)
+    except SparkfleetError as exc:
+        err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False, markup=True)
+        sys.exit(EXIT_USER_ERROR)
+    except KeyboardInterrupt:
+        err_console.print("[bold red]interrupted[/]")
+        sys.exit(130)
+    except SystemExit:
+        raise
+    except Exception as exc:  # click's usage errors arrive here in non-standalone mode
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            sys.exit(EXIT_USER_ERROR)
+        if isinstance(exc, click.exceptions.Abort):
+            err_console.print("[bold red]aborted[/]")
+            sys.exit(130)
+        log = _crash_log()
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a") as fh:
+            fh.write(traceback.format_exc() + "\n")
+        err_console.print(f"[bold red]internal error:[/] {exc!r} (traceback in {log})")
+        sys.exit(1)
+    else:
+        return None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Options shared by several commands, and the recipe + cluster → Plan step they all start with."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from sparkfleet.cluster import load_cluster
+from sparkfleet.errors import SparkfleetError
+from sparkfleet.plan import Overrides, Plan, plan
+from sparkfleet.recipe import deployment_name, load_recipe
+
+RecipeArg = Annotated[Path, typer.Argument(help="A recipe.toml file, or a folder holding one.")]
+ClusterOpt = Annotated[
+    Path | None, typer.Option("--cluster", "-c", help="Cluster inventory (default: this machine).")
+]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a recipe key: key.path=value.")]
+EnvOpt = Annotated[
+    list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE for every rank (KEY alone: from your env).")
+]
+NameOpt = Annotated[str | None, typer.Option("--name", help="Deployment name (default: the recipe's folder).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+def parse_env(items: list[str] | None) -> tuple[tuple[str, str], ...]:
+    """``--env`` items as pairs; ``KEY`` alone takes the value from this environment."""
+    pairs: list[tuple[str, str]] = []
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not key or not (key.replace("_", "a").isalnum()) or key[0].isdigit():
+            raise SparkfleetError(f"--env {item!r}: expected KEY=VALUE with a valid variable name")
+        if not sep:
+            if key not in os.environ:
+                raise SparkfleetError(f"--env {key}: not set in this environment")
+            value = os.environ[key]
+        pairs.append((key, value))
+    return tuple(pairs)
+
+
+def build_plan(
+    recipe: Path, cluster: Path | None, sets: list[str] | None, env: list[str] | None, name: str | None
+) -> Plan:
+    """Load, validate and plan: the first step of plan, up, stage, doctor and export."""
+    loaded = load_recipe(recipe, tuple(sets or ()))
+    inventory = load_cluster(cluster)
+    return plan(loaded, inventory, deployment_name(recipe), Overrides(env=parse_env(env), name=name))

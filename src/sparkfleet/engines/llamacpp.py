@@ -1,0 +1,62 @@
+"""llama.cpp: ``llama-server`` (or ``python -m llama_cpp.server``) on rank 0; ``rpc-server`` on
+the other ranks, which rank 0 reaches through ``--rpc``."""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
+
+from sparkfleet.engines.base import RankContext, Readiness, conflicting_flag
+
+if TYPE_CHECKING:
+    from sparkfleet.recipe import Recipe
+
+RESERVED = ("-m", "--model", "--host", "--port", "--rpc", "--rpc_servers", "--hf_model_repo_id",
+            "--hf-repo", "-hf", "--hf-file", "-hff")  # fmt: skip
+
+
+def _is_python_server(entrypoint: tuple[str, ...]) -> bool:
+    return "llama_cpp.server" in entrypoint
+
+
+class LlamaCpp:
+    """llama.cpp's server on rank 0, RPC workers elsewhere."""
+
+    name = "llama-cpp"
+    default_port = 8080
+    default_rendezvous_port = 50052
+    default_entrypoint = ("llama-server",)
+    host_ip_env: tuple[str, ...] = ()
+
+    def check_recipe(self, recipe: Recipe) -> str | None:
+        problem = conflicting_flag(recipe.args, RESERVED, self.name)
+        if problem:
+            return problem
+        if not recipe.model.startswith("/") and not recipe.model_file and recipe.composed_model is None:
+            return "model_file: required for llama-cpp when model is a Hugging Face repo (the GGUF file name)"
+        return None
+
+    def rank_argv(self, recipe: Recipe, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
+        if ctx.rank > 0:
+            return ("rpc-server", "-H", ctx.fabric_ip, "-p", str(ctx.rendezvous_port))
+        python = _is_python_server(entrypoint)
+        if ctx.model_file is None:
+            model: tuple[str, ...] = ("--model", ctx.model_ref)
+        elif ctx.model_ref.startswith("/"):
+            model = ("--model", str(PurePosixPath(ctx.model_ref) / ctx.model_file))
+        elif python:
+            # llama_cpp.server resolves repo + file through the Hugging Face cache (offline).
+            model = ("--hf_model_repo_id", ctx.model_ref, "--model", ctx.model_file)
+        else:
+            model = ("--hf-repo", ctx.model_ref, "--hf-file", ctx.model_file)
+        argv = (*entrypoint, *model, *recipe.args, "--host", "0.0.0.0", "--port", str(ctx.port))
+        workers = [f"{ip}:{ctx.rendezvous_port}" for ip in ctx.peer_fabric_ips[1:]]
+        if workers:
+            argv += ("--rpc_servers" if python else "--rpc", ",".join(workers))
+        return argv
+
+    def readiness(self, ctx: RankContext) -> Readiness:
+        if ctx.rank > 0:
+            return Readiness(False, None, r"Starting RPC server", tcp_port=ctx.rendezvous_port)
+        # llama-server answers /health 503 while loading; llama_cpp.server has only /v1/models.
+        return Readiness(True, "/v1/models", None)

@@ -1,0 +1,77 @@
+"""Turn pydantic validation errors into one user-facing line: file, key path, what is wrong."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+
+def key_path(loc: Sequence[int | str]) -> str:
+    """``("staging", 0, "min_free")`` → ``staging[0].min_free``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def _model_at(model: type[BaseModel], loc: Sequence[int | str]) -> type[BaseModel] | None:
+    """The pydantic model class that owns the key at loc's parent, for 'did you mean'."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = current.model_fields.get(part) if isinstance(current, type) else None
+        if field is None:
+            return None
+        current = _inner_model(field.annotation)
+        if current is None:
+            return None
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _inner_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    """`` (did you mean 'x'?)`` or an empty string."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def describe(exc: ValidationError, root: type[BaseModel]) -> str:
+    """The first validation error as ``key.path: message``."""
+    err = exc.errors(include_url=False)[0]
+    loc = tuple(err["loc"])
+    path = key_path(loc)
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        owner = _model_at(root, loc)
+        hint = did_you_mean(str(loc[-1]), list(owner.model_fields)) if owner else ""
+        return f"{path}: unknown key{hint}"
+    if kind == "missing":
+        return f"{path}: required key is missing"
+    if kind == "literal_error":
+        expected = err.get("ctx", {}).get("expected", "")
+        value = err.get("input")
+        choices = [c.strip().strip("'") for c in str(expected).replace(" or ", ",").split(",")]
+        hint = did_you_mean(str(value), choices) if isinstance(value, str) else ""
+        return f"{path}: {value!r} is not one of {expected}{hint}"
+    msg = str(err["msg"])
+    for prefix in ("Value error, ", "Assertion failed, "):
+        msg = msg.removeprefix(prefix)
+    if kind.endswith("_type") or kind.endswith("_parsing"):
+        return f"{path}: {msg.lower()} (got {err.get('input')!r})"
+    return f"{path}: {msg}"

@@ -1,0 +1,380 @@
+"""plan(recipe, cluster, overrides) -> Plan: exactly what ``up`` will do on every node.
+
+Pure: no network, no disk writes, no clock. ``up`` executes the Plan object it is given and
+never recomputes it, so what ``sparkfleet plan`` prints is what runs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from sparkfleet.cluster import Cluster, Node
+from sparkfleet.engines import RankContext, Readiness, engine_for
+from sparkfleet.errors import PlanError
+from sparkfleet.recipe import Recipe, StagingSpec
+from sparkfleet.secrets import is_secret
+from sparkfleet.templates import render
+
+EnvSource = Literal["engine", "cluster", "recipe", "cli"]
+CONTAINER_HF_HOME = "/root/.cache/huggingface"
+LABEL_DEPLOYMENT = "sparkfleet.deployment"
+LABEL_RANK = "sparkfleet.rank"
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """What the command line adds on top of the recipe (``--set`` is applied when loading)."""
+
+    env: tuple[tuple[str, str], ...] = ()
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class MountSpec:
+    """A bind mount of one rank's container."""
+
+    host: str
+    container: str
+    read_only: bool
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One environment value and the layer it came from."""
+
+    key: str
+    value: str
+    source: EnvSource
+
+    @property
+    def secret(self) -> bool:
+        return is_secret(self.key)
+
+
+@dataclass(frozen=True)
+class StagingStep:
+    """One staging action on one node, templates resolved."""
+
+    id: str
+    kind: str
+    rank: int
+    node: str
+    src: str | None
+    dst: str
+    tp: int
+    min_free: int
+    spec: StagingSpec | None = None
+    local_files: tuple[str, ...] = ()
+    repo: str | None = None
+    revision: str | None = None
+    hf_cache: str | None = None
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """Everything needed to start, watch and stop one rank."""
+
+    rank: int
+    node: Node
+    runtime: Literal["docker", "process"]
+    image: str | None
+    argv: tuple[str, ...]
+    env: tuple[EnvVar, ...]
+    mounts: tuple[MountSpec, ...]
+    container_name: str
+    container_argv: tuple[str, ...] | None
+    workdir: str
+    env_file: str
+    log_path: str
+    pid_path: str
+    readiness: Readiness
+    ports: tuple[int, ...]
+
+    def env_dict(self) -> dict[str, str]:
+        """The real environment (secrets included): only for the runtime that starts the rank."""
+        return {v.key: v.value for v in self.env}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A whole deployment, per rank, in launch order."""
+
+    name: str
+    title: str | None
+    engine: str
+    recipe_source: str
+    cluster_name: str
+    endpoint: str
+    port: int
+    served_model: str
+    launch_order: tuple[int, ...]
+    ranks: tuple[RankPlan, ...]
+    staging: tuple[StagingStep, ...]
+    recipe: Recipe = field(repr=False)
+
+    @property
+    def head(self) -> RankPlan:
+        return self.ranks[0]
+
+    def rank(self, r: int) -> RankPlan:
+        return self.ranks[r]
+
+
+_DOCKER_NAME = re.compile(r"[^a-zA-Z0-9_.-]+")
+
+
+def container_name(deployment: str, rank: int) -> str:
+    """The deterministic container name of a rank (Docker's allowed characters only)."""
+    return f"sparkfleet-{_DOCKER_NAME.sub('-', deployment).strip('-.') or 'deployment'}-r{rank}"
+
+
+def plan(recipe: Recipe, cluster: Cluster, deployment: str, overrides: Overrides | None = None) -> Plan:
+    """Plan recipe on the first ``required_nodes`` nodes of cluster as deployment NAME."""
+    overrides = overrides or Overrides()
+    name = overrides.name or deployment
+    nnodes = recipe.required_nodes
+    if nnodes > len(cluster.nodes):
+        raise PlanError(
+            f"{recipe.source}: required_nodes = {nnodes}, but cluster {cluster.name!r} "
+            f"({cluster.source}) has {len(cluster.nodes)} node(s)"
+        )
+    if recipe.tensor_parallel_size * recipe.pipeline_parallel_size < nnodes:
+        raise PlanError(
+            f"{recipe.source}: tensor_parallel_size × pipeline_parallel_size = "
+            f"{recipe.tensor_parallel_size * recipe.pipeline_parallel_size} is smaller than "
+            f"required_nodes = {nnodes}: some nodes would hold no rank"
+        )
+    nodes = cluster.nodes[:nnodes]
+    adapter = engine_for(recipe.engine)
+    port = recipe.port or adapter.default_port
+    rdv_port = recipe.rendezvous_port or adapter.default_rendezvous_port
+    head = nodes[0]
+    ranks = tuple(
+        _rank_plan(recipe, name, r, node, nodes, port, rdv_port, overrides) for r, node in enumerate(nodes)
+    )
+    endpoint_host = "127.0.0.1" if head.host in ("localhost", "local") else head.host
+    return Plan(
+        name=name,
+        title=recipe.name,
+        engine=recipe.engine,
+        recipe_source=recipe.source,
+        cluster_name=cluster.name,
+        endpoint=f"http://{endpoint_host}:{port}",
+        port=port,
+        served_model=_served_model(recipe),
+        launch_order=tuple(range(1, nnodes)) + (0,),
+        ranks=ranks,
+        staging=_staging(recipe, name, nodes),
+        recipe=recipe,
+    )
+
+
+def _template_values(node: Node, rank: int, deployment: str) -> dict[str, str]:
+    return {
+        "hf": node.hf_cache.rstrip("/"),
+        "node": node.name,
+        "rank": str(rank),
+        "home": node.home,
+        "state": node.state_dir,
+        "name": deployment,
+    }
+
+
+def _served_model(recipe: Recipe) -> str:
+    args = list(recipe.args)
+    for flag in ("--served-model-name", "--model_alias", "--alias", "-a"):
+        if flag in args and args.index(flag) + 1 < len(args):
+            return args[args.index(flag) + 1]
+    return recipe.served_model_name or recipe.model
+
+
+def composed_dir(recipe: Recipe, node: Node, deployment: str) -> str:
+    """Where a rank's composed model directory lives on its node."""
+    assert recipe.composed_model is not None
+    if recipe.composed_model.dir:
+        return render(recipe.composed_model.dir, _template_values(node, 0, deployment))
+    return f"{node.state_dir}/composed/{deployment}"
+
+
+def _model_ref_and_mounts(
+    recipe: Recipe, node: Node, deployment: str, docker: bool
+) -> tuple[str, list[MountSpec]]:
+    mounts: list[MountSpec] = []
+    if recipe.composed_model is not None:
+        host_dir = composed_dir(recipe, node, deployment)
+        if not docker:
+            return host_dir, mounts
+        mounts.append(MountSpec(host_dir, recipe.composed_model.mount, True))
+        # The composed files are symlinks into the node's cache: mount it at the same path.
+        mounts.append(MountSpec(node.hf_cache, node.hf_cache, True))
+        return recipe.composed_model.mount, mounts
+    if recipe.model.startswith("/"):
+        if docker:
+            mounts.append(MountSpec(recipe.model, recipe.model, True))
+        return recipe.model, mounts
+    if docker:
+        mounts.append(MountSpec(node.hf_cache, CONTAINER_HF_HOME, True))
+    return recipe.model, mounts
+
+
+def _env(
+    recipe: Recipe, node: Node, rank: int, deployment: str, docker: bool, overrides: Overrides
+) -> tuple[EnvVar, ...]:
+    adapter = engine_for(recipe.engine)
+    values = _template_values(node, rank, deployment)
+    layers: list[tuple[EnvSource, dict[str, str]]] = []
+    engine_env = {"HF_HUB_OFFLINE": "1", "HF_HOME": CONTAINER_HF_HOME if docker else node.hf_cache}
+    layers.append(("engine", engine_env))
+    cluster_env: dict[str, str] = {key: node.fabric_ip for key in adapter.host_ip_env}
+    if node.fabric_ifname:
+        cluster_env["NCCL_SOCKET_IFNAME"] = node.fabric_ifname
+        cluster_env["GLOO_SOCKET_IFNAME"] = node.fabric_ifname
+    if node.ib_hca:
+        cluster_env["NCCL_IB_HCA"] = node.ib_hca
+    if node.ib_gid_index is not None:
+        cluster_env["NCCL_IB_GID_INDEX"] = str(node.ib_gid_index)
+    cluster_env.update(node.env)
+    layers.append(("cluster", cluster_env))
+    layers.append(("recipe", {k: render(v, values) for k, v in recipe.env.items()}))
+    layers.append(("cli", dict(overrides.env)))
+    merged: dict[str, EnvVar] = {}
+    for source, env in layers:
+        for key, value in env.items():
+            merged[key] = EnvVar(key, value, source)
+    return tuple(merged[k] for k in sorted(merged))
+
+
+def _rank_plan(
+    recipe: Recipe,
+    deployment: str,
+    rank: int,
+    node: Node,
+    nodes: tuple[Node, ...],
+    port: int,
+    rdv_port: int,
+    overrides: Overrides,
+) -> RankPlan:
+    adapter = engine_for(recipe.engine)
+    docker = recipe.docker_image is not None
+    values = _template_values(node, rank, deployment)
+    model_ref, mounts = _model_ref_and_mounts(recipe, node, deployment, docker)
+    ctx = RankContext(
+        rank=rank,
+        nnodes=len(nodes),
+        fabric_ip=node.fabric_ip,
+        head_fabric_ip=nodes[0].fabric_ip,
+        peer_fabric_ips=tuple(n.fabric_ip for n in nodes),
+        port=port,
+        rendezvous_port=rdv_port,
+        model_ref=model_ref,
+        model_file=recipe.model_file,
+    )
+    entrypoint = tuple(render(w, values) for w in (recipe.entrypoint or adapter.default_entrypoint))
+    templated = recipe.model_copy(update={"args": tuple(render(a, values) for a in recipe.args)})
+    argv = adapter.rank_argv(templated, entrypoint, ctx)
+    for m in recipe.extra_mounts:
+        mounts.append(MountSpec(render(m.host, values), render(m.container, values), m.read_only))
+    workdir = f"{node.state_dir}/deployments/{deployment}"
+    name = container_name(deployment, rank)
+    env = _env(recipe, node, rank, deployment, docker, overrides)
+    env_file = f"{workdir}/r{rank}.env"
+    container_argv = (
+        _docker_run(recipe, node, deployment, rank, name, env_file, tuple(mounts), argv) if docker else None
+    )
+    readiness = adapter.readiness(ctx)
+    ports = (port, rdv_port) if rank == 0 else ((rdv_port,) if readiness.tcp_port else ())
+    return RankPlan(
+        rank=rank,
+        node=node,
+        runtime="docker" if docker else "process",
+        image=recipe.docker_image,
+        argv=argv,
+        env=env,
+        mounts=tuple(mounts),
+        container_name=name,
+        container_argv=container_argv,
+        workdir=workdir,
+        env_file=env_file,
+        log_path=f"{workdir}/r{rank}.log",
+        pid_path=f"{workdir}/r{rank}.pid",
+        readiness=readiness,
+        ports=ports,
+    )
+
+
+def _docker_run(
+    recipe: Recipe,
+    node: Node,
+    deployment: str,
+    rank: int,
+    name: str,
+    env_file: str,
+    mounts: tuple[MountSpec, ...],
+    argv: tuple[str, ...],
+) -> tuple[str, ...]:
+    assert recipe.docker_image is not None
+    words = [
+        "docker", "run", "-d", "--name", name,
+        "--label", f"{LABEL_DEPLOYMENT}={deployment}", "--label", f"{LABEL_RANK}={rank}",
+        "--network", "host", "--ipc", "host",
+    ]  # fmt: skip
+    if node.gpus != "none":
+        words += ["--gpus", node.gpus]
+    if recipe.shm_size:
+        words += ["--shm-size", recipe.shm_size]
+    if node.memlock == "unlimited":
+        words += ["--ulimit", "memlock=-1"]
+    elif node.memlock not in (None, "none"):
+        words += ["--ulimit", f"memlock={node.memlock}"]
+    if node.rdma:
+        words += ["--device", "/dev/infiniband"]
+    words += ["--env-file", env_file]
+    for m in mounts:
+        words += ["-v", f"{m.host}:{m.container}" + (":ro" if m.read_only else "")]
+    words += ["--entrypoint", argv[0], recipe.docker_image, *argv[1:]]
+    return tuple(words)
+
+
+def _staging(recipe: Recipe, deployment: str, nodes: tuple[Node, ...]) -> tuple[StagingStep, ...]:
+    steps: list[StagingStep] = []
+    tp = recipe.tensor_parallel_size
+    for spec in recipe.staging:
+        for rank, node in enumerate(nodes):
+            values = _template_values(node, rank, deployment)
+            steps.append(
+                StagingStep(
+                    id=spec.id,
+                    kind=spec.kind,
+                    rank=rank,
+                    node=node.name,
+                    src=render(spec.src, values) if spec.src else None,
+                    dst=render(spec.dst, values),
+                    tp=tp,
+                    min_free=spec.min_free,
+                    spec=spec,
+                    hf_cache=node.hf_cache,
+                )
+            )
+    if recipe.composed_model is not None:
+        for rank, node in enumerate(nodes):
+            values = _template_values(node, rank, deployment)
+            for source in recipe.composed_model.sources:
+                steps.append(
+                    StagingStep(
+                        id="composed_model",
+                        kind="composed",
+                        rank=rank,
+                        node=node.name,
+                        src=f"{node.hf_cache}/hub/models--{source.repo.replace('/', '--')}",
+                        dst=composed_dir(recipe, node, deployment),
+                        tp=tp,
+                        min_free=0,
+                        local_files=tuple(render(f.host, values) for f in recipe.composed_model.local_files),
+                        repo=source.repo,
+                        revision=source.revision or recipe.revision,
+                        hf_cache=node.hf_cache,
+                    )
+                )
+    return tuple(steps)

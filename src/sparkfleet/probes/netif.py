@@ -1,0 +1,84 @@
+"""Network interfaces: `ip -j addr` (JSON), or sysfs `/sys/class/net/*/{mtu,operstate}` where
+`ip` is not installed (no addresses then: seen on a cloud H200 image)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+
+def command(sysfs: str = "/sys") -> list[str]:
+    """The argv: `ip -j addr` when present, else a grep of the sysfs attributes."""
+    script = (
+        'if command -v ip >/dev/null 2>&1; then echo "## ip"; ip -j addr; '
+        f'else echo "## sysfs"; grep -s -H . "{sysfs}"/class/net/*/mtu "{sysfs}"/class/net/*/operstate; '
+        "fi; true"
+    )
+    return ["sh", "-c", script]
+
+
+@dataclass(frozen=True)
+class Interface:
+    """One network interface; `ipv4` is empty when addresses are unknown."""
+
+    name: str
+    mtu: int
+    operstate: str
+    ipv4: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class NetFacts:
+    """The node's interfaces; `addresses_known` is False on the sysfs fallback."""
+
+    interfaces: tuple[Interface, ...]
+    addresses_known: bool
+
+    def with_address(self, ipv4: str) -> Interface | None:
+        """The interface that holds this IPv4 address."""
+        for iface in self.interfaces:
+            if ipv4 in iface.ipv4:
+                return iface
+        return None
+
+
+def parse_ip_json(text: str) -> tuple[Interface, ...]:
+    """Parse `ip -j addr`."""
+    out = []
+    for entry in json.loads(text or "[]"):
+        addrs = tuple(
+            a["local"] for a in entry.get("addr_info", []) if a.get("family") == "inet" and "local" in a
+        )
+        out.append(
+            Interface(
+                name=entry["ifname"],
+                mtu=int(entry.get("mtu", 0)),
+                operstate=entry.get("operstate", "UNKNOWN"),
+                ipv4=addrs,
+            )
+        )
+    return tuple(out)
+
+
+def parse_sysfs(text: str) -> tuple[Interface, ...]:
+    """Parse `grep -H . /sys/class/net/*/{mtu,operstate}` lines."""
+    found: dict[str, dict[str, str]] = {}
+    for line in text.splitlines():
+        path, _, value = line.partition(":")
+        parts = path.split("/class/net/", 1)[-1].split("/")
+        if len(parts) == 2:
+            found.setdefault(parts[0], {})[parts[1]] = value.strip()
+    return tuple(
+        Interface(name=name, mtu=int(v.get("mtu", 0)), operstate=v.get("operstate", "unknown").upper(), ipv4=())
+        for name, v in sorted(found.items())
+    )
+
+
+def parse(stdout: str) -> NetFacts:
+    """Parse the output of `command`."""
+    head, _, body = stdout.partition("\n")
+    if head.strip() == "## ip":
+        return NetFacts(interfaces=parse_ip_json(body), addresses_known=True)
+    if head.strip() == "## sysfs":
+        return NetFacts(interfaces=parse_sysfs(body), addresses_known=False)
+    raise ValueError("not the netif probe's output")

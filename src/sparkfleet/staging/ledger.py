@@ -1,0 +1,85 @@
+"""The ledger beside each staged file, and the chunk hash it records (node-side, stdlib only).
+
+A ledger is JSON written atomically after the data it describes: the source identity, the layout,
+the row range and one hash per fixed-size chunk of the output. xxh3_64 is used where the xxhash
+package is importable, else BLAKE2b-64 from the standard library; the ledger names the algorithm.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+try:
+    import xxhash
+except ImportError:  # nodes without xxhash fall back to hashlib
+    xxhash = None
+
+LEDGER_FORMAT = "sparkfleet-staging-ledger/1"
+LEDGER_SUFFIX = ".ledger.json"
+
+
+def _blake2b_64(data: Any) -> str:
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
+def hash_algorithms() -> dict[str, Callable[[Any], str]]:
+    """The chunk hash functions this node can compute, by ledger name."""
+    found: dict[str, Callable[[Any], str]] = {"blake2b-64": _blake2b_64}
+    if xxhash is not None:
+        found["xxh3_64"] = xxhash.xxh3_64_hexdigest
+    return found
+
+
+def default_algorithm() -> str:
+    """The fastest chunk hash available here."""
+    return "xxh3_64" if xxhash is not None else "blake2b-64"
+
+
+def ledger_path(output: str) -> str:
+    """Where the ledger for ``output`` lives."""
+    return output + LEDGER_SUFFIX
+
+
+def fsync_dir(path: str) -> None:
+    """Make a rename inside ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: str, obj: dict[str, Any]) -> None:
+    """Write JSON to a temp file beside ``path``, fsync it, and rename it into place."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(obj, fh, indent=1, sort_keys=True)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path) or ".")
+
+
+def read_ledger(output: str) -> dict[str, Any] | None:
+    """The ledger for ``output``, or None when it is missing, unreadable or of another format."""
+    try:
+        with open(ledger_path(output), encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("format") != LEDGER_FORMAT:
+        return None
+    return data
+
+
+def remove_ledger(output: str) -> None:
+    """Withdraw the ledger's voucher for ``output``."""
+    try:
+        os.unlink(ledger_path(output))
+    except FileNotFoundError:
+        return
