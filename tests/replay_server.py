@@ -1,0 +1,273 @@
+"""A small OpenAI-compatible SSE server with exact, scripted timing, for testing the bench client.
+
+It speaks real HTTP/1.1 (keep-alive, chunked transfer) on a real socket, so the client under test
+runs unchanged. What it streams is scripted: a prefill delay, then tokens at a fixed interval,
+``tokens_per_chunk`` at a time, then a usage chunk — exactly the shape vLLM sends. Prompt tokens
+are ``len(prompt) // 4`` and the prefill delay is ``base_ttft + prompt_tokens / prefill_rate``,
+so prefill arithmetic can be checked against known numbers. A prompt whose first 64 characters
+were seen before reports them as cached tokens, like a prefix cache would.
+
+Use ``ReplayServer(script).running()`` in tests (a thread with its own event loop), or run it as a
+process: ``python tests/replay_server.py --port 0`` prints ``PORT <n>`` and serves until killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Script:
+    """How the server answers one completion request."""
+
+    base_ttft: float = 0.05  # seconds before the first token, on top of the prefill time
+    prefill_rate: float | None = None  # prompt tokens per second; None = no prefill time
+    itl: float = 0.01  # seconds between chunks after the first
+    tokens: int | None = None  # tokens to generate; None = the request's max_tokens
+    tokens_per_chunk: int = 1
+    stop_early_at: int | None = None  # finish with "stop" after this many tokens (no ignore_eos)
+    honour_min_tokens: bool = True  # when False, min_tokens/ignore_eos are ignored like some engines
+    role_chunk: bool = True  # chat: an empty role chunk first, at once (vLLM sends it with token 1)
+    role_chunk_delay: float | None = None  # send the role chunk this early instead
+    send_usage: bool = True
+    status: int = 200  # anything else: answer with this HTTP error
+    max_model_len: int = 32768
+    model: str = "replay-model"
+    owned_by: str = "replay"
+
+
+def prompt_text(body: dict[str, Any]) -> str:
+    """The prompt of a chat or completions body."""
+    if "messages" in body:
+        return "".join(str(m.get("content", "")) for m in body["messages"])
+    prompt = body.get("prompt", "")
+    return prompt if isinstance(prompt, str) else json.dumps(prompt)
+
+
+class ReplayServer:
+    """The server; ``script`` may be replaced between requests, or be a function of the body."""
+
+    def __init__(self, script: Script | Callable[[dict[str, Any]], Script] | None = None) -> None:
+        self.script = script or Script()
+        self.seen_prefixes: set[str] = set()
+        self.bodies: list[dict[str, Any]] = []
+        self.port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.AbstractServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _script_for(self, body: dict[str, Any]) -> Script:
+        return self.script(body) if callable(self.script) else self.script
+
+    async def start(self, port: int = 0) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method, path, _ = lines[0].split(" ", 2)
+                headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:] if ":" in ln)}
+                length = int(headers.get("content-length", "0"))
+                raw = await reader.readexactly(length) if length else b""
+                await self._route(method, path, raw, writer)
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            writer.close()
+
+    async def _route(self, method: str, path: str, raw: bytes, writer: asyncio.StreamWriter) -> None:
+        script = self.script if not callable(self.script) else Script()
+        if method == "GET" and path == "/v1/models":
+            card = {"id": script.model, "object": "model", "owned_by": script.owned_by,
+                    "max_model_len": script.max_model_len}
+            await self._json(writer, 200, {"object": "list", "data": [card]})
+        elif method == "GET" and path == "/version":
+            await self._json(writer, 200, {"version": "replay-1"})
+        elif method == "GET" and path == "/health":
+            await self._json(writer, 200, {})
+        elif method == "POST" and path == "/tokenize":
+            body = json.loads(raw or b"{}")
+            n = len(prompt_text(body)) // 4
+            await self._json(writer, 200, {"count": n, "max_model_len": script.max_model_len,
+                                           "tokens": list(range(n))})
+        elif method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
+            body = json.loads(raw or b"{}")
+            self.bodies.append(body)
+            await self._complete(writer, body, chat=path.endswith("chat/completions"))
+        else:
+            await self._json(writer, 404, {"error": {"message": f"no route {method} {path}"}})
+
+    async def _json(self, writer: asyncio.StreamWriter, status: int, obj: Any) -> None:
+        data = json.dumps(obj).encode()
+        writer.write(
+            f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
+        await writer.drain()
+
+    async def _complete(self, writer: asyncio.StreamWriter, body: dict[str, Any], chat: bool) -> None:
+        script = self._script_for(body)
+        if script.status != 200:
+            await self._json(writer, script.status, {"error": {"message": "scripted failure"}})
+            return
+        prompt = prompt_text(body)
+        prompt_tokens = len(prompt) // 4
+        key = prompt[:64]
+        cached = 64 // 4 if key in self.seen_prefixes else 0
+        self.seen_prefixes.add(key)
+        n = script.tokens if script.tokens is not None else int(body.get("max_tokens", 16))
+        if script.stop_early_at is not None and not (script.honour_min_tokens and body.get("ignore_eos")):
+            n = min(n, script.stop_early_at)
+        prefill = (prompt_tokens - cached) / script.prefill_rate if script.prefill_rate else 0.0
+        continuous = bool((body.get("stream_options") or {}).get("continuous_usage_stats"))
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+
+        async def at(offset: float) -> None:
+            delay = t0 + offset - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+
+        def send(obj: Any) -> None:
+            data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+            writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+        def usage(done: int) -> dict[str, Any]:
+            return {"prompt_tokens": prompt_tokens, "completion_tokens": done,
+                    "total_tokens": prompt_tokens + done,
+                    "prompt_tokens_details": {"cached_tokens": cached}}
+
+        base = {"id": "cmpl-replay", "created": 0, "model": script.model,
+                "object": "chat.completion.chunk" if chat else "text_completion"}
+        first = script.base_ttft + prefill
+        if chat and script.role_chunk:
+            if script.role_chunk_delay is not None:
+                await at(script.role_chunk_delay)
+            else:
+                await at(first)
+            send({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+        done = 0
+        i = 0
+        while done < n:
+            k = min(script.tokens_per_chunk, n - done)
+            await at(first + i * script.itl)
+            done += k
+            piece = "".join(f" t{done - k + j}" for j in range(k))
+            reason = ("length" if n == int(body.get("max_tokens", n)) else "stop") if done == n else None
+            choice: dict[str, Any] = {"index": 0, "finish_reason": reason}
+            if chat:
+                choice["delta"] = {"content": piece}
+            else:
+                choice["text"] = piece
+            chunk = {**base, "choices": [choice]}
+            if continuous:
+                chunk["usage"] = usage(done)
+            send(chunk)
+            await writer.drain()
+            i += 1
+        if script.send_usage:
+            send({**base, "choices": [], "usage": usage(done)})
+        send(b"[DONE]")
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    @contextmanager
+    def running(self) -> Iterator[ReplayServer]:
+        """Serve from a background thread for the duration of the block."""
+        started = threading.Event()
+
+        def serve() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            loop.run_until_complete(self.start())
+            started.set()
+            loop.run_forever()
+            loop.run_until_complete(self._shutdown())
+            loop.close()
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        started.wait(10)
+        try:
+            yield self
+        finally:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            thread.join(10)
+
+    async def _shutdown(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+
+class BlastServer(ReplayServer):
+    """No timing at all: the whole answer is pre-rendered and written in one go (for overhead)."""
+
+    async def _complete(self, writer: asyncio.StreamWriter, body: dict[str, Any], chat: bool) -> None:
+        script = self._script_for(body)
+        n = script.tokens if script.tokens is not None else int(body.get("max_tokens", 16))
+        payload = _blast_payload(n, chat, script.model)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(payload)
+        await writer.drain()
+
+
+_BLAST_CACHE: dict[tuple[int, bool, str], bytes] = {}
+
+
+def _blast_payload(n: int, chat: bool, model: str) -> bytes:
+    key = (n, chat, model)
+    if key not in _BLAST_CACHE:
+        parts = []
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        for i in range(n):
+            piece = f" tok{i}"
+            choice = (
+                {"index": 0, "delta": {"content": piece}, "logprobs": None, "finish_reason": None}
+                if chat
+                else {"index": 0, "text": piece, "logprobs": None, "finish_reason": None}
+            )
+            parts.append({"id": "chatcmpl-0123456789abcdef", "object": obj, "created": 1764400000,
+                          "model": model, "choices": [choice]})
+        parts.append({"id": "x", "object": obj, "created": 0, "model": model, "choices": [],
+                      "usage": {"prompt_tokens": 10, "completion_tokens": n, "total_tokens": n + 10}})
+        events = [b"data: " + json.dumps(p).encode() + b"\n\n" for p in parts] + [b"data: [DONE]\n\n"]
+        # One HTTP chunk per SSE event, as real servers send them.
+        _BLAST_CACHE[key] = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+    return _BLAST_CACHE[key]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--blast", action="store_true", help="no timing: stream as fast as possible")
+    parser.add_argument("--itl", type=float, default=0.01)
+    parser.add_argument("--ttft", type=float, default=0.05)
+    args = parser.parse_args()
+
+    async def run() -> None:
+        cls = BlastServer if args.blast else ReplayServer
+        server = cls(replace(Script(), itl=args.itl, base_ttft=args.ttft))
+        await server.start(args.port)
+        print(f"PORT {server.port}", flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()
