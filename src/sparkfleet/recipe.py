@@ -121,6 +121,18 @@ class Verify(_Strict):
         return value
 
 
+class Memory(_Strict):
+    """``[memory]``: figures the memory plan cannot read from the model or the node."""
+
+    kv_bytes_per_token: float | None = Field(default=None, gt=0)
+    weights_per_rank: Size | None = None
+    weights_exclude: tuple[str, ...] = ()
+    cuda_graph: Size | None = None
+    prefill_bytes_per_token2: float | None = Field(default=None, ge=0)
+    head_overhead: Size | None = None
+    device_memory: Size | None = None
+
+
 class Recipe(_Strict):
     """A deployment recipe (see DESIGN.md "Recipe")."""
 
@@ -147,6 +159,7 @@ class Recipe(_Strict):
     staging: tuple[StagingSpec, ...] = ()
     composed_model: ComposedModel | None = None
     verify: Verify = Field(default_factory=Verify)
+    memory: Memory = Field(default_factory=Memory)
     source: str = Field(default="", exclude=True)
 
     @field_validator("shm_size")
