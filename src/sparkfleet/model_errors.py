@@ -53,7 +53,9 @@ def did_you_mean(word: str, choices: Sequence[str]) -> str:
 
 def describe(exc: ValidationError, root: type[BaseModel]) -> str:
     """The first validation error as ``key.path: message``."""
-    err = exc.errors(include_url=False)[0]
+    errors = exc.errors(include_url=False)
+    # A misspelt key also makes the real key "missing": the typo is the error to show.
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = tuple(err["loc"])
     path = key_path(loc)
     kind = err["type"]

@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from sparkfleet.engines import engine_for
 from sparkfleet.errors import RecipeError
@@ -33,6 +33,14 @@ def _size(value: Any) -> int:
 
 
 Size = Annotated[int, BeforeValidator(_size)]
+
+
+def _unquote(item: str) -> str:
+    return unquote_arg(item)
+
+
+# An args item: a word, or a shell-quoted string that becomes one word (see unquote_arg).
+ArgWord = Annotated[str, AfterValidator(_unquote)]
 
 
 class _Strict(BaseModel):
@@ -153,7 +161,7 @@ class Recipe(_Strict):
     distributed_backend: Literal["mp", "ray"] = "mp"
     shm_size: str | None = None
     entrypoint: tuple[str, ...] | None = None
-    args: tuple[str, ...] = ()
+    args: tuple[ArgWord, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
     extra_mounts: tuple[Mount, ...] = ()
     staging: tuple[StagingSpec, ...] = ()
@@ -175,11 +183,6 @@ class Recipe(_Strict):
         if value is not None and not value:
             raise ValueError("must name a program (or be left out)")
         return value
-
-    @field_validator("args")
-    @classmethod
-    def _args(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(unquote_arg(item) for item in value)
 
     @field_validator("env")
     @classmethod
@@ -203,9 +206,9 @@ def unquote_arg(item: str) -> str:
     try:
         words = shlex.split(stripped)
     except ValueError as exc:
-        raise ValueError(f"{item!r} is not a complete shell-quoted word: {exc}") from None
+        raise ValueError(f"<{stripped}> is not a complete shell-quoted word: {exc}") from None
     if len(words) != 1:
-        raise ValueError(f"{item!r} holds {len(words)} shell words; write one word per item")
+        raise ValueError(f"<{stripped}> holds {len(words)} shell words; write one word per item")
     return words[0]
 
 

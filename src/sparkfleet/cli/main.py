@@ -14,6 +14,7 @@ import traceback
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from sparkfleet.errors import SparkfleetError
 
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         build_app()(args=argv, standalone_mode=False)
     except SparkfleetError as exc:
-        err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False, markup=True)
+        err_console.print(f"[bold red]error:[/] {escape(exc.message)}", soft_wrap=True)
         sys.exit(EXIT_USER_ERROR)
     except KeyboardInterrupt:
         err_console.print("[bold red]interrupted[/]")

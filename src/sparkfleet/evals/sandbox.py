@@ -29,6 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sparkfleet.errors import EvalError
 
@@ -91,7 +92,7 @@ def sandbox_python() -> str:
     )
 
 
-def _describe(report: dict[str, object] | None) -> tuple[str, bool]:
+def _describe(report: dict[str, Any] | None) -> tuple[str, bool]:
     if report is None:
         return "sandbox did not start (no isolation report)", False
     mode = report.get("namespaces")
@@ -122,7 +123,9 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
     """Run ``code`` in the sandbox and return what it did; never raises for the code's faults."""
     limits = limits or SandboxLimits()
     if len(code.encode()) > MAX_CODE_BYTES:
-        return SandboxResult(1, "", f"code too large (> {MAX_CODE_BYTES} bytes)", False, False, 0.0, "", False)
+        return SandboxResult(
+            1, "", f"code too large (> {MAX_CODE_BYTES} bytes)", False, False, 0.0, "", False
+        )
     base = Path(tempfile.mkdtemp(prefix="sparkfleet-sandbox-"))
     try:
         work = base / "work"

@@ -1,0 +1,192 @@
+"""Resolve what to benchmark: a deployment name or a URL, to an Endpoint with model and engine.
+
+The model id and context length come from ``GET /v1/models``; the engine is recognised from the
+model card's ``owned_by`` and the engine-specific routes (``/version``, ``/props``,
+``/get_server_info``), because each engine needs its own knobs for exact-length decode and
+cache-free prefill.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from sparkfleet.errors import BenchError
+from sparkfleet.state import Store
+
+ENGINES = ("vllm", "sglang", "llama-cpp", "llama-cpp-python", "unknown")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """An OpenAI-compatible server to benchmark, and what is known about what serves it."""
+
+    base_url: str
+    model: str
+    engine: str = "unknown"
+    engine_version: str | None = None
+    deployment: str | None = None
+    max_model_len: int | None = None
+    # Deployment facts for the stored record: recipe, nodes, parallelism, flags.
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+def looks_like_url(target: str) -> bool:
+    """True for ``http(s)://…`` and bare ``host:port``."""
+    if target.startswith(("http://", "https://")):
+        return True
+    host, sep, port = target.rpartition(":")
+    return bool(sep and host and port.isdigit())
+
+
+def normalise_url(target: str) -> str:
+    """``host:port`` → ``http://host:port``; a trailing ``/v1`` or ``/`` is dropped."""
+    url = target if target.startswith(("http://", "https://")) else f"http://{target}"
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def deployment_endpoint(name: str, store: Store | None = None) -> tuple[str, dict[str, Any]]:
+    """The URL and metadata of a deployment recorded by ``sparkfleet up``.
+
+    Reads the lifecycle's ``deployments`` table; the lead's lifecycle owns its schema, so only the
+    columns known to exist are relied on (``name``, and ``endpoint`` or ``url``), the rest goes
+    into the metadata as-is.
+    """
+    store = store or Store()
+    if not store.path.exists():
+        raise BenchError(f"no deployment named {name!r} (no state store at {store.path}); give a URL instead")
+    try:
+        with store.connect() as conn:
+            row = conn.execute("SELECT * FROM deployments WHERE name = ?", (name,)).fetchone()
+    except sqlite3.OperationalError as exc:
+        raise BenchError(f"no deployment named {name!r} ({exc}); give a URL instead") from exc
+    if row is None:
+        raise BenchError(f"no deployment named {name!r} in {store.path}; `sparkfleet status` lists them")
+    data = {k: row[k] for k in row.keys()}  # noqa: SIM118 - sqlite3.Row has no items()
+    url = data.get("endpoint") or data.get("url")
+    if not url:
+        raise BenchError(f"deployment {name!r} has no endpoint recorded; is it up?")
+    meta: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, str) and value[:1] in "[{":
+            try:
+                value = json.loads(value)
+            except ValueError:
+                pass
+        meta[key] = value
+    return normalise_url(str(url)), meta
+
+
+def resolve_endpoint(
+    name_or_url: str,
+    model: str | None = None,
+    *,
+    store: Store | None = None,
+    timeout: float = 10.0,
+    max_model_len: int | None = None,
+) -> Endpoint:
+    """Resolve NAME|URL and probe the server; BenchError when it does not answer like an LLM server."""
+    if looks_like_url(name_or_url):
+        base_url, meta, deployment = normalise_url(name_or_url), {}, None
+    else:
+        base_url, meta = deployment_endpoint(name_or_url, store)
+        deployment = name_or_url
+    with httpx.Client(timeout=timeout) as client:
+        cards = _models(client, base_url)
+        card = _pick(cards, model, base_url)
+        engine, version = detect_engine(client, base_url, card)
+        ctx = max_model_len or _context_length(client, base_url, card, engine)
+    return Endpoint(
+        base_url=base_url,
+        model=str(card.get("id") or model),
+        engine=engine,
+        engine_version=version,
+        deployment=deployment,
+        max_model_len=ctx,
+        meta=meta,
+    )
+
+
+def _get_json(client: httpx.Client, url: str) -> Any | None:
+    try:
+        response = client.get(url)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def _models(client: httpx.Client, base_url: str) -> list[dict[str, Any]]:
+    url = f"{base_url}/v1/models"
+    try:
+        response = client.get(url)
+    except httpx.ConnectError as exc:
+        raise BenchError(f"endpoint {base_url} is not answering ({exc}); is the server up?") from exc
+    except httpx.TimeoutException as exc:
+        raise BenchError(f"endpoint {base_url} did not answer GET /v1/models in time") from exc
+    except httpx.HTTPError as exc:
+        raise BenchError(f"endpoint {base_url}: GET /v1/models failed: {exc}") from exc
+    if response.status_code != 200:
+        raise BenchError(f"endpoint {base_url}: GET /v1/models returned HTTP {response.status_code}")
+    try:
+        cards = response.json().get("data") or []
+    except (ValueError, AttributeError) as exc:
+        raise BenchError(f"endpoint {base_url}: GET /v1/models did not return an OpenAI model list") from exc
+    if not cards:
+        raise BenchError(f"endpoint {base_url} serves no model (GET /v1/models is empty)")
+    return [c for c in cards if isinstance(c, dict)]
+
+
+def _pick(cards: list[dict[str, Any]], model: str | None, base_url: str) -> dict[str, Any]:
+    if model is None:
+        return cards[0]
+    for card in cards:
+        if card.get("id") == model:
+            return card
+    names = ", ".join(str(c.get("id")) for c in cards)
+    raise BenchError(f"endpoint {base_url} does not serve model {model!r} (it serves: {names})")
+
+
+def detect_engine(client: httpx.Client, base_url: str, card: Mapping[str, Any]) -> tuple[str, str | None]:
+    """(engine, version) from the model card and engine-specific routes."""
+    owner = str(card.get("owned_by") or "").lower()
+    version = _get_json(client, f"{base_url}/version")
+    version_str = str(version.get("version")) if isinstance(version, dict) and "version" in version else None
+    if owner == "vllm":
+        return "vllm", version_str
+    if owner == "sglang":
+        info = _get_json(client, f"{base_url}/get_server_info")
+        return "sglang", version_str or (str(info.get("version")) if isinstance(info, dict) else None)
+    if owner == "llamacpp":
+        props = _get_json(client, f"{base_url}/props")
+        build = props.get("build_info") if isinstance(props, dict) else None
+        return "llama-cpp", str(build) if build else None
+    if owner == "me":  # llama-cpp-python's server writes this literal
+        return "llama-cpp-python", None
+    return "unknown", version_str
+
+
+def _context_length(
+    client: httpx.Client, base_url: str, card: Mapping[str, Any], engine: str
+) -> int | None:
+    for key in ("max_model_len", "context_length", "max_context_length"):
+        value = card.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    meta = card.get("meta")
+    if isinstance(meta, dict) and isinstance(meta.get("n_ctx_train"), int):
+        props = _get_json(client, f"{base_url}/props") if engine == "llama-cpp" else None
+        settings = props.get("default_generation_settings") if isinstance(props, dict) else None
+        if isinstance(settings, dict) and isinstance(settings.get("n_ctx"), int):
+            return int(settings["n_ctx"])
+    return None

@@ -1,0 +1,110 @@
+"""Every bad recipe or cluster gets exit code 2 and one line naming the file and key — never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparkfleet.cli.main import main
+from tests.conftest import ROOT, SEEDS, SPARK4
+
+BAD = sorted((ROOT / "tests" / "data" / "bad_recipes").glob("*.toml"))
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        main(list(argv))
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _expected(path: Path) -> str:
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# expect: ")
+    return first.removeprefix("# expect: ")
+
+
+@pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
+def test_bad_recipe_is_one_clear_line(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(capsys, "validate", str(path))
+    assert code == 2
+    line = " ".join(err.split())  # rich may wrap a long line at the terminal width
+    assert line.startswith(f"error: {path}")
+    assert _expected(path) in line
+    assert "Traceback" not in err and out == ""
+
+
+@pytest.mark.parametrize("path", BAD[:4], ids=[p.stem for p in BAD[:4]])
+def test_plan_refuses_bad_recipes_too(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "plan", str(path), "--json")
+    assert code == 2 and _expected(path) in " ".join(err.split())
+
+
+def test_missing_recipe_and_folder_without_recipe(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "validate", str(tmp_path / "nope"))
+    assert code == 2 and "no such recipe file or folder" in err
+    code, _, err = _run(capsys, "validate", str(tmp_path))
+    assert code == 2 and "no recipe.toml in this folder" in err
+
+
+def test_too_few_nodes_is_refused_at_plan_time(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "plan", str(SEEDS / "dsv41-flash-4x-mia"))
+    text = " ".join(err.split())
+    assert code == 2 and "required_nodes = 4" in text and "has 1 node(s)" in text
+
+
+@pytest.mark.parametrize(
+    ("body", "expect"),
+    [
+        ('name = "x"\n[[nodes]]\nname = "a"\nhost = "h"\nfabirc_ip = "1.2.3.4"\n',
+         "nodes[0].fabirc_ip: unknown key (did you mean 'fabric_ip'?)"),
+        ('name = "x"\n[defaults]\nmemlock = "lots"\n[[nodes]]\nname = "a"\nhost = "h"\n',
+         "defaults.memlock: 'lots' is not 'unlimited', 'none' or a size like 64M"),
+        ('name = "x"\n[[nodes]]\nname = "a"\nhost = "h"\n[[nodes]]\nname = "a"\nhost = "g"\n',
+         "node name 'a' appears twice"),
+        ('name = "x"\n', "nodes: required key is missing"),
+        ('name = "x"\n[[nodes]]\nname = "a"\nhost = "h"\nssh_port = 0\n',
+         "nodes[0].ssh_port: Input should be greater than or equal to 1"),
+    ],
+)  # fmt: skip
+def test_bad_cluster_is_one_clear_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, expect: str
+) -> None:
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_text(body)
+    code, _, err = _run(capsys, "plan", str(SEEDS / "dsv41-flash-4x-mia"), "--cluster", str(cluster))
+    text = " ".join(err.split())
+    assert code == 2 and text.startswith(f"error: {cluster}") and expect in text
+
+
+def test_bad_set_and_env_overrides(capsys: pytest.CaptureFixture[str]) -> None:
+    seed = str(SEEDS / "dsv41-flash-4x-mia")
+    code, _, err = _run(capsys, "plan", seed, "-c", str(SPARK4), "--set", "port=99999")
+    assert code == 2 and "port: Input should be less than or equal to 65535" in " ".join(err.split())
+    code, _, err = _run(capsys, "plan", seed, "-c", str(SPARK4), "--env", "9X=1")
+    assert code == 2 and "--env '9X=1'" in err
+
+
+def test_set_override_changes_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "plan", str(SEEDS / "dsv41-flash-4x-mia"), "-c", str(SPARK4), "--json",
+                        "--set", "port=31000", "--env", "EXTRA=1")  # fmt: skip
+    assert code == 0
+    assert '"--port",\n        "31000"' in out and '"EXTRA": "1"' in out
+
+
+def test_console_script_exit_code_and_no_traceback(tmp_path: Path) -> None:
+    bad = ROOT / "tests" / "data" / "bad_recipes" / "unknown_key.toml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparkfleet.cli.main", "validate", str(bad)], capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    assert "did you mean 'tensor_parallel_size'" in proc.stderr and "Traceback" not in proc.stderr
+    ok = subprocess.run([sys.executable, "-m", "sparkfleet.cli.main", "validate", str(SEEDS / "dsv41-flash-4x-mia")],
+                        capture_output=True, text=True)  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
