@@ -17,7 +17,7 @@ from sparkfleet.staging.safetensors_index import RowTable, ShardHeader, TensorLo
 try:
     import numpy as np
 except ImportError:  # nodes without numpy interleave with bytearray slices
-    np = None
+    np = None  # type: ignore[assignment]
 
 PACKED_MAGIC = 0x31344E4531565344  # "DSV41EN1"
 PACKED_HEADER_BYTES = 4096
@@ -241,7 +241,8 @@ def layouts_for(
                 if loc is not None:
                     by_shard.setdefault(loc.shard, []).append(loc)
         outputs = [
-            SparseFileLayout(headers[s], locs, tp, rank, dst, chunk_bytes) for s, locs in sorted(by_shard.items())
+            SparseFileLayout(headers[s], locs, tp, rank, dst, chunk_bytes)
+            for s, locs in sorted(by_shard.items())
         ]
     else:
         raise StageFailure(f'unknown staging layout "{layout}" (expected "packed" or "sparse-file")')

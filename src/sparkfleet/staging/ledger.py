@@ -16,7 +16,7 @@ from typing import Any
 try:
     import xxhash
 except ImportError:  # nodes without xxhash fall back to hashlib
-    xxhash = None
+    xxhash = None  # type: ignore[assignment]
 
 LEDGER_FORMAT = "sparkfleet-staging-ledger/1"
 LEDGER_SUFFIX = ".ledger.json"

@@ -133,9 +133,7 @@ def shard_paths(src: str) -> tuple[list[str], dict[str, str] | None]:
             raise StageFailure(f"{index}: cannot read the weight map ({exc})") from exc
         mapping = {str(k): os.path.join(src, str(v)) for k, v in weight_map.items()}
         return sorted(set(mapping.values())), mapping
-    shards = sorted(
-        os.path.join(src, n) for n in os.listdir(src) if n.endswith(".safetensors")
-    )
+    shards = sorted(os.path.join(src, n) for n in os.listdir(src) if n.endswith(".safetensors"))
     if not shards:
         raise StageFailure(f"source {src} holds no .safetensors files")
     return shards, None

@@ -99,7 +99,9 @@ def output_stat(path: str) -> dict[str, int] | None:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
 
 
-def _usable_hashes(out: Layout, ledger: dict[str, Any] | None, ident: list[dict[str, Any]]) -> list[str] | None:
+def _usable_hashes(
+    out: Layout, ledger: dict[str, Any] | None, ident: list[dict[str, Any]]
+) -> list[str] | None:
     """The ledger's chunk hashes if they describe this output built from this source."""
     if (
         ledger is None
@@ -269,7 +271,10 @@ def _run_outputs(
 ) -> dict[str, Any]:  # fmt: skip
     started = time.monotonic()
     idents = [source_identity(o, headers) for o in outs]
-    checked = [assess(o, i, fds, rng, sample_rows, full=(mode == "verify")) for o, i in zip(outs, idents, strict=True)]
+    checked = [
+        assess(o, i, fds, rng, sample_rows, full=(mode == "verify"))
+        for o, i in zip(outs, idents, strict=True)
+    ]
     reports = [
         {"path": o.path, "layout": o.layout, "size": o.size, "status": status, "action": "verified",
          "bytes_written": 0, "chunks_rewritten": 0, "chunks_total": len(o.chunks)}
@@ -278,10 +283,12 @@ def _run_outputs(
     work = [i for i, (status, _) in enumerate(checked) if status != "ok"]
     if mode == "verify" or not work:
         return {"outputs": reports, "hash": default_algorithm(), "seconds": time.monotonic() - started}
+    # Chunks rewritten in place need no new blocks: only what is not yet allocated counts.
     to_write = sum(
-        max(0, outs[i].data_bytes - max(allocated_bytes(outs[i].path), allocated_bytes(outs[i].path + PARTIAL_SUFFIX)))
+        max(0, outs[i].data_bytes - max(allocated_bytes(p), allocated_bytes(p + PARTIAL_SUFFIX)))
         for i in work
-    )  # fmt: skip
+        for p in [outs[i].path]
+    )
     check_room(dst, int(args.get("min_free") or 0), to_write)
     os.makedirs(dst, exist_ok=True)
     lock = os.open(dst, os.O_RDONLY | os.O_DIRECTORY)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from sparkfleet.staging.safetensors_index import INDEX_NAME
 _WRITE_BLOCK = 32 << 20
 
 
-def write_shard(path: Path, tensors: list[tuple[str, str, tuple[int, ...], int]], seed: int) -> None:
+def write_shard(path: Path, tensors: Sequence[tuple[str, str, tuple[int, ...], int]], seed: int) -> None:
     """Write one shard of ``(name, dtype, shape, itemsize)`` tensors filled with seeded random bytes."""
     header: dict[str, object] = {"__metadata__": {"format": "pt"}}
     offset = 0
@@ -49,7 +50,10 @@ def write_engram_checkpoint(
     weight_map: dict[str, str] = {}
     shards: dict[int, Path] = {}
     first = f"model-00001-of-{total:05d}.safetensors"
-    other = [(f"{prefix}embed_tokens.weight", "BF16", (1024, 64), 2), (f"{prefix}norm.weight", "F32", (64,), 4)]
+    other = [
+        (f"{prefix}embed_tokens.weight", "BF16", (1024, 64), 2),
+        (f"{prefix}norm.weight", "F32", (64,), 4),
+    ]
     write_shard(snapshot / first, other, seed)
     weight_map.update({t[0]: first for t in other})
     for i, (layer, rows) in enumerate(sorted(layers.items()), start=2):

@@ -1,0 +1,156 @@
+"""Build a composed model directory on the node (node-side, stdlib only, shipped as-is).
+
+Hugging Face cache layout under ``dst``: ``models--org--name/refs/main`` and
+``models--org--name/snapshots/<rev>/…`` where every file of the source snapshot is a symlink to
+the file it resolves to (the hub's blob), then each local file hard-linked over the entry of the
+same name. Prints one marked JSON line: the snapshot directory and the roots the symlinks point
+into (the container must mount those at the same path).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import sys
+from typing import Any
+
+RESULT_MARKER = "SPARKFLEET-COMPOSE-RESULT "
+
+
+class ComposeFailure(Exception):
+    """The directory cannot be composed; the message is shown to the user."""
+
+
+def _revision(repo_dir: str, revision: str | None) -> str:
+    if revision and len(revision) == 40 and os.path.isdir(os.path.join(repo_dir, "snapshots", revision)):
+        return revision
+    ref = os.path.join(repo_dir, "refs", revision or "main")
+    try:
+        with open(ref, encoding="utf-8") as fh:
+            return fh.read().strip()
+    except OSError:
+        pass
+    snaps = (
+        sorted(os.listdir(os.path.join(repo_dir, "snapshots")))
+        if os.path.isdir(os.path.join(repo_dir, "snapshots"))
+        else []
+    )
+    if revision is None and len(snaps) == 1:
+        return snaps[0]
+    raise ComposeFailure(
+        f"no snapshot of {repo_dir} for revision {revision or 'main'} (found {snaps or 'none'}); "
+        "download the model into the node's Hugging Face cache first"
+    )
+
+
+def _replace_with(make: Any, dest: str) -> None:
+    """Create ``dest`` through a temp name and rename it over whatever is there."""
+    tmp = f"{dest}.sparkfleet-tmp{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    make(tmp)
+    os.replace(tmp, dest)
+
+
+def _roots(targets: list[str]) -> list[str]:
+    dirs = sorted({os.path.dirname(t) for t in targets})
+    kept: list[str] = []
+    for d in dirs:
+        if not any(d == k or d.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(d)
+    return kept
+
+
+def compose(args: dict[str, Any]) -> dict[str, Any]:
+    """Build (or, with ``verify``, only check) the composed directory described by ``args``."""
+    repo_dir, dst = str(args["repo_dir"]), str(args["dst"])
+    verify = bool(args.get("verify"))
+    rev = _revision(repo_dir, args.get("revision"))
+    snapshot = os.path.join(repo_dir, "snapshots", rev)
+    if not os.path.isdir(snapshot):
+        raise ComposeFailure(f"snapshot {snapshot} does not exist")
+    model_dir = os.path.join(dst, os.path.basename(repo_dir.rstrip("/")), "snapshots", rev)
+    wanted: dict[str, str] = {}
+    for base, _dirs, files in os.walk(snapshot, followlinks=True):
+        for name in files:
+            rel = os.path.relpath(os.path.join(base, name), snapshot)
+            wanted[rel] = os.path.realpath(os.path.join(snapshot, rel))
+    local: dict[str, str] = {}
+    for host in args.get("local_files", []):
+        if not os.path.isfile(host):
+            raise ComposeFailure(f"local file {host} does not exist")
+        local[os.path.basename(host)] = host
+    problems: list[str] = []
+    if not verify:
+        os.makedirs(os.path.join(model_dir, "..", "..", "refs"), exist_ok=True)
+        with open(os.path.join(model_dir, "..", "..", "refs", "main"), "w", encoding="utf-8") as fh:
+            fh.write(rev)
+    for rel, target in sorted(wanted.items()):
+        if rel in local:
+            continue
+        dest = os.path.join(model_dir, rel)
+        if os.path.islink(dest) and os.readlink(dest) == target:
+            continue
+        if verify:
+            problems.append(f"{dest} is not a link to {target}")
+            continue
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        _replace_with(lambda tmp, t=target: os.symlink(t, tmp), dest)
+    for name, host in sorted(local.items()):
+        dest = os.path.join(model_dir, name)
+        try:
+            if os.path.samefile(dest, host) and not os.path.islink(dest):
+                continue
+        except OSError:
+            pass
+        if verify:
+            problems.append(f"{dest} is not a hard link of {host}")
+            continue
+        os.makedirs(model_dir, exist_ok=True)
+        try:
+            _replace_with(lambda tmp, h=host: os.link(h, tmp), dest)
+        except OSError as exc:
+            if exc.errno == errno.EXDEV:
+                raise ComposeFailure(
+                    f"cannot hard-link {host} into {model_dir}: they are on different filesystems; "
+                    "put the composed directory (composed_model.dir) on the filesystem that holds "
+                    "the local files"
+                ) from exc
+            raise
+    expected = set(wanted) | set(local)
+    if os.path.isdir(model_dir):
+        for base, _dirs, files in os.walk(model_dir):
+            for name in files:
+                rel = os.path.relpath(os.path.join(base, name), model_dir)
+                if rel not in expected:
+                    if verify:
+                        problems.append(f"{os.path.join(model_dir, rel)} is not part of the model")
+                    else:
+                        os.unlink(os.path.join(model_dir, rel))
+    elif verify:
+        problems.append(f"{model_dir} does not exist")
+    return {
+        "model_dir": model_dir, "revision": rev, "mount_roots": _roots(list(wanted.values())),
+        "links": len(wanted) - len(set(wanted) & set(local)), "hard_links": len(local), "problems": problems,
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One JSON argument in, one marked JSON line out."""
+    words = sys.argv[1:] if argv is None else argv
+    try:
+        result: dict[str, Any] = {"ok": True, **compose(json.loads(words[0]))}
+        code = 0
+    except ComposeFailure as exc:
+        result, code = {"ok": False, "error": str(exc)}, 3
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        result, code = {"ok": False, "error": f"{where}{exc.strerror or exc}"}, 3
+    sys.stdout.write(RESULT_MARKER + json.dumps(result) + "\n")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
