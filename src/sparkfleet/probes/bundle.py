@@ -20,9 +20,9 @@ _END = "@@SF-END"
 # apart and the exit status is known before anything is printed.
 _PRELUDE = (
     't=$(mktemp -d 2>/dev/null || { mkdir -p "/tmp/sfprobe.$$" && echo "/tmp/sfprobe.$$"; })\n'
-    "sfp() { n=$1; shift; \"$@\" >\"$t/o\" 2>\"$t/e\" </dev/null; rc=$?;"
-    f" printf '\\n{_BEGIN} %s %s\\n' \"$n\" \"$rc\"; cat \"$t/o\";"
-    f" printf '\\n{_ERR} %s\\n' \"$n\"; cat \"$t/e\"; printf '\\n{_END} %s\\n' \"$n\"; }}\n"
+    'sfp() { n=$1; shift; "$@" >"$t/o" 2>"$t/e" </dev/null; rc=$?;'
+    f' printf \'\\n{_BEGIN} %s %s\\n\' "$n" "$rc"; cat "$t/o";'
+    f' printf \'\\n{_ERR} %s\\n\' "$n"; cat "$t/e"; printf \'\\n{_END} %s\\n\' "$n"; }}\n'
 )
 
 

@@ -124,7 +124,8 @@ def parse(gpu_stdout: str, gpu_exit: int, apps_stdout: str = "", stderr: str = "
     """GpuFacts from both queries; a failed query is `available=False` with its error."""
     if gpu_exit != 0:
         reason = "nvidia-smi not found" if gpu_exit == 127 else (stderr.strip() or gpu_stdout.strip())
-        return GpuFacts(available=False, gpus=(), processes=(), error=reason.splitlines()[-1] if reason else "")
+        last = reason.splitlines()[-1] if reason else ""
+        return GpuFacts(available=False, gpus=(), processes=(), error=last)
     return GpuFacts(available=True, gpus=parse_gpus(gpu_stdout), processes=parse_apps(apps_stdout))
 
 

@@ -132,8 +132,13 @@ def parse(stdout: str) -> RdmaFacts:
             if h == hca and p == num and g.get("gid", _ZERO_GID) != _ZERO_GID
         )
         ports.append(
-            RdmaPort(hca=hca, port=num, state=values.get("state", ""),
-                     link_layer=values.get("link_layer", ""), gids=gids)
+            RdmaPort(
+                hca=hca,
+                port=num,
+                state=values.get("state", ""),
+                link_layer=values.get("link_layer", ""),
+                gids=gids,
+            )
         )
     return RdmaFacts(
         dev_nodes=tuple(dev_nodes),

@@ -17,8 +17,7 @@ def command(targets: Sequence[tuple[str, int]], timeout_s: float = 2.0) -> list[
     for ip, port in targets:
         probe = shlex.quote(f"exec 3<>/dev/tcp/{ip}/{port}")
         parts.append(
-            f"e=$(timeout {timeout_s:g} bash -c {probe} 2>&1); "
-            f'echo "{ip} {port} $? $(echo "$e" | tail -n 1)"'
+            f'e=$(timeout {timeout_s:g} bash -c {probe} 2>&1); echo "{ip} {port} $? $(echo "$e" | tail -n 1)"'
         )
     return ["sh", "-c", "; ".join(parts) + "; true"]
 

@@ -1,0 +1,120 @@
+"""RDMA sysfs, interfaces, listening ports and fabric reach: captures and real commands."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from sparkfleet.probes import netif, ports, rdma, reach
+from sparkfleet.transport.local import LocalTransport
+from tests.unit._captures import h200_section, vm
+
+
+def test_rdma_cm_without_sysfs_devices_is_not_rdma_capable() -> None:
+    # The H200 machine: /dev/infiniband holds only rdma_cm and /sys/class/infiniband is empty
+    # (node-facts-h200.txt); this is what the probe's command prints there.
+    listed = [line.split()[-1] for line in h200_section("ls /dev/infiniband").splitlines()[3:]]
+    assert listed == ["rdma_cm"]
+    facts = rdma.parse("## dev\n" + "\n".join(listed) + "\n## sysfs\n## netdev\n")
+    assert facts.dev_nodes == ("rdma_cm",)
+    assert not facts.capable
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")
+
+
+def _connectx_tree(root: Path) -> tuple[Path, Path]:
+    """A sysfs tree laid out per the kernel ABI (sysfs-class-infiniband) for one RoCE port:
+    GID 0/1 RoCE v1/v2 link-local, 2/3 RoCE v1/v2 of 192.168.200.11, 4 unpopulated."""
+    sys_root, dev_root = root / "sys", root / "dev"
+    port = sys_root / "class/infiniband/rocep1s0f0/ports/1"
+    _write(port / "state", "4: ACTIVE")
+    _write(port / "link_layer", "Ethernet")
+    gids = [
+        ("fe80:0000:0000:0000:0e42:a1ff:fe01:0203", "IB/RoCE v1"),
+        ("fe80:0000:0000:0000:0e42:a1ff:fe01:0203", "RoCE v2"),
+        ("0000:0000:0000:0000:0000:ffff:c0a8:c80b", "IB/RoCE v1"),
+        ("0000:0000:0000:0000:0000:ffff:c0a8:c80b", "RoCE v2"),
+        ("0000:0000:0000:0000:0000:0000:0000:0000", None),
+    ]
+    for i, (gid, kind) in enumerate(gids):
+        _write(port / "gids" / str(i), gid)
+        if kind:
+            _write(port / "gid_attrs/types" / str(i), kind)
+            _write(port / "gid_attrs/ndevs" / str(i), "enp1s0f0np0")
+    down = sys_root / "class/infiniband/rocep1s0f1/ports/1"
+    _write(down / "state", "1: DOWN")
+    _write(down / "link_layer", "Ethernet")
+    (sys_root / "class/infiniband/rocep1s0f0/device/net/enp1s0f0np0").mkdir(parents=True)
+    for name in ("rdma_cm", "uverbs0", "uverbs1"):
+        _write(dev_root / "infiniband" / name, "")
+    return sys_root, dev_root
+
+
+def test_rdma_probe_reads_port_state_and_the_roce_v2_ipv4_gid(tmp_path: Path) -> None:
+    sys_root, dev_root = _connectx_tree(tmp_path)
+    out = LocalTransport().run(rdma.command(str(sys_root), str(dev_root))).stdout
+    facts = rdma.parse(out)
+    assert facts.capable
+    assert [(p.hca, p.active) for p in facts.ports] == [("rocep1s0f0", True), ("rocep1s0f1", False)]
+    port = facts.port_for_ip("192.168.200.11")
+    assert port is not None and port.link_layer == "Ethernet"
+    assert port.roce_v2_index() == 3 and port.roce_v2_index("192.168.200.11") == 3
+    assert [g.index for g in port.gids] == [0, 1, 2, 3]
+    assert facts.netdevs == {"rocep1s0f0": ("enp1s0f0np0",)}
+
+
+def test_rdma_probe_on_this_machine_finds_nothing() -> None:
+    facts = rdma.parse(LocalTransport().run(rdma.command()).stdout)
+    assert not facts.capable
+
+
+def test_ip_json_capture_gives_interfaces_with_addresses_and_mtu() -> None:
+    facts = netif.parse(vm("netif-ip.txt"))
+    assert facts.addresses_known
+    lo = facts.with_address("127.0.0.1")
+    assert lo is not None and lo.name == "lo" and lo.mtu == 65536
+    assert {i.name for i in facts.interfaces} >= {"lo", "eth0"}
+
+
+def test_sysfs_fallback_capture_has_mtus_but_no_addresses() -> None:
+    facts = netif.parse(vm("netif-sysfs.txt"))
+    assert not facts.addresses_known
+    by_name = {i.name: i for i in facts.interfaces}
+    assert by_name["lo"].mtu == 65536 and by_name["lo"].operstate == "UNKNOWN"
+    assert by_name["eth0"].mtu == netif.parse(vm("netif-ip.txt")).with_address("192.0.2.2").mtu  # type: ignore[union-attr]
+
+
+def test_ss_and_proc_captures_agree_on_the_listeners() -> None:
+    want = {("0.0.0.0", 2024), ("127.0.0.5", 18081)}
+    via_ss = ports.parse(vm("ports-ss.txt"))
+    via_proc = ports.parse(vm("ports-proc.txt"))
+    assert want <= {(item.address, item.port) for item in via_ss.listeners}
+    assert want <= {(item.address, item.port) for item in via_proc.listeners}
+    assert via_ss.holders(18080) and via_proc.holders(18080)  # the IPv6 wildcard listener
+    assert not via_ss.holders(18082)
+
+
+def test_ports_probe_sees_a_socket_this_test_opens() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        facts = ports.parse(LocalTransport().run(ports.COMMAND).stdout)
+    assert [h.address for h in facts.holders(port)] == ["127.0.0.1"]
+
+
+def test_reach_counts_a_refused_port_as_reachable_and_reports_it() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        open_port = s.getsockname()[1]
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            closed_port = probe.getsockname()[1]  # bound, not listening: refused
+            out = LocalTransport().run(reach.command([("127.0.0.1", open_port), ("127.0.0.1", closed_port)]))
+    found = reach.parse(out.stdout)
+    assert [(r.port, r.reachable) for r in found] == [(open_port, True), (closed_port, True)]
+    assert found[0].detail == "connected" and "refused" in found[1].detail.lower()
