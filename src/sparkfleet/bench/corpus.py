@@ -36,7 +36,9 @@ def prompt_types(requested: str | list[str] | tuple[str, ...]) -> tuple[str, ...
     names = [n for n in names if n]
     unknown = [n for n in names if n not in PROMPT_TYPES]
     if unknown or not names:
-        raise BenchError(f"unknown prompt type {', '.join(unknown) or '(none)'}; choose from {', '.join(PROMPT_TYPES)}")
+        raise BenchError(
+            f"unknown prompt type {', '.join(unknown) or '(none)'}; choose from {', '.join(PROMPT_TYPES)}"
+        )
     return tuple(names)
 
 

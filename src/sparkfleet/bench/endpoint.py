@@ -8,6 +8,7 @@ cache-free prefill.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 from collections.abc import Mapping
@@ -75,10 +76,8 @@ def deployment_endpoint(name: str, store: Store | None = None) -> tuple[str, dic
     meta: dict[str, Any] = {}
     for key, value in data.items():
         if isinstance(value, str) and value[:1] in "[{":
-            try:
+            with contextlib.suppress(ValueError):
                 value = json.loads(value)
-            except ValueError:
-                pass
         meta[key] = value
     return normalise_url(str(url)), meta
 
@@ -92,8 +91,10 @@ def resolve_endpoint(
     max_model_len: int | None = None,
 ) -> Endpoint:
     """Resolve NAME|URL and probe the server; BenchError when it does not answer like an LLM server."""
+    meta: dict[str, Any] = {}
+    deployment: str | None = None
     if looks_like_url(name_or_url):
-        base_url, meta, deployment = normalise_url(name_or_url), {}, None
+        base_url = normalise_url(name_or_url)
     else:
         base_url, meta = deployment_endpoint(name_or_url, store)
         deployment = name_or_url
@@ -176,9 +177,7 @@ def detect_engine(client: httpx.Client, base_url: str, card: Mapping[str, Any]) 
     return "unknown", version_str
 
 
-def _context_length(
-    client: httpx.Client, base_url: str, card: Mapping[str, Any], engine: str
-) -> int | None:
+def _context_length(client: httpx.Client, base_url: str, card: Mapping[str, Any], engine: str) -> int | None:
     for key in ("max_model_len", "context_length", "max_context_length"):
         value = card.get(key)
         if isinstance(value, int) and value > 0:

@@ -1,10 +1,408 @@
-"""CLI commands for benchmarks (issue 5)."""
+"""``sparkfleet bench decode|prefill|show|compare|export`` (issue 5).
+
+Runs are stored as they go: a run row first, then each measured tier repeat as soon as it ends,
+so Ctrl-C or an endpoint failure keeps everything measured so far, marked ``partial``.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sparkfleet.bench.client import RequestRecord
+from sparkfleet.bench.corpus import PROMPT_TYPES, prompt_types
+from sparkfleet.bench.decode import DecodeConfig, DecodeTierRun, ExactLength, run_decode
+from sparkfleet.bench.endpoint import Endpoint, resolve_endpoint
+from sparkfleet.bench.meta import run_meta
+from sparkfleet.bench.prefill import DEFAULT_LENGTHS, PrefillConfig, PrefillPlan, PrefillRun, run_prefill
+from sparkfleet.bench.report import (
+    TierSummary,
+    compare,
+    fmt,
+    fmt_spread,
+    markdown,
+    run_title,
+    summarize,
+    to_csv,
+    to_json,
+)
+from sparkfleet.bench.store import BenchStore
+from sparkfleet.cli.console import console, err_console
+from sparkfleet.errors import BenchError
+
+bench_app = typer.Typer(
+    help="Decode and prefill benchmarks, history, comparison and export.", no_args_is_help=True
+)
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the app (none yet)."""
-    return None
+    """Add the ``bench`` sub-app."""
+    app.add_typer(bench_app, name="bench")
+
+
+# ---------------------------------------------------------------- option parsing
+
+
+def parse_ints(text: str, what: str) -> tuple[int, ...]:
+    """``1,2,4`` or ``4k,16k`` (k = 1024) → a tuple of positive ints."""
+    out = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        if not part:
+            continue
+        mult = 1024 if part.endswith("k") else 1
+        num = part[:-1] if part.endswith("k") else part
+        if not num.isdigit() or int(num) <= 0:
+            raise BenchError(f"bad {what} {part!r}: give positive integers separated by commas, e.g. 1,2,4")
+        out.append(int(num) * mult)
+    if not out:
+        raise BenchError(f"no {what} given")
+    return tuple(out)
+
+
+def parse_extra(text: str | None) -> dict[str, Any]:
+    """``--extra-body`` JSON object."""
+    if not text:
+        return {}
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        raise BenchError(f"--extra-body is not valid JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise BenchError("--extra-body must be a JSON object, e.g. '{\"top_p\": 1}'")
+    return obj
+
+
+class RichProgress:
+    """Progress bars on stderr, one line per finished step."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.task: Any = None
+
+    def start(self, label: str, total: int) -> None:
+        self.task = self.progress.add_task(label, total=total)
+
+    def advance(self, record: RequestRecord) -> None:
+        if self.task is not None:
+            self.progress.advance(self.task)
+
+    def finish(self, message: str | None) -> None:
+        if self.task is not None:
+            self.progress.remove_task(self.task)
+            self.task = None
+        if message:
+            self.progress.console.print(message, highlight=False)
+
+
+def _progress_bar() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    )
+
+
+def _execute(
+    bench: BenchStore, run_id: int, work: Callable[[RichProgress], Coroutine[Any, Any, Any]]
+) -> None:
+    """Run ``work``; mark the run complete, or partial on Ctrl-C / BenchError (then re-raise)."""
+    with _progress_bar() as bar:
+        try:
+            asyncio.run(work(RichProgress(bar)))
+        except KeyboardInterrupt:
+            bench.finish_run(run_id, "partial", "interrupted by the user")
+            err_console.print(f"[yellow]interrupted: partial results kept as run {run_id}[/]")
+            raise typer.Exit(130) from None
+        except BenchError as exc:
+            bench.finish_run(run_id, "partial", exc.message)
+            err_console.print(f"[yellow]results measured so far kept as run {run_id} (partial)[/]")
+            raise
+    bench.finish_run(run_id, "complete")
+
+
+# ---------------------------------------------------------------- decode / prefill
+
+Target = Annotated[str, typer.Argument(help="Deployment name, or the server's URL (http://host:port).")]
+ModelOpt = Annotated[
+    str | None, typer.Option("--model", help="Model id (default: the first of GET /v1/models).")
+]
+LabelOpt = Annotated[str | None, typer.Option("--label", help="A label stored with the run.")]
+ExtraOpt = Annotated[
+    str | None,
+    typer.Option("--extra-body", help="JSON merged into every request body, e.g. thinking switches."),
+]
+
+
+@bench_app.command("decode")
+def decode_cmd(
+    target: Target,
+    model: ModelOpt = None,
+    concurrency: Annotated[str, typer.Option(help="Concurrency tiers.")] = "1,2,4,8,16",
+    types: Annotated[
+        str, typer.Option("--types", help=f"Prompt types: {','.join(PROMPT_TYPES)}.")
+    ] = ",".join(PROMPT_TYPES),
+    tokens: Annotated[int, typer.Option(help="New tokens per request (exactly).")] = 256,
+    repeats: Annotated[int, typer.Option(help="Measured runs per tier.")] = 3,
+    waves: Annotated[int, typer.Option(help="Requests per run = concurrency x waves.")] = 1,
+    warmups: Annotated[int, typer.Option(help="Discarded warm-up waves per tier.")] = 1,
+    warmup_tokens: Annotated[int, typer.Option(help="Tokens per warm-up request.")] = 32,
+    api: Annotated[str, typer.Option(help="chat or completions.")] = "chat",
+    timeout: Annotated[float, typer.Option(help="Seconds allowed per request.")] = 600.0,
+    extra_body: ExtraOpt = None,
+    label: LabelOpt = None,
+) -> None:
+    """Decode throughput: concurrency tiers x prompt types, exactly N new tokens, repeats."""
+    if api not in ("chat", "completions"):
+        raise BenchError(f"--api must be chat or completions, not {api!r}")
+    config = DecodeConfig(
+        concurrency=parse_ints(concurrency, "concurrency"),
+        prompt_types=prompt_types(types),
+        new_tokens=tokens,
+        repeats=repeats,
+        waves=waves,
+        warmups=warmups,
+        warmup_tokens=warmup_tokens,
+        api=api,  # type: ignore[arg-type]
+        timeout=timeout,
+        extra_body=parse_extra(extra_body),
+    )
+    endpoint = resolve_endpoint(target, model)
+    bench = BenchStore()
+    run_id = _create(bench, "decode", endpoint, config, label)
+
+    def store_run(run: DecodeTierRun) -> None:
+        bench.add_sample(run_id, run.tier, run.repeat, run.stats, run.records)
+
+    def store_exact(exact: ExactLength) -> None:
+        bench.update_meta(
+            run_id, exact_length={"enforced": exact.enforced, "params": exact.params, "note": exact.note}
+        )
+        if not exact.enforced:
+            err_console.print(f"[yellow]warning:[/] {exact.note}")
+
+    _execute(bench, run_id, lambda p: run_decode(endpoint, config, p, store_run, store_exact))
+    _show(bench, run_id)
+
+
+@bench_app.command("prefill")
+def prefill_cmd(
+    target: Target,
+    model: ModelOpt = None,
+    lengths: Annotated[str, typer.Option(help="Prompt lengths in tokens (k = 1024).")] = ",".join(
+        f"{n // 1024}k" for n in DEFAULT_LENGTHS
+    ),
+    repeats: Annotated[int, typer.Option(help="Passes over all lengths.")] = 2,
+    max_context: Annotated[
+        int | None, typer.Option(help="Context limit (default: the server's max_model_len).")
+    ] = None,
+    overhead_samples: Annotated[int, typer.Option(help="Tiny requests that measure the fixed overhead.")] = 3,
+    extra_body: ExtraOpt = None,
+    label: LabelOpt = None,
+) -> None:
+    """Cold prefill throughput by prompt length, real text, unique prefix per request."""
+    config = PrefillConfig(
+        lengths=parse_ints(lengths, "prompt length"),
+        repeats=repeats,
+        max_context=max_context,
+        overhead_samples=overhead_samples,
+        extra_body=parse_extra(extra_body),
+    )
+    endpoint = resolve_endpoint(target, model, max_model_len=max_context)
+    bench = BenchStore()
+    run_id = _create(bench, "prefill", endpoint, config, label)
+
+    def store_run(run: PrefillRun) -> None:
+        bench.add_sample(run_id, run.tier, run.repeat, run.sample, (run.record,))
+        if run.sample.cached_tokens:
+            err_console.print(
+                f"[yellow]warning:[/] {run.sample.cached_tokens} of {run.sample.prompt_tokens} prompt tokens "
+                f"came from a cache at {run.length}: that rate is not a cold prefill"
+            )
+
+    def store_overhead(overhead: float, plan: PrefillPlan) -> None:
+        bench.update_meta(
+            run_id,
+            overhead_ms=overhead * 1000,
+            lengths=plan.lengths,
+            context=plan.context,
+            dropped=plan.dropped,
+        )
+        if plan.dropped:
+            err_console.print(
+                f"lengths {', '.join(map(str, plan.dropped))} exceed the context of {plan.context} tokens; "
+                f"measuring up to {plan.lengths[-1]}"
+            )
+
+    _execute(bench, run_id, lambda p: run_prefill(endpoint, config, p, store_run, store_overhead))
+    _show(bench, run_id)
+
+
+def _create(bench: BenchStore, kind: str, endpoint: Endpoint, config: Any, label: str | None) -> int:
+    run_id = bench.create_run(
+        kind,
+        endpoint.base_url,
+        model=endpoint.model,
+        engine=endpoint.engine,
+        engine_version=endpoint.engine_version,
+        deployment=endpoint.deployment,
+        meta=run_meta(endpoint, config),
+        label=label,
+    )
+    err_console.print(
+        f"bench {kind} run {run_id}: {endpoint.model} at {endpoint.base_url} "
+        f"({endpoint.engine}{' ' + endpoint.engine_version if endpoint.engine_version else ''})"
+    )
+    return run_id
+
+
+# ---------------------------------------------------------------- show / compare / export
+
+
+def _tiers(bench: BenchStore, run_id: int) -> tuple[Any, list[TierSummary]]:
+    run = bench.get_run(run_id)
+    return run, summarize(run, bench.samples(run_id, with_requests=False))
+
+
+def _show(bench: BenchStore, run_id: int) -> None:
+    run, tiers = _tiers(bench, run_id)
+    table = Table(title=run_title(run), title_justify="left")
+    if run.kind == "decode":
+        for col in (
+            "tier",
+            "runs",
+            "aggregate tok/s",
+            "per stream",
+            "TTFT p50 ms",
+            "TPOT p50 ms",
+            "ITL p99 ms",
+            "",
+        ):
+            table.add_column(col, justify="left" if col in ("tier", "") else "right")
+        for t in tiers:
+            flags = []
+            if t.flagged:
+                flags.append(f"spread {100 * (t.headline.rel_spread or 0):.0f}%")
+            if t.length_mismatch:
+                flags.append(f"{t.length_mismatch} length mismatch")
+            if t.failed:
+                flags.append(f"{t.failed} failed")
+            table.add_row(
+                t.tier, str(t.runs), fmt_spread(t.headline), fmt(t.per_stream.median),
+                fmt(t.ttft_p50.median, 0), fmt(t.tpot_p50.median), fmt(t.itl_p99.median),
+                "[yellow]" + ", ".join(flags) + "[/]" if flags else "",
+            )  # fmt: skip
+    else:
+        for col in ("length", "runs", "prompt tokens", "prefill tok/s", "TTFT p50 ms", ""):
+            table.add_column(col, justify="left" if col == "" else "right")
+        for t in tiers:
+            flags = []
+            if t.flagged:
+                flags.append(f"spread {100 * (t.headline.rel_spread or 0):.0f}%")
+            if t.cached_tokens:
+                flags.append(f"CACHED {t.cached_tokens} tokens")
+            if t.failed:
+                flags.append(f"{t.failed} failed")
+            table.add_row(
+                t.tier, str(t.runs), fmt(t.prompt_tokens.median, 0), fmt_spread(t.headline, 0),
+                fmt(t.ttft_p50.median, 0), "[yellow]" + ", ".join(flags) + "[/]" if flags else "",
+            )  # fmt: skip
+    console.print(table)
+    if run.status != "complete":
+        console.print(f"[yellow]run {run.id} is {run.status}: {run.note or ''}[/]")
+
+
+@bench_app.command("show")
+def show_cmd(
+    run: Annotated[str | None, typer.Argument(help="Run id, 'last' or 'last~N'; none lists runs.")] = None,
+    limit: Annotated[int, typer.Option(help="How many runs to list.")] = 20,
+) -> None:
+    """List stored runs, or show one run's tiers."""
+    bench = BenchStore()
+    if run is not None:
+        _show(bench, bench.resolve(run))
+        return
+    table = Table(title="bench runs", title_justify="left")
+    for col in ("id", "kind", "status", "created (UTC)", "model", "engine", "target", "label"):
+        table.add_column(col)
+    for r in bench.list_runs(limit):
+        table.add_row(
+            str(r.id), r.kind, r.status, r.created_at, r.model or "",
+            f"{r.engine or ''} {r.engine_version or ''}", r.deployment or r.endpoint, r.label or "",
+        )  # fmt: skip
+    console.print(table)
+
+
+@bench_app.command("compare")
+def compare_cmd(
+    a: Annotated[str, typer.Argument(help="Baseline run (id, 'last~1', …).")],
+    b: Annotated[str, typer.Argument(help="Run compared with it.")],
+) -> None:
+    """Per tier: both medians, the ratio B/A, and whether the difference exceeds the runs' spread."""
+    bench = BenchStore()
+    run_a, tiers_a = _tiers(bench, bench.resolve(a))
+    run_b, tiers_b = _tiers(bench, bench.resolve(b))
+    if run_a.kind != run_b.kind:
+        raise BenchError(
+            f"run {run_a.id} is {run_a.kind} and run {run_b.id} is {run_b.kind}: compare like with like"
+        )
+    rows = compare(tiers_a, tiers_b)
+    if not rows:
+        raise BenchError(f"runs {run_a.id} and {run_b.id} have no tier in common")
+    what = "aggregate tok/s" if run_a.kind == "decode" else "prefill tok/s"
+    table = Table(title=f"{what}: A = run {run_a.id}, B = run {run_b.id}", title_justify="left")
+    for col in ("tier", "A median (min–max)", "B median (min–max)", "B/A", "verdict"):
+        table.add_column(col, justify="left" if col in ("tier", "verdict") else "right")
+    for row in rows:
+        verdict = (
+            ("[green]faster[/]" if (row.ratio or 1) > 1 else "[red]slower[/]")
+            if row.exceeds_spread
+            else "within spread"
+        )
+        table.add_row(row.tier, fmt_spread(row.a), fmt_spread(row.b), fmt(row.ratio, 3), verdict)
+    console.print(table)
+
+
+@bench_app.command("export")
+def export_cmd(
+    run: Annotated[str, typer.Argument(help="Run id, 'last' or 'last~N'.")],
+    fmt_: Annotated[str, typer.Option("--format", "-f", help="json, csv, md or png.")] = "json",
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="File to write (default: stdout).")
+    ] = None,
+) -> None:
+    """Export a run: JSON (vLLM key names where they exist), CSV, Markdown tables, or a PNG plot."""
+    bench = BenchStore()
+    run_id = bench.resolve(run)
+    stored = bench.get_run(run_id)
+    if fmt_ == "png":
+        from sparkfleet.bench.plots import plot_run  # matplotlib is heavy: load it only to plot
+
+        path = output or Path(f"bench-{run_id}-{stored.kind}.png")
+        plot_run(stored, summarize(stored, bench.samples(run_id, with_requests=False)), path)
+        err_console.print(f"wrote {path}")
+        return
+    if fmt_ == "json":
+        samples = bench.samples(run_id)
+        text = to_json(stored, samples, summarize(stored, samples))
+    elif fmt_ == "csv":
+        text = to_csv(stored, summarize(stored, bench.samples(run_id, with_requests=False)))
+    elif fmt_ in ("md", "markdown"):
+        text = markdown(stored, summarize(stored, bench.samples(run_id, with_requests=False)))
+    else:
+        raise BenchError(f"unknown export format {fmt_!r}: choose json, csv, md or png")
+    if output is None:
+        console.file.write(text)
+    else:
+        output.write_text(text)
+        err_console.print(f"wrote {output}")
