@@ -234,6 +234,7 @@ class LoopbackFleet:
             f"user = {_toml_str(self.user)}",
             f"ssh_port = {self.port}",
             f"ssh_key = {_toml_str(self.client_key)}",
+            f"ssh_config = {_toml_str(self.ssh_config)}",
             f"hf_cache = {_toml_str(self.nodes[0].hf_cache if self._shared_hf else self.workdir / 'hf')}",
             f"state_dir = {_toml_str(self.workdir / 'state')}",
             f"gpus = {_toml_str(self.gpus)}",

@@ -1,10 +1,182 @@
-"""CLI commands for up/down/status/logs (issue 3)."""
+"""``up``, ``down``, ``status`` and ``logs``."""
 
 from __future__ import annotations
 
+import json
+import threading
+import time
+from typing import Annotated
+
 import typer
+from rich.live import Live
+from rich.table import Table
+
+from sparkfleet.cli.console import console, err_console
+from sparkfleet.cli.options import ClusterOpt, EnvOpt, JsonOpt, NameOpt, RecipeArg, SetOpt, build_plan
+from sparkfleet.errors import SparkfleetError
+
+AcceptNewOpt = Annotated[
+    bool, typer.Option("--insecure-accept-new", help="Accept unknown SSH host keys (first contact only).")
+]
+
+
+class _Progress:
+    """A live table, one row per node, updated as up goes."""
+
+    def __init__(self, nodes: list[tuple[int, str]]) -> None:
+        self.rows: dict[str, tuple[int, str, float]] = {n: (r, "waiting", time.monotonic()) for r, n in nodes}
+        self.phase = "planning"
+        self.start = time.monotonic()
+        self.lock = threading.Lock()
+        self.live = Live(self._table(), console=err_console, refresh_per_second=4, transient=False)
+
+    def _table(self) -> Table:
+        table = Table(title=f"{self.phase}  ({time.monotonic() - self.start:.1f}s)", title_justify="left")
+        for col in ("rank", "node", "state"):
+            table.add_column(col)
+        for node, (rank, text, _) in sorted(self.rows.items(), key=lambda kv: kv[1][0]):
+            table.add_row(str(rank), node, text)
+        return table
+
+    def __call__(self, node: str | None, rank: int | None, message: str) -> None:
+        with self.lock:
+            if node is None:
+                self.phase = message
+            else:
+                self.rows[node] = (rank if rank is not None else self.rows[node][0], message, time.monotonic())
+            self.live.update(self._table())
+
+
+def up(
+    recipe: RecipeArg,
+    cluster: ClusterOpt = None,
+    set_: SetOpt = None,
+    env: EnvOpt = None,
+    name: NameOpt = None,
+    timeout: Annotated[float | None, typer.Option(help="Seconds to wait for readiness.")] = None,
+    accept_new: AcceptNewOpt = False,
+) -> None:
+    """Start a deployment on every node; done only when it really serves (else everything is stopped)."""
+    from sparkfleet.cluster import load_cluster  # deploy pulls in httpx: load it only for up
+    from sparkfleet.deploy import up as run_up
+
+    planned = build_plan(recipe, cluster, set_, env, name)
+    progress = _Progress([(r.rank, r.node.name) for r in planned.ranks])
+    with progress.live:
+        result = run_up(planned, load_cluster(cluster), report=progress, timeout=timeout,
+                        accept_new_host_keys=accept_new)  # fmt: skip
+        progress(None, None, f"ready in {result.seconds:.1f}s")
+    console.print(f"[green]ready[/] {result.name} at [bold]{result.endpoint}[/] "
+                  f"(smoke answer: {result.smoke_answer.strip()[:60]!r})")  # fmt: skip
+
+
+def _record(name: str):  # type: ignore[no-untyped-def]
+    from sparkfleet.deployments import Deployments
+
+    found = Deployments().get(name)
+    if found is None:
+        raise SparkfleetError(f"no deployment named {name!r} (see `sparkfleet status`)")
+    return found
+
+
+def down(
+    name: Annotated[str, typer.Argument(help="Deployment name.")],
+    cluster: Annotated[
+        str | None, typer.Option("--cluster", "-c", help="Sweep this cluster when no local record exists.")
+    ] = None,
+) -> None:
+    """Stop every rank of a deployment (idempotent)."""
+    from sparkfleet.cluster import load_cluster
+    from sparkfleet.deploy import down as run_down
+    from sparkfleet.deploy import sweep
+    from sparkfleet.deployments import Deployments
+
+    record = Deployments().get(name)
+    if record is not None:
+        stopped = run_down(record)
+    else:
+        if cluster is None:
+            raise SparkfleetError(
+                f"no local record of {name!r}; pass --cluster FILE to find its containers and processes on the nodes"
+            )
+        stopped = sweep(load_cluster(cluster), name)
+    if stopped:
+        console.print(f"[green]stopped[/] {name}: " + ", ".join(stopped))
+    else:
+        console.print(f"{name}: nothing was running")
+
+
+def _uptime(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def status(name: Annotated[str | None, typer.Argument(help="Deployment name (all when left out).")] = None,
+           as_json: JsonOpt = False) -> None:  # fmt: skip
+    """Per rank: node, state, uptime, health."""
+    from sparkfleet.deployments import Deployments
+    from sparkfleet.observe import status as live_status
+
+    records = [_record(name)] if name else Deployments().all()
+    out = []
+    for rec in records:
+        ranks = live_status(rec) if rec.status not in ("stopped",) else []
+        out.append((rec, ranks))
+    if as_json:
+        typer.echo(json.dumps([
+            {"name": rec.name, "status": rec.status, "engine": rec.engine, "endpoint": rec.endpoint,
+             "ready_at": rec.ready_at, "ranks": [r.__dict__ for r in ranks]}
+            for rec, ranks in out
+        ], indent=2))  # fmt: skip
+        return
+    if not out:
+        console.print("no deployments")
+    for rec, ranks in out:
+        table = Table(title=f"{rec.name}  {rec.status}  {rec.engine}  {rec.endpoint}", title_justify="left")
+        for col in ("rank", "node", "host", "runtime", "state", "uptime", "health", "detail"):
+            table.add_column(col)
+        for r in ranks:
+            style = "green" if r.state == "running" else "red"
+            table.add_row(str(r.rank), r.node, r.host, r.runtime, f"[{style}]{r.state}[/]", _uptime(r.uptime),
+                          r.health, r.detail)  # fmt: skip
+        console.print(table)
+
+
+def logs(
+    name: Annotated[str, typer.Argument(help="Deployment name.")],
+    rank: Annotated[int | None, typer.Option("--rank", "-r", help="Only this rank.")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines.")] = False,
+    tail: Annotated[int, typer.Option("--tail", "-n", help="Lines per rank.")] = 100,
+) -> None:
+    """Every rank's log, each line prefixed by rank and node."""
+    from sparkfleet.observe import follow as follow_logs
+    from sparkfleet.observe import logs as read_logs
+
+    record = _record(name)
+    if rank is not None and not 0 <= rank < len(record.ranks):
+        raise SparkfleetError(f"{name} has ranks 0..{len(record.ranks) - 1}, not {rank}")
+    nodes = {r.rank: r.node.name for r in record.ranks}
+    if follow:
+        lock = threading.Lock()
+
+        def emit(r: int, node: str, line: str) -> None:
+            with lock:
+                console.print(f"[cyan]r{r} {node}[/] | {line}", markup=True, highlight=False, soft_wrap=True)
+
+        follow_logs(record, emit, rank)
+        return
+    for r, text in sorted(read_logs(record, rank, tail).items()):
+        for line in text.splitlines():
+            console.print(f"[cyan]r{r} {nodes[r]}[/] | ", end="", soft_wrap=True)
+            console.out(line, highlight=False)
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the app (none yet)."""
-    return None
+    """Add up, down, status and logs."""
+    app.command("up")(up)
+    app.command("down")(down)
+    app.command("status")(status)
+    app.command("logs")(logs)

@@ -7,6 +7,7 @@ Commands are data (a list of words) until the edge: a transport quotes them once
 from __future__ import annotations
 
 import shlex
+import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +77,10 @@ class Transport(Protocol):
 
     def get(self, remote: str, local: Path) -> None:
         """Copy a file from the node to a local path."""
+        ...
+
+    def stream(self, argv: Sequence[str]) -> subprocess.Popen[bytes]:
+        """Start argv and return the process, stdout and stderr merged into one pipe."""
         ...
 
     def close(self) -> None:

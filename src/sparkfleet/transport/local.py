@@ -78,5 +78,11 @@ class LocalTransport:
         except OSError as exc:
             raise TransportError(self.node, f"cannot read {remote}: {exc.strerror}") from exc
 
+    def stream(self, argv: Sequence[str]) -> subprocess.Popen[bytes]:
+        """Start argv and return the process, its stdout a pipe (for following logs)."""
+        return subprocess.Popen(
+            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+
     def close(self) -> None:
         return None

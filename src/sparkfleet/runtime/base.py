@@ -1,0 +1,58 @@
+"""The Runtime interface: start, inspect, read the logs of, and stop one rank."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from sparkfleet.errors import RankRuntimeError
+from sparkfleet.plan import RankPlan
+from sparkfleet.transport.base import Transport
+
+State = Literal["running", "exited", "absent"]
+
+
+@dataclass(frozen=True)
+class RankState:
+    """What a rank is doing right now on its node."""
+
+    rank: int
+    node: str
+    state: State
+    exit_code: int | None = None
+    started_at: float | None = None
+    ident: str | None = None
+
+
+class Runtime(Protocol):
+    """Start, watch and stop one rank through its node's Transport."""
+
+    def start(self, rank: RankPlan, transport: Transport, deployment: str) -> str:
+        """Start the rank; returns its container id or pid."""
+        ...
+
+    def inspect(self, rank: RankPlan, transport: Transport) -> RankState:
+        """Whether the rank runs, and since when."""
+        ...
+
+    def logs(self, rank: RankPlan, transport: Transport, tail: int | None = 200) -> str:
+        """The last lines of the rank's log (all of it when tail is None)."""
+        ...
+
+    def follow_argv(self, rank: RankPlan) -> list[str]:
+        """A command that prints the log and keeps following it."""
+        ...
+
+    def stop(self, rank: RankPlan, transport: Transport, deployment: str, grace: float = 10.0) -> list[str]:
+        """Stop the rank (idempotent); returns what was stopped."""
+        ...
+
+
+def env_file_text(rank: RankPlan) -> bytes:
+    """The rank's environment as a Docker env file (``KEY=VALUE`` lines, no quoting)."""
+    lines = []
+    for var in rank.env:
+        if "\n" in var.value or "\r" in var.value:
+            raise RankRuntimeError(rank.node.name, f"env {var.key}: a value cannot contain a line break")
+        lines.append(f"{var.key}={var.value}\n")
+    return "".join(lines).encode()

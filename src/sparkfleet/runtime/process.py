@@ -1,0 +1,64 @@
+"""The process runtime: a rank is a host process group, watched by a small monitor.
+
+The node needs only ``python3``: the agent (``process_agent.py``, stdlib only) is sent as the
+``-c`` program, and the environment travels in a private env file, never in argv.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+
+from sparkfleet.errors import RankRuntimeError
+from sparkfleet.plan import RankPlan
+from sparkfleet.runtime.base import RankState, env_file_text
+from sparkfleet.transport.base import Transport
+
+AGENT = files("sparkfleet.runtime").joinpath("process_agent.py").read_text()
+
+
+def _spec(rank: RankPlan, deployment: str, **extra: object) -> str:
+    return json.dumps({
+        "argv": list(rank.argv), "env_file": rank.env_file, "log_path": rank.log_path,
+        "pid_path": rank.pid_path, "exit_path": rank.pid_path.removesuffix(".pid") + ".exit",
+        "workdir": rank.workdir, "deployment": deployment, "rank": rank.rank, **extra,
+    })  # fmt: skip
+
+
+class ProcessRuntime:
+    """Ranks as host processes (CPU examples, tests, bare-metal engines)."""
+
+    def _agent(self, rank: RankPlan, transport: Transport, command: str, spec: str, timeout: float) -> dict:
+        result = transport.run([rank.node.python, "-c", AGENT, command, spec], timeout=timeout, check=False)
+        if not result.ok:
+            raise RankRuntimeError(rank.node.name, f"process agent {command} failed: {result.tail()}")
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    def start(self, rank: RankPlan, transport: Transport, deployment: str) -> str:
+        transport.put_bytes(env_file_text(rank), rank.env_file, mode=0o600)
+        state = self._agent(rank, transport, "start", _spec(rank, deployment), 30)
+        return str(state.get("pid") or "")
+
+    def inspect(self, rank: RankPlan, transport: Transport) -> RankState:
+        s = self._agent(rank, transport, "inspect", _spec(rank, ""), 20)
+        return RankState(rank.rank, rank.node.name, s["state"], s["exit_code"], s["started_at"],
+                         str(s["pid"]) if s["pid"] else None)  # fmt: skip
+
+    def logs(self, rank: RankPlan, transport: Transport, tail: int | None = 200) -> str:
+        argv = ["tail", "-n", str(tail), rank.log_path] if tail else ["cat", rank.log_path]
+        result = transport.run(argv, check=False, timeout=30)
+        return result.stdout if result.ok else ""
+
+    def follow_argv(self, rank: RankPlan) -> list[str]:
+        return ["tail", "-n", "50", "-F", rank.log_path]
+
+    def stop(self, rank: RankPlan, transport: Transport, deployment: str, grace: float = 10.0) -> list[str]:
+        out = self._agent(rank, transport, "stop", _spec(rank, deployment, grace=grace), grace + 30)
+        return [str(p) for p in out["stopped"]]
+
+    def find(self, transport: Transport, deployment: str, python: str = "python3") -> list[str]:
+        """Pids of every process on the node that belongs to deployment."""
+        spec = json.dumps({"deployment": deployment})
+        result = transport.run([python, "-c", AGENT, "find", spec], check=False, timeout=20)
+        return [str(p) for p in json.loads(result.stdout or '{"pids": []}')["pids"]] if result.ok else []
+

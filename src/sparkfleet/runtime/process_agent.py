@@ -1,0 +1,188 @@
+"""Node-side agent for the process runtime (stdlib only: it runs on nodes without sparkfleet).
+
+Shipped as ``python3 -c <this source> COMMAND JSON``. Commands:
+  start   fork a monitor in a new session; it starts the engine in its process group, records
+          "pgid pid starttime" in the pid file, waits, and writes the exit code file
+  inspect print {"state", "pid", "exit_code", "started_at"} as JSON
+  stop    SIGTERM the process group, SIGKILL after the grace period; also every process whose
+          environment says it belongs to the deployment (so a lost pid file still stops it)
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _boot_time():
+    with open("/proc/stat") as fh:
+        for line in fh:
+            if line.startswith("btime"):
+                return float(line.split()[1])
+    return 0.0
+
+
+def _starttime(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        if fields[0] == "Z":
+            return None
+        return fields[19]
+    except OSError:
+        return None
+
+
+def _read_pid(spec):
+    try:
+        with open(spec["pid_path"]) as fh:
+            pgid, pid, start = fh.read().split()
+        return int(pgid), int(pid), start
+    except (OSError, ValueError):
+        return None
+
+
+def _env(spec):
+    env = dict(os.environ)
+    with open(spec["env_file"]) as fh:
+        for line in fh:
+            key, _, value = line.rstrip("\n").partition("=")
+            if key:
+                env[key] = value
+    env["SPARKFLEET_DEPLOYMENT"] = spec["deployment"]
+    env["SPARKFLEET_RANK"] = str(spec["rank"])
+    return env
+
+
+def start(spec):
+    os.makedirs(spec["workdir"], exist_ok=True)
+    for path in (spec["pid_path"], spec["exit_path"]):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    env = _env(spec)
+    if os.fork() != 0:
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            if os.path.exists(spec["exit_path"]) or _read_pid(spec):
+                break
+            time.sleep(0.02)
+        print(json.dumps(inspect(spec)))
+        return
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    # The monitor outlives a SIGTERM to the group so it can record how the engine ended.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    with open(spec["log_path"], "ab") as log:
+        try:
+            proc = subprocess.Popen(
+                spec["argv"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=env, cwd=spec["workdir"],
+                preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL),
+            )
+        except OSError as exc:
+            log.write(f"sparkfleet: cannot start {spec['argv'][0]}: {exc}\n".encode())
+            _write(spec["exit_path"], "127")
+            os._exit(0)
+    _write(spec["pid_path"], f"{os.getpgrp()} {proc.pid} {_starttime(proc.pid)}")
+    code = proc.wait()
+    _write(spec["exit_path"], str(code))
+    os._exit(0)
+
+
+def _write(path, text):
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def inspect(spec):
+    found = _read_pid(spec)
+    exit_code = None
+    try:
+        with open(spec["exit_path"]) as fh:
+            exit_code = int(fh.read().strip() or "0")
+    except (OSError, ValueError):
+        pass
+    if found and exit_code is None:
+        pgid, pid, start = found
+        if _starttime(pid) == start:
+            started = _boot_time() + int(start) / CLK_TCK
+            return {"state": "running", "pid": pid, "exit_code": None, "started_at": started}
+    if exit_code is not None:
+        return {"state": "exited", "pid": found[1] if found else None, "exit_code": exit_code, "started_at": None}
+    if found:
+        return {"state": "exited", "pid": found[1], "exit_code": None, "started_at": None}
+    return {"state": "absent", "pid": None, "exit_code": None, "started_at": None}
+
+
+def _belongs(pid, deployment, rank):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            env = fh.read().split(b"\0")
+    except OSError:
+        return False
+    if f"SPARKFLEET_DEPLOYMENT={deployment}".encode() not in env:
+        return False
+    return rank is None or f"SPARKFLEET_RANK={rank}".encode() in env
+
+
+def _members(deployment, rank):
+    me = os.getpid()
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != me and _belongs(p, deployment, rank)]
+
+
+def stop(spec):
+    found = _read_pid(spec)
+    groups = set()
+    if found and _starttime(found[1]) == found[2]:
+        groups.add(found[0])
+    members = _members(spec["deployment"], spec.get("rank"))
+    for pid in members:
+        try:
+            groups.add(os.getpgid(pid))
+        except ProcessLookupError:
+            pass
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pgid in groups:
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                pass
+        for pid in members:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + (spec.get("grace", 10) if sig == signal.SIGTERM else 5)
+        while time.time() < deadline:
+            alive = [p for p in members if _starttime(p) is not None]
+            alive += [g for g in groups if _starttime(g) is not None]
+            if not alive:
+                break
+            time.sleep(0.05)
+        else:
+            continue
+        break
+    print(json.dumps({"stopped": sorted(set(members) | groups)}))
+
+
+if __name__ == "__main__":
+    command, payload = sys.argv[1], json.loads(sys.argv[2])
+    if command == "start":
+        start(payload)
+    elif command == "inspect":
+        print(json.dumps(inspect(payload)))
+    elif command == "stop":
+        stop(payload)
+    elif command == "find":
+        print(json.dumps({"pids": _members(payload["deployment"], None)}))

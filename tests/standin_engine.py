@@ -1,0 +1,72 @@
+"""A stand-in engine rank for lifecycle tests: answers like an OpenAI server at once.
+
+Takes an engine's argv (``--port P``, ``--node-rank R``, anything else ignored). Rank 0 serves
+GET /health, GET /v1/models and POST /v1/completions (answer " 42"); other ranks just stay up.
+Env knobs for faults: STANDIN_DELAY (seconds before serving), STANDIN_EXIT (exit with this code
+after the delay), STANDIN_LOG_LINE (an extra boot-log line), STANDIN_ANSWER.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def _arg(flag: str, default: str) -> str:
+    argv = sys.argv[1:]
+    return argv[argv.index(flag) + 1] if flag in argv and argv.index(flag) + 1 < len(argv) else default
+
+
+class Handler(BaseHTTPRequestHandler):
+    def _send(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self._send(200, {"status": "ok"})
+        elif self.path == "/v1/models":
+            self._send(200, {"object": "list", "data": [{"id": "standin", "object": "model"}]})
+        else:
+            self._send(404, {"error": "not found"})
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", 0))
+        self.rfile.read(length)
+        answer = os.environ.get("STANDIN_ANSWER", "42")
+        self._send(200, {"object": "text_completion", "model": "standin",
+                         "choices": [{"index": 0, "text": f" {answer}", "finish_reason": "stop"}],
+                         "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}})
+
+    def log_message(self, fmt: str, *args: object) -> None:
+        return None
+
+
+def main() -> None:
+    rank = int(_arg("--node-rank", "0"))
+    port = int(_arg("--port", "8000"))
+    print(f"standin rank {rank}: argv {sys.argv[1:]}", flush=True)
+    time.sleep(float(os.environ.get("STANDIN_DELAY", "0")))
+    if os.environ.get("STANDIN_LOG_LINE"):
+        print(os.environ["STANDIN_LOG_LINE"], flush=True)
+    if os.environ.get("STANDIN_EXIT"):
+        print("standin: simulated failure", flush=True)
+        sys.exit(int(os.environ["STANDIN_EXIT"]))
+    if rank != 0:
+        print("standin worker ready", flush=True)
+        while True:
+            time.sleep(3600)
+    server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    print("The server is fired up and ready to roll!", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
