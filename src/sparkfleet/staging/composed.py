@@ -32,7 +32,7 @@ class ComposedModel:
 
 
 def compose_model(
-    transport: Transport, step: StagingStep, *, verify: bool = False
+    transport: Transport, step: StagingStep, *, verify: bool = False, python: str = "python3"
 ) -> tuple[ComposedModel, float]:
     """Build (or only check, with ``verify``) the step's composed directory on its node."""
     if not step.src:
@@ -42,7 +42,7 @@ def compose_model(
         "local_files": list(step.local_files), "verify": verify,
     }  # fmt: skip
     source = Path(composed_worker.__file__).read_bytes()
-    result = transport.run(["python3", "-", json.dumps(args)], stdin=source, check=False)
+    result = transport.run([python, "-", json.dumps(args)], stdin=source, check=False)
     for line in reversed(result.stdout.splitlines()):
         if line.startswith(composed_worker.RESULT_MARKER):
             data = json.loads(line[len(composed_worker.RESULT_MARKER) :])

@@ -113,11 +113,12 @@ def _sparse_rows(
     verify: bool,
     progress: ProgressFn | None,
     chunk_bytes: int | None,
+    python: str,
 ) -> StageReport:
     if not step.src:
         raise StagingError(step.node, f"staging {step.id!r}: sparse-rows needs a src")
     progress_file = f"/tmp/sparkfleet-stage-{uuid.uuid4().hex}.json" if progress else None
-    argv = ["python3", "-", _worker_args(step, verify, chunk_bytes, progress_file)]
+    argv = [python, "-", _worker_args(step, verify, chunk_bytes, progress_file)]
     finished = threading.Event()
     poller = None
     if progress is not None and progress_file is not None:
@@ -158,12 +159,14 @@ def stage_rank(
     verify: bool = False,
     progress: ProgressFn | None = None,
     chunk_bytes: int | None = None,
+    python: str = "python3",
 ) -> StageReport:
-    """Run one staging step on its node; with ``verify`` only check it, writing nothing."""
+    """Run one staging step on its node with the node's ``python``; with ``verify`` only check
+    it, writing nothing."""
     if step.kind == "sparse-rows":
-        return _sparse_rows(transport, step, verify, progress, chunk_bytes)
+        return _sparse_rows(transport, step, verify, progress, chunk_bytes, python)
     if step.kind == "composed":
-        composed, seconds = compose_model(transport, step, verify=verify)
+        composed, seconds = compose_model(transport, step, verify=verify, python=python)
         return StageReport(step.node, step.id, step.rank, step.kind, seconds, composed=composed)
     raise StagingError(
         step.node, f"staging {step.id!r}: kind {step.kind!r} is not handled by sparkfleet stage"
@@ -177,6 +180,7 @@ def stage_all(
     verify: bool = False,
     progress: ProgressFn | None = None,
     chunk_bytes: int | None = None,
+    pythons: dict[str, str] | None = None,
 ) -> list[StageReport]:
     """Run every step, nodes in parallel and each node's steps in order; errors are raised once
     all nodes have finished, naming every node that failed."""
@@ -189,7 +193,14 @@ def stage_all(
 
     def one_node(node: str) -> list[StageReport]:
         return [
-            stage_rank(transports[node], s, verify=verify, progress=progress, chunk_bytes=chunk_bytes)
+            stage_rank(
+                transports[node],
+                s,
+                verify=verify,
+                progress=progress,
+                chunk_bytes=chunk_bytes,
+                python=(pythons or {}).get(node, "python3"),
+            )
             for s in by_node[node]
         ]
 
