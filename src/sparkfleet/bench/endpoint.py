@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ import httpx
 from sparkfleet.errors import BenchError
 from sparkfleet.state import Store
 
+_HOST_PORT = re.compile(r"^[\w.\-]+:\d+(/.*)?$")
 ENGINES = ("vllm", "sglang", "llama-cpp", "llama-cpp-python", "unknown")
 
 
@@ -41,8 +43,7 @@ def looks_like_url(target: str) -> bool:
     """True for ``http(s)://…`` and bare ``host:port``."""
     if target.startswith(("http://", "https://")):
         return True
-    host, sep, port = target.rpartition(":")
-    return bool(sep and host and port.isdigit())
+    return _HOST_PORT.match(target) is not None
 
 
 def normalise_url(target: str) -> str:
