@@ -23,8 +23,16 @@ def stream(start: float, gap: float, n: int = 11) -> RequestRecord:
 
 
 def decode_run(bench: BenchStore, gaps: dict[tuple[str, int], list[float]], label: str) -> int:
-    run_id = bench.create_run("decode", "http://h:1", model="m", engine="vllm", engine_version="0.32.0",
-                              deployment=None, meta={"config": {"new_tokens": 11, "repeats": 3}}, label=label)  # fmt: skip
+    run_id = bench.create_run(
+        "decode",
+        "http://h:1",
+        model="m",
+        engine="vllm",
+        engine_version="0.32.0",
+        deployment=None,
+        meta={"config": {"new_tokens": 11, "repeats": 3}},
+        label=label,
+    )
     for (ptype, conc), per_repeat in gaps.items():
         for rep, gap in enumerate(per_repeat):
             recs = tuple(stream(0.0, gap) for _ in range(conc))
@@ -40,8 +48,11 @@ def bench(tmp_path: Path) -> BenchStore:
 
 def test_summary_medians_ranges_and_flag(bench: BenchStore) -> None:
     # c1 gaps 0.1 s → 10 tok/s per stream; c2 → 20 tok/s aggregate. json/c1 spreads 20 %.
-    run_id = decode_run(bench, {("prose", 1): [0.1, 0.1, 0.1], ("prose", 2): [0.1, 0.1, 0.1],
-                                ("json", 1): [0.1, 0.09, 0.11]}, "a")  # fmt: skip
+    run_id = decode_run(
+        bench,
+        {("prose", 1): [0.1, 0.1, 0.1], ("prose", 2): [0.1, 0.1, 0.1], ("json", 1): [0.1, 0.09, 0.11]},
+        "a",
+    )
     tiers = summarize(bench.get_run(run_id), bench.samples(run_id))
     assert [t.tier for t in tiers] == ["prose/c1", "prose/c2", "json/c1"]
     prose1, prose2, json1 = tiers
@@ -70,8 +81,15 @@ def test_exports_carry_vllm_key_names_and_the_tables(bench: BenchStore) -> None:
     tiers = summarize(run, samples)
     doc = json.loads(to_json(run, samples, tiers))
     sample = doc["samples"][0]
-    for key in ("output_throughput", "median_ttft_ms", "p99_itl_ms", "mean_tpot_ms", "max_concurrency",
-                "total_output_tokens", "completed"):  # fmt: skip
+    for key in (
+        "output_throughput",
+        "median_ttft_ms",
+        "p99_itl_ms",
+        "mean_tpot_ms",
+        "max_concurrency",
+        "total_output_tokens",
+        "completed",
+    ):
         assert key in sample
     assert sample["median_ttft_ms"] == pytest.approx(100.0)
     assert len(sample["requests"]) == 1

@@ -22,8 +22,15 @@ def content(text: str, reason: str | None = None, **delta: str) -> dict[str, obj
     return {"choices": [{"index": 0, "delta": {"content": text, **delta}, "finish_reason": reason}]}
 
 
-USAGE = {"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15,
-                                  "prompt_tokens_details": {"cached_tokens": 0}}}  # fmt: skip
+USAGE = {
+    "choices": [],
+    "usage": {
+        "prompt_tokens": 12,
+        "completion_tokens": 3,
+        "total_tokens": 15,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    },
+}
 CHAT = sse(ROLE, content("Hello"), content(" world"), content("!", "length"), USAGE, b"[DONE]")
 
 
@@ -90,8 +97,12 @@ def test_running_usage_gives_tokens_per_chunk() -> None:
     def chunk(text: str, done: int) -> dict[str, object]:
         return {**content(text), "usage": {"prompt_tokens": 5, "completion_tokens": done}}
 
-    stream = sse({**ROLE, "usage": {"prompt_tokens": 5, "completion_tokens": 0}}, chunk("ab", 2), chunk("c", 3),
-                 {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}})  # fmt: skip
+    stream = sse(
+        {**ROLE, "usage": {"prompt_tokens": 5, "completion_tokens": 0}},
+        chunk("ab", 2),
+        chunk("c", 3),
+        {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}},
+    )
     rec = feed_timed(stream, [(stream, 1.0)]).record(0.0, 1.0)
     assert rec.chunk_tokens == (2, 1)
     assert rec.completion_tokens == 3
@@ -119,8 +130,15 @@ def test_llama_cpp_comment_lines_and_crlf_are_ignored() -> None:
 
 
 def test_request_body_asks_usage_in_the_stream_and_exact_length() -> None:
-    spec = RequestSpec(api="chat", prompt="hi", max_tokens=256, min_tokens=256, ignore_eos=True,
-                       continuous_usage=True, extra={"top_p": 1})  # fmt: skip
+    spec = RequestSpec(
+        api="chat",
+        prompt="hi",
+        max_tokens=256,
+        min_tokens=256,
+        ignore_eos=True,
+        continuous_usage=True,
+        extra={"top_p": 1},
+    )
     body = request_body(spec, "m")
     assert body["stream"] is True
     assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
