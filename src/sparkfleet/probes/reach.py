@@ -42,6 +42,8 @@ def parse(stdout: str) -> tuple[Reach, ...]:
         ip, port, rc = words[0], int(words[1]), int(words[2])
         detail = words[3].strip() if len(words) > 3 else ""
         refused = "refused" in detail.lower()
+        if refused:
+            detail = "answers (connection refused)"
         if rc == 0:
             detail = "connected"
         elif rc == 124:
