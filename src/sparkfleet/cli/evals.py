@@ -1,10 +1,277 @@
-"""CLI commands for quality and needle evals (issue 6)."""
+"""``sparkfleet eval quality|compare|needle|show`` (issue 6)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Annotated
+
 import typer
+from rich.table import Table
+
+from sparkfleet.bench.endpoint import resolve_endpoint
+from sparkfleet.cli.console import console, err_console
+from sparkfleet.errors import EvalError
+from sparkfleet.evals.checks import CATEGORIES
+from sparkfleet.evals.client import EvalClient
+from sparkfleet.evals.compare import Comparison, compare_runs
+from sparkfleet.evals.needle import DEFAULT_DEPTHS, DEFAULT_LENGTHS, NeedleRun, run_needle
+from sparkfleet.evals.results import QualityRun, TaskResult
+from sparkfleet.evals.runner import ApiChoice, run_quality
+from sparkfleet.evals.sandbox import SandboxLimits
+from sparkfleet.evals.store import RunRow, list_runs, load_run, save_run
+from sparkfleet.evals.tasks import load_tasks
+from sparkfleet.state import Store
+
+eval_app = typer.Typer(
+    help="Quality gate, paired comparison and long-context needle checks.", no_args_is_help=True
+)
+
+TargetArg = Annotated[str, typer.Argument(help="Deployment name or server URL (http://host:port).")]
+ModelOpt = Annotated[str | None, typer.Option(help="Model id, when the server serves several.")]
+LabelOpt = Annotated[str | None, typer.Option(help="A name for this run (default: the run id).")]
+JsonOpt = Annotated[Path | None, typer.Option("--json", help="Also write the full result to this file.")]
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the app (none yet)."""
-    return None
+    """Add the ``eval`` sub-app."""
+    app.add_typer(eval_app, name="eval")
+
+
+def _csv(text: str | None) -> list[str] | None:
+    return [p.strip() for p in text.split(",") if p.strip()] if text else None
+
+
+def _mark(ok: bool) -> str:
+    return "[green]PASS[/]" if ok else "[red]FAIL[/]"
+
+
+def _print_result_line(i: int, total: int, r: TaskResult) -> None:
+    toks = r.completion_tokens if r.completion_tokens is not None else "?"
+    err_console.print(
+        f"[{i + 1:>2}/{total}] {_mark(r.passed)} {r.id:<28} {r.seconds:6.1f}s {toks:>5} tok "
+        f"{r.finish_reason:<6} {r.why[:70]}",
+        highlight=False,
+    )
+
+
+def quality_table(run: QualityRun) -> Table:
+    """Per-category tallies of a run."""
+    table = Table(title=f"{run.label}: {run.passed}/{run.total} passed ({100 * run.passed / run.total:.0f}%)")
+    table.add_column("category")
+    table.add_column("passed", justify="right")
+    table.add_column("total", justify="right")
+    for cat, (ok, n) in run.by_category().items():
+        table.add_row(cat, str(ok), str(n))
+    return table
+
+
+def _print_quality(run: QualityRun) -> None:
+    console.print(quality_table(run))
+    tok_s = run.median_tok_s()
+    console.print(
+        f"run {run.id}  model {run.model}  engine {run.engine}\n"
+        f"prompt format: {run.prompt_format}\nthinking: {run.thinking_control}\n"
+        f"sandbox: {run.sandbox}\n"
+        f"wall {run.wall_s / 60:.1f} min, {run.truncated} answers cut at max_tokens, "
+        f"median {tok_s:.1f} tok/s"
+        if tok_s
+        else f"wall {run.wall_s / 60:.1f} min",
+        highlight=False,
+    )
+
+
+@eval_app.command("quality")
+def quality(
+    target: TargetArg,
+    model: ModelOpt = None,
+    label: LabelOpt = None,
+    categories: Annotated[str | None, typer.Option(help=f"Only these ({','.join(CATEGORIES)}).")] = None,
+    only: Annotated[str | None, typer.Option(help="Only these task ids (comma-separated).")] = None,
+    tasks_dir: Annotated[Path | None, typer.Option("--tasks", help="A directory of task TOML files.")] = None,
+    api: Annotated[str, typer.Option(help="auto | chat | completions.")] = "auto",
+    thinking_budget: Annotated[
+        int, typer.Option(help="Extra max_tokens for thinking tasks on chat endpoints (thinking models).")
+    ] = 0,
+    timeout: Annotated[float, typer.Option(help="Seconds per request.")] = 600.0,
+    json_out: JsonOpt = None,
+) -> None:
+    """Run the auto-scored quality tasks (temperature 0, one request at a time) and store the result."""
+    if api not in ("auto", "chat", "completions"):
+        raise EvalError(f"--api must be auto, chat or completions, not {api!r}")
+    tasks = load_tasks(tasks_dir, categories=_csv(categories), ids=_csv(only))
+    endpoint = resolve_endpoint(target, model)
+    client = EvalClient(endpoint.base_url, endpoint.model, timeout=timeout)
+    api_choice: ApiChoice = api  # type: ignore[assignment]
+    try:
+        run = run_quality(
+            client,
+            tasks,
+            label=label or "",
+            engine=endpoint.engine,
+            api_choice=api_choice,
+            thinking_budget=thinking_budget,
+            limits=SandboxLimits(),
+            on_result=lambda i, r: _print_result_line(i, len(tasks), r),
+        )
+    finally:
+        client.close()
+    save_run(
+        Store(),
+        RunRow(run.id, "quality", run.label, run.endpoint, run.model, run.started_utc, run.passed, run.total),
+        run.to_json(),
+    )
+    if json_out:
+        json_out.write_text(json.dumps(run.to_json(), indent=2))
+    _print_quality(run)
+
+
+def _print_comparison(cmp: Comparison) -> None:
+    table = Table(title=f"A = {cmp.a}   B = {cmp.b}   ({cmp.paired} paired tasks)")
+    for col in ("block", "categories", "both pass", "broke", "fixed", "both fail", "McNemar p"):
+        table.add_column(col, justify="left" if col in ("block", "categories") else "right")
+    for b in cmp.blocks:
+        table.add_row(
+            b.name,
+            "+".join(b.categories),
+            str(b.both_pass),
+            str(b.broke),
+            str(b.fixed),
+            str(b.both_fail),
+            f"{b.p:.3g}",
+        )
+    console.print(table)
+    for f in cmp.flips:
+        colour = "red" if f.direction == "broke" else "green"
+        console.print(f"  [{colour}]{f.direction.upper():<5}[/] {f.id:<28} {f.why[:80]}", highlight=False)
+    if cmp.only_in_a or cmp.only_in_b:
+        console.print(f"unpaired: only in A {list(cmp.only_in_a)}, only in B {list(cmp.only_in_b)}")
+    console.print(f"[bold]verdict:[/] {cmp.verdict}", highlight=False)
+
+
+@eval_app.command("compare")
+def compare(
+    a: Annotated[str, typer.Argument(help="Baseline run: id, label or result JSON file.")],
+    b: Annotated[str, typer.Argument(help="Candidate run: id, label or result JSON file.")],
+) -> None:
+    """Pair two quality runs task by task: flips, exact McNemar p per block, and a verdict."""
+    store = Store()
+    run_a = QualityRun.from_json(load_run(store, a, "quality"))
+    run_b = QualityRun.from_json(load_run(store, b, "quality"))
+    _print_comparison(compare_runs(run_a, run_b))
+
+
+def _ints(text: str, what: str) -> tuple[int, ...]:
+    out = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        if not part:
+            continue
+        mult = 1024 if part.endswith("k") else 1
+        num = part[:-1] if part.endswith("k") else part
+        if not num.isdigit():
+            raise EvalError(f"bad {what} {part!r}: give integers separated by commas (e.g. 1k,2k,4k)")
+        out.append(int(num) * mult)
+    if not out:
+        raise EvalError(f"no {what} given")
+    return tuple(out)
+
+
+def _print_needle(run: NeedleRun, png: Path | None) -> None:
+    table = Table(title=f"needle {run.label}: effective length {run.effective_length or 'none'} tokens")
+    table.add_column("tokens \\ depth %")
+    for d in run.depths:
+        table.add_column(f"{d:g}", justify="center")
+    for length in run.lengths:
+        cells = []
+        for d in run.depths:
+            cell = run.cell(length, d)
+            cells.append("[green]✓[/]" if cell and cell.passed else "[red]✗[/]" if cell else "-")
+        table.add_row(str(length), *cells)
+    console.print(table)
+    console.print(
+        f"run {run.id}  token counts: {run.token_counting}  wall {run.wall_s:.0f}s", highlight=False
+    )
+    if png:
+        console.print(f"heatmap: {png}")
+
+
+@eval_app.command("needle")
+def needle(
+    target: TargetArg,
+    model: ModelOpt = None,
+    label: LabelOpt = None,
+    lengths: Annotated[
+        str, typer.Option(help="Prompt lengths in tokens, comma-separated (k = 1024); capped at the context.")
+    ] = ",".join(str(x) for x in DEFAULT_LENGTHS),
+    depths: Annotated[str, typer.Option(help="Needle depths in percent, comma-separated.")] = ",".join(
+        f"{d:g}" for d in DEFAULT_DEPTHS
+    ),
+    seed: Annotated[int, typer.Option(help="Seed for needles and haystack offsets.")] = 0,
+    png: Annotated[Path | None, typer.Option(help="Heatmap PNG path (needs matplotlib).")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds per request.")] = 1800.0,
+    json_out: JsonOpt = None,
+) -> None:
+    """Needle-in-a-haystack over a length x depth grid; exact-match scoring; effective length."""
+    endpoint = resolve_endpoint(target, model)
+    client = EvalClient(endpoint.base_url, endpoint.model, timeout=timeout)
+    try:
+        run = run_needle(
+            client,
+            lengths=_ints(lengths, "length"),
+            depths=tuple(float(d) for d in _ints(depths, "depth")),
+            context=endpoint.max_model_len,
+            label=label,
+            seed=seed,
+            on_cell=lambda c: err_console.print(
+                f"{c.tokens:>7} tok @ {c.depth:>5g}%  {_mark(c.passed)}  {c.seconds:6.1f}s  "
+                f"expected {c.expected}  got {c.answer[:40]!r}",
+                highlight=False,
+            ),
+        )
+    finally:
+        client.close()
+    save_run(
+        Store(),
+        RunRow(run.id, "needle", run.label, run.endpoint, run.model, run.started_utc, run.passed, run.total),
+        run.to_json(),
+    )
+    if png:
+        # matplotlib is heavy; imported only when a heatmap is asked for.
+        from sparkfleet.evals.heatmap import write_heatmap
+
+        write_heatmap(run, png)
+    if json_out:
+        json_out.write_text(json.dumps(run.to_json(), indent=2))
+    _print_needle(run, png)
+
+
+@eval_app.command("show")
+def show(
+    run: Annotated[str | None, typer.Argument(help="Run id or label; omit to list runs.")] = None,
+    failures: Annotated[bool, typer.Option(help="List failed tasks with their reasons.")] = True,
+) -> None:
+    """List stored eval runs, or show one."""
+    store = Store()
+    if run is None:
+        rows = list_runs(store)
+        if not rows:
+            console.print("no eval runs stored yet")
+            return
+        table = Table(title="eval runs")
+        for col in ("id", "kind", "label", "model", "created (UTC)", "score"):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(r.id, r.kind, r.label, r.model[-40:], r.created_utc, f"{r.passed}/{r.total}")
+        console.print(table)
+        return
+    data = load_run(store, run)
+    if "results" in data:
+        q = QualityRun.from_json(data)
+        _print_quality(q)
+        if failures:
+            for res in q.results:
+                if not res.passed:
+                    console.print(f"  [red]FAIL[/] {res.id:<28} {res.why[:90]}", highlight=False)
+    else:
+        _print_needle(NeedleRun.from_json(data), None)
