@@ -32,7 +32,7 @@ _SHOWN = 8
 # ---- node side: standard library only (shipped to the node by node_script) ----
 
 
-def scan_snapshot(root: str, revision: str | None, hashed: Sequence[str], hash_limit: int) -> dict:  # type: ignore[type-arg]
+def scan_snapshot(root: str, revision: str | None, hashed: Sequence[str], hash_limit: int) -> dict:
     """List a snapshot. In a hub cache repo (``models--org--name`` with ``snapshots/``), the one
     revision (a commit, or a ref like ``main``; ``None`` is ``main``); otherwise the folder itself.
 
@@ -41,7 +41,7 @@ def scan_snapshot(root: str, revision: str | None, hashed: Sequence[str], hash_l
     """
     if not os.path.isdir(root):
         return {"error": f"{root} does not exist or is not a folder"}
-    out: dict = {"layout": "dir", "revision": None, "refs": {}, "files": [], "error": None}  # type: ignore[type-arg]
+    out: dict = {"layout": "dir", "revision": None, "refs": {}, "files": [], "error": None}
     base = root
     snapshots = os.path.join(root, "snapshots")
     if os.path.basename(root.rstrip("/")).startswith(("models--", "datasets--")) and os.path.isdir(snapshots):
@@ -81,7 +81,7 @@ def scan_snapshot(root: str, revision: str | None, hashed: Sequence[str], hash_l
             if size <= hash_limit and any(fnmatch.fnmatch(name, p) for p in hashed):
                 h = hashlib.sha256()
                 with open(path, "rb") as fh:
-                    for chunk in iter(lambda: fh.read(1 << 20), b""):  # noqa: B023
+                    for chunk in iter(lambda: fh.read(1 << 20), b""):
                         h.update(chunk)
                 digest = h.hexdigest()
             files.append([rel, "link" if link is not None else "file", size, link, blob, digest])
@@ -96,7 +96,13 @@ def node_script(root: str, revision: str | None, hashed: Sequence[str] = HASHED)
     """A stdlib-only script that prints ``scan_snapshot(root, revision)`` as JSON (``python3 -``)."""
     call = f"print(json.dumps(scan_snapshot({root!r}, {revision!r}, {tuple(hashed)!r}, {HASH_LIMIT})))"
     return "\n".join(
-        ["import fnmatch, hashlib, json, os", inspect.getsource(scan_snapshot), call, ""]
+        [
+            "from __future__ import annotations",
+            "import fnmatch, hashlib, json, os",
+            inspect.getsource(scan_snapshot),
+            call,
+            "",
+        ]
     ).encode()
 
 
@@ -140,9 +146,7 @@ def parse_scan(node: str, root: str, data: Mapping[str, object]) -> Snapshot:
     return Snapshot(node, root, str(data["layout"]), data.get("revision"), refs, files)  # type: ignore[arg-type]
 
 
-def scan_node(
-    transport: Transport, root: str, revision: str | None, *, python: str = "python3"
-) -> Snapshot:
+def scan_node(transport: Transport, root: str, revision: str | None, *, python: str = "python3") -> Snapshot:
     """Scan the snapshot at root on the transport's node."""
     result = transport.run([python, "-"], stdin=node_script(root, revision), check=False, timeout=600)
     if not result.ok:
@@ -184,7 +188,9 @@ class Difference:
         return f"snapshot differs from {reference}'s: " + "; ".join(parts)
 
 
-def compare(reference: Snapshot, other: Snapshot, *, include: Sequence[str] = (), exclude: Sequence[str] = ()) -> Difference | None:
+def compare(
+    reference: Snapshot, other: Snapshot, *, include: Sequence[str] = (), exclude: Sequence[str] = ()
+) -> Difference | None:
     """None when other has the same files (paths, sizes, metadata hashes) as reference."""
     ref = {f.path: f for f in select(reference.files, include, exclude)}
     mine = {f.path: f for f in select(other.files, include, exclude)}

@@ -84,14 +84,18 @@ class SyncReport:
     note: str | None = None
 
 
-def transfer_list(snapshot: Snapshot, include: Sequence[str], exclude: Sequence[str]) -> tuple[list[str], int]:
+def transfer_list(
+    snapshot: Snapshot, include: Sequence[str], exclude: Sequence[str]
+) -> tuple[list[str], int]:
     """The paths (relative to the source root) one sync sends, and their bytes."""
     kept = select(snapshot.files, include, exclude)
     if not kept:
         raise StagingError(snapshot.node, f"{snapshot.root}: no file matches include/exclude")
     dangling = [f.path for f in kept if f.kind == "dangling"]
     if dangling:
-        raise StagingError(snapshot.node, f"{snapshot.root}: broken links in the snapshot: {', '.join(dangling[:5])}")
+        raise StagingError(
+            snapshot.node, f"{snapshot.root}: broken links in the snapshot: {', '.join(dangling[:5])}"
+        )
     if snapshot.layout != "hf":
         return [f.path for f in kept], sum(f.size for f in kept)
     prefix = f"snapshots/{snapshot.revision}/"
@@ -337,10 +341,12 @@ def _tar(
         writer.stdin.close()
     rcode, wcode = reader.wait(), writer.wait()
     if rcode != 0 or wcode != 0:
-        err = (reader.stderr.read() if reader.stderr else b"") + (writer.stderr.read() if writer.stderr else b"")
+        err = (reader.stderr.read() if reader.stderr else b"") + (
+            writer.stderr.read() if writer.stderr else b""
+        )
         tail = err.decode(errors="replace").strip()[-800:]
         raise StagingError(target.node, f"tar stream from {source.node}:{source.path} failed: {tail}")
-    return len(todo), payload
+    return sum(1 for p in todo if want[p][2] is None), payload
 
 
 def sync_node(
@@ -358,14 +364,18 @@ def sync_node(
     start = time.monotonic()
     files, total = transfer_list(snapshot, include, exclude)
     if source.node == target.node and source.path.rstrip("/") == target.path.rstrip("/"):
-        return SyncReport(target.node, "none", len(files), 0, total, 0, 0.0, "source and destination are one folder")
+        return SyncReport(
+            target.node, "none", len(files), 0, total, 0, 0.0, "source and destination are one folder"
+        )
     note = None
     use = method
     if method == "auto":
         missing = [e.node for e in {source.node: source, target.node: target}.values() if not _probe_rsync(e)]
         use = "tar" if missing else "rsync"
         if missing:
-            note = f"rsync is not installed on {', '.join(missing)}: copied with a tar stream over SSH instead"
+            note = (
+                f"rsync is not installed on {', '.join(missing)}: copied with a tar stream over SSH instead"
+            )
     if use == "rsync":
         target.transport.run(["mkdir", "-p", target.path], timeout=60).check()
         stats = _rsync(source, target, files, on_bytes)
@@ -374,6 +384,4 @@ def sync_node(
         sent_files, sent = _tar(source, target, files, on_bytes, python)
     if on_bytes is not None:
         on_bytes(total)
-    return SyncReport(
-        target.node, use, len(files), sent_files, total, sent, time.monotonic() - start, note
-    )
+    return SyncReport(target.node, use, len(files), sent_files, total, sent, time.monotonic() - start, note)
