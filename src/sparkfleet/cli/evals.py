@@ -11,16 +11,19 @@ from rich.table import Table
 
 from sparkfleet.bench.endpoint import resolve_endpoint
 from sparkfleet.cli.console import console, err_console
+from sparkfleet.cluster import load_cluster
 from sparkfleet.errors import EvalError
 from sparkfleet.evals.checks import CATEGORIES
 from sparkfleet.evals.client import EvalClient
 from sparkfleet.evals.compare import Comparison, compare_runs
+from sparkfleet.evals.memguard import MemGuard, abort_action_for
 from sparkfleet.evals.needle import DEFAULT_DEPTHS, DEFAULT_LENGTHS, NeedleRun, run_needle
 from sparkfleet.evals.results import QualityRun, TaskResult
 from sparkfleet.evals.runner import ApiChoice, run_quality
 from sparkfleet.evals.sandbox import SandboxLimits
 from sparkfleet.evals.store import RunRow, list_runs, load_run, save_run
 from sparkfleet.evals.tasks import load_tasks
+from sparkfleet.fleet import transport_for
 from sparkfleet.state import Store
 
 eval_app = typer.Typer(
@@ -207,14 +210,31 @@ def needle(
     depths: Annotated[str, typer.Option(help="Needle depths in percent, comma-separated.")] = ",".join(
         f"{d:g}" for d in DEFAULT_DEPTHS
     ),
-    seed: Annotated[int, typer.Option(help="Seed for needles and haystack offsets.")] = 0,
+    seed: Annotated[
+        int | None, typer.Option(help="Seed for needles and offsets (default: random, stored).")
+    ] = None,
     png: Annotated[Path | None, typer.Option(help="Heatmap PNG path (needs matplotlib).")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds per request.")] = 1800.0,
+    mem_floor: Annotated[
+        float,
+        typer.Option(help="Abort the server's requests when MemAvailable on a node drops below this (GiB)."),
+    ] = 0.0,
+    cluster: Annotated[
+        Path | None,
+        typer.Option(help="Cluster file whose nodes the memory guard watches (default: this machine)."),
+    ] = None,
     json_out: JsonOpt = None,
 ) -> None:
     """Needle-in-a-haystack over a length x depth grid; exact-match scoring; effective length."""
     endpoint = resolve_endpoint(target, model)
     client = EvalClient(endpoint.base_url, endpoint.model, timeout=timeout)
+    guard = None
+    if mem_floor > 0:
+        nodes = load_cluster(cluster).nodes
+        action = abort_action_for(endpoint.engine, endpoint.base_url, client.http)
+        guard = MemGuard(
+            [transport_for(n) for n in nodes], int(mem_floor * 1024**3), [action] if action else []
+        )
     try:
         run = run_needle(
             client,
@@ -223,6 +243,7 @@ def needle(
             context=endpoint.max_model_len,
             label=label,
             seed=seed,
+            guard=guard,
             on_cell=lambda c: err_console.print(
                 f"{c.tokens:>7} tok @ {c.depth:>5g}%  {_mark(c.passed)}  {c.seconds:6.1f}s  "
                 f"expected {c.expected}  got {c.answer[:40]!r}",

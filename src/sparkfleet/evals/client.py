@@ -59,20 +59,20 @@ class EvalClient:
         self.model = model
         self.seed = seed
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(timeout=timeout, headers=headers)
+        self.http = httpx.Client(timeout=timeout, headers=headers)
         # None: not tried yet; False: the server refused chat_template_kwargs once.
         self.thinking_control: bool | None = None
 
     def close(self) -> None:
         """Close the connection pool."""
-        self._http.close()
+        self.http.close()
 
     def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
         url = f"{self.base_url}{path}"
         try:
-            return self._http.post(url, json=body)
+            return self.http.post(url, json=body)
         except httpx.TimeoutException as exc:
-            raise EvalError(f"{url}: no answer within {self._http.timeout.read}s") from exc
+            raise EvalError(f"{url}: no answer within {self.http.timeout.read}s") from exc
         except httpx.HTTPError as exc:
             raise EvalError(f"{url}: {exc}") from exc
 
@@ -102,7 +102,7 @@ class EvalClient:
             "temperature": 0,
         }
         try:
-            response = self._http.post(f"{self.base_url}/v1/chat/completions", json=body)
+            response = self.http.post(f"{self.base_url}/v1/chat/completions", json=body)
         except httpx.HTTPError as exc:
             return f"chat request failed ({exc})"
         if response.status_code != 200:
@@ -195,7 +195,7 @@ class EvalClient:
         ]
         for path, body in routes:
             try:
-                response = self._http.post(f"{self.base_url}{path}", json=body)
+                response = self.http.post(f"{self.base_url}{path}", json=body)
             except httpx.HTTPError:
                 continue
             if response.status_code != 200:

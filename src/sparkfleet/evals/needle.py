@@ -22,6 +22,7 @@ from typing import Any
 from sparkfleet.bench.corpus import load_haystack
 from sparkfleet.errors import EvalError
 from sparkfleet.evals.client import Api, EvalClient
+from sparkfleet.evals.memguard import MemGuard
 from sparkfleet.evals.runner import choose_api, new_run_id
 
 DEFAULT_LENGTHS = (1024, 2048, 4096)
@@ -76,6 +77,7 @@ class NeedleRun:
     started_utc: str
     wall_s: float
     cells: tuple[NeedleCell, ...]
+    memguard: tuple[str, ...] = ()
 
     @property
     def passed(self) -> int:
@@ -113,6 +115,7 @@ class NeedleRun:
         fields["depths"] = tuple(float(d) for d in fields["depths"])
         fields["skipped_lengths"] = tuple(fields.get("skipped_lengths", ()))
         fields["cells"] = tuple(NeedleCell(**c) for c in data["cells"])
+        fields["memguard"] = tuple(fields.get("memguard", ()))
         return cls(**fields)
 
 
@@ -196,8 +199,13 @@ def run_needle(
     seed: int | None = None,
     api: Api | None = None,
     on_cell: Callable[[NeedleCell], None] | None = None,
+    guard: MemGuard | None = None,
 ) -> NeedleRun:
-    """Run the grid, shortest length first; lengths beyond the context are skipped and listed."""
+    """Run the grid, shortest length first; lengths beyond the context are skipped and listed.
+
+    With a memory guard, the grid stops at the first trip: the cell in flight is recorded as
+    failed ("aborted by the memory guard") and the guard's low-water marks go into the result.
+    """
     if any(d < 0 or d > 100 for d in depths):
         raise EvalError("needle depths must be between 0 and 100 percent")
     if any(n < 64 for n in lengths):
@@ -215,35 +223,12 @@ def run_needle(
     started = datetime.now(UTC).isoformat(timespec="seconds")
     t0 = time.monotonic()
     cells: list[NeedleCell] = []
-    for length in usable:
-        for depth in depths:
-            key = f"{rng.choice(_ADJECTIVES)}-{rng.choice(_NOUNS)}"
-            code = str(rng.randrange(1_000_000, 10_000_000))
-            needle = f"The access code for the {key} vault is {code}."
-            start = rng.randrange(len(paras))
-
-            def build(
-                chars: int, needle: str = needle, depth: float = depth, key: str = key, start: int = start
-            ) -> str:
-                hay = make_haystack(chars, start, paras)
-                return make_prompt(insert_needle(hay, needle, depth), key)
-
-            prompt, tokens = sizer.fit(length, build)
-            reply = client.ask(chosen, prompt, max_tokens=ANSWER_TOKENS, thinking=False)
-            cell = NeedleCell(
-                length=length,
-                depth=depth,
-                tokens=reply.prompt_tokens or tokens,
-                key=key,
-                expected=code,
-                answer=reply.content[:200],
-                passed=score_answer(reply.content, code),
-                seconds=round(reply.seconds, 2),
-                finish_reason=reply.finish_reason,
-            )
-            cells.append(cell)
-            if on_cell:
-                on_cell(cell)
+    if guard:
+        guard.start()
+    try:
+        _grid(client, chosen, usable, depths, rng, paras, sizer, cells, on_cell, guard)
+    finally:
+        report = guard.stop().lines() if guard else []
     counting = (
         "server tokenizer (/tokenize), prompt_tokens from usage"
         if sizer.exact
@@ -264,4 +249,69 @@ def run_needle(
         started_utc=started,
         wall_s=round(time.monotonic() - t0, 1),
         cells=tuple(cells),
+        memguard=tuple(report),
     )
+
+
+def _grid(
+    client: EvalClient,
+    chosen: Api,
+    usable: Sequence[int],
+    depths: Sequence[float],
+    rng: random.Random,
+    paras: Sequence[str],
+    sizer: _Sizer,
+    cells: list[NeedleCell],
+    on_cell: Callable[[NeedleCell], None] | None,
+    guard: MemGuard | None,
+) -> None:
+    for length in usable:
+        for depth in depths:
+            if guard and guard.tripped.is_set():
+                return
+            key = f"{rng.choice(_ADJECTIVES)}-{rng.choice(_NOUNS)}"
+            code = str(rng.randrange(1_000_000, 10_000_000))
+            needle = f"The access code for the {key} vault is {code}."
+            start = rng.randrange(len(paras))
+
+            def build(
+                chars: int, needle: str = needle, depth: float = depth, key: str = key, start: int = start
+            ) -> str:
+                hay = make_haystack(chars, start, paras)
+                return make_prompt(insert_needle(hay, needle, depth), key)
+
+            prompt, tokens = sizer.fit(length, build)
+            t0 = time.monotonic()
+            try:
+                reply = client.ask(chosen, prompt, max_tokens=ANSWER_TOKENS, thinking=False)
+            except EvalError:
+                if not (guard and guard.tripped.is_set()):
+                    raise
+                cells.append(
+                    NeedleCell(
+                        length,
+                        depth,
+                        tokens,
+                        key,
+                        code,
+                        "aborted by the memory guard",
+                        False,
+                        round(time.monotonic() - t0, 2),
+                        "aborted",
+                    )
+                )
+                return
+            cell = NeedleCell(
+                length=length,
+                depth=depth,
+                tokens=reply.prompt_tokens or tokens,
+                key=key,
+                expected=code,
+                answer=reply.content[:200],
+                passed=score_answer(reply.content, code),
+                seconds=round(reply.seconds, 2),
+                finish_reason=reply.finish_reason,
+            )
+            cells.append(cell)
+            if on_cell:
+                on_cell(cell)
