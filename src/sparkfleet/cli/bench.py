@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any
@@ -123,7 +124,9 @@ def _execute(
         except KeyboardInterrupt:
             bench.finish_run(run_id, "partial", "interrupted by the user")
             err_console.print(f"[yellow]interrupted: partial results kept as run {run_id}[/]")
-            raise typer.Exit(130) from None
+            # typer turns KeyboardInterrupt into a return value that the entry point drops, so
+            # the conventional exit code is set here.
+            sys.exit(130)
         except BenchError as exc:
             bench.finish_run(run_id, "partial", exc.message)
             err_console.print(f"[yellow]results measured so far kept as run {run_id} (partial)[/]")
