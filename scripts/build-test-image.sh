@@ -13,7 +13,7 @@ DERIVED="${DERIVED:-sparkfleet-test-derived:latest}"
 BB="$(command -v busybox || true)"
 [ -n "$BB" ] && file -L "$BB" 2>/dev/null | grep -q static || BB=/bin/busybox
 [ -x "$BB" ] || { echo "build-test-image: busybox-static missing (apt-get install busybox-static)" >&2; exit 1; }
-docker info >/dev/null 2>&1 || "$here/start-dockerd.sh"
+"$here/start-dockerd.sh" >/dev/null  # starts dockerd if needed; repairs a vanished docker0
 
 hash="$( (sha256sum "$BB" "$ctx/standin-rank" "$ctx/standin-handler" "$0" | cut -d' ' -f1) | sha256sum | cut -c1-16)"
 have="$(docker image inspect -f '{{index .Config.Labels "org.sparkfleet.inputs"}}' "$IMAGE" 2>/dev/null || true)"
@@ -50,6 +50,6 @@ else
   echo "build-test-image: built $DERIVED"
 fi
 # Smoke: the image runs a command.
-out="$(docker run --rm --network none "$IMAGE" sh -c 'cat /etc/passwd | head -1; sleep 0; echo ok')"
+out="$(docker run --rm "$IMAGE" sh -c 'cat /etc/passwd | head -1; sleep 0; echo ok')"
 [ "${out##*$'\n'}" = ok ] || { echo "build-test-image: smoke run failed: $out" >&2; exit 1; }
 echo "build-test-image: smoke run ok"

@@ -11,8 +11,23 @@ FLAGS_FILE=/tmp/dockerd.flags
 TIMEOUT="${DOCKERD_TIMEOUT:-60}"
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
+ensure_docker0() {
+  # Seen on the test VM: docker0 vanished while dockerd kept running, and every container on
+  # the default bridge then failed ("could not find bridge docker0"). Recreate it in place
+  # (restarting dockerd would stop running containers). --network host/none never need it.
+  ip link show docker0 >/dev/null 2>&1 && ip link show docker0 | grep -q '[<,]UP[,>]' && return 0
+  local sub; sub="$(docker network inspect bridge -f '{{range .IPAM.Config}}{{.Subnet}}{{end}}' 2>/dev/null)"
+  [ -n "$sub" ] || return 0
+  local pfx="${sub#*/}" base="${sub%/*}"; local gw="${base%.*}.$(( ${base##*.} + 1 ))"
+  echo "start-dockerd: docker0 missing or down; recreating ($gw/$pfx)"
+  ip link show docker0 >/dev/null 2>&1 || $SUDO ip link add docker0 type bridge
+  ip addr show docker0 | grep -q "inet $gw/" || $SUDO ip addr add "$gw/$pfx" dev docker0
+  $SUDO ip link set docker0 up
+}
+
 if docker info >/dev/null 2>&1; then
   echo "start-dockerd: docker already running ($(docker info -f '{{.Driver}}' 2>/dev/null))"
+  ensure_docker0
   exit 0
 fi
 command -v dockerd >/dev/null || { echo "start-dockerd: dockerd not installed (run scripts/setup-system.sh)" >&2; exit 1; }
@@ -25,6 +40,7 @@ try_start() {  # $@: extra dockerd flags; returns 0 when ready
     if docker info >/dev/null 2>&1; then
       echo "$*" > "$FLAGS_FILE"
       echo "start-dockerd: ready after ${t}s (pid $pid, flags: $*, driver $(docker info -f '{{.Driver}}'))"
+      ensure_docker0
       return 0
     fi
     kill -0 "$pid" 2>/dev/null || { echo "start-dockerd: dockerd exited" | tee -a "$LOG"; return 1; }
