@@ -168,6 +168,8 @@ def memory_for(p: Plan) -> MemoryFn:
     head = p.ranks[0].node.name
 
     def make(t: NodeTarget, facts: Mapping[str, NodeFacts]) -> MemoryPlan | None:
+        if t.gpus == "none":
+            return None  # CPU ranks size their KV by engine-specific settings, not a GPU pool
         f, h = facts[t.name], facts.get(head)
         return memory_plan(
             ranks[t.name],

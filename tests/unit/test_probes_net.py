@@ -77,6 +77,10 @@ def test_ip_json_capture_gives_interfaces_with_addresses_and_mtu() -> None:
     lo = facts.with_address("127.0.0.1")
     assert lo is not None and lo.name == "lo" and lo.mtu == 65536
     assert {i.name for i in facts.interfaces} >= {"lo", "eth0"}
+    # All of 127.0.0.0/8 is local (the loopback fleet's nodes live there); other networks
+    # count only their own addresses.
+    assert facts.with_address("127.0.1.12") is lo
+    assert facts.with_address("192.0.2.3") is None
 
 
 def test_sysfs_fallback_capture_has_mtus_but_no_addresses() -> None:

@@ -74,7 +74,9 @@ def doctor(
             f"on {len(spec.nodes)} node(s) in {report.seconds:.2f} s"
         )
     if report.failed:
-        raise typer.Exit(1)
+        # SystemExit, not typer.Exit: main() runs click with standalone_mode=False, where
+        # typer.Exit's code would be returned and lost.
+        raise SystemExit(1)
 
 
 def register(app: typer.Typer) -> None:

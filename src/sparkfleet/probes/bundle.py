@@ -16,13 +16,17 @@ _BEGIN = "@@SF-BEGIN"
 _ERR = "@@SF-ERR"
 _END = "@@SF-END"
 
-# The shell function writes the command's streams to files first, so stdout and stderr stay
-# apart and the exit status is known before anything is printed.
+# Every probe runs at once in the background, its streams and status in files; then the
+# outputs are printed one probe after the other, framed, so a slow probe (docker) costs its
+# own time only, not the sum.
 _PRELUDE = (
     't=$(mktemp -d 2>/dev/null || { mkdir -p "/tmp/sfprobe.$$" && echo "/tmp/sfprobe.$$"; })\n'
-    'sfp() { n=$1; shift; "$@" >"$t/o" 2>"$t/e" </dev/null; rc=$?;'
-    f' printf \'\\n{_BEGIN} %s %s\\n\' "$n" "$rc"; cat "$t/o";'
-    f' printf \'\\n{_ERR} %s\\n\' "$n"; cat "$t/e"; printf \'\\n{_END} %s\\n\' "$n"; }}\n'
+    'sfp() { n=$1; shift; "$@" >"$t/$n.o" 2>"$t/$n.e" </dev/null; echo $? >"$t/$n.rc"; }\n'
+)
+_PRINT = (
+    'for n in {names}; do read -r rc <"$t/$n.rc"; '
+    f"printf '\\n{_BEGIN} %s %s\\n' \"$n\" \"$rc\"; cat \"$t/$n.o\"; "
+    f"printf '\\n{_ERR} %s\\n' \"$n\"; cat \"$t/$n.e\"; printf '\\n{_END} %s\\n' \"$n\"; done\n"
 )
 
 
@@ -46,12 +50,14 @@ class ProbeOutput:
 
 
 def bundle_script(probes: Mapping[str, Sequence[str]]) -> str:
-    """A POSIX sh script that runs every probe argv in order and frames its outputs."""
+    """A POSIX sh script that runs every probe argv concurrently and frames their outputs."""
     lines = [_PRELUDE]
     for name, argv in probes.items():
-        if not name.replace("_", "").replace(".", "").isalnum():
+        if not name.replace("_", "").isalnum():
             raise ValueError(f"probe name {name!r} must be alphanumeric")
-        lines.append(f"sfp {name} {shlex.join(argv)}\n")
+        lines.append(f"sfp {name} {shlex.join(argv)} &\n")
+    lines.append("wait\n")
+    lines.append(_PRINT.replace("{names}", " ".join(probes)))
     lines.append('rm -rf "$t"\n')
     return "".join(lines)
 

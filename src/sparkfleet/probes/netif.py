@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from dataclasses import dataclass
 
@@ -25,6 +26,21 @@ class Interface:
     mtu: int
     operstate: str
     ipv4: tuple[str, ...]
+    prefixes: tuple[int, ...] = ()
+    loopback: bool = False
+
+    def holds(self, ip: str) -> bool:
+        """This interface answers for ip: one of its addresses, or (loopback) inside its
+        network, as all of 127.0.0.0/8 is local on Linux."""
+        if ip in self.ipv4:
+            return True
+        if not self.loopback:
+            return False
+        addr = ipaddress.ip_address(ip)
+        return any(
+            addr in ipaddress.ip_network(f"{a}/{n}", strict=False)
+            for a, n in zip(self.ipv4, self.prefixes, strict=False)
+        )
 
 
 @dataclass(frozen=True)
@@ -39,6 +55,9 @@ class NetFacts:
         for iface in self.interfaces:
             if ipv4 in iface.ipv4:
                 return iface
+        for iface in self.interfaces:
+            if iface.holds(ipv4):
+                return iface
         return None
 
 
@@ -46,15 +65,15 @@ def parse_ip_json(text: str) -> tuple[Interface, ...]:
     """Parse `ip -j addr`."""
     out = []
     for entry in json.loads(text or "[]"):
-        addrs = tuple(
-            a["local"] for a in entry.get("addr_info", []) if a.get("family") == "inet" and "local" in a
-        )
+        inet = [a for a in entry.get("addr_info", []) if a.get("family") == "inet" and "local" in a]
         out.append(
             Interface(
                 name=entry["ifname"],
                 mtu=int(entry.get("mtu", 0)),
                 operstate=entry.get("operstate", "UNKNOWN"),
-                ipv4=addrs,
+                ipv4=tuple(a["local"] for a in inet),
+                prefixes=tuple(int(a.get("prefixlen", 32)) for a in inet),
+                loopback="LOOPBACK" in entry.get("flags", ()),
             )
         )
     return tuple(out)

@@ -1,0 +1,78 @@
+"""How long `doctor` takes on a 4-node loopback fleet (real sshd per node): cold (new SSH
+master connections) and warm (multiplexed), in the library and through the CLI.
+
+    python benchmarks/doctor_speed.py [--nodes 4] [--repeat 3]
+
+Bar (issue 7): ≤ 3 s on 4 nodes. Needs openssh-server and a running dockerd.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.fleet import loopback_fleet  # noqa: E402
+
+from sparkfleet.cli.options import build_plan  # noqa: E402
+from sparkfleet.cluster import load_cluster  # noqa: E402
+from sparkfleet.doctor import memory_for, run_doctor, spec_for  # noqa: E402
+from sparkfleet.fleet import transport_for  # noqa: E402
+from sparkfleet.transport.ssh import control_dir  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, loopback_fleet(args.nodes, Path(tmp) / "fleet") as fleet:
+        recipe = Path(tmp) / "r"
+        recipe.mkdir()
+        (recipe / "recipe.toml").write_text(
+            'engine = "vllm"\ndocker_image = "sparkfleet-test:latest"\nmodel = "org/tiny"\nport = 18999\n'
+            f"required_nodes = {args.nodes}\ntensor_parallel_size = {args.nodes}\n\n"
+            '[[staging]]\nkind = "copy"\nid = "engram"\nsrc = "{{hf}}/x"\n'
+            'dst = "{{state}}/engram"\nmin_free = "1M"\n'
+        )
+        for node in fleet.nodes:
+            snap = node.hf_cache / "hub" / "models--org--tiny" / "snapshots" / "rev1"
+            snap.mkdir(parents=True)
+            (snap / "config.json").write_text("{}")
+        planned = build_plan(recipe, fleet.cluster_file, None, None, None)
+        spec, memory = spec_for(load_cluster(fleet.cluster_file), planned), memory_for(planned)
+        cold, warm, cli = [], [], []
+        for _ in range(args.repeat):
+            # Cold: close every master connection first, as on a first run.
+            for node in planned.ranks:
+                t = transport_for(node.node)
+                subprocess.run([*t.ssh_argv()[:-1], "-O", "exit", node.node.host], capture_output=True)  # type: ignore[attr-defined]
+            transports = {r.node.name: transport_for(r.node) for r in planned.ranks}
+            cold.append(run_doctor(spec, transports, memory).seconds)
+            warm.append(run_doctor(spec, transports, memory).seconds)
+            start = time.monotonic()
+            proc = subprocess.run(
+                [sys.executable, "-m", "sparkfleet.cli.main", "doctor", str(recipe), "--cluster",
+                 str(fleet.cluster_file), "--json"], capture_output=True, text=True,
+            )  # fmt: skip
+            cli.append(time.monotonic() - start)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+        load = Path("/proc/loadavg").read_text().split()[:3]
+        print(f"load average during the run: {' '.join(load)} on {len(os.sched_getaffinity(0))} cores")
+        print(f"doctor on {args.nodes} loopback nodes (ssh masters in {control_dir()}):")
+        print(f"  cold (new SSH connections): median {statistics.median(cold):.2f} s, max {max(cold):.2f} s")
+        print(f"  warm (multiplexed):         median {statistics.median(warm):.2f} s, max {max(warm):.2f} s")
+        print(f"  CLI wall, warm, incl. start: median {statistics.median(cli):.2f} s, max {max(cli):.2f} s")
+        print(f"  bar: <= 3 s -> {'PASS' if max(cold) <= 3.0 else 'FAIL'}")
+
+
+if __name__ == "__main__":
+    main()
