@@ -3,7 +3,8 @@
 Takes an engine's argv (``--port P``, ``--node-rank R``, anything else ignored). Rank 0 serves
 GET /health, GET /v1/models and POST /v1/completions (answer " 42"); other ranks just stay up.
 Env knobs for faults: STANDIN_DELAY (seconds before serving), STANDIN_EXIT (exit with this code
-after the delay), STANDIN_LOG_LINE (an extra boot-log line), STANDIN_ANSWER.
+after the delay), STANDIN_LOG_LINE (an extra boot-log line), STANDIN_ANSWER, and
+STANDIN_FAULT_RANK (apply the delay, line and exit to this rank only).
 """
 
 from __future__ import annotations
@@ -53,10 +54,13 @@ def main() -> None:
     rank = int(_arg("--node-rank", "0"))
     port = int(_arg("--port", "8000"))
     print(f"standin rank {rank}: argv {sys.argv[1:]}", flush=True)
-    time.sleep(float(os.environ.get("STANDIN_DELAY", "0")))
-    if os.environ.get("STANDIN_LOG_LINE"):
+    only = os.environ.get("STANDIN_FAULT_RANK")  # faults hit only this rank when set
+    faulty = only is None or int(only) == rank
+    if faulty:
+        time.sleep(float(os.environ.get("STANDIN_DELAY", "0")))
+    if os.environ.get("STANDIN_LOG_LINE") and faulty:
         print(os.environ["STANDIN_LOG_LINE"], flush=True)
-    if os.environ.get("STANDIN_EXIT"):
+    if os.environ.get("STANDIN_EXIT") and faulty:
         print("standin: simulated failure", flush=True)
         sys.exit(int(os.environ["STANDIN_EXIT"]))
     if rank != 0:

@@ -73,6 +73,15 @@ def _ensure_images(plan: Plan, transports: dict[str, Transport], report: Reporte
     raise_first(fan_out({r.node.name for r in docker_ranks}, ensure))
 
 
+def _start_rank(plan: Plan, r: int, runtimes: dict[int, Runtime], transports: dict[str, Transport],
+                records: Deployments, report: Reporter) -> None:  # fmt: skip
+    rank = plan.rank(r)
+    transport = transports[rank.node.name]
+    ident = runtimes[r].start(rank, transport, plan.name)
+    report(rank.node.name, r, f"started ({rank.runtime} {ident})")
+    records.event(plan.name, "start", f"rank {r} started ({ident})", rank.node.name)
+
+
 def rollback(plan_ranks: tuple[RankPlan, ...], name: str, transports: dict[str, Transport]) -> list[str]:
     """Stop every rank of the deployment on every reachable node; returns the nodes that failed."""
 
@@ -108,14 +117,10 @@ def up(
             report(None, None, f"staging {len(staged)} step(s)")
             stage_all(staged, transports, pythons={r.node.name: r.node.python for r in plan.ranks})
         runtimes = {r.rank: runtime_for(r) for r in plan.ranks}
-        for r in plan.launch_order:
-            rank = plan.rank(r)
-            ident = runtimes[r].start(rank, transports[rank.node.name], plan.name)
-            report(rank.node.name, r, f"started ({rank.runtime} {ident})")
-            records.event(plan.name, "start", f"rank {r} started ({ident})", rank.node.name)
-            state = runtimes[r].inspect(rank, transports[rank.node.name])
-            if state.state != "running":
-                raise rank_exited(rank, state, runtimes[r].logs(rank, transports[rank.node.name]))
+        # Workers first, all at once; the head last, once every worker runs (the seeds' order).
+        workers = [r for r in plan.launch_order if r != 0]
+        for batch in ([str(r) for r in workers], ["0"]):
+            raise_first(fan_out(batch, lambda r: _start_rank(plan, int(r), runtimes, transports, records, report)))
         wait_ready(
             plan, transports, runtimes, timeout=timeout or plan.recipe.verify.timeout,
             on_progress=lambda msg: report(plan.head.node.name, 0, msg),
@@ -175,7 +180,7 @@ def sweep(cluster: Cluster, name: str) -> list[str]:
         found = [f"{node_name}: container {c}" for c in DockerRuntime().find(transport, name)]
         if found:
             transport.run(["docker", "rm", "-f", *[f.split()[-1] for f in found]], check=False, timeout=120)
-        pids = ProcessRuntime().find(transport, name, node.python)
+        pids = ProcessRuntime().find(transport, name, node_name, node.python)
         if pids:
             transport.run(["kill", "-KILL", *pids], check=False)
         return found + [f"{node_name}: pid {p}" for p in pids]

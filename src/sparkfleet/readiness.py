@@ -99,20 +99,21 @@ def wait_ready(
         return transports[ranks[r].node.name]
 
     while True:
-        states = raise_first(fan_out(
-            [str(r) for r in ranks], lambda r: runtimes[int(r)].inspect(ranks[int(r)], transport(int(r)))
-        ))  # fmt: skip
+        now = time.monotonic()
+        want_logs = now >= next_logs or healthy
+        keys = [str(r) for r in ranks]
+        if want_logs:
+            probed = raise_first(fan_out(keys, lambda r: runtimes[int(r)].probe(ranks[int(r)], transport(int(r)))))
+            states = {k: v[0] for k, v in probed.items()}
+        else:
+            states = raise_first(fan_out(keys, lambda r: runtimes[int(r)].inspect(ranks[int(r)], transport(int(r)))))
         for key, state in states.items():
             if state.state != "running":
                 rank = ranks[int(key)]
-                raise rank_exited(rank, state, runtimes[rank.rank].logs(rank, transport(rank.rank)))
-        now = time.monotonic()
-        if now >= next_logs or healthy:
-            logs = raise_first(fan_out(
-                [str(r) for r in ranks],
-                lambda r: runtimes[int(r)].logs(ranks[int(r)], transport(int(r)), tail=None),
-            ))  # fmt: skip
-            check_logs(plan, verify, {int(k): v for k, v in logs.items()}, boot)
+                log = probed[key][1] if want_logs else runtimes[rank.rank].logs(rank, transport(rank.rank))
+                raise rank_exited(rank, state, log)
+        if want_logs:
+            check_logs(plan, verify, {int(k): v[1] for k, v in probed.items()}, boot)
             next_logs = now + LOG_POLL_S
         head = plan.head
         if head.readiness.serves_http and head.readiness.health_path:

@@ -35,6 +35,10 @@ class Runtime(Protocol):
         """Whether the rank runs, and since when."""
         ...
 
+    def probe(self, rank: RankPlan, transport: Transport) -> tuple[RankState, str]:
+        """inspect and the whole recent log together (readiness polls this)."""
+        ...
+
     def logs(self, rank: RankPlan, transport: Transport, tail: int | None = 200) -> str:
         """The last lines of the rank's log (all of it when tail is None)."""
         ...

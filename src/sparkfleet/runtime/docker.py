@@ -51,6 +51,9 @@ class DockerRuntime:
             rank.container_name,
         )
 
+    def probe(self, rank: RankPlan, transport: Transport) -> tuple[RankState, str]:
+        return self.inspect(rank, transport), self.logs(rank, transport, tail=None)
+
     def logs(self, rank: RankPlan, transport: Transport, tail: int | None = 200) -> str:
         count = str(tail) if tail else "all"
         result = transport.run(

@@ -21,28 +21,36 @@ def _spec(rank: RankPlan, deployment: str, **extra: object) -> str:
     return json.dumps({
         "argv": list(rank.argv), "env_file": rank.env_file, "log_path": rank.log_path,
         "pid_path": rank.pid_path, "exit_path": rank.pid_path.removesuffix(".pid") + ".exit",
-        "workdir": rank.workdir, "deployment": deployment, "rank": rank.rank, **extra,
+        "workdir": rank.workdir, "deployment": deployment, "rank": rank.rank, "node": rank.node.name, **extra,
     })  # fmt: skip
 
 
 class ProcessRuntime:
     """Ranks as host processes (CPU examples, tests, bare-metal engines)."""
 
-    def _agent(self, rank: RankPlan, transport: Transport, command: str, spec: str, timeout: float) -> dict:
-        result = transport.run([rank.node.python, "-c", AGENT, command, spec], timeout=timeout, check=False)
+    def _agent(self, rank: RankPlan, transport: Transport, command: str, spec: str, timeout: float,
+               stdin: bytes | None = None) -> dict:  # fmt: skip
+        # -S: the agent needs only the standard library, and skipping site halves start-up.
+        result = transport.run([rank.node.python, "-S", "-c", AGENT, command, spec], timeout=timeout,
+                               check=False, stdin=stdin)  # fmt: skip
         if not result.ok:
             raise RankRuntimeError(rank.node.name, f"process agent {command} failed: {result.tail()}")
         return json.loads(result.stdout.strip().splitlines()[-1])
 
     def start(self, rank: RankPlan, transport: Transport, deployment: str) -> str:
-        transport.put_bytes(env_file_text(rank), rank.env_file, mode=0o600)
-        state = self._agent(rank, transport, "start", _spec(rank, deployment), 30)
+        state = self._agent(rank, transport, "start", _spec(rank, deployment), 30, stdin=env_file_text(rank))
         return str(state.get("pid") or "")
 
     def inspect(self, rank: RankPlan, transport: Transport) -> RankState:
         s = self._agent(rank, transport, "inspect", _spec(rank, ""), 20)
         return RankState(rank.rank, rank.node.name, s["state"], s["exit_code"], s["started_at"],
                          str(s["pid"]) if s["pid"] else None)  # fmt: skip
+
+    def probe(self, rank: RankPlan, transport: Transport) -> tuple[RankState, str]:
+        s = self._agent(rank, transport, "probe", _spec(rank, ""), 20)
+        state = RankState(rank.rank, rank.node.name, s["state"], s["exit_code"], s["started_at"],
+                          str(s["pid"]) if s["pid"] else None)  # fmt: skip
+        return state, s["log"]
 
     def logs(self, rank: RankPlan, transport: Transport, tail: int | None = 200) -> str:
         argv = ["tail", "-n", str(tail), rank.log_path] if tail else ["cat", rank.log_path]
@@ -56,9 +64,9 @@ class ProcessRuntime:
         out = self._agent(rank, transport, "stop", _spec(rank, deployment, grace=grace), grace + 30)
         return [str(p) for p in out["stopped"]]
 
-    def find(self, transport: Transport, deployment: str, python: str = "python3") -> list[str]:
+    def find(self, transport: Transport, deployment: str, node: str, python: str = "python3") -> list[str]:
         """Pids of every process on the node that belongs to deployment."""
-        spec = json.dumps({"deployment": deployment})
-        result = transport.run([python, "-c", AGENT, "find", spec], check=False, timeout=20)
+        spec = json.dumps({"deployment": deployment, "node": node})
+        result = transport.run([python, "-S", "-c", AGENT, "find", spec], check=False, timeout=20)
         return [str(p) for p in json.loads(result.stdout or '{"pids": []}')["pids"]] if result.ok else []
 

@@ -55,11 +55,18 @@ def _env(spec):
                 env[key] = value
     env["SPARKFLEET_DEPLOYMENT"] = spec["deployment"]
     env["SPARKFLEET_RANK"] = str(spec["rank"])
+    env["SPARKFLEET_RANK_NODE"] = spec["node"]
     return env
 
 
 def start(spec):
     os.makedirs(spec["workdir"], exist_ok=True)
+    # The env file arrives on stdin, so secrets never sit in argv; only this user may read it.
+    env_text = sys.stdin.buffer.read()
+    fd = os.open(spec["env_file"] + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(env_text)
+    os.replace(spec["env_file"] + ".tmp", spec["env_file"])
     for path in (spec["pid_path"], spec["exit_path"]):
         try:
             os.unlink(path)
@@ -125,7 +132,21 @@ def inspect(spec):
     return {"state": "absent", "pid": None, "exit_code": None, "started_at": None}
 
 
-def _belongs(pid, deployment, rank):
+def probe(spec):
+    """inspect, plus the log's last bytes (what readiness polling needs, in one round trip)."""
+    state = inspect(spec)
+    try:
+        with open(spec["log_path"], "rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - spec.get("log_bytes", 1 << 20)))
+            state["log"] = fh.read().decode(errors="replace")
+    except OSError:
+        state["log"] = ""
+    return state
+
+
+def _belongs(pid, deployment, rank, node):
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
             env = fh.read().split(b"\0")
@@ -133,12 +154,16 @@ def _belongs(pid, deployment, rank):
         return False
     if f"SPARKFLEET_DEPLOYMENT={deployment}".encode() not in env:
         return False
+    # Several simulated nodes can share one machine: each node stops only its own ranks.
+    if node is not None and f"SPARKFLEET_RANK_NODE={node}".encode() not in env:
+        return False
     return rank is None or f"SPARKFLEET_RANK={rank}".encode() in env
 
 
-def _members(deployment, rank):
+def _members(deployment, rank, node):
     me = os.getpid()
-    return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != me and _belongs(p, deployment, rank)]
+    return [int(p) for p in os.listdir("/proc")
+            if p.isdigit() and int(p) != me and _belongs(p, deployment, rank, node)]
 
 
 def stop(spec):
@@ -146,7 +171,7 @@ def stop(spec):
     groups = set()
     if found and _starttime(found[1]) == found[2]:
         groups.add(found[0])
-    members = _members(spec["deployment"], spec.get("rank"))
+    members = _members(spec["deployment"], spec.get("rank"), spec.get("node"))
     for pid in members:
         try:
             groups.add(os.getpgid(pid))
@@ -182,7 +207,9 @@ if __name__ == "__main__":
         start(payload)
     elif command == "inspect":
         print(json.dumps(inspect(payload)))
+    elif command == "probe":
+        print(json.dumps(probe(payload)))
     elif command == "stop":
         stop(payload)
     elif command == "find":
-        print(json.dumps({"pids": _members(payload["deployment"], None)}))
+        print(json.dumps({"pids": _members(payload["deployment"], None, payload.get("node"))}))
