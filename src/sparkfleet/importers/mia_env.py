@@ -1,0 +1,379 @@
+"""Import a MiaAI ``start-tp4.sh`` / ``start.sh`` profile (``.env.tp4``) as a sparkfleet recipe.
+
+The launcher sources the profile, then its in-container ``boot.py`` turns the keys into one
+``python -m sglang.launch_server`` line (fixed flags + the keys' flags + ``EXTRA_SGLANG_ARGS``)
+and ``start.sh`` passes the container keys, the ``NCCL_*`` keys and ``EXTRA_CONTAINER_ENV`` to
+every rank (reference: spark-repos.md §1.1). The recipe written here launches that same line:
+the flags become ``args``, the container keys ``[env]``, the Engram shard directory a
+``[[staging]] kind = "sparse-rows"`` entry. Per-node facts (addresses, NIC names, SSH user)
+belong to the cluster inventory, so they go to a cluster file instead. Every key is accounted
+for: mapped, listed as not carried (with the reason), or listed as not understood.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from sparkfleet.importers.report import ImportResult, Note, comment_block, placeholder
+from sparkfleet.importers.shell_profile import Profile
+from sparkfleet.importers.toml_text import TomlDoc
+from sparkfleet.plan import CONTAINER_HF_HOME
+from sparkfleet.secrets import is_secret
+
+DEFAULT_REPO = "deepseek-ai/DeepSeek-V4.1-Flash"
+DEFAULT_SERVED_NAME = "deepseek-v4.1-flash"
+ENTRYPOINT = ("python3", "-m", "sglang.launch_server")
+
+# boot.py serve(): flags it always passes, in its order (the model, --tp, --host and --port
+# are sparkfleet's per-rank flags and are appended at plan time).
+FIXED_HEAD: tuple[tuple[str, ...], ...] = (("--trust-remote-code",), ("--load-format", "safetensors"))
+FIXED_BACKENDS: tuple[tuple[str, ...], ...] = (
+    ("--attention-backend", "dsv4"),
+    ("--moe-runner-backend", "flashinfer_mxfp4"),
+)
+FIXED_TAIL: tuple[tuple[str, ...], ...] = (
+    ("--random-seed", "0"),
+    ("--enable-decoder-swa-bounded-replay",),
+    ("--enable-cache-report",),
+    ("--tool-call-parser", "deepseekv41"),
+    ("--reasoning-parser", "deepseek-v41"),
+)
+# Profile key -> flag, in boot.py's order.
+SIZING_FLAGS = (
+    ("MEM_FRACTION_STATIC", "--mem-fraction-static"),
+    ("CHUNKED_PREFILL_SIZE", "--chunked-prefill-size"),
+    ("CONTEXT_LENGTH", "--context-length"),
+    ("MAX_RUNNING_REQUESTS", "--max-running-requests"),
+)
+# Flags sparkfleet appends per rank; EXTRA_SGLANG_ARGS may not set them.
+PER_RANK = {"--model-path", "--model", "--tp", "--tp-size", "--nnodes", "--node-rank", "--dist-init-addr",
+            "--host", "--port", "--api-key"}  # fmt: skip
+
+# Container env start.sh always sets (docker_common_args / start-tp4.sh), before profile keys.
+LAUNCHER_ENV = {
+    "STATE_PATH": "/state",
+    "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    "NCCL_CUMEM_ENABLE": "0",
+    "NCCL_CROSS_NIC": "1",
+    "NCCL_IB_MERGE_NICS": "0",
+    "NCCL_IB_SUBNET_AWARE_ROUTING": "1",
+}
+ENV_PREFIXES = ("DSV41_", "SGLANG_", "SPARK_", "B12X_", "NCCL_")
+ENV_KEYS = {"OFFLOAD_MODE", "PYTORCH_CUDA_ALLOC_CONF", "DSPARK_SPS_TABLE", "DSPARK_STS_TABLE"}
+
+# Keys that configure where things are; they go to the cluster file.
+CLUSTER_KEYS = {
+    "HEAD_IP": "head fabric address (nodes[0].fabric_ip)",
+    "WORKER_IPS": "worker fabric addresses (nodes[].fabric_ip)",
+    "WORKER_HOSTS": "worker SSH names (nodes[].host)",
+    "WORKER_USER": "SSH user ([defaults].user)",
+    "SSH_IDENTITY": "SSH key ([defaults].ssh_key)",
+    "NCCL_SOCKET_IFNAME": "per-node NIC ([defaults].fabric_ifname → NCCL_/GLOO_SOCKET_IFNAME)",
+    "GLOO_SOCKET_IFNAME": "per-node NIC ([defaults].fabric_ifname, or nodes[].env when it differs)",
+    "IB_HCA": "RDMA devices ([defaults].ib_hca → NCCL_IB_HCA)",
+    "NCCL_IB_GID_INDEX": "RoCE GID index ([defaults].ib_gid_index; start.sh detects it per node)",
+}
+
+# Keys understood but with no sparkfleet equivalent, and why.
+NOT_CARRIED = {
+    "MODEL_DIR": "weights are read from each node's Hugging Face cache (cluster hf_cache), "
+    "or set model to an absolute path",
+    "COMMON_MODEL": "launcher symlink for the checkpoint; not needed",
+    "BASE_IMAGE": "base of the launcher's Dockerfile; build the image, then set docker_image",
+    "BUILD_DOCKERFILE": "sparkfleet builds docker_image_dir/Dockerfile; build this one as docker_image",
+    "BUILD_ARGS": "docker build arguments of the launcher's build step",
+    "NFS_SHARE": 'NFS weight sharing: use a [[staging]] kind = "nfs" entry if wanted',
+    "NFS_VOLUME": "NFS weight sharing (see NFS_SHARE)",
+    "NFS_EXPORT_NAME": "NFS weight sharing (see NFS_SHARE)",
+    "NFS_SERVER_IPS": "NFS weight sharing (see NFS_SHARE)",
+    "NFS_CLIENTS": "NFS weight sharing (see NFS_SHARE)",
+    "SKIP_PREPARE": "boot.py checkpoint verification; sparkfleet bypasses boot.py",
+    "SKIP_VERIFY": "boot.py checkpoint verification; sparkfleet bypasses boot.py",
+    "SKIP_SMOKE": "sparkfleet always runs its [verify] smoke completion",
+    "SMOKE_QUICK": "boot.py smoke variant; sparkfleet runs its own [verify] smoke",
+    "NCCL_HOST_DIR": "host NCCL overlay: add an [[extra_mounts]] and LD_LIBRARY_PATH in [env] if used",
+    "NCCL_WORKER_DIR": "host NCCL overlay (see NCCL_HOST_DIR)",
+    "NCCL_PIP_SO": "host NCCL overlay (see NCCL_HOST_DIR)",
+    "NCCL_SWITCHLESS_RING_ONLY": "launcher switch for the ring NCCL overlay (see NCCL_HOST_DIR)",
+    "FABRIC_IFACE": "launcher's fabric NIC for NFS routing; the cluster's fabric_ifname covers NCCL",
+    "WORKER_DIR": "launcher checkout on workers; its state/ became the /state mount",
+    "READY_TIMEOUT": "use [verify] timeout",
+    "FORCE": "launcher flag",
+    "EXPECTED_SHARDS": "launcher download check",
+}
+
+
+@dataclass
+class _Build:
+    """Mutable scratch space of one import."""
+
+    values: dict[str, str]
+    used: set[str] = field(default_factory=set)
+    placeholders: list[Note] = field(default_factory=list)
+    not_carried: list[Note] = field(default_factory=list)
+    not_understood: list[Note] = field(default_factory=list)
+
+    def take(self, key: str, default: str | None = None) -> str | None:
+        self.used.add(key)
+        value = self.values.get(key)
+        return value if value not in (None, "") else default
+
+
+def _flag_groups(words: list[str]) -> list[list[str]]:
+    """Split flag words into [flag, value...] groups (a word not starting with -- is a value)."""
+    groups: list[list[str]] = []
+    for word in words:
+        if word.startswith("--") or not groups:
+            groups.append([word])
+        else:
+            groups[-1].append(word)
+    return groups
+
+
+def _args(b: _Build) -> list[tuple[list[str], str | None]]:
+    """The engine flags boot.py would build from the profile, each with the key it came from."""
+    served = b.take("SERVED_MODEL_NAME", DEFAULT_SERVED_NAME)
+    out: list[tuple[list[str], str | None]] = [(["--served-model-name", served or ""], "SERVED_MODEL_NAME")]
+    out += [(list(g), "boot.py") for g in FIXED_HEAD]
+    tp = b.take("TP_SIZE", "3")
+    out.append((["--ep-size", b.take("EP_SIZE", tp) or ""], "EP_SIZE"))
+    out += [(list(g), "boot.py") for g in FIXED_BACKENDS]
+    for key, flag in SIZING_FLAGS:
+        value = b.take(key)
+        if value is not None:
+            out.append(([flag, value], key))
+    head_fraction = b.take("HEAD_MEM_FRACTION_STATIC")
+    if head_fraction is not None and head_fraction == b.values.get("MEM_FRACTION_STATIC"):
+        out = [(g, "MEM_FRACTION_STATIC = HEAD_MEM_FRACTION_STATIC" if g[0] == "--mem-fraction-static" else n)
+               for g, n in out]  # fmt: skip
+    elif head_fraction is not None:
+        detail = f"{head_fraction} differs from MEM_FRACTION_STATIC; every rank gets the same flags"
+        b.not_carried.append(Note("HEAD_MEM_FRACTION_STATIC", detail))
+    running = b.values.get("MAX_RUNNING_REQUESTS")
+    if running:
+        out.append((["--cuda-graph-max-bs-decode", running], "MAX_RUNNING_REQUESTS"))
+    out += [(list(g), "boot.py") for g in FIXED_TAIL]
+    algo = b.take("SPEC_ALGO")
+    block = b.take("DSPARK_BLOCK_SIZE")
+    if algo:
+        out.append((["--speculative-algorithm", algo], "SPEC_ALGO"))
+        if algo.upper() == "DSPARK" and block:
+            out.append((["--speculative-dspark-block-size", block], "DSPARK_BLOCK_SIZE"))
+    pin = b.take("MAX_TOTAL_TOKENS")
+    if pin and pin != "0":
+        out.append((["--max-total-tokens", pin], "MAX_TOTAL_TOKENS"))
+    extra = b.take("EXTRA_SGLANG_ARGS")
+    if extra:
+        # boot.py appends EXTRA_SGLANG_ARGS.split(): a later flag wins, so replace in place.
+        for group in _flag_groups(extra.split()):
+            flag = group[0].split("=", 1)[0]
+            if flag in PER_RANK:
+                b.not_carried.append(
+                    Note("EXTRA_SGLANG_ARGS", f"{' '.join(group)}: set by sparkfleet per rank")
+                )
+                continue
+            index = next((i for i, (g, _) in enumerate(out) if g[0] == flag), None)
+            if index is None:
+                out.append((group, "EXTRA_SGLANG_ARGS"))
+            else:
+                out[index] = (group, f"{out[index][1]}, EXTRA_SGLANG_ARGS")
+    return out
+
+
+def _env(b: _Build, tp4: bool) -> dict[str, tuple[str, str]]:
+    """Container env: key -> (value, where it came from), in the launcher's precedence."""
+    env: dict[str, tuple[str, str]] = {}
+    if tp4:
+        env["DSV41_LAUNCHER"] = ("tp4", "start-tp4.sh")
+    tp = b.values.get("TP_SIZE") or "3"
+    env["TP_SIZE"] = (tp, "TP_SIZE")
+    env["EP_SIZE"] = (b.values.get("EP_SIZE") or tp, "EP_SIZE")
+    for key, value in LAUNCHER_ENV.items():
+        env[key] = (value, "start.sh")
+    for key, value in b.values.items():
+        if key in CLUSTER_KEYS or key in NOT_CARRIED or key in ("EXTRA_SGLANG_ARGS", "EXTRA_CONTAINER_ENV"):
+            continue
+        if key in ENV_KEYS or key.startswith(ENV_PREFIXES):
+            b.used.add(key)
+            if is_secret(key):
+                b.not_carried.append(Note(key, "a secret: pass it at launch with --env " + key))
+                continue
+            env[key] = (value, key)
+    extra = b.take("EXTRA_CONTAINER_ENV")
+    for word in (extra or "").split():
+        name, sep, value = word.partition("=")
+        if not sep or not name.replace("_", "a").isalnum():
+            b.not_understood.append(Note("EXTRA_CONTAINER_ENV", f"{word!r} is not KEY=VALUE"))
+        elif is_secret(name):
+            b.not_carried.append(Note(name, "a secret in EXTRA_CONTAINER_ENV: pass it with --env " + name))
+        else:
+            env[name] = (value, "EXTRA_CONTAINER_ENV")
+    return env
+
+
+def _snapshot(repo: str, revision: str | None, root: str) -> str:
+    rev = revision or placeholder("HF_REVISION (snapshot commit of " + repo + ")")
+    return f"{root}/hub/models--{repo.replace('/', '--')}/snapshots/{rev}"
+
+
+def _cluster_toml(b: _Build, profile: Profile) -> str:
+    """A cluster inventory from the profile's topology and fabric keys."""
+    v = b.values
+    workers = (v.get("WORKER_HOSTS") or "").replace(",", " ").split()
+    ips = (v.get("WORKER_IPS") or "").replace(",", " ").split()
+    doc = TomlDoc()
+    doc.comment(f"Cluster inventory imported from {profile.source} by `sparkfleet import mia-env`.")
+    doc.comment("Node order is rank order; rank 0 (the head) is where start-tp4.sh ran.")
+    doc.set("name", "imported")
+    doc.blank()
+    doc.table("defaults")
+    if v.get("WORKER_USER"):
+        doc.set("user", v["WORKER_USER"], "WORKER_USER")
+    if v.get("SSH_IDENTITY"):
+        doc.set("ssh_key", v["SSH_IDENTITY"].replace("{{home}}", "~"), "SSH_IDENTITY")
+    nic = v.get("NCCL_SOCKET_IFNAME") or v.get("GLOO_SOCKET_IFNAME")
+    if nic:
+        doc.set("fabric_ifname", nic, "NCCL_SOCKET_IFNAME")
+    if v.get("IB_HCA"):
+        doc.set("ib_hca", v["IB_HCA"], "IB_HCA")
+    if v.get("NCCL_IB_GID_INDEX", "").isdigit():
+        doc.set("ib_gid_index", int(v["NCCL_IB_GID_INDEX"]), "NCCL_IB_GID_INDEX")
+    gloo = v.get("GLOO_SOCKET_IFNAME")
+    node_env = {"GLOO_SOCKET_IFNAME": gloo} if gloo and gloo != nic else {}
+    hosts = [("head", "localhost", v.get("HEAD_IP") or placeholder("HEAD_IP (head fabric address)"), True)]
+    for i, host in enumerate(workers):
+        fabric = ips[i] if i < len(ips) else placeholder(f"fabric address of {host}")
+        hosts.append((host, host, fabric, False))
+    if len(ips) != len(workers):
+        b.not_understood.append(Note("WORKER_IPS", f"{len(ips)} address(es) for {len(workers)} WORKER_HOSTS"))
+    if "NCCL_IB_GID_INDEX" not in v:
+        doc.comment("ib_gid_index = 3  # start.sh detects the RoCE v2 GID index per node (fallback 3)")
+    for name, host, fabric, local in hosts:
+        doc.blank()
+        doc.array_table("nodes")
+        doc.set("name", name)
+        doc.set(
+            "host", host, "you run sparkfleet on the head, as start-tp4.sh did" if local else "WORKER_HOSTS"
+        )
+        doc.set("fabric_ip", fabric, "HEAD_IP" if local else "WORKER_IPS")
+        if local:
+            doc.set("transport", "local")
+        if node_env:
+            doc.table("nodes.env")
+            for key, value in node_env.items():
+                doc.set(key, value)
+    return doc.text()
+
+
+def import_mia_env(profile: Profile, tp4: bool = True) -> ImportResult:
+    """Map a parsed profile to recipe (and cluster) TOML, accounting for every key."""
+    b = _Build(dict(profile.values()))
+    v = b.values
+    args = _args(b)
+    env = _env(b, tp4)
+    repo = b.take("HF_REPO", DEFAULT_REPO) or DEFAULT_REPO
+    revision = b.take("HF_REVISION")
+    image = b.take("IMAGE")
+    port = b.take("PORT", "8888")
+    dist_port = b.take("DIST_PORT", "20000")
+    workers = (v.get("WORKER_HOSTS") or "").replace(",", " ").split()
+    nnodes = b.take("NNODES", str(len(workers) + 1))
+    if nnodes and nnodes.isdigit() and workers and int(nnodes) != len(workers) + 1:
+        b.not_understood.append(Note("NNODES", f"{nnodes} but WORKER_HOSTS names {len(workers)} worker(s)"))
+    if "DSV41_SOURCE" not in env:
+        env["DSV41_SOURCE"] = (
+            _snapshot(repo, revision, CONTAINER_HF_HOME),
+            "the checkpoint (start.sh MODEL_PATH)",
+        )
+        if not revision:
+            b.placeholders.append(Note("DSV41_SOURCE", "snapshot commit of the checkpoint in the HF cache"))
+    mounts: list[tuple[str, str, str]] = []
+    worker_dir = b.take("WORKER_DIR")
+    user = v.get("WORKER_USER")
+    if worker_dir and user and worker_dir.startswith(f"/home/{user}/"):
+        # The same checkout path on every node: the per-node home template keeps it portable.
+        worker_dir = "{{home}}/" + worker_dir[len(f"/home/{user}/") :]
+    if worker_dir:
+        mounts.append((f"{worker_dir}/state", "/state", "WORKER_DIR/state → /state (boot.py state dir)"))
+    engram_dir = b.take("ENGRAM_DIR")
+    packed = v.get("DSV41_PACKED_DIR")
+    staging = bool(engram_dir and packed and packed.startswith("/"))
+    if staging and engram_dir and packed:
+        mounts.append((engram_dir, packed, "ENGRAM_DIR → DSV41_PACKED_DIR (packed Engram shards)"))
+    for key in v:
+        if key in CLUSTER_KEYS:
+            b.used.add(key)
+        elif key in NOT_CARRIED and key not in b.used:
+            b.used.add(key)
+            b.not_carried.append(Note(key, NOT_CARRIED[key]))
+    for key in v:
+        if key not in b.used:
+            b.not_understood.append(
+                Note(key, f"= {v[key]!r} (not used by the launcher as far as sparkfleet knows)")
+            )
+    for skipped in profile.skipped:
+        b.not_understood.append(Note(f"line {skipped.line}", f"{skipped.text[:60]!r}: {skipped.reason}"))
+    for name in profile.unresolved:
+        b.not_understood.append(Note(f"${name}", "referenced but not set in the profile (expanded as empty)"))
+
+    doc = TomlDoc()
+    doc.comment(f"Imported from {profile.source} by `sparkfleet import mia-env`.")
+    doc.comment("The flags are what boot.py builds from the profile; sparkfleet appends --model-path,")
+    doc.comment("--tp, --nnodes, --node-rank, --dist-init-addr, --host and --port per rank.")
+    doc.comment("Per-node addresses and NICs are in the cluster file written beside this one.")
+    doc.comment("Search for '<SET ME' before launching: those values could not be derived.")
+    doc.blank()
+    doc.set("engine", "sglang")
+    doc.set("name", f"Imported {PurePosixPath(profile.source).name} (MiaAI launcher profile)")
+    if image:
+        doc.set("docker_image", image, "IMAGE")
+    else:
+        doc.set("docker_image", placeholder("IMAGE"))
+        b.placeholders.append(Note("docker_image", "IMAGE is not set in the profile"))
+    doc.set("model", repo, "HF_REPO" if "HF_REPO" in v else "the launcher's default HF_REPO")
+    if revision:
+        doc.set("revision", revision, "HF_REVISION")
+    doc.set("port", int(port or 8888), "PORT")
+    doc.set("rendezvous_port", int(dist_port or 20000), "DIST_PORT")
+    doc.set("required_nodes", int(nnodes or 1), "NNODES")
+    doc.set("tensor_parallel_size", int(v.get("TP_SIZE") or 3), "TP_SIZE")
+    doc.set("distributed_backend", "mp")
+    doc.set("shm_size", "32g", "start.sh --shm-size 32g")
+    doc.set("entrypoint", list(ENTRYPOINT), "boot.py runs sglang.launch_server")
+    doc.blank()
+    doc.words("args", [(g, src) for g, src in args])
+    doc.blank()
+    doc.table("env")
+    for key, (value, src) in env.items():
+        doc.set(key, value, src if src != key else None)
+    for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "IB_HCA"):
+        if key in v:
+            name = "NCCL_IB_HCA" if key == "IB_HCA" else key
+            doc.comment(f"{name} = {v[key]!r}  → per node in the cluster file ({CLUSTER_KEYS[key]})")
+    for host, container, note in mounts:
+        doc.blank()
+        doc.comment(note)
+        doc.array_table("extra_mounts")
+        doc.set("host", host)
+        doc.set("container", container)
+    if staging and engram_dir:
+        doc.blank()
+        doc.comment(
+            "Per-rank Engram rows packed onto node-local disk (start.sh pack), read at DSV41_PACKED_DIR."
+        )
+        doc.array_table("staging")
+        doc.set("kind", "sparse-rows")
+        doc.set("id", "engram")
+        doc.set("src", _snapshot(repo, revision, "{{hf}}"))
+        doc.set("dst", engram_dir, "ENGRAM_DIR")
+    comment_block(doc, "Placeholders to fill in", b.placeholders)
+    comment_block(doc, "Profile keys not carried over", b.not_carried)
+    comment_block(doc, "Profile keys and lines NOT UNDERSTOOD (review them)", b.not_understood)
+    return ImportResult(
+        recipe_toml=doc.text(),
+        cluster_toml=_cluster_toml(b, profile),
+        placeholders=tuple(b.placeholders),
+        not_carried=tuple(b.not_carried),
+        not_understood=tuple(b.not_understood),
+    )
