@@ -19,7 +19,10 @@ def validate(spec: Mapping[str, Any]) -> None:
     for key in ("entry", "tests"):
         if not isinstance(spec.get(key), str) or not spec[key].strip():
             raise ValueError(f"code check needs a non-empty string '{key}'")
-    compile(spec["tests"], "<tests>", "exec")
+    try:
+        compile(spec["tests"], "<tests>", "exec")
+    except SyntaxError as exc:
+        raise ValueError(f"tests line {exc.lineno}: {exc.msg}") from exc
 
 
 def _failure_reason(stderr: str, program: list[str]) -> str:
