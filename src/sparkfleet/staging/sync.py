@@ -23,6 +23,7 @@ with tar over SSH through the controller, and the report says that rsync was mis
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -112,10 +113,17 @@ def transfer_list(
     return paths, total + sum(blobs.values())
 
 
-def _probe_rsync(end: Endpoint) -> bool:
+def _prepare(end: Endpoint, make: bool) -> bool:
+    """Whether the node has rsync; with make, also create the destination folder (one round trip)."""
     if end.local:
+        if make:
+            os.makedirs(end.path, exist_ok=True)
         return shutil.which("rsync") is not None
-    return end.transport.run(["sh", "-c", "command -v rsync"], check=False, timeout=60).ok
+    script = ('mkdir -p "$1" || exit 2; ' if make else "") + "command -v rsync >/dev/null || exit 3"
+    seen = end.transport.run(["sh", "-c", script, "sh", end.path], check=False, timeout=60)
+    if seen.exit_code == 2:
+        raise StagingError(end.node, f"cannot create {end.path}: {seen.tail()}")
+    return seen.ok
 
 
 def _ssh_words(transport: Transport) -> list[str] | None:
@@ -316,7 +324,6 @@ def _tar(
     if not todo:
         return 0, 0
     payload = sum(int(want[p][0]) for p in todo if want[p][2] is None)  # type: ignore[call-overload]
-    target.transport.run(["mkdir", "-p", target.path])
     reader = subprocess.Popen(
         _command(source, ["tar", "-C", source.path, "--null", "-T", "-", "-cf", "-"]),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -369,15 +376,18 @@ def sync_node(
         )
     note = None
     use = method
+    target_has = _prepare(target, make=True)
     if method == "auto":
-        missing = [e.node for e in {source.node: source, target.node: target}.values() if not _probe_rsync(e)]
+        has = {target.node: target_has}
+        if source.node != target.node:
+            has[source.node] = _prepare(source, make=False)
+        missing = sorted(node for node, ok in has.items() if not ok)
         use = "tar" if missing else "rsync"
         if missing:
             note = (
                 f"rsync is not installed on {', '.join(missing)}: copied with a tar stream over SSH instead"
             )
     if use == "rsync":
-        target.transport.run(["mkdir", "-p", target.path], timeout=60).check()
         stats = _rsync(source, target, files, on_bytes)
         sent_files, sent = stats.get("files_sent", 0), stats.get("literal", 0)
     else:
