@@ -216,6 +216,11 @@ def _model_ref_and_mounts(
         return recipe.model, mounts
     if docker:
         mounts.append(MountSpec(node.hf_cache, CONTAINER_HF_HOME, True))
+    if recipe.engine == "llama-cpp":
+        # llama.cpp opens a file: point it at the pinned snapshot in the Hugging Face cache.
+        root = CONTAINER_HF_HOME if docker else node.hf_cache.rstrip("/")
+        repo_dir = "models--" + recipe.model.replace("/", "--")
+        return f"{root}/hub/{repo_dir}/snapshots/{recipe.revision}", mounts
     return recipe.model, mounts
 
 

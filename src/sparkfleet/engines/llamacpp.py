@@ -11,8 +11,7 @@ from sparkfleet.engines.base import RankContext, Readiness, conflicting_flag
 if TYPE_CHECKING:
     from sparkfleet.recipe import Recipe
 
-RESERVED = ("-m", "--model", "--host", "--port", "--rpc", "--rpc_servers", "--hf_model_repo_id",
-            "--hf-repo", "-hf", "--hf-file", "-hff")  # fmt: skip
+RESERVED = ("-m", "--model", "--host", "--port", "--rpc", "--rpc_servers")
 
 
 def _is_python_server(entrypoint: tuple[str, ...]) -> bool:
@@ -32,24 +31,21 @@ class LlamaCpp:
         problem = conflicting_flag(recipe.args, RESERVED, self.name)
         if problem:
             return problem
-        if not recipe.model.startswith("/") and not recipe.model_file and recipe.composed_model is None:
-            return "model_file: required for llama-cpp when model is a Hugging Face repo (the GGUF file name)"
+        if not recipe.model.startswith("/") and recipe.composed_model is None:
+            if not recipe.model_file:
+                return "model_file: required for llama-cpp when model is a Hugging Face repo (the GGUF file name)"
+            if not recipe.revision:
+                # llama.cpp takes a file path: the snapshot folder must be known without asking the hub.
+                return ("revision: required for llama-cpp when model is a Hugging Face repo (the snapshot "
+                        "folder name under {{hf}}/hub/models--ORG--NAME/snapshots/)")
         return None
 
     def rank_argv(self, recipe: Recipe, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
         if ctx.rank > 0:
             return ("rpc-server", "-H", ctx.fabric_ip, "-p", str(ctx.rendezvous_port))
         python = _is_python_server(entrypoint)
-        if ctx.model_file is None:
-            model: tuple[str, ...] = ("--model", ctx.model_ref)
-        elif ctx.model_ref.startswith("/"):
-            model = ("--model", str(PurePosixPath(ctx.model_ref) / ctx.model_file))
-        elif python:
-            # llama_cpp.server resolves repo + file through the Hugging Face cache (offline).
-            model = ("--hf_model_repo_id", ctx.model_ref, "--model", ctx.model_file)
-        else:
-            model = ("--hf-repo", ctx.model_ref, "--hf-file", ctx.model_file)
-        argv = (*entrypoint, *model, *recipe.args, "--host", "0.0.0.0", "--port", str(ctx.port))
+        path = str(PurePosixPath(ctx.model_ref) / ctx.model_file) if ctx.model_file else ctx.model_ref
+        argv = (*entrypoint, "--model", path, *recipe.args, "--host", "0.0.0.0", "--port", str(ctx.port))
         workers = [f"{ip}:{ctx.rendezvous_port}" for ip in ctx.peer_fabric_ips[1:]]
         if workers:
             argv += ("--rpc_servers" if python else "--rpc", ",".join(workers))

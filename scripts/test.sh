@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The README's test command: set everything up, then run the whole test suite.
+# Extra arguments go to pytest (e.g. scripts/test.sh -m "not e2e").
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(dirname "$here")"
+"$here/setup.sh" all
+for extra in start-slurm.sh setup-browser.sh; do
+  if [ -x "$here/$extra" ]; then "$here/$extra"; fi
+done
+cd "$root"
+.venv/bin/ruff check src tests benchmarks
+.venv/bin/mypy
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
