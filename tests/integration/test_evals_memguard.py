@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -15,7 +16,7 @@ from sparkfleet.transport.local import LocalTransport
 
 
 class _AbortRecorder(BaseHTTPRequestHandler):
-    seen: list[tuple[str, dict[str, object]]] = []
+    seen: ClassVar[list[tuple[str, dict[str, object]]]] = []
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

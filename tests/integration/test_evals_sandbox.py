@@ -6,6 +6,7 @@ containment tests are skipped with the sandbox's own notice, never passed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -99,10 +100,8 @@ def test_no_network_not_even_loopback(isolated: SandboxResult) -> None:
     accepted: list[object] = []
 
     def accept() -> None:
-        try:
+        with contextlib.suppress(OSError):
             accepted.append(server.accept())
-        except OSError:
-            pass
 
     thread = threading.Thread(target=accept)
     thread.start()

@@ -163,7 +163,11 @@ def to_roman(n):
 def moving_average(xs, k):
     return [sum(xs[i:i + k]) / k for i in range(len(xs) - k + 1)]
 """,
-    "code_common_prefix": "import os\ndef common_prefix(words):\n    return os.path.commonprefix(words) if words else ''",
+    "code_common_prefix": """
+import os
+def common_prefix(words):
+    return os.path.commonprefix(words) if words else ''
+""",
     "code_count_islands": """
 def count_islands(grid):
     seen = set()
@@ -207,7 +211,11 @@ JSON_RIGHT = {
     "json_sorted_array": [3, 7, 19, 25, 42],
     "json_empty_values": {"count": 0, "flag": True, "nothing": None, "items": [], "label": ""},
     "json_escape_path": {"path": 'C:\\temp\\new "folder"'},
-    "json_inventory": [{"item": "hammer", "qty": 1}, {"item": "nails", "qty": 50}, {"item": "tape", "qty": 2}],
+    "json_inventory": [
+        {"item": "hammer", "qty": 1},
+        {"item": "nails", "qty": 50},
+        {"item": "tape", "qty": 2},
+    ],
     "json_letter_counts": {"b": 1, "a": 3, "n": 2},
     "json_date_parts": {"year": 2024, "month": 3, "day": 15},
     "json_primary_light": {"colors": ["red", "green", "blue"]},
@@ -219,31 +227,48 @@ JSON_WRONG = {
     "json_sorted_array": [[42, 25, 19, 7, 3], [3, 7, 19, 25]],
     "json_empty_values": [{"count": 0, "flag": "true", "nothing": None, "items": [], "label": ""}],
     "json_escape_path": [{"path": "C:\\temp\\new folder"}],
-    "json_inventory": [[{"item": "hammer", "qty": 0}, {"item": "nails", "qty": 5}, {"item": "tape", "qty": 2}]],
+    "json_inventory": [
+        [{"item": "hammer", "qty": 0}, {"item": "nails", "qty": 5}, {"item": "tape", "qty": 2}]
+    ],
     "json_letter_counts": [{"b": 1, "a": 2, "n": 2}],
     "json_date_parts": [{"year": "2024", "month": 3, "day": 15}],
     "json_primary_light": [{"colors": ["red", "blue", "green"]}],
 }
 
 FORMAT = {
-    "format_five_bullets": ("- apple\n- pear\n- plum\n- fig\n- kiwi", ["- apple\n- pear\n- plum\n- fig",
-                            "Fruits:\n- apple\n- pear\n- plum\n- fig\n- kiwi"]),
+    "format_five_bullets": (
+        "- apple\n- pear\n- plum\n- fig\n- kiwi",
+        ["- apple\n- pear\n- plum\n- fig", "Fruits:\n- apple\n- pear\n- plum\n- fig\n- kiwi"],
+    ),
     "format_planet_table": (
         "| Planet | Order |\n|---|---|\n| Mercury | 1 |\n| Venus | 2 |\n| Earth | 3 |",
-        ["| Planet | Order |\n|---|---|\n| Mercury | 1 |\n| Venus | 2 |",
-         "Here:\n| Planet | Order |\n|---|---|\n| Mercury | 1 |\n| Venus | 2 |\n| Earth | 3 |"],
+        [
+            "| Planet | Order |\n|---|---|\n| Mercury | 1 |\n| Venus | 2 |",
+            "Here:\n| Planet | Order |\n|---|---|\n| Mercury | 1 |\n| Venus | 2 |\n| Earth | 3 |",
+        ],
     ),
-    "format_two_sentences": ("The sea is wide and grey. Its waves never rest.",
-                             ["The sea is wide.", "The sea is *wide*. It is deep. It is cold."]),
-    "format_caps_line": ("MARS, THE RED PLANET, IS COLD, DRY AND FAR",
-                         ["Mars, the red planet, is cold, dry and far", "MARS, RED, COLD", "THE MARS, A, B, C"]),
+    "format_two_sentences": (
+        "The sea is wide and grey. Its waves never rest.",
+        ["The sea is wide.", "The sea is *wide*. It is deep. It is cold."],
+    ),
+    "format_caps_line": (
+        "MARS, THE RED PLANET, IS COLD, DRY AND FAR",
+        ["Mars, the red planet, is cold, dry and far", "MARS, RED, COLD", "THE MARS, A, B, C"],
+    ),
     "format_one_word": ("tokyo", ["Tokyo", "tokyo.", "The capital is tokyo"]),
     "format_python_list": ("[1, 4, 9, 16]", ["[1,4,9,16]", "```\n[1, 4, 9, 16]\n```", "[0, 1, 4, 9]"]),
-    "format_four_colour_lines": ("red\ngreen\nblue\nyellow", ["red\ngreen\nblue", "red\ngreen\nlight blue\nyellow"]),
-    "format_numbered_steps": ("1. Boil water.\n2. Add the egg.\n3. Wait nine minutes.",
-                              ["1. Boil water.\n2. Add the egg.", "1. Boil.\n3. Add.\n4. Wait."]),
-    "format_eight_words": ("Cold winter winds whistle through the empty streets.",
-                           ["Winter is cold.", "Cold winter winds whistle. Through the empty streets."]),
+    "format_four_colour_lines": (
+        "red\ngreen\nblue\nyellow",
+        ["red\ngreen\nblue", "red\ngreen\nlight blue\nyellow"],
+    ),
+    "format_numbered_steps": (
+        "1. Boil water.\n2. Add the egg.\n3. Wait nine minutes.",
+        ["1. Boil water.\n2. Add the egg.", "1. Boil.\n3. Add.\n4. Wait."],
+    ),
+    "format_eight_words": (
+        "Cold winter winds whistle through the empty streets.",
+        ["Winter is cold.", "Cold winter winds whistle. Through the empty streets."],
+    ),
 }
 
 PROSE_RIGHT = (
@@ -281,8 +306,11 @@ def wrong_answers(task: Task) -> list[str]:
     common = ["", "I am not sure how to answer that."]
     if task.category == "code":
         entry = task.check["entry"]
-        return [*common, fence(f"def {entry}(*args, **kwargs):\n    return None"),
-                fence("def something_else():\n    return 1")]
+        return [
+            *common,
+            fence(f"def {entry}(*args, **kwargs):\n    return None"),
+            fence("def something_else():\n    return 1"),
+        ]
     if task.category == "json":
         return [*common, "{}", "{'single': 'quotes'}", *(json.dumps(w) for w in JSON_WRONG[task.id])]
     if task.category in ("math", "reasoning"):

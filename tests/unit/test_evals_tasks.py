@@ -37,12 +37,24 @@ def test_filters_by_category_and_id() -> None:
         ('[[task]]\nid = "a"\ncategory = "math"\nprompt = "p"\n', "missing key"),
         ('[[task]]\nid = "a"\ncategory = "poetry"\nprompt = "p"\ncheck.answer = 1\n', "category 'poetry'"),
         ('[[task]]\nid = "a"\ncategory = "math"\nprompt = "p"\ncheck.answr = 1\n', "needs 'answer'"),
-        ('[[task]]\nid = "a"\ncategory = "math"\nprompt = "p"\ncheck.answer = 1\ncolour = 2\n', "unknown key"),
-        ('[[task]]\nid = "a"\ncategory = "code"\nprompt = "p"\ncheck.entry = "f"\ncheck.tests = "assert ("\n',
-         "never closed"),
-        ('[[task]]\nid = "a"\ncategory = "format"\nprompt = "p"\ncheck.rules = [{rule = "haiku"}]\n', "must be one of"),
-        ('[[task]]\nid = "a"\ncategory = "json"\nprompt = "p"\ncheck.rules = [{path = "x", type = "float"}]\n',
-         "type must be"),
+        (
+            '[[task]]\nid = "a"\ncategory = "math"\nprompt = "p"\ncheck.answer = 1\ncolour = 2\n',
+            "unknown key",
+        ),
+        (
+            '[[task]]\nid = "a"\ncategory = "code"\nprompt = "p"\n'
+            'check.entry = "f"\ncheck.tests = "assert ("\n',
+            "never closed",
+        ),
+        (
+            '[[task]]\nid = "a"\ncategory = "format"\nprompt = "p"\ncheck.rules = [{rule = "haiku"}]\n',
+            "must be one of",
+        ),
+        (
+            '[[task]]\nid = "a"\ncategory = "json"\nprompt = "p"\n'
+            'check.rules = [{path = "x", type = "float"}]\n',
+            "type must be",
+        ),
         ("[[task]\n", "task.toml"),
     ],
 )

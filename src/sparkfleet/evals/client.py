@@ -164,6 +164,12 @@ class EvalClient:
         choice = data["choices"][0]
         return self._reply(choice.get("text") or "", "", choice, data, seconds)
 
+    def complete_raw(self, prompt: str, *, max_tokens: int) -> str:
+        """The greedy continuation of ``prompt`` as is (no frame, no stop): for engine cross-checks."""
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+        data = self._json(self._post("/v1/completions", body), "/v1/completions")
+        return str(data["choices"][0].get("text") or "")
+
     def ask(self, api: Api, prompt: str, *, max_tokens: int, thinking: bool) -> Reply:
         """Dispatch to chat or completions."""
         if api == "chat":

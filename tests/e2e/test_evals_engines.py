@@ -1,0 +1,230 @@
+"""Evals against real engines serving Gemma 3 270M (a base model) on this CPU.
+
+llama.cpp (llama-cpp-python's server on the GGUF) and vLLM CPU (on the HF conversion), started
+here the way docs/setup.md says. Skipped, with the reason, when a venv or the model is missing.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sparkfleet.cli.main import main
+from sparkfleet.evals.client import EvalClient
+from sparkfleet.evals.compare import compare_runs
+from sparkfleet.evals.results import QualityRun
+from sparkfleet.evals.runner import run_quality
+from sparkfleet.evals.store import load_run
+from sparkfleet.evals.tasks import load_tasks
+from sparkfleet.state import Store
+
+pytestmark = pytest.mark.e2e
+
+CACHE = Path(os.environ.get("SPARKFLEET_CACHE", Path.home() / ".cache" / "sparkfleet"))
+HUB = Path(os.environ.get("HF_HUB_CACHE", Path.home() / ".cache" / "huggingface" / "hub"))
+LLAMA_PY = CACHE / "venv-llama" / "bin" / "python"
+VLLM = CACHE / "venv-vllm" / "bin" / "vllm"
+# One task per category, quick on CPU.
+SUBSET = "math_multiply,format_one_word,json_date_parts,code_count_vowels,reason_weekday,prose_market"
+
+
+def _one(pattern: str) -> str | None:
+    found = sorted(glob.glob(str(HUB / pattern)))
+    return found[0] if found else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve(
+    argv: list[str], ready_path: str, log: Path, timeout: float, env: dict[str, str] | None = None
+) -> Iterator[str]:
+    port = int(argv[argv.index("--port") + 1])
+    url = f"http://127.0.0.1:{port}"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(
+            argv,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"{argv[0]} exited {proc.returncode}: {log.read_text()[-2000:]}")
+            try:
+                if httpx.get(url + ready_path, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        else:
+            pytest.fail(f"server not ready in {timeout}s: {log.read_text()[-2000:]}")
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def llama_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    gguf = _one("models--sparkfleet--gemma3-270m-gguf/snapshots/*/gemma-3-270m-Q4_K_M.gguf")
+    if not LLAMA_PY.exists():
+        pytest.skip(f"no llama.cpp venv at {LLAMA_PY}: run scripts/setup-engines.sh llama")
+    if gguf is None:
+        pytest.skip("no Gemma 3 270M GGUF in the HF cache: run scripts/prepare-model.py")
+    argv = [
+        str(LLAMA_PY),
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        gguf,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(_free_port()),
+        "--n_ctx",
+        "4096",
+        "--model_alias",
+        "gemma3-270m",
+    ]
+    yield from _serve(argv, "/v1/models", tmp_path_factory.mktemp("llama") / "server.log", 180)
+
+
+@pytest.fixture(scope="module")
+def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    hf = _one("models--sparkfleet--gemma3-270m/snapshots/*/config.json")
+    if not VLLM.exists():
+        pytest.skip(f"no vLLM CPU venv at {VLLM}: run scripts/setup-engines.sh vllm")
+    if hf is None:
+        pytest.skip("no Gemma 3 270M HF conversion in the HF cache: run scripts/prepare-model.py")
+    argv = [
+        str(VLLM),
+        "serve",
+        str(Path(hf).parent),
+        "--served-model-name",
+        "gemma3-270m",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(_free_port()),
+        "--max-model-len",
+        "2048",
+        "--dtype",
+        "float32",
+    ]
+    env = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    yield from _serve(argv, "/health", tmp_path_factory.mktemp("vllm") / "server.log", 420, env)
+
+
+def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    try:
+        main(argv)
+    except SystemExit as exc:
+        assert exc.code in (0, None), capsys.readouterr()
+    return capsys.readouterr().out
+
+
+def test_quality_subset_on_llamacpp_scores_and_compares_with_itself(
+    llama_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = _cli(["eval", "quality", llama_url, "--only", SUBSET, "--label", "llama-a"], capsys)
+    assert "/6 passed" in out
+    assert "completions" in out  # a base model: the chat probe gets nothing, completions are used
+    run = QualityRun.from_json(load_run(Store(), "llama-a", "quality"))
+    assert {r.category for r in run.results} == {"code", "json", "math", "reasoning", "format", "prose"}
+    assert all(r.finish_reason in ("stop", "length") and r.completion_tokens for r in run.results)
+    same = _cli(["eval", "compare", "llama-a", "llama-a"], capsys)
+    assert "no difference" in same and "BROKE" not in same and "FIXED" not in same
+    # Greedy decoding is deterministic on one engine: a second run flips nothing.
+    _cli(["eval", "quality", llama_url, "--only", SUBSET, "--label", "llama-b"], capsys)
+    again = _cli(["eval", "compare", "llama-a", "llama-b"], capsys)
+    assert "no difference" in again
+
+
+@pytest.mark.slow
+def test_full_quality_run_on_llamacpp(
+    llama_url: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out_json = tmp_path / "full.json"
+    out = _cli(["eval", "quality", llama_url, "--label", "llama-full", "--json", str(out_json)], capsys)
+    data = json.loads(out_json.read_text())
+    assert data["summary"]["total"] == len(load_tasks())
+    assert f"/{len(load_tasks())} passed" in out
+    print(
+        f"full quality run: {data['summary']['passed']}/{data['summary']['total']} in {data['wall_s']:.0f} s"
+    )
+
+
+def test_needle_grid_on_llamacpp(llama_url: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    png = tmp_path / "needle.png"
+    out = _cli(
+        [
+            "eval",
+            "needle",
+            llama_url,
+            "--lengths",
+            "512,1024",
+            "--depths",
+            "0,50,100",
+            "--png",
+            str(png),
+            "--label",
+            "needle-small",
+            "--mem-floor",
+            "0.5",
+        ],
+        capsys,
+    )
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "effective length" in out and "low-water" in out
+    data = load_run(Store(), "needle-small", "needle")
+    assert len(data["cells"]) == 6
+    for cell in data["cells"]:
+        # Lengths are measured with the server's tokenizer: within a few percent of the target.
+        assert abs(cell["tokens"] - cell["length"]) <= 0.06 * cell["length"] + 80
+    assert len({c["expected"] for c in data["cells"]}) == 6  # a fresh needle per cell
+
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at a temperature of"]
+
+
+@pytest.mark.slow
+def test_llamacpp_and_vllm_agree_greedily(llama_url: str, vllm_url: str) -> None:
+    """A wrong conversion (e.g. no <bos>) shows as greedy text that disagrees from the start."""
+    texts = {}
+    for name, url in (("llama", llama_url), ("vllm", vllm_url)):
+        client = EvalClient(url, "gemma3-270m")
+        texts[name] = [client.complete_raw(p, max_tokens=12) for p in PROMPTS]
+        client.close()
+    for prompt, a, b in zip(PROMPTS, texts["llama"], texts["vllm"], strict=True):
+        wa, wb = a.split(), b.split()
+        assert wa[:4] == wb[:4], f"{prompt!r}: llama.cpp {a!r} vs vLLM {b!r}"
+    tasks = load_tasks(ids=SUBSET.split(","))
+    runs = []
+    for url in (llama_url, vllm_url):
+        client = EvalClient(url, "gemma3-270m")
+        runs.append(run_quality(client, tasks, label=url, api_choice="completions"))
+        client.close()
+    cmp = compare_runs(runs[0], runs[1])
+    print("llama.cpp vs vLLM:", cmp.verdict, [(f.id, f.direction) for f in cmp.flips])
+    assert not cmp.verdict.startswith("NOT NOISE")
