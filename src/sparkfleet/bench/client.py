@@ -24,6 +24,7 @@ Api = Literal["chat", "completions"]
 
 # Kept short so that a stored run of c16 x 256 tokens stays small; the text is for eyeballing.
 TEXT_KEEP_CHARS = 2000
+NO_USAGE_ERROR = "the server reported no usage (stream_options.include_usage unsupported?)"
 
 
 @dataclass(frozen=True)
@@ -263,7 +264,7 @@ class _StreamParser:
         )
         error = self.error
         if error is None and self.completion_tokens is None:
-            error = "the server reported no usage (stream_options.include_usage unsupported?)"
+            error = NO_USAGE_ERROR
         return RequestRecord(
             start=start,
             ttfr=self.ttfr - start if self.ttfr is not None else None,

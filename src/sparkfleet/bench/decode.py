@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from sparkfleet.bench.client import Api, RequestRecord, RequestSpec, stream_request
+from sparkfleet.bench.client import NO_USAGE_ERROR, Api, RequestRecord, RequestSpec, stream_request
 from sparkfleet.bench.corpus import PROMPT_TYPES, decode_prompt
 from sparkfleet.bench.endpoint import Endpoint
 from sparkfleet.bench.progress import NullProgress, Progress
@@ -130,6 +130,12 @@ async def probe_exact_length(
         if rec.error and rec.error.startswith("HTTP 4") and params:
             last_error = rec.error
             continue  # the engine refuses one of the knobs: try with fewer
+        if not rec.ok and rec.error == NO_USAGE_ERROR:
+            raise BenchError(
+                f"endpoint {endpoint.base_url} ({endpoint.engine}) reports no token usage in its streams "
+                "(stream_options.include_usage); sparkfleet counts tokens only from the server's usage, "
+                "never from chunks — serve with vLLM, SGLang or llama.cpp's llama-server"
+            )
         if not rec.ok:
             raise BenchError(f"endpoint {endpoint.base_url} failed a probe request: {rec.error}")
         if rec.completion_tokens == PROBE_TOKENS:

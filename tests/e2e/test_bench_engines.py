@@ -1,0 +1,254 @@
+"""`sparkfleet bench` end to end against real engines serving Gemma 3 270M on CPU.
+
+The servers are started here (docs/setup.md has the commands) from the venvs that
+scripts/setup-engines.sh makes and the model scripts/prepare-model.py prepares; the tests skip,
+saying why, when those are absent. ``SPARKFLEET_E2E_VLLM_URL`` points the vLLM tests at a server
+already running (it must serve with ``--enable-prompt-tokens-details``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sparkfleet.bench.client import RequestSpec, stream_request
+from sparkfleet.bench.store import BenchStore
+from sparkfleet.state import Store
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+CACHE = Path(os.environ.get("SPARKFLEET_CACHE", Path.home() / ".cache" / "sparkfleet"))
+HUB = Path(os.environ.get("HF_HUB_CACHE", Path.home() / ".cache" / "huggingface" / "hub"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes], log: Path, limit: float) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    pytest.fail(f"server not ready after {limit} s:\n{log.read_text()[-3000:]}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if os.environ.get("SPARKFLEET_E2E_VLLM_URL"):
+        yield os.environ["SPARKFLEET_E2E_VLLM_URL"]
+        return
+    vllm = CACHE / "venv-vllm" / "bin" / "vllm"
+    snaps = sorted((HUB / "models--sparkfleet--gemma3-270m" / "snapshots").glob("*/config.json"))
+    if not vllm.exists():
+        pytest.skip(f"no vLLM CPU venv at {vllm.parent.parent}: run scripts/setup-engines.sh vllm")
+    if not snaps:
+        pytest.skip("no prepared Gemma 3 270M HF copy: run scripts/prepare-model.py (docs/setup.md)")
+    port = _free_port()
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    argv = [
+        str(vllm),
+        "serve",
+        str(snaps[-1].parent),
+        "--served-model-name",
+        "gemma3-270m",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        "2048",
+        "--dtype",
+        "bfloat16",
+        "--enable-prompt-tokens-details",
+    ]
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        _wait(f"http://127.0.0.1:{port}/health", proc, log, 900)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        _stop(proc)
+
+
+def sparkfleet(*args: str, state: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SPARKFLEET_STATE_DIR": str(state), "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "sparkfleet.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+
+
+def test_decode_on_vllm_generates_exact_lengths_and_stores_everything(vllm_url: str, tmp_path: Path) -> None:
+    out = sparkfleet(
+        "bench",
+        "decode",
+        vllm_url,
+        "--concurrency",
+        "1,2",
+        "--types",
+        "prose,json",
+        "--tokens",
+        "16",
+        "--repeats",
+        "2",
+        "--warmup-tokens",
+        "4",
+        "--label",
+        "e2e",
+        state=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "prose/c2" in out.stdout
+    bench = BenchStore(Store(tmp_path / "state.db"))
+    run = bench.get_run(1)
+    assert (run.status, run.engine, run.model, run.label) == ("complete", "vllm", "gemma3-270m", "e2e")
+    assert run.engine_version == "0.32.0"
+    assert run.meta["exact_length"]["enforced"] is True
+    assert run.meta["max_model_len"] == 2048
+    assert run.meta["sparkfleet"].startswith("0.1.0")
+    samples = bench.samples(1)
+    assert sorted({s.tier for s in samples}) == ["json/c1", "json/c2", "prose/c1", "prose/c2"]
+    assert len(samples) == 8
+    for s in samples:
+        assert s.metrics["failed"] == 0 and s.metrics["length_mismatch"] == 0
+        assert s.metrics["steady_tps"] > 0 and s.metrics["per_stream_tps"] > 0
+        assert s.metrics["cached_tokens"] == 0
+        for r in s.requests:
+            assert r.completion_tokens == 16  # from usage, not chunks
+            assert r.ttft is not None and r.ttfr is not None and r.ttft >= r.ttfr
+            assert r.chunk_tokens is not None and sum(r.chunk_tokens) == 16  # running usage
+    # Exports of the same run.
+    md = sparkfleet("bench", "export", "last", "-f", "md", state=tmp_path)
+    assert "| prose |" in md.stdout and "| json |" in md.stdout
+    doc = json.loads(sparkfleet("bench", "export", "1", "-f", "json", state=tmp_path).stdout)
+    assert doc["samples"][0]["total_output_tokens"] in (16, 32)
+    assert doc["run"]["meta"]["engine"] == "vllm"
+    png = sparkfleet("bench", "export", "1", "-f", "png", "-o", str(tmp_path / "d.png"), state=tmp_path)
+    assert png.returncode == 0, png.stderr
+    assert (tmp_path / "d.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_prefill_on_vllm_clips_to_context_and_nothing_is_cached(vllm_url: str, tmp_path: Path) -> None:
+    out = sparkfleet("bench", "prefill", vllm_url, "--lengths", "512,1k,4k", "--repeats", "2", state=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "exceed the context of 2048 tokens" in out.stderr
+    bench = BenchStore(Store(tmp_path / "state.db"))
+    samples = bench.samples(1)
+    assert sorted({int(s.tier) for s in samples}) == [512, 1024, 2032]
+    for s in samples:
+        target = int(s.tier)
+        # Fitted with vLLM's /tokenize; the count is the server's usage.prompt_tokens.
+        assert target * 0.98 <= s.metrics["prompt_tokens"] <= target
+        assert s.metrics["cached_tokens"] == 0
+        assert s.metrics["rate"] > 0
+    assert bench.get_run(1).meta["overhead_ms"] > 0
+
+
+def test_vllm_reports_a_repeated_prompt_as_cached(vllm_url: str) -> None:
+    # The flag the prefill bench relies on works on the real engine: same prompt twice → cached.
+    spec = RequestSpec(api="completions", prompt="The history of the printing press. " * 40, max_tokens=1)
+
+    async def twice():  # type: ignore[no-untyped-def]
+        async with httpx.AsyncClient(timeout=120) as client:
+            first = await stream_request(client, vllm_url, "gemma3-270m", spec)
+            second = await stream_request(client, vllm_url, "gemma3-270m", spec)
+            return first, second
+
+    first, second = asyncio.run(twice())
+    assert first.ok and second.ok
+    assert (second.cached_tokens or 0) > 0
+
+
+@pytest.fixture(scope="module")
+def llama_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    py = CACHE / "venv-llama" / "bin" / "python"
+    ggufs = sorted((HUB / "models--sparkfleet--gemma3-270m-gguf" / "snapshots").glob("*/*.gguf"))
+    if not py.exists():
+        pytest.skip(f"no llama.cpp venv at {py.parent.parent}: run scripts/setup-engines.sh llama")
+    if not ggufs:
+        pytest.skip("no Gemma 3 270M GGUF: run scripts/prepare-model.py (docs/setup.md)")
+    port = _free_port()
+    log = tmp_path_factory.mktemp("llama") / "llama.log"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(
+            [
+                str(py),
+                "-m",
+                "llama_cpp.server",
+                "--model",
+                str(ggufs[-1]),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--n_ctx",
+                "2048",
+            ],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _wait(f"http://127.0.0.1:{port}/v1/models", proc, log, 120)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        _stop(proc)
+
+
+def test_llama_cpp_python_without_stream_usage_is_refused_with_the_reason(
+    llama_url: str, tmp_path: Path
+) -> None:
+    # llama-cpp-python's server sends no usage in streams; counting chunks instead is the flaw
+    # this bench exists to avoid, so it says what is missing instead of guessing.
+    out = sparkfleet(
+        "bench",
+        "decode",
+        llama_url,
+        "--concurrency",
+        "1",
+        "--types",
+        "prose",
+        "--tokens",
+        "8",
+        "--repeats",
+        "1",
+        "--api",
+        "completions",
+        state=tmp_path,
+    )
+    assert out.returncode == 2
+    assert "(llama-cpp-python) reports no token usage in its streams" in out.stderr
+    assert "Traceback" not in out.stderr
