@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from sparkfleet.errors import StagingError
 from sparkfleet.transport.base import Transport
+from sparkfleet.transport.local import LocalTransport
 
 # Small files whose content decides how the checkpoint is read; hashed on every node.
 HASHED = ("*.json", "*.jinja", "*.model", "*.txt", "*.py", "*.tiktoken")
@@ -148,6 +149,8 @@ def parse_scan(node: str, root: str, data: Mapping[str, object]) -> Snapshot:
 
 def scan_node(transport: Transport, root: str, revision: str | None, *, python: str = "python3") -> Snapshot:
     """Scan the snapshot at root on the transport's node."""
+    if isinstance(transport, LocalTransport):  # this machine: no interpreter to start
+        return parse_scan(transport.node, root, scan_snapshot(root, revision, HASHED, HASH_LIMIT))
     result = transport.run([python, "-"], stdin=node_script(root, revision), check=False, timeout=600)
     if not result.ok:
         raise StagingError(transport.node, f"cannot list {root}: {result.tail() or 'scanner failed'}")

@@ -44,6 +44,7 @@ Method = Literal["auto", "rsync", "tar"]
 BytesFn = Callable[[int], None]
 _IO_TIMEOUT_S = 120
 _PROGRESS = re.compile(rb"^\s*([\d,]+)\s+\d+%")
+_NOT_FOUND = re.compile(r"rsync: (command )?not found|rsync: No such file or directory|exec: rsync:")
 _SSH_FAIL = re.compile(
     r"Permission denied|Host key verification failed|Connection (refused|timed out)|"
     r"Could not resolve|No route to host|connection unexpectedly closed"
@@ -69,6 +70,14 @@ class Endpoint:
     @property
     def local(self) -> bool:
         return isinstance(self.transport, LocalTransport)
+
+
+class RsyncMissing(Exception):
+    """rsync is not installed on a node (the sync falls back to a tar stream)."""
+
+    def __init__(self, node: str) -> None:
+        super().__init__(node)
+        self.node = node
 
 
 @dataclass(frozen=True)
@@ -113,17 +122,20 @@ def transfer_list(
     return paths, total + sum(blobs.values())
 
 
-def _prepare(end: Endpoint, make: bool) -> bool:
-    """Whether the node has rsync; with make, also create the destination folder (one round trip)."""
+def _prepare(end: Endpoint) -> None:
+    """Create the destination folder."""
     if end.local:
-        if make:
-            os.makedirs(end.path, exist_ok=True)
-        return shutil.which("rsync") is not None
-    script = ('mkdir -p "$1" || exit 2; ' if make else "") + "command -v rsync >/dev/null || exit 3"
-    seen = end.transport.run(["sh", "-c", script, "sh", end.path], check=False, timeout=60)
-    if seen.exit_code == 2:
-        raise StagingError(end.node, f"cannot create {end.path}: {seen.tail()}")
-    return seen.ok
+        os.makedirs(end.path, exist_ok=True)
+        return
+    made = end.transport.run(["mkdir", "-p", end.path], check=False, timeout=60)
+    if not made.ok:
+        raise StagingError(end.node, f"cannot create {end.path}: {made.tail()}")
+
+
+def _fallback_note(node: str) -> str:
+    return (
+        f"rsync is not installed on {node}: copied with a tar stream over SSH instead (whole files, no delta)"
+    )
 
 
 def _ssh_words(transport: Transport) -> list[str] | None:
@@ -150,14 +162,17 @@ def _node_side_ssh(target: Endpoint, source_files: set[str]) -> str:
     return shlex.join(out)
 
 
-def rsync_argv(src: str, dest: str, ssh: str | None) -> list[str]:
-    """rsync words: exact file list on stdin (NUL separated), archive mode, resumable partials."""
+def rsync_argv(src: str, dest: str, ssh: str | None, make_dest: str | None = None) -> list[str]:
+    """rsync words: exact file list on stdin (NUL separated), archive mode, resumable partials.
+    With make_dest, the receiving side creates that folder first (no extra SSH round trip)."""
     words = [
         "rsync", "-a", "--from0", "--files-from=-", f"--partial-dir={PARTIAL_DIR}",
         f"--timeout={_IO_TIMEOUT_S}", "--info=progress2", "--stats", "--no-human-readable",
     ]  # fmt: skip
     if ssh:
         words += ["-e", ssh]
+    if make_dest:
+        words.append(f"--rsync-path=mkdir -p {shlex.quote(make_dest)} && rsync")
     return [*words, src.rstrip("/") + "/", dest.rstrip("/") + "/"]
 
 
@@ -227,24 +242,38 @@ def _rsync(source: Endpoint, target: Endpoint, files: list[str], on_bytes: Bytes
             words = _ssh_words(target.transport)
             if words is None:
                 raise StagingError(target.node, "sync needs an SSH (or local) transport to this node")
-            argv = rsync_argv(source.path, f"{words[-1]}:{target.path}", shlex.join(words[:-1]))
+            argv = rsync_argv(
+                source.path, f"{words[-1]}:{target.path}", shlex.join(words[:-1]), make_dest=target.path
+            )
         where = "controller"
     else:
         src_words = _ssh_words(source.transport)
         if src_words is None:
             raise StagingError(source.node, "sync from a source node needs an SSH transport to it")
         if same_node:
-            inner = rsync_argv(source.path, target.path, None)
+            inner = ["sh", "-c", 'mkdir -p "$1" && shift && exec "$@"', "sh", target.path]
+            inner += rsync_argv(source.path, target.path, None)
         else:
             tgt_words = _ssh_words(target.transport) or []
             candidates = [tgt_words[i + 1] for i, w in enumerate(tgt_words[:-1]) if w in ("-F", "-i")]
             present = _present_on(source.transport, candidates)
             address = target.address or (tgt_words[-1] if tgt_words else target.node)
-            inner = rsync_argv(source.path, f"{address}:{target.path}", _node_side_ssh(target, present))
+            inner = rsync_argv(
+                source.path,
+                f"{address}:{target.path}",
+                _node_side_ssh(target, present),
+                make_dest=target.path,
+            )
         argv = [*src_words, "--", shlex.join(inner)]
         where = source.node
     payload = b"\0".join(p.encode() for p in files) + b"\0"
+    if source.local and target.local:
+        os.makedirs(target.path, exist_ok=True)
     code, out, err = _run_streaming(argv, payload, on_bytes)
+    if code != 0 and _NOT_FOUND.search(err):
+        # 127 from the shell that ssh started on the runner: the runner lacks rsync; otherwise the
+        # receiving side's shell said so.
+        raise RsyncMissing(source.node if (code == 127 and not source.local) else target.node)
     if code != 0:
         raise StagingError(target.node, _rsync_failure(code, err, source, target, where))
     return parse_stats(out)
@@ -376,21 +405,20 @@ def sync_node(
         )
     note = None
     use = method
-    target_has = _prepare(target, make=True)
-    if method == "auto":
-        has = {target.node: target_has}
-        if source.node != target.node:
-            has[source.node] = _prepare(source, make=False)
-        missing = sorted(node for node, ok in has.items() if not ok)
-        use = "tar" if missing else "rsync"
-        if missing:
-            note = (
-                f"rsync is not installed on {', '.join(missing)}: copied with a tar stream over SSH instead"
-            )
+    if use == "auto" and source.local and shutil.which("rsync") is None:
+        use, note = "tar", _fallback_note(source.node)
+    if use in ("auto", "rsync"):
+        try:
+            stats = _rsync(source, target, files, on_bytes)
+            use = "rsync"
+        except RsyncMissing as missing:
+            if use == "rsync":
+                raise StagingError(missing.node, "rsync is not installed on this node") from None
+            use, note = "tar", _fallback_note(missing.node)
     if use == "rsync":
-        stats = _rsync(source, target, files, on_bytes)
         sent_files, sent = stats.get("files_sent", 0), stats.get("literal", 0)
     else:
+        _prepare(target)
         sent_files, sent = _tar(source, target, files, on_bytes, python)
     if on_bytes is not None:
         on_bytes(total)
