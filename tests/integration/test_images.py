@@ -90,7 +90,9 @@ def test_build_once_streams_to_the_other_daemon_and_skips_it_next_time(
     ids = verify_same_id(ts, tag)
     assert ids["node0"] == ids["node1"]
     marker = subprocess.run(
-        ["docker", "run", "--rm", "--network", "none", tag, "cat", "/etc/marker"], capture_output=True, text=True
+        ["docker", "run", "--rm", "--network", "none", tag, "cat", "/etc/marker"],
+        capture_output=True,
+        text=True,
     )
     assert marker.stdout == "one"
 
