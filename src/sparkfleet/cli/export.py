@@ -1,10 +1,96 @@
-"""CLI commands for export k8s/slurm (issue 8)."""
+"""``export k8s`` and ``export slurm``: hand a recipe to Kubernetes (LeaderWorkerSet) or Slurm."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
+
+from sparkfleet.cli.console import err_console
+from sparkfleet.cli.options import NameOpt, RecipeArg, SetOpt
+from sparkfleet.errors import SparkfleetError
+from sparkfleet.recipe import deployment_name, load_recipe
+
+export_app = typer.Typer(
+    help="Write a recipe as a Kubernetes manifest or an sbatch script.", no_args_is_help=True
+)
+
+OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Write here (default: stdout).")]
+GpusOpt = Annotated[int, typer.Option("--gpus-per-node", help="GPUs each rank asks for.")]
+
+
+def _emit(text: str, out: Path | None, executable: bool = False) -> None:
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        if executable:
+            out.chmod(0o755)
+    except OSError as exc:
+        raise SparkfleetError(f"{out}: cannot write: {exc.strerror}") from None
+    err_console.print(f"[green]wrote[/] {out}")
+
+
+@export_app.command("k8s")
+def k8s(
+    recipe: RecipeArg,
+    out: OutOpt = None,
+    set_: SetOpt = None,
+    name: NameOpt = None,
+    image: Annotated[
+        str | None, typer.Option("--image", help="Image for a recipe without docker_image.")
+    ] = None,
+    namespace: Annotated[str | None, typer.Option("--namespace", "-n")] = None,
+    gpus: GpusOpt = 1,
+    hf_cache: Annotated[str, typer.Option("--hf-cache", help="Hugging Face cache on the nodes.")] = (
+        "/root/.cache/huggingface"
+    ),
+    no_rdma: Annotated[bool, typer.Option("--no-rdma", help="Do not mount /dev/infiniband.")] = False,
+) -> None:
+    """A LeaderWorkerSet (size = required_nodes) and a leader Service, as YAML."""
+    # PyYAML is imported only here, to keep `sparkfleet` start-up fast.
+    from sparkfleet.exporters.k8s_lws import K8sOptions, k8s_yaml
+
+    loaded = load_recipe(recipe, tuple(set_ or ()))
+    opts = K8sOptions(
+        image=image, namespace=namespace, gpus_per_node=gpus, hf_cache=hf_cache, rdma=not no_rdma
+    )
+    _emit(k8s_yaml(loaded, name or deployment_name(recipe), opts), out)
+
+
+@export_app.command("slurm")
+def slurm(
+    recipe: RecipeArg,
+    out: OutOpt = None,
+    set_: SetOpt = None,
+    name: NameOpt = None,
+    container: Annotated[
+        str, typer.Option("--container", help="docker or pyxis (recipes with an image).")
+    ] = ("docker"),
+    gpus: GpusOpt = 0,
+    partition: Annotated[str | None, typer.Option("--partition", "-p")] = None,
+    time_limit: Annotated[str | None, typer.Option("--time", help="sbatch --time.")] = None,
+    exclusive: Annotated[bool, typer.Option("--exclusive", help="sbatch --exclusive.")] = False,
+) -> None:
+    """An sbatch script: one rank per node with srun, then a wait until rank 0 is healthy."""
+    from sparkfleet.exporters.slurm import SlurmOptions, slurm_script
+
+    if container not in ("docker", "pyxis"):
+        raise SparkfleetError(f"--container {container!r}: expected docker or pyxis")
+    loaded = load_recipe(recipe, tuple(set_ or ()))
+    opts = SlurmOptions(
+        container=container,  # type: ignore[arg-type]
+        gpus_per_node=gpus,
+        partition=partition,
+        time_limit=time_limit,
+        exclusive=exclusive,
+    )
+    _emit(slurm_script(loaded, name or deployment_name(recipe), opts), out, executable=True)
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the app (none yet)."""
-    return None
+    """Add the ``export`` sub-commands."""
+    app.add_typer(export_app, name="export")

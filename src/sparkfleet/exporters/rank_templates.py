@@ -1,0 +1,74 @@
+"""Per-rank commands for schedulers that only know addresses at run time (Kubernetes, Slurm).
+
+sparkfleet's planner needs concrete node addresses; an exporter plans against stand-in nodes
+whose addresses are marker strings, then swaps each marker for the scheduler's own expression
+(``$(LWS_LEADER_ADDRESS)`` in a pod spec, ``"$HEAD_ADDR"`` in an sbatch script). The commands
+therefore come from the same engine adapters as ``sparkfleet up``: one source of truth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from sparkfleet.cluster import Cluster, Node
+from sparkfleet.plan import Plan, RankPlan, plan
+from sparkfleet.recipe import Recipe
+
+
+@dataclass(frozen=True)
+class Markers:
+    """The marker strings an exporter will replace."""
+
+    head: str
+    self_addr: str
+    rank: str
+    peer: Callable[[int], str]
+
+
+@dataclass(frozen=True)
+class RankTemplates:
+    """Rank 0's plan and one plan that stands for every rank above 0 (rank marker in place)."""
+
+    plan: Plan
+    leader: RankPlan
+    worker: RankPlan | None
+
+
+def _node(index: int, fabric_ip: str, hf_cache: str, home: str, state_dir: str) -> Node:
+    return Node(
+        name=f"rank{index}", host=f"rank{index}", fabric_ip=fabric_ip, transport="ssh", user=None,
+        ssh_port=None, ssh_key=None, ssh_config=None, hf_cache=hf_cache, state_dir=state_dir, home=home,
+        gpus="all", memlock="unlimited", rdma=True, fabric_ifname=None, ib_hca=None, ib_gid_index=None,
+        python="python3", env={},
+    )  # fmt: skip
+
+
+def _plan(recipe: Recipe, name: str, addrs: list[str], hf_cache: str, home: str, state_dir: str) -> Plan:
+    nodes = tuple(_node(i, a, hf_cache, home, state_dir) for i, a in enumerate(addrs))
+    return plan(recipe, Cluster(name="export", nodes=nodes, source="(export)"), name)
+
+
+def _with_rank(rank: RankPlan, marker: str) -> RankPlan:
+    """Rank 1's plan with its --node-rank value replaced by the rank marker."""
+    argv = list(rank.argv)
+    for i, word in enumerate(argv[:-1]):
+        if word == "--node-rank":
+            argv[i + 1] = marker
+    return replace(rank, argv=tuple(argv))
+
+
+def rank_templates(
+    recipe: Recipe, name: str, markers: Markers, hf_cache: str, home: str, state_dir: str
+) -> RankTemplates:
+    """Plan rank 0 with peers at their markers, and rank 1 at its own-address marker."""
+    n = recipe.required_nodes
+    leader_plan = _plan(recipe, name, [markers.head] + [markers.peer(i) for i in range(1, n)],
+                        hf_cache, home, state_dir)  # fmt: skip
+    worker = None
+    if n > 1:
+        worker_plan = _plan(
+            recipe, name, [markers.head] + [markers.self_addr] * (n - 1), hf_cache, home, state_dir
+        )
+        worker = _with_rank(worker_plan.ranks[1], markers.rank)
+    return RankTemplates(plan=leader_plan, leader=leader_plan.ranks[0], worker=worker)

@@ -1,0 +1,123 @@
+"""`export slurm` for real: the sbatch script brings the llama.cpp Gemma example to ready on a
+single-host Slurm (scripts/start-slurm.sh), serves a completion, and fails fast when a rank dies."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from sparkfleet.exporters.slurm import slurm_script
+from sparkfleet.recipe import load_recipe
+from tests.conftest import ROOT
+
+EXAMPLE = ROOT / "examples" / "gemma-llamacpp"
+VENV_PY = Path.home() / ".cache" / "sparkfleet" / "venv-llama" / "bin" / "python"
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _gguf_present() -> bool:
+    hub = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
+    return any(hub.glob("models--sparkfleet--gemma3-270m-gguf/snapshots/*/gemma-3-270m-Q4_K_M.gguf"))
+
+
+@pytest.fixture(scope="module")
+def slurm() -> None:
+    if os.geteuid() != 0 and not shutil.which("slurmctld"):
+        pytest.skip("Slurm is not installed and installing it needs root")
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "start-slurm.sh")], capture_output=True, text=True, timeout=600
+    )
+    if done.returncode != 0:
+        pytest.fail(f"start-slurm.sh failed:\n{done.stdout}\n{done.stderr}")
+
+
+def _sbatch(script: Path, out: Path) -> str:
+    done = subprocess.run(["sbatch", "--parsable", f"--output={out}", str(script)],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    return done.stdout.strip().split(";")[0]
+
+
+def _job_state(job: str) -> str:
+    done = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True)
+    m = re.search(r"JobState=(\S+)", done.stdout)
+    return m.group(1) if m else "GONE"
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _cancel(job: str) -> None:
+    subprocess.run(["scancel", job], check=False)
+    _wait_for(lambda: _job_state(job) not in ("RUNNING", "PENDING", "COMPLETING"), 60, f"job {job} to end")
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not VENV_PY.exists() or not _gguf_present(),
+                    reason="needs scripts/setup-engines.sh llama and scripts/prepare-model.py")  # fmt: skip
+def test_exported_script_brings_gemma_to_ready_on_local_slurm(slurm: None, tmp_path: Path) -> None:
+    script = tmp_path / "gemma.sbatch"
+    script.write_text(slurm_script(load_recipe(EXAMPLE), "gemma-slurm-test"))
+    out = tmp_path / "job.out"
+    job = _sbatch(script, out)
+    try:
+        ready = re.compile(r"sparkfleet: gemma-slurm-test ready at (http://\S+) \(job (\d+)\)")
+        _wait_for(lambda: out.exists() and ready.search(out.read_text()), 240, "the ready line")
+        m = ready.search(out.read_text())
+        assert m and m.group(2) == job and _job_state(job) == "RUNNING"
+        body = {"prompt": "The capital of France is Paris. The capital of Germany is", "max_tokens": 8,
+                "temperature": 0}  # fmt: skip
+        request = urllib.request.Request(f"{m.group(1)}/v1/completions", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(request, timeout=60) as response:
+            text = json.load(response)["choices"][0]["text"]
+        assert "Berlin" in text
+        assert "sparkfleet: rank 0 on" in out.read_text()
+    finally:
+        _cancel(job)
+    port = m.group(1).rsplit(":", 1)[1]
+
+    def released() -> bool:
+        return f":{port} " not in subprocess.run(["ss", "-ltn"], capture_output=True, text=True).stdout
+
+    _wait_for(released, 30, "the engine to release its port")
+
+
+def test_script_fails_fast_when_rank_zero_exits(slurm: None, tmp_path: Path) -> None:
+    # A real process that exits at once: the readiness wait must notice instead of waiting 300 s.
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(
+        'engine = "llama-cpp"\nmodel = "/nonexistent"\nmodel_file = "missing.gguf"\nport = 18981\n'
+        'entrypoint = ["python3", "-c", "import sys; print(sys.argv[1:]); sys.exit(3)"]\n'
+        "[verify]\ntimeout = 300\n"
+    )
+    script = tmp_path / "fail.sbatch"
+    script.write_text(slurm_script(load_recipe(recipe), "fail-test"))
+    out = tmp_path / "job.out"
+    started = time.monotonic()
+    job = _sbatch(script, out)
+    try:
+        _wait_for(
+            lambda: _job_state(job) in ("FAILED", "COMPLETED", "CANCELLED", "GONE"), 90, "the job to end"
+        )
+    finally:
+        _cancel(job)
+    assert time.monotonic() - started < 60
+    assert _job_state(job) in ("FAILED", "GONE")
+    text = out.read_text()
+    assert "ranks exited" in text and "before http://" in text
+    assert "--model /nonexistent/missing.gguf" in text or "'/nonexistent/missing.gguf'" in text

@@ -1,0 +1,161 @@
+"""`export k8s`: LeaderWorkerSet + Service manifests that validate and wire rendezvous to LWS."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from sparkfleet.errors import RecipeError
+from sparkfleet.exporters.k8s_lws import K8sOptions, k8s_manifests, k8s_name, k8s_yaml
+from sparkfleet.recipe import load_recipe, parse_recipe
+from tests.conftest import ROOT, SEEDS
+
+SCHEMAS = ROOT / "tests" / "data" / "schemas"
+MIA = SEEDS / "dsv41-flash-4x-mia"
+EUGR = SEEDS / "dsv41-flash-eugr-0913-4x"
+
+
+def _validator(name: str) -> jsonschema.Draft202012Validator:
+    schema = json.loads((SCHEMAS / name).read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+LWS = _validator("leaderworkerset-v1.json")
+SERVICE = _validator("service-v1.json")
+
+
+def _docs(recipe_path: Path, name: str, **opts: Any) -> list[dict[str, Any]]:
+    text = k8s_yaml(load_recipe(recipe_path), name, K8sOptions(**opts))
+    return list(yaml.safe_load_all(text))
+
+
+def _validate(docs: list[dict[str, Any]]) -> None:
+    lws, svc = docs
+    LWS.validate(lws)
+    SERVICE.validate(svc)
+
+
+def _container(lws: dict[str, Any], role: str) -> dict[str, Any]:
+    return lws["spec"]["leaderWorkerTemplate"][f"{role}Template"]["spec"]["containers"][0]
+
+
+def _flag(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+@pytest.mark.parametrize("path", [MIA, EUGR], ids=["sglang-seed", "vllm-seed"])
+def test_seed_exports_validate_against_lws_and_service_schemas(path: Path) -> None:
+    _validate(_docs(path, path.name))
+
+
+def test_sglang_rendezvous_uses_lws_leader_address_and_worker_index() -> None:
+    lws, svc = _docs(MIA, "dsv41 mia")
+    lwt = lws["spec"]["leaderWorkerTemplate"]
+    assert lwt["size"] == 4 and lwt["restartPolicy"] == "RecreateGroupOnPodRestart"
+    leader, worker = _container(lws, "leader"), _container(lws, "worker")
+    for c, rank in ((leader, "0"), (worker, "$(LWS_WORKER_INDEX)")):
+        argv = c["command"]
+        assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
+        assert _flag(argv, "--dist-init-addr") == "$(LWS_LEADER_ADDRESS):20000"
+        assert _flag(argv, "--node-rank") == rank and _flag(argv, "--nnodes") == "4"
+        env = {e["name"]: e for e in c["env"]}
+        assert env["SGLANG_HOST_IP"]["value"] == "$(SPARKFLEET_HOST_IP)"
+        assert c["env"][0] == {
+            "name": "SPARKFLEET_HOST_IP",
+            "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}},
+        }
+        assert env["DSV41_LAUNCHER"]["value"] == "tp4"
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+        mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+        assert {"/dev/shm", "/dev/infiniband", "/root/.cache/huggingface", "/state"} <= mounts.keys()
+        assert mounts["/root/.cache/huggingface"]["readOnly"] is True
+    pod = lwt["leaderTemplate"]["spec"]
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
+    assert volumes["infiniband"]["hostPath"]["path"] == "/dev/infiniband"
+    assert leader["readinessProbe"]["httpGet"] == {"path": "/health", "port": 30000}
+    assert "readinessProbe" not in worker  # ranks above 0 answer /health without meaning it
+    assert svc["spec"]["selector"] == {
+        "leaderworkerset.sigs.k8s.io/name": lws["metadata"]["name"],
+        "role": "leader",
+    }
+    assert lwt["leaderTemplate"]["metadata"]["labels"]["role"] == "leader"
+    assert svc["spec"]["ports"][0]["targetPort"] == 30000
+
+
+def test_vllm_workers_are_headless_with_lws_master_addr() -> None:
+    lws, _ = _docs(EUGR, "eugr")
+    leader, worker = _container(lws, "leader"), _container(lws, "worker")
+    assert _flag(leader["command"], "--master-addr") == "$(LWS_LEADER_ADDRESS)"
+    assert "--headless" in worker["command"] and "--headless" not in leader["command"]
+    assert _flag(worker["command"], "--node-rank") == "$(LWS_WORKER_INDEX)"
+    assert "--port" not in worker["command"]
+
+
+def test_secrets_come_from_a_secret_never_the_manifest() -> None:
+    data = {"engine": "vllm", "model": "m/x", "docker_image": "img:1", "env": {"HF_TOKEN": "hf_supersecret"}}
+    recipe = parse_recipe(data, "r.toml")
+    text = k8s_yaml(recipe, "x")
+    assert "hf_supersecret" not in text and "x-secrets" in text
+    lws, _ = yaml.safe_load_all(text)
+    env = {e["name"]: e for e in _container(lws, "leader")["env"]}
+    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "x-secrets", "key": "HF_TOKEN"}
+
+
+def test_process_recipe_needs_an_image_and_llamacpp_workers_are_rpc_servers() -> None:
+    data = {
+        "engine": "llama-cpp",
+        "model": "/models",
+        "model_file": "g.gguf",
+        "required_nodes": 2,
+        "tensor_parallel_size": 2,
+    }
+    recipe = parse_recipe(data, "r.toml")
+    with pytest.raises(RecipeError, match="docker_image: required"):
+        k8s_manifests(recipe, "g")
+    lws, svc = k8s_manifests(recipe, "g", K8sOptions(image="llama:cpu", gpus_per_node=0, rdma=False))
+    _validate([lws, svc])
+    leader, worker = _container(lws, "leader"), _container(lws, "worker")
+    assert _flag(leader["command"], "--rpc") == "g-0-1.g:50052"
+    assert worker["command"][:5] == ["rpc-server", "-H", "$(SPARKFLEET_HOST_IP)", "-p", "50052"]
+    assert worker["readinessProbe"] == {"tcpSocket": {"port": 50052}, "periodSeconds": 10}
+    assert "resources" not in leader and leader["readinessProbe"]["httpGet"]["path"] == "/v1/models"
+
+
+def test_schemas_reject_what_the_api_server_would() -> None:
+    lws, svc = _docs(MIA, "mia")
+    broken = copy.deepcopy(lws)
+    broken["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["hostNetwok"] = True
+    assert not LWS.is_valid(broken)
+    broken = copy.deepcopy(lws)
+    del broken["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    assert not LWS.is_valid(broken)
+    broken = copy.deepcopy(lws)
+    _container(broken, "leader")["resources"]["limits"]["nvidia.com/gpu"] = "one"
+    assert not LWS.is_valid(broken)
+    broken = copy.deepcopy(svc)
+    broken["spec"]["ports"][0]["port"] = 70000
+    assert not SERVICE.is_valid(broken)
+
+
+def test_names_are_dns_labels() -> None:
+    assert k8s_name("DeepSeek V4.1_flash!") == "deepseek-v4-1-flash"
+    assert k8s_name("42x") == "sf-42x"
+
+
+def test_cli_export_k8s_writes_a_file(tmp_path: Path) -> None:
+    out = tmp_path / "lws.yaml"
+    cmd = [sys.executable, "-m", "sparkfleet.cli.main", "export", "k8s", str(MIA), "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    _validate(list(yaml.safe_load_all(out.read_text())))
