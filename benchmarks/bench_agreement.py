@@ -3,7 +3,8 @@
 1. Side by side, same server, same prompts, same concurrency: for each tier, our client runs the
    workload, then vLLM's own benchmark (``vllm.benchmarks.serve.main``, the code behind
    ``vllm bench serve``, driven in one long-lived process of the vLLM venv so its 80 s import is
-   paid once) runs the identical workload — chat endpoint, ``--dataset-name custom`` with the
+   paid once) runs the identical workload — completions endpoint (the test model is a base model
+   without a chat template), ``--dataset-name custom`` with the
    same prompt texts, ``--ignore-eos``, temperature 0, the same number of prompts and
    ``--max-concurrency``, a warm-up wave each. Every prompt starts with a fixed-width numeric
    nonce (``[run 0000000042]``), fresh per request, so neither tool is answered by the other's
@@ -166,7 +167,7 @@ async def ours(
 ) -> dict[str, float]:
     def spec(p: str) -> RequestSpec:
         return RequestSpec(
-            api="chat",
+            api="completions",
             prompt=p,
             max_tokens=tokens,
             min_tokens=tokens,
@@ -195,11 +196,11 @@ def theirs(
     path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
     argv = [
         "--backend",
-        "openai-chat",
+        "openai",
         "--base-url",
         endpoint.base_url,
         "--endpoint",
-        "/v1/chat/completions",
+        "/v1/completions",
         "--model",
         endpoint.model,
         "--tokenizer",
@@ -313,7 +314,9 @@ def main() -> None:
 def repeatability(endpoint: Endpoint, tiers: list[int], tokens: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         bench = BenchStore(Store(Path(tmp) / "state.db"))
-        config = DecodeConfig(concurrency=tuple(tiers), prompt_types=("prose",), new_tokens=tokens, repeats=3)
+        config = DecodeConfig(
+            concurrency=tuple(tiers), prompt_types=("prose",), new_tokens=tokens, repeats=3, api="completions"
+        )
         ids = []
         for label in ("A", "B"):
             run_id = bench.create_run(

@@ -128,6 +128,8 @@ def test_decode_on_vllm_generates_exact_lengths_and_stores_everything(vllm_url: 
         "4",
         "--label",
         "e2e",
+        "--api",
+        "completions",
         state=tmp_path,
     )
     assert out.returncode == 0, out.stderr

@@ -255,3 +255,33 @@ def test_ctrl_c_keeps_partial_results(tmp_path: Path) -> None:
     assert run.status == "partial" and run.note == "interrupted by the user"
     assert {s.tier for s in bench.samples(1)} >= {"prose/c1"}
     assert dataclasses.asdict(run)["meta"]["config"]["new_tokens"] == 10
+
+
+def test_a_deployment_name_resolves_to_its_endpoint_model_and_facts(tmp_path: Path) -> None:
+    # The seed vLLM TP4 recipe planned on the 4-Spark example cluster and recorded as `up` does;
+    # its endpoint is then pointed at the replay server, which plays the deployment's head.
+    from sparkfleet.cluster import load_cluster
+    from sparkfleet.deployments import Deployments
+    from sparkfleet.plan import plan
+    from sparkfleet.recipe import load_recipe
+    from sparkfleet.state import Store
+
+    store = Store(tmp_path / "state.db")
+    recipe = load_recipe(REPO / "tests" / "data" / "seeds" / "dsv41-flash-eugr-0913-4x" / "recipe.toml")
+    p = plan(recipe, load_cluster(REPO / "examples" / "clusters" / "spark4.toml"), "dsv41")
+    records = Deployments(store)
+    records.acquire(p, "spark4.toml")
+    with pytest.raises(BenchError, match="'dsv41' is starting, not ready"):
+        resolve_endpoint("dsv41", store=store)
+    records.set_status("dsv41", "ready")
+    with ReplayServer(Script(model="dsv41", owned_by="vllm")).running() as srv:
+        with store.connect() as conn:
+            conn.execute("UPDATE deployments SET endpoint = ? WHERE name = 'dsv41'", (srv.url + "/v1",))
+        endpoint = resolve_endpoint("dsv41", store=store)
+    assert endpoint.base_url == srv.url
+    assert (endpoint.model, endpoint.engine, endpoint.deployment) == ("dsv41", "vllm", "dsv41")
+    assert endpoint.meta["nodes"] == ["dgx1", "dgx2", "dgx3", "dgx4"]
+    assert endpoint.meta["parallelism"]["tp"] == "4"
+    assert "--speculative-config" in endpoint.meta["flags"]
+    with pytest.raises(BenchError, match="no deployment named 'nope'"):
+        resolve_endpoint("nope", store=store)

@@ -127,6 +127,11 @@ async def probe_exact_length(
         exact = ExactLength(True, params, "")
         spec = _spec(config, endpoint, PROBE_PROMPT, PROBE_TOKENS, exact)
         rec = await stream_request(client, endpoint.base_url, endpoint.model, spec)
+        if rec.error and "chat template" in rec.error and config.api == "chat":
+            raise BenchError(
+                f"endpoint {endpoint.base_url} cannot chat with {endpoint.model}: {rec.error} "
+                "(a base model without a chat template: use --api completions)"
+            )
         if rec.error and rec.error.startswith("HTTP 4") and params:
             last_error = rec.error
             continue  # the engine refuses one of the knobs: try with fewer

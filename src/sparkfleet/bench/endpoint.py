@@ -8,16 +8,14 @@ cache-free prefill.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import re
-import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from sparkfleet.deployments import Deployments
 from sparkfleet.errors import BenchError
 from sparkfleet.state import Store
 
@@ -53,34 +51,71 @@ def normalise_url(target: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
-def deployment_endpoint(name: str, store: Store | None = None) -> tuple[str, dict[str, Any]]:
-    """The URL and metadata of a deployment recorded by ``sparkfleet up``.
+# Flags whose values say how a deployment is parallelised (vLLM and SGLang spellings).
+PARALLEL_FLAGS = {
+    "--tensor-parallel-size": "tp", "-tp": "tp", "--tp": "tp", "--tp-size": "tp",
+    "--pipeline-parallel-size": "pp", "-pp": "pp", "--pp": "pp", "--pp-size": "pp",
+    "--data-parallel-size": "dp", "-dp": "dp", "--dp": "dp", "--dp-size": "dp",
+    "--ep-size": "ep", "--expert-parallel-size": "ep", "--nnodes": "nodes",
+}  # fmt: skip
 
-    Reads the lifecycle's ``deployments`` table; the lead's lifecycle owns its schema, so only the
-    columns known to exist are relied on (``name``, and ``endpoint`` or ``url``), the rest goes
-    into the metadata as-is.
-    """
+
+def parallelism(argv: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """``{"tp": "4", "nodes": "4", …}`` from an engine command line."""
+    out: dict[str, str] = {}
+    for i, word in enumerate(argv):
+        flag, eq, value = word.partition("=")
+        if flag in PARALLEL_FLAGS:
+            if not eq:
+                value = argv[i + 1] if i + 1 < len(argv) else ""
+            out[PARALLEL_FLAGS[flag]] = value
+        elif word == "--enable-expert-parallel":
+            out["ep"] = "on"
+    return out
+
+
+_SECRET_FLAG = re.compile(r"(key|token|password|secret)", re.IGNORECASE)
+
+
+def masked_flags(argv: tuple[str, ...] | list[str]) -> list[str]:
+    """The command line with the value of any credential-like flag (``--api-key``) replaced."""
+    out: list[str] = []
+    hide_next = False
+    for word in argv:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+            continue
+        flag, eq, _ = word.partition("=")
+        if flag.startswith("-") and _SECRET_FLAG.search(flag):
+            out.append(f"{flag}=***" if eq else word)
+            hide_next = not eq
+        else:
+            out.append(word)
+    return out
+
+
+def deployment_endpoint(name: str, store: Store | None = None) -> tuple[str, str, dict[str, Any]]:
+    """The URL, served model and metadata of a deployment recorded by ``sparkfleet up``."""
     store = store or Store()
-    if not store.path.exists():
-        raise BenchError(f"no deployment named {name!r} (no state store at {store.path}); give a URL instead")
-    try:
-        with store.connect() as conn:
-            row = conn.execute("SELECT * FROM deployments WHERE name = ?", (name,)).fetchone()
-    except sqlite3.OperationalError as exc:
-        raise BenchError(f"no deployment named {name!r} ({exc}); give a URL instead") from exc
-    if row is None:
-        raise BenchError(f"no deployment named {name!r} in {store.path}; `sparkfleet status` lists them")
-    data = {k: row[k] for k in row.keys()}  # noqa: SIM118 - sqlite3.Row has no items()
-    url = data.get("endpoint") or data.get("url")
-    if not url:
-        raise BenchError(f"deployment {name!r} has no endpoint recorded; is it up?")
-    meta: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, str) and value[:1] in "[{":
-            with contextlib.suppress(ValueError):
-                value = json.loads(value)
-        meta[key] = value
-    return normalise_url(str(url)), meta
+    record = Deployments(store).get(name)
+    if record is None:
+        raise BenchError(f"no deployment named {name!r} (`sparkfleet status` lists them); or give a URL")
+    if record.status != "ready":
+        raise BenchError(
+            f"deployment {name!r} is {record.status}, not ready; bench it once `sparkfleet up` is done"
+        )
+    head = next((r for r in record.ranks if r.rank == 0), None)
+    meta: dict[str, Any] = {
+        "recipe": record.recipe,
+        "cluster": record.cluster,
+        "nodes": [r.node.name for r in sorted(record.ranks, key=lambda r: r.rank)],
+        "parallelism": parallelism(head.argv) if head else {},
+        # The head's command line: flags only, never env (secrets are not stored with ranks).
+        "flags": masked_flags(head.argv) if head else [],
+        "image": head.image if head else None,
+    }
+    return normalise_url(record.endpoint), record.served_model, meta
 
 
 def resolve_endpoint(
@@ -97,8 +132,9 @@ def resolve_endpoint(
     if looks_like_url(name_or_url):
         base_url = normalise_url(name_or_url)
     else:
-        base_url, meta = deployment_endpoint(name_or_url, store)
+        base_url, served, meta = deployment_endpoint(name_or_url, store)
         deployment = name_or_url
+        model = model or served
     with httpx.Client(timeout=timeout) as client:
         cards = _models(client, base_url)
         card = _pick(cards, model, base_url)
