@@ -3,8 +3,8 @@
 `evaluate` is a pure function of the facts gathered on every node (sparkfleet.probes.facts),
 so each check is tested on captured outputs. Check ids (per node unless marked fleet-wide):
 
-    ssh.reachable  docker.version  gpu.present  gpu.idle  rdma.devices  fabric.reachable
-    fabric.mtu (fleet)  disk.staging_free  mem.available  mem.plan  image.same_id (fleet)
+    ssh.reachable  docker.version  docker.gpus  docker.memlock  gpu.present  gpu.idle  rdma.devices
+    fabric.reachable  fabric.mtu (fleet)  disk.staging_free  mem.available  mem.plan  image.same_id (fleet)
     model.snapshot_same (fleet)  ports.free  clock.skew  probe.output
 """
 
@@ -49,6 +49,7 @@ class NodeTarget:
     hf_cache: str | None = None
     staging: tuple[tuple[str, str, int], ...] = ()
     ports: tuple[int, ...] = ()
+    memlock: str | None = None
     head: bool = False
 
 
@@ -94,6 +95,41 @@ def _check_docker(spec: DoctorSpec, t: NodeTarget, f: NodeFacts) -> Check:
     status: Status = "fail" if spec.needs_docker else "warn"
     fix = "install docker (docker.io)" if not d.installed else "start dockerd and let this user reach it"
     return Check("docker.version", t.name, status, d.error, fix)
+
+
+def _check_docker_settings(spec: DoctorSpec, t: NodeTarget, f: NodeFacts) -> list[Check]:
+    """What `docker run` will be given on this node: --gpus and --ulimit memlock."""
+    if not spec.needs_docker or f.docker is None or not f.docker.reachable:
+        return []
+    out = []
+    if t.gpus != "none" and f.gpu_hook is False:
+        out.append(
+            Check(
+                "docker.gpus",
+                t.name,
+                "fail",
+                f'gpus = "{t.gpus}", but no nvidia-container-runtime-hook on the PATH: docker refuses --gpus',
+                'install nvidia-container-toolkit (then restart dockerd), or set gpus = "none"',
+            )
+        )
+    lim = f.memlock
+    if lim is not None and not lim.allows(t.memlock):
+        hard = "unlimited" if lim.hard is None else f"{lim.hard} bytes"
+        out.append(
+            Check(
+                "docker.memlock",
+                t.name,
+                "fail",
+                f"cluster memlock = {t.memlock!r}, but {lim.source}'s hard limit is {hard}: "
+                "docker refuses the --ulimit",
+                f'set memlock = "{lim.hard}" for this node, or raise LimitMEMLOCK for docker.service',
+            )
+        )
+    elif lim is not None and t.memlock not in (None, "", "none"):
+        out.append(
+            Check("docker.memlock", t.name, "pass", f"memlock {t.memlock} within {lim.source}'s limit")
+        )
+    return out
 
 
 def _check_gpu(t: NodeTarget, f: NodeFacts) -> list[Check]:
@@ -439,6 +475,7 @@ def evaluate(
         if not f.reachable:
             continue
         checks.append(_check_docker(spec, t, f))
+        checks += _check_docker_settings(spec, t, f)
         checks += _check_gpu(t, f)
         rdma_check = _check_rdma(t, f)
         checks += [rdma_check] if rdma_check else []

@@ -150,6 +150,7 @@ def spec_for(cluster: Cluster, p: Plan | None = None) -> DoctorSpec:
                     (s.id, s.dst, s.min_free) for s in p.staging if s.node == n.name and s.min_free
                 ),
                 ports=rank.ports,
+                memlock=n.memlock,
                 head=rank.rank == 0,
             )
         )

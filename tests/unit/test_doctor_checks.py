@@ -8,7 +8,7 @@ from pathlib import Path
 from sparkfleet.checks import DoctorSpec, NodeTarget, evaluate
 from sparkfleet.doctor import Report
 from sparkfleet.memory import GIB, MemoryInputs, plan_memory
-from sparkfleet.probes import docker, gpu, meminfo, netif, rdma
+from sparkfleet.probes import docker, gpu, limits, meminfo, netif, rdma
 from sparkfleet.probes.clock import Skew
 from sparkfleet.probes.facts import NodeFacts
 from sparkfleet.probes.reach import Reach
@@ -141,3 +141,23 @@ def test_memory_plan_verdicts_and_memavailable_on_unified_memory() -> None:
     )  # 100 GiB free < pool + NCCL + head
     bad = evaluate(spec, {"a": _facts("a", gpu=gb10)}, lambda t, f: plan(90 * GIB))
     assert "does not fit (static pool)" in _by(bad, "fail")[("mem.plan", "a")]
+
+
+def test_docker_refusals_are_caught_before_up() -> None:
+    dockerd_limit = limits.parse("## dockerd\n" + vm("dockerd-limits-memlock.txt"))
+    assert dockerd_limit.hard == 8388608
+    shell_limit = limits.parse("## shell\n" + vm("ulimit-H-l.txt"))
+    assert shell_limit.hard == 8192 * 1024
+    spec = DoctorSpec(
+        nodes=(_target("a", head=True, memlock="unlimited"), _target("b", memlock="8388608", gpus="none")),
+        needs_docker=True,
+    )
+    facts = {
+        "a": _facts("a", memlock=dockerd_limit, gpu_hook=False),
+        "b": _facts("b", memlock=dockerd_limit, gpu_hook=False),
+    }
+    checks = evaluate(spec, facts)
+    fails = _by(checks, "fail")
+    assert "hard limit is 8388608 bytes" in fails[("docker.memlock", "a")]
+    assert "docker refuses --gpus" in fails[("docker.gpus", "a")]
+    assert ("docker.memlock", "b") in _by(checks, "pass") and ("docker.gpus", "b") not in fails

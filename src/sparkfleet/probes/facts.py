@@ -16,12 +16,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkfleet.errors import SparkfleetError
-from sparkfleet.probes import clock, disk, docker, gpu, meminfo, netif, ports, rdma, reach, snapshot, user
+from sparkfleet.probes import (
+    clock,
+    disk,
+    docker,
+    gpu,
+    limits,
+    meminfo,
+    netif,
+    ports,
+    rdma,
+    reach,
+    snapshot,
+    user,
+)
 from sparkfleet.probes.bundle import ProbeOutput, run_bundle
 from sparkfleet.probes.clock import Skew
 from sparkfleet.probes.disk import DiskFree
 from sparkfleet.probes.docker import DockerFacts, ImageFacts
 from sparkfleet.probes.gpu import GpuFacts
+from sparkfleet.probes.limits import MemlockLimit
 from sparkfleet.probes.meminfo import MemInfo
 from sparkfleet.probes.netif import NetFacts
 from sparkfleet.probes.ports import ListeningPorts
@@ -63,6 +77,8 @@ class NodeFacts:
     ports: ListeningPorts | None = None
     snapshots: tuple[Snapshot, ...] | None = None
     reach: tuple[Reach, ...] = ()
+    memlock: MemlockLimit | None = None
+    gpu_hook: bool | None = None
     model_config: dict[str, Any] | None = None
     tensors: dict[str, int] | None = None
     errors: tuple[str, ...] = field(default=())
@@ -110,6 +126,9 @@ def probe_commands(req: FactsRequest) -> dict[str, list[str]]:
         "netif": netif.command(),
         "docker": docker.VERSION_COMMAND,
         "ports": ports.COMMAND,
+        "memlock": limits.COMMAND,
+        # dockerd enables `--gpus` only when this hook is on its PATH (nvidia-container-toolkit).
+        "gpuhook": ["sh", "-c", "command -v nvidia-container-runtime-hook"],
     }
     if req.image:
         cmds["image"] = docker.image_command(req.image)
@@ -189,6 +208,8 @@ def parse_facts(
         reach=_parsed(outs, "reach", lambda o: reach.parse(o.stdout), errors) or ()
         if "reach" in outs
         else (),
+        memlock=_parsed(outs, "memlock", lambda o: limits.parse(o.stdout), errors),
+        gpu_hook=outs["gpuhook"].ok if "gpuhook" in outs else None,
         model_config=config,
         tensors=tensors,
         errors=tuple(errors),
