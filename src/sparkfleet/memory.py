@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sparkfleet.plan import RankPlan
+    from sparkfleet.plan import Plan, RankPlan
     from sparkfleet.probes.gpu import GpuFacts
     from sparkfleet.probes.meminfo import MemInfo
     from sparkfleet.recipe import Recipe
@@ -475,3 +475,26 @@ def memory_plan(
             head_overhead=mem.head_overhead,
         )
     )
+
+
+def plan_memory_lines(plan: Plan) -> list[str]:
+    """The memory plan of every GPU rank as `sparkfleet plan` prints it, from the recipe alone
+    (no node facts: device memory comes from `[memory] device_memory`; doctor uses the
+    node's). Workers with the same plan are shown once."""
+    if plan.engine not in _FRACTION_FLAGS:
+        return []
+    lines: list[str] = []
+    shown: dict[tuple[object, ...], int] = {}
+    for rank in plan.ranks:
+        if rank.node.gpus == "none":
+            continue
+        mp = memory_plan(rank, plan.recipe)
+        key = (mp.items, mp.static_pool, mp.fits)
+        if key in shown:
+            lines.append(f"rank {rank.rank}: same as rank {shown[key]}")
+            continue
+        shown[key] = rank.rank
+        lines += render_memory_plan(mp)
+    if lines and plan.recipe.memory.device_memory is None:
+        lines.append("(device memory unknown here: set [memory] device_memory, or run `sparkfleet doctor`)")
+    return lines

@@ -9,6 +9,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from sparkfleet.memory import plan_memory_lines
 from sparkfleet.plan import Plan, RankPlan, StagingStep
 from sparkfleet.secrets import MASK
 from sparkfleet.sizes import format_size
@@ -127,3 +128,6 @@ def print_plan(plan: Plan, console: Console) -> None:
         for m in r.mounts:
             parts.append(Text(f"  mount {m.host} → {m.container}{' (ro)' if m.read_only else ''}", style="dim"))
         console.print(Group(*parts))
+    memory = plan_memory_lines(plan)
+    if memory:
+        console.print(Group(Text("\nmemory per rank:", style="bold"), *(Text(line) for line in memory)))
