@@ -14,13 +14,13 @@ from typing import Any
 from sparkfleet.staging.failure import StageFailure
 from sparkfleet.staging.safetensors_index import RowTable, ShardHeader, TensorLoc
 
-try:
-    import numpy as np
-except ImportError:  # nodes without numpy interleave with bytearray slices
-    np = None  # type: ignore[assignment]
+_NUMPY: list[Any] = []  # [module or None] once looked up
 
 PACKED_MAGIC = 0x31344E4531565344  # "DSV41EN1"
 PACKED_HEADER_BYTES = 4096
+# I/O happens in blocks of about 1 MiB: measured on the test VM, 1 MiB reads+writes ran 2-3x
+# faster than 16 MiB ones (buffers that stay in cache, smoother dirty-page write-back).
+BLOCK_BYTES = 1 << 20
 
 
 def owned_range(rows: int, rank: int, tp: int) -> tuple[int, int]:
@@ -42,6 +42,7 @@ def read_exact(fd: int, buf: Any, offset: int) -> None:
 def interleave(out: Any, parts: list[tuple[Any, int]], rows: int) -> None:
     """Write ``rows`` records into ``out``: each record is every part's row, in order."""
     record = sum(width for _, width in parts)
+    np = _numpy()
     if np is not None:
         view = np.frombuffer(out, dtype=np.uint8, count=rows * record).reshape(rows, record)
         col = 0
@@ -59,6 +60,22 @@ def interleave(out: Any, parts: list[tuple[Any, int]], rows: int) -> None:
         col += width
 
 
+def _numpy() -> Any:
+    """numpy if the node has it, else None (then interleave uses bytearray slices).
+
+    Imported on first use, not at start-up: a re-stage that only verifies never interleaves,
+    and numpy's import is a large part of its run time.
+    """
+    if not _NUMPY:
+        try:
+            import numpy
+
+            _NUMPY.append(numpy)
+        except ImportError:
+            _NUMPY.append(None)
+    return _NUMPY[0]
+
+
 class Layout:
     """One output file of one rank: its chunks, how to build them, where its rows are."""
 
@@ -71,8 +88,18 @@ class Layout:
         """Bytes at offset 0 that are not covered by chunks (compared exactly, not hashed)."""
         return b""
 
-    def build(self, index: int, out: bytearray, fds: dict[str, int]) -> memoryview:
-        """The expected bytes of chunk ``index``, built from the source into ``out``."""
+    def blocks(self, index: int) -> list[tuple[int, int]]:
+        """Chunk ``index`` as ``(offset, length)`` I/O blocks of at most about BLOCK_BYTES."""
+        offset, length = self.chunks[index]
+        step = self.block_step()
+        return [(o, min(offset + length, o + step) - o) for o in range(offset, offset + length, step)]
+
+    def block_step(self) -> int:
+        """Block size in bytes (a whole number of records where records matter)."""
+        return BLOCK_BYTES
+
+    def build(self, offset: int, length: int, out: bytearray, fds: dict[str, int]) -> memoryview:
+        """The expected bytes of the output at ``offset`` (a block), built from the source into ``out``."""
         raise NotImplementedError
 
     def row_in_output(self, table: int, row: int) -> tuple[int, int]:
@@ -101,8 +128,8 @@ class Layout:
         return len(self.fixed_header()) + sum(length for _, length in self.chunks)
 
     @property
-    def max_chunk(self) -> int:
-        return max((length for _, length in self.chunks), default=0)
+    def max_block(self) -> int:
+        return self.block_step()
 
 
 class PackedLayout(Layout):
@@ -130,8 +157,9 @@ class PackedLayout(Layout):
              (min(self.hi, r0 + self.chunk_rows) - r0) * self.row_bytes)
             for r0 in range(self.lo, self.hi, self.chunk_rows)
         ]  # fmt: skip
-        self._wbuf = bytearray(self.chunk_rows * self.weight.row_bytes)
-        self._sbuf = bytearray(self.chunk_rows * self.scale.row_bytes)
+        self.block_rows = max(1, BLOCK_BYTES // self.row_bytes)
+        self._wbuf = bytearray(self.block_rows * self.weight.row_bytes)
+        self._sbuf = bytearray(self.block_rows * self.scale.row_bytes)
 
     def fixed_header(self) -> bytes:
         fields = struct.pack(
@@ -139,9 +167,12 @@ class PackedLayout(Layout):
         )
         return fields + bytes(PACKED_HEADER_BYTES - len(fields))
 
-    def build(self, index: int, out: bytearray, fds: dict[str, int]) -> memoryview:
-        r0 = self.lo + index * self.chunk_rows
-        n = min(self.hi, r0 + self.chunk_rows) - r0
+    def block_step(self) -> int:
+        return self.block_rows * self.row_bytes
+
+    def build(self, offset: int, length: int, out: bytearray, fds: dict[str, int]) -> memoryview:
+        r0 = self.lo + (offset - PACKED_HEADER_BYTES) // self.row_bytes
+        n = length // self.row_bytes
         w, s = self.weight, self.scale
         wview = memoryview(self._wbuf)[: n * w.row_bytes]
         sview = memoryview(self._sbuf)[: n * s.row_bytes]
@@ -196,8 +227,7 @@ class SparseFileLayout(Layout):
             begin, end = t.start + lo * t.row_bytes, t.start + hi * t.row_bytes
             self.chunks += [(off, min(end, off + step) - off) for off in range(begin, end, step)]
 
-    def build(self, index: int, out: bytearray, fds: dict[str, int]) -> memoryview:
-        offset, length = self.chunks[index]
+    def build(self, offset: int, length: int, out: bytearray, fds: dict[str, int]) -> memoryview:
         view = memoryview(out)[:length]
         read_exact(fds[self.shard.path], view, offset)
         return view

@@ -22,15 +22,15 @@ LEDGER_FORMAT = "sparkfleet-staging-ledger/1"
 LEDGER_SUFFIX = ".ledger.json"
 
 
-def _blake2b_64(data: Any) -> str:
-    return hashlib.blake2b(data, digest_size=8).hexdigest()
+def _blake2b_64() -> Any:
+    return hashlib.blake2b(digest_size=8)
 
 
-def hash_algorithms() -> dict[str, Callable[[Any], str]]:
-    """The chunk hash functions this node can compute, by ledger name."""
-    found: dict[str, Callable[[Any], str]] = {"blake2b-64": _blake2b_64}
+def hash_algorithms() -> dict[str, Callable[[], Any]]:
+    """Constructors of the chunk hashes this node can compute (``update``/``hexdigest``), by name."""
+    found: dict[str, Callable[[], Any]] = {"blake2b-64": _blake2b_64}
     if xxhash is not None:
-        found["xxh3_64"] = xxhash.xxh3_64_hexdigest
+        found["xxh3_64"] = xxhash.xxh3_64
     return found
 
 

@@ -161,6 +161,54 @@ def scan_node(transport: Transport, root: str, revision: str | None, *, python: 
     return parse_scan(transport.node, root, data)
 
 
+def _check_script() -> str:
+    names = " -o ".join(f"-name '{p}'" for p in HASHED)
+    return (
+        'cd "$1" || { echo "cannot enter $1" >&2; exit 4; }; shift; '
+        "stat -L -c 'S\t%n\t%s' -- \"$@\" 2>/dev/null; "
+        "find \"$@\" -maxdepth 0 -type l -printf 'L\\t%p\\t%l\\n' 2>/dev/null; "
+        f'find -L "$@" -maxdepth 0 -type f \\( {names} \\) -size -{HASH_LIMIT // 1024 + 1}k -print0 '
+        "2>/dev/null | xargs -0 -r sha256sum -- | sed 's/^/H\t/'; true"
+    )
+
+
+def check_copy(transport: Transport, root: str, reference: Snapshot, paths: Sequence[str]) -> Snapshot:
+    """A node's copy of reference at root, read with stat, find and sha256sum (no interpreter to
+    start, so it is cheap after every sync): sizes and link targets of paths (snapshot-relative)
+    and sha256 of the ``HASHED`` names. ``scan_node`` also finds files the reference lacks."""
+    base = f"snapshots/{reference.revision}/" if reference.layout == "hf" else ""
+    argv = ["sh", "-c", _check_script(), "sh", root, *[base + p for p in paths]]
+    result = transport.run(argv, check=False, timeout=300)
+    if result.exit_code == 4:
+        raise StagingError(transport.node, f"{root}: {result.tail()}")
+    sizes: dict[str, int] = {}
+    links: dict[str, str] = {}
+    digests: dict[str, str] = {}
+    for line in result.stdout.splitlines():
+        tag, _, rest = line.partition("\t")
+        if tag == "S":
+            path, _, size = rest.rpartition("\t")
+            sizes[path.removeprefix(base)] = int(size)
+        elif tag == "L":
+            path, _, link = rest.partition("\t")
+            links[path.removeprefix(base)] = link
+        elif tag == "H":
+            digest, _, path = rest.partition("  ")
+            digests[path.removeprefix(base)] = digest
+    files = []
+    for p in paths:
+        link = links.get(p)
+        blob = None
+        if link is not None:
+            joined = os.path.normpath(os.path.join(os.path.dirname(base + p), link))
+            blob = None if joined.startswith("..") else joined
+        if p in sizes:
+            files.append(FileFact(p, "link" if link else "file", sizes[p], link, blob, digests.get(p)))
+        elif link is not None:
+            files.append(FileFact(p, "dangling", -1, link, blob, None))
+    return Snapshot(transport.node, root, reference.layout, reference.revision, reference.refs, tuple(files))
+
+
 def select(files: Sequence[FileFact], include: Sequence[str], exclude: Sequence[str]) -> tuple[FileFact, ...]:
     """The files an include/exclude glob pair keeps (globs match snapshot-relative paths; an empty
     include keeps everything; exclude wins)."""

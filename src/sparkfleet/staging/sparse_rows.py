@@ -17,6 +17,7 @@ import os
 import random
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sparkfleet.staging.disk import allocated_bytes, check_room
@@ -33,9 +34,12 @@ from sparkfleet.staging.ledger import (
 )
 from sparkfleet.staging.safetensors_index import ShardHeader, find_tables
 
-DEFAULT_CHUNK_BYTES = 64 << 20
-DEFAULT_SAMPLE_ROWS = 256
-SAMPLE_CHUNKS = 2  # random chunks hashed on a re-stage, besides the first and the last
+DEFAULT_CHUNK_BYTES = 16 << 20
+DEFAULT_SAMPLE_ROWS = 128
+SAMPLE_CHUNKS = 1  # random chunks hashed against the ledger on a re-stage
+# Sampled rows are random reads: issued together they queue on the device (NVMe does ~30x more
+# IOPS at depth 64 than at depth 1), instead of paying one latency each.
+_SAMPLE_THREADS = 32
 PARTIAL_SUFFIX = ".partial"
 RESULT_MARKER = "SPARKFLEET-STAGE-RESULT "
 _PROGRESS_EVERY = 0.5
@@ -125,6 +129,18 @@ def _sample_rows(out: Layout, rng: random.Random, count: int) -> list[tuple[int,
     return picked
 
 
+def _chunk_hash(fd: int, out: Layout, index: int, buf: bytearray, new_hash: Any) -> str:
+    """Hash chunk ``index`` of the file open as ``fd``, reading it block by block."""
+    h = new_hash()
+    for offset, length in out.blocks(index):
+        view = memoryview(buf)[:length]
+        read_exact(fd, view, offset)
+        h.update(view)
+    start, total = out.chunks[index]
+    _drop_cache(fd, start, total)
+    return str(h.hexdigest())
+
+
 def assess(
     out: Layout, ident: list[dict[str, Any]], fds: dict[str, int], rng: random.Random,
     sample_rows: int, full: bool,
@@ -143,26 +159,25 @@ def assess(
         return "unvouched", ledger
     if ledger.get("output") != stat:
         return "modified", ledger
-    digest = hash_algorithms()[ledger["hash"]]
     fd = os.open(out.path, os.O_RDONLY)
     try:
         header = out.fixed_header()
         if header and os.pread(fd, len(header), 0) != header:
             return "damaged", ledger
-        for table, row in _sample_rows(out, rng, sample_rows):
-            offset, length = out.row_in_output(table, row)
-            expected = b"".join(os.pread(fds[s], n, o) for s, o, n in out.row_parts(table, row))
-            if os.pread(fd, length, offset) != expected:
+
+        def row_matches(point: tuple[int, int]) -> bool:
+            offset, length = out.row_in_output(*point)
+            expected = b"".join(os.pread(fds[s], n, o) for s, o, n in out.row_parts(*point))
+            return os.pread(fd, length, offset) == expected
+
+        with ThreadPoolExecutor(_SAMPLE_THREADS) as pool:
+            if not all(pool.map(row_matches, _sample_rows(out, rng, sample_rows))):
                 return "damaged", ledger
         n = len(out.chunks)
-        picks = range(n) if full else sorted({0, n - 1, *(rng.randrange(n) for _ in range(SAMPLE_CHUNKS))})
-        buf = bytearray(out.max_chunk)
-        for i in picks if n else ():
-            offset, length = out.chunks[i]
-            view = memoryview(buf)[:length]
-            read_exact(fd, view, offset)
-            _drop_cache(fd, offset, length)
-            if digest(view) != hashes[i]:
+        picks = range(n) if full else sorted({rng.randrange(n) for _ in range(SAMPLE_CHUNKS)} if n else set())
+        buf = bytearray(out.max_block)
+        for i in picks:
+            if _chunk_hash(fd, out, i, buf, hash_algorithms()[ledger["hash"]]) != hashes[i]:
                 return "damaged", ledger
     finally:
         os.close(fd)
@@ -173,13 +188,12 @@ def repack(
     out: Layout, ledger: dict[str, Any] | None, ident: list[dict[str, Any]], fds: dict[str, int],
     progress: Progress,
 ) -> dict[str, Any]:  # fmt: skip
-    """Make ``out`` right, writing only chunks whose bytes differ; returns counts."""
+    """Make ``out`` right, writing only blocks whose bytes differ; returns counts."""
     hash_name = default_algorithm()
-    digest = hash_algorithms()[hash_name]
     expected = _usable_hashes(out, ledger, ident)
-    if expected is not None and ledger is not None and ledger.get("hash") != hash_name:
-        digest = hash_algorithms()[ledger["hash"]]
-        hash_name = ledger["hash"]
+    if expected is not None and ledger is not None:
+        hash_name = ledger["hash"]  # compare like with like, even if a faster hash exists now
+    new_hash = hash_algorithms()[hash_name]
     final, partial = out.path, out.path + PARTIAL_SUFFIX
     # From here on the final path is absent until the new ledger is written: nothing unvouched
     # can be found there, whatever happens to this process.
@@ -196,29 +210,32 @@ def repack(
         if header and (not existed or os.pread(fd, len(header), 0) != header):
             _write_all(fd, header, 0)
             written += len(header)
-        buf = bytearray(out.max_chunk)
-        current = bytearray(out.max_chunk) if existed else buf
+        buf = bytearray(out.max_block)
+        current = bytearray(out.max_block)
         hashes: list[str] = []
-        for i, (offset, length) in enumerate(out.chunks):
-            have = None
-            if existed:
-                view = memoryview(current)[:length]
-                read_exact(fd, view, offset)
-                have = digest(view)
-                if expected is not None and expected[i] == have:
-                    hashes.append(have)
-                    progress.add(length, final)
-                    continue
-            data = out.build(i, buf, fds)
-            want = digest(data)
-            if want != have:
-                _write_all(fd, data, offset)
-                written += length
-                rewritten += 1
+        for i, (_offset, length) in enumerate(out.chunks):
+            if existed and expected is not None and _chunk_hash(fd, out, i, current, new_hash) == expected[i]:
+                hashes.append(expected[i])
+                progress.add(length, final)
+                continue
+            h = new_hash()
+            touched = False
+            for boff, blen in out.blocks(i):
+                data = out.build(boff, blen, buf, fds)
+                h.update(data)
+                if existed:
+                    view = memoryview(current)[:blen]
+                    read_exact(fd, view, boff)
+                    if view == data:
+                        continue
+                _write_all(fd, data, boff)
+                written += blen
+                touched = True
+            rewritten += touched
             if i % 16 == 15:
                 for src in out.sources():
                     _drop_cache(fds[src], 0, 0)
-            hashes.append(want)
+            hashes.append(str(h.hexdigest()))
             progress.add(length, final)
         os.fsync(fd)
         st = os.fstat(fd)
