@@ -12,6 +12,7 @@ from sparkfleet.cluster import Cluster
 from sparkfleet.deployments import Deployment, Deployments
 from sparkfleet.errors import NodeError, ReadinessError, SparkfleetError
 from sparkfleet.fleet import fan_out, raise_first, transport_for
+from sparkfleet.images import ensure_same_image
 from sparkfleet.plan import Plan, RankPlan
 from sparkfleet.readiness import rank_exited, smoke, wait_ready
 from sparkfleet.runtime.base import Runtime
@@ -101,6 +102,7 @@ def up(
     report: Reporter = _quiet,
     timeout: float | None = None,
     accept_new_host_keys: bool = False,
+    allow_image_mismatch: bool = False,
 ) -> UpResult:
     """Execute plan: stage, start ranks in launch order, wait until it really serves."""
     records = deployments or Deployments()
@@ -112,6 +114,7 @@ def up(
         report(None, None, "connecting")
         transports = _connect(plan, accept_new_host_keys)
         _ensure_images(plan, transports, report)
+        ensure_same_image(plan, transports, allow_mismatch=allow_image_mismatch)
         staged = [s for s in plan.staging if s.kind in NODE_STAGED_KINDS]
         if staged:
             report(None, None, f"staging {len(staged)} step(s)")

@@ -26,10 +26,14 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sparkfleet.errors import NodeError, RecipeError
 from sparkfleet.transport.base import Transport
 from sparkfleet.transport.ssh import SshTransport
+
+if TYPE_CHECKING:
+    from sparkfleet.plan import Plan
 
 CHUNK = 1 << 20
 Progress = Callable[[str, str], None]
@@ -302,3 +306,14 @@ def build(
         return [built]
     rest = distribute(ref, head, transports, progress=progress)
     return [built] + [a for a in rest if a.node != head]
+
+
+def ensure_same_image(
+    plan: Plan, transports: Mapping[str, Transport], *, allow_mismatch: bool = False
+) -> None:
+    """For `up`: every docker rank's node must hold the same image ID (NodeError otherwise,
+    unless allow_mismatch)."""
+    for ref in sorted({r.image for r in plan.ranks if r.runtime == "docker" and r.image}):
+        nodes = {r.node.name: transports[r.node.name] for r in plan.ranks if r.image == ref}
+        if len(nodes) > 1:
+            verify_same_id(nodes, ref, allow_mismatch=allow_mismatch)

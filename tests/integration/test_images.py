@@ -121,6 +121,9 @@ def test_differing_ids_are_refused_and_push_repairs_them(
         pytest.skip("this docker built byte-identical images on both daemons")
     with pytest.raises(NodeError, match=r"differs across nodes .*node1"):
         verify_same_id(ts, tag)
+    recipe = tmp_path / "recipes" / "imgtest"
+    refused = _cli("up", str(recipe), "--cluster", str(fleet.cluster_file), "--timeout", "30")
+    assert refused.returncode == 2 and "differs across nodes" in refused.stderr and "node1" in refused.stderr
     assert set(verify_same_id(ts, tag, allow_mismatch=True)) == {"node0", "node1"}
     fixed = distribute(tag, "node0", ts)
     assert [(a.node, a.action) for a in fixed] == [("node0", "skipped"), ("node1", "loaded")]

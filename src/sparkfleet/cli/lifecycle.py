@@ -55,6 +55,9 @@ def up(
     name: NameOpt = None,
     timeout: Annotated[float | None, typer.Option(help="Seconds to wait for readiness.")] = None,
     accept_new: AcceptNewOpt = False,
+    allow_image_mismatch: Annotated[
+        bool, typer.Option("--allow-image-mismatch", help="Start even if nodes hold different image IDs.")
+    ] = False,
 ) -> None:
     """Start a deployment on every node; done only when it really serves (else everything is stopped)."""
     from sparkfleet.cluster import load_cluster  # deploy pulls in httpx: load it only for up
@@ -64,7 +67,7 @@ def up(
     progress = _Progress([(r.rank, r.node.name) for r in planned.ranks])
     with progress.live:
         result = run_up(planned, load_cluster(cluster), report=progress, timeout=timeout,
-                        accept_new_host_keys=accept_new)  # fmt: skip
+                        accept_new_host_keys=accept_new, allow_image_mismatch=allow_image_mismatch)  # fmt: skip
         progress(None, None, f"ready in {result.seconds:.1f}s")
     console.print(f"[green]ready[/] {result.name} at [bold]{result.endpoint}[/] "
                   f"(smoke answer: {result.smoke_answer.strip()[:60]!r})")  # fmt: skip
