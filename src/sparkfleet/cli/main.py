@@ -19,24 +19,25 @@ from rich.markup import escape
 from sparkfleet.errors import SparkfleetError
 
 # Each module exposes register(app); the order here is the order of `sparkfleet --help`.
-COMMAND_MODULES = (
-    "sparkfleet.cli.recipes",  # validate, plan
-    "sparkfleet.cli.lifecycle",  # up, down, status, logs
-    "sparkfleet.cli.stage",  # stage
-    "sparkfleet.cli.doctor",  # doctor
-    "sparkfleet.cli.image",  # image build|push
-    "sparkfleet.cli.bench",  # bench decode|prefill|show|compare|export
-    "sparkfleet.cli.evals",  # eval quality|compare|needle|show
-    "sparkfleet.cli.imports",  # import mia-env|sparkrun
-    "sparkfleet.cli.export",  # export k8s|slurm
-    "sparkfleet.cli.dashboard",  # dashboard
-)
+# Keyed by the command names each one adds, so a run imports only the module it needs.
+COMMAND_MODULES = {
+    "sparkfleet.cli.recipes": ("validate", "plan"),
+    "sparkfleet.cli.lifecycle": ("up", "down", "status", "logs"),
+    "sparkfleet.cli.stage": ("stage",),
+    "sparkfleet.cli.doctor": ("doctor",),
+    "sparkfleet.cli.image": ("image",),
+    "sparkfleet.cli.bench": ("bench",),
+    "sparkfleet.cli.evals": ("eval",),
+    "sparkfleet.cli.imports": ("import",),
+    "sparkfleet.cli.export": ("export",),
+    "sparkfleet.cli.dashboard": ("dashboard",),
+}
 
 EXIT_USER_ERROR = 2
 
 
-def build_app() -> typer.Typer:
-    """The full command tree."""
+def build_app(argv: list[str] | None = None) -> typer.Typer:
+    """The command tree: only the module that owns argv's command, or all of them for help."""
     app = typer.Typer(
         name="sparkfleet",
         help="Launch, stage, verify, benchmark and evaluate multi-node LLM deployments.",
@@ -44,7 +45,9 @@ def build_app() -> typer.Typer:
         add_completion=False,
         pretty_exceptions_enable=False,
     )
-    for module in COMMAND_MODULES:
+    command = next((a for a in argv or [] if not a.startswith("-")), None)
+    owners = [m for m, names in COMMAND_MODULES.items() if command in names]
+    for module in owners or COMMAND_MODULES:
         importlib.import_module(module).register(app)
     return app
 
@@ -61,7 +64,8 @@ def main(argv: list[str] | None = None) -> None:
 
     logging.basicConfig(level=os.environ.get("SPARKFLEET_LOG", "WARNING"))
     try:
-        build_app()(args=argv, standalone_mode=False)
+        args = sys.argv[1:] if argv is None else argv
+        build_app(args)(args=args, standalone_mode=False)
     except SparkfleetError as exc:
         err_console.print(f"[bold red]error:[/] {escape(exc.message)}", soft_wrap=True)
         sys.exit(EXIT_USER_ERROR)

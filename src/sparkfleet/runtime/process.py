@@ -15,6 +15,19 @@ from sparkfleet.runtime.base import RankState, env_file_text
 from sparkfleet.transport.base import Transport
 
 AGENT = files("sparkfleet.runtime").joinpath("process_agent.py").read_text()
+# Prints "running PID STARTTICKS BTIME HZ", "exited CODE" or "absent". The pid file holds
+# "PGID PID STARTTICKS"; a pid whose start time differs was reused by another process.
+_INSPECT_SH = r"""
+if [ -f "$2" ]; then echo exited "$(cat "$2")"; exit 0; fi
+[ -r "$1" ] || { echo absent; exit 0; }
+read pgid pid start < "$1"
+now=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1,20)
+case "$now" in
+  "Z "*|"") echo exited unknown ;;
+  *) [ "${now#* }" = "$start" ] && echo running "$pid" "$start" "$(sed -n 's/^btime //p' /proc/stat)" \
+       "$(getconf CLK_TCK)" || echo exited unknown ;;
+esac
+"""
 
 
 def _spec(rank: RankPlan, deployment: str, **extra: object) -> str:
@@ -42,9 +55,19 @@ class ProcessRuntime:
         return str(state.get("pid") or "")
 
     def inspect(self, rank: RankPlan, transport: Transport) -> RankState:
-        s = self._agent(rank, transport, "inspect", _spec(rank, ""), 20)
-        return RankState(rank.rank, rank.node.name, s["state"], s["exit_code"], s["started_at"],
-                         str(s["pid"]) if s["pid"] else None)  # fmt: skip
+        # Plain sh, not the Python agent: status polls this, and a shell starts 10x faster.
+        exit_path = rank.pid_path.removesuffix(".pid") + ".exit"
+        result = transport.run(["sh", "-c", _INSPECT_SH, "sh", rank.pid_path, exit_path], timeout=20, check=False)
+        words = result.stdout.split()
+        if not result.ok or not words:
+            raise RankRuntimeError(rank.node.name, f"cannot inspect rank {rank.rank}: {result.tail(3)}")
+        if words[0] == "running":
+            pid, ticks, btime, hz = words[1:5]
+            return RankState(rank.rank, rank.node.name, "running", None, int(btime) + int(ticks) / int(hz), pid)
+        if words[0] == "exited":
+            code = int(words[1]) if len(words) > 1 and words[1].lstrip("-").isdigit() else None
+            return RankState(rank.rank, rank.node.name, "exited", code, None, None)
+        return RankState(rank.rank, rank.node.name, "absent")
 
     def probe(self, rank: RankPlan, transport: Transport) -> tuple[RankState, str]:
         s = self._agent(rank, transport, "probe", _spec(rank, ""), 20)
