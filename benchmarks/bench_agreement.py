@@ -49,11 +49,25 @@ HUB = Path(os.environ.get("HF_HUB_CACHE", Path.home() / ".cache" / "huggingface"
 BAR = 0.05
 
 # Runs inside the vLLM venv: reads one JSON list of `vllm bench serve` arguments per line,
-# runs vllm.benchmarks.serve.main on it, answers one JSON line with the result.
+# runs vllm.benchmarks.serve.main on it, answers one JSON line with the result. Only the JSONL
+# reading of the custom dataset is replaced (pandas is not in that venv); request sending,
+# timing and metrics are vLLM's own.
 DRIVER = r"""
-import json, sys, contextlib
+import json, random, sys, contextlib
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.benchmarks.serve import add_cli_args, main
+from vllm.benchmarks.datasets import datasets as vllm_datasets
+
+def load_jsonl(self):
+    # CustomDataset.load_data reads the file with pandas, which the vLLM CPU venv lacks; this
+    # reads the same JSONL into the same list of dicts and shuffles the same way.
+    with open(self.dataset_path) as fh:
+        self.data = [json.loads(line) for line in fh if line.strip()]
+    random.seed(self.random_seed)
+    if not getattr(self, "disable_shuffle", False):
+        random.shuffle(self.data)
+
+vllm_datasets.CustomDataset.load_data = load_jsonl
 parser = FlexibleArgumentParser()
 add_cli_args(parser)
 print(json.dumps({"ready": True}), flush=True)
@@ -119,18 +133,19 @@ class VllmBench:
 
     def __init__(self) -> None:
         env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
+        self.log = Path(tempfile.gettempdir()) / "bench-agreement-vllm-driver.log"
         self.proc = subprocess.Popen(
             [str(vllm_python()), "-c", DRIVER],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=self.log.open("w"),
             text=True,
             env=env,
         )
         assert self.proc.stdout is not None
         first = self.proc.stdout.readline()
         if not first:
-            raise SystemExit("the vLLM benchmark driver failed to start")
+            raise SystemExit(f"the vLLM benchmark driver failed to start; see {self.log}")
 
     def run(self, argv: list[str]) -> dict[str, object]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -138,7 +153,7 @@ class VllmBench:
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
-            raise SystemExit("the vLLM benchmark driver died")
+            raise SystemExit(f"the vLLM benchmark driver died; see {self.log}")
         return json.loads(line)
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ from sparkfleet.bench.corpus import (
     prompt_types,
 )
 from sparkfleet.bench.decode import DecodeConfig
-from sparkfleet.bench.endpoint import looks_like_url, normalise_url
+from sparkfleet.bench.endpoint import looks_like_url, masked_flags, normalise_url, parallelism
 from sparkfleet.bench.prefill import plan_lengths
 from sparkfleet.cli.bench import parse_extra, parse_ints
 from sparkfleet.errors import BenchError
@@ -82,3 +82,15 @@ def test_targets() -> None:
     assert looks_like_url("spark1:8000/v1")
     assert not looks_like_url("dsv41-tp4")
     assert normalise_url("spark1:8000/v1/") == "http://spark1:8000"
+
+
+def test_stored_flags_hide_credentials_and_parallelism_is_read() -> None:
+    argv = ["vllm", "serve", "/m", "--api-key", "sk-live-123", "--hf-token=hf_abc", "-tp", "4", "--nnodes=2"]
+    masked = masked_flags(argv)
+    assert "sk-live-123" not in masked and "--hf-token=hf_abc" not in masked
+    assert masked[3:6] == ["--api-key", "***", "--hf-token=***"]
+    assert parallelism(argv) == {"tp": "4", "nodes": "2"}
+    assert parallelism(["python", "-m", "sglang.launch_server", "--tp", "8", "--ep-size", "8"]) == {
+        "tp": "8",
+        "ep": "8",
+    }

@@ -165,7 +165,14 @@ def decode_cmd(
     extra_body: ExtraOpt = None,
     label: LabelOpt = None,
 ) -> None:
-    """Decode throughput: concurrency tiers x prompt types, exactly N new tokens, repeats."""
+    """Decode throughput: concurrency tiers x prompt types, exactly N new tokens, repeats.
+
+    Aggregate tok/s is measured over the steady window: from the moment every slot is decoding
+    (the c-th first token) to the moment the first slot runs dry (the c-th from last last token).
+    Per-stream tok/s is (tokens - 1) / (last - first token) of each request. Tokens always come
+    from the server's usage, never from counting chunks. Warm-up waves are discarded; a tier
+    whose repeats spread more than 10 % is flagged.
+    """
     if api not in ("chat", "completions"):
         raise BenchError(f"--api must be chat or completions, not {api!r}")
     config = DecodeConfig(
@@ -213,7 +220,12 @@ def prefill_cmd(
     extra_body: ExtraOpt = None,
     label: LabelOpt = None,
 ) -> None:
-    """Cold prefill throughput by prompt length, real text, unique prefix per request."""
+    """Cold prefill throughput by prompt length, real text, unique prefix per request.
+
+    Rate = prompt tokens (server usage) / (TTFT - fixed overhead), the overhead being the median
+    TTFT of tiny requests; lengths above the model's context are replaced by the context limit;
+    a request that reports cached prompt tokens is flagged.
+    """
     config = PrefillConfig(
         lengths=parse_ints(lengths, "prompt length"),
         repeats=repeats,
