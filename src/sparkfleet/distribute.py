@@ -33,7 +33,7 @@ from sparkfleet.errors import SparkfleetError, StagingError
 from sparkfleet.plan import Plan, StagingStep
 from sparkfleet.staging.copy import CopyReport, copy_files, local_files
 from sparkfleet.staging.nfs import NfsReport, check_volume, ensure_volume, export, volume_name
-from sparkfleet.staging.snapshot_identity import Snapshot, check_identity, scan_node
+from sparkfleet.staging.snapshot_identity import Snapshot, check_copy, check_identity, scan_node, select
 from sparkfleet.staging.sync import Endpoint, Method, SyncReport, sync_node
 from sparkfleet.transport.base import Transport
 from sparkfleet.transport.local import LocalTransport
@@ -124,25 +124,28 @@ def _sync(
     python = nodes[spec.source_node].python if spec.source_node else "python3"
     snapshot = scan_node(source.transport, source.path, revision, python=python)
 
-    def one(step: StagingStep) -> Callable[[], SyncReport]:
-        def job() -> SyncReport:
+    def one(step: StagingStep) -> Callable[[], tuple[SyncReport, Snapshot]]:
+        def job() -> tuple[SyncReport, Snapshot]:
             target = _endpoint(transports, nodes, step.node, step.dst)
 
             def on_bytes(done: int) -> None:
                 if progress is not None:
                     progress(step, done, max(snapshot.total_bytes, 1))
 
-            return sync_node(
+            report = sync_node(
                 source, target, snapshot, include=spec.include, exclude=spec.exclude, method=method,
                 on_bytes=on_bytes, python=nodes[step.node].python,
             )  # fmt: skip
+            # Read back what the node now holds, right after its own copy finished.
+            return report, check_copy(target.transport, target.path, snapshot, kept)
 
         return job
 
-    reports = _parallel({s.node: one(s) for s in steps})
-    copies = _parallel({s.node: partial(_scan, transports, nodes, s, snapshot.revision) for s in steps})
+    kept = [f.path for f in select(snapshot.files, spec.include, spec.exclude)]
+    done = _parallel({s.node: one(s) for s in steps})
+    copies = [copy for _, copy in done]
     check_identity(copies, reference=snapshot, include=spec.include, exclude=spec.exclude)
-    return reports, copies
+    return [report for report, _ in done], copies
 
 
 def _scan(

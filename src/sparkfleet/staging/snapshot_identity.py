@@ -176,7 +176,8 @@ def check_copy(transport: Transport, root: str, reference: Snapshot, paths: Sequ
     """A node's copy of reference at root, read with stat, find and sha256sum (no interpreter to
     start, so it is cheap after every sync): sizes and link targets of paths (snapshot-relative)
     and sha256 of the ``HASHED`` names. ``scan_node`` also finds files the reference lacks."""
-    base = f"snapshots/{reference.revision}/" if reference.layout == "hf" else ""
+    # "./" so that no path can read as an option of find or stat
+    base = f"./snapshots/{reference.revision}/" if reference.layout == "hf" else "./"
     argv = ["sh", "-c", _check_script(), "sh", root, *[base + p for p in paths]]
     result = transport.run(argv, check=False, timeout=300)
     if result.exit_code == 4:
@@ -197,15 +198,15 @@ def check_copy(transport: Transport, root: str, reference: Snapshot, paths: Sequ
             digests[path.removeprefix(base)] = digest
     files = []
     for p in paths:
-        link = links.get(p)
+        text = links.get(p)
         blob = None
-        if link is not None:
-            joined = os.path.normpath(os.path.join(os.path.dirname(base + p), link))
+        if text is not None:
+            joined = os.path.normpath(os.path.join(os.path.dirname(base + p), text))
             blob = None if joined.startswith("..") else joined
         if p in sizes:
-            files.append(FileFact(p, "link" if link else "file", sizes[p], link, blob, digests.get(p)))
-        elif link is not None:
-            files.append(FileFact(p, "dangling", -1, link, blob, None))
+            files.append(FileFact(p, "link" if text else "file", sizes[p], text, blob, digests.get(p)))
+        elif text is not None:
+            files.append(FileFact(p, "dangling", -1, text, blob, None))
     return Snapshot(transport.node, root, reference.layout, reference.revision, reference.refs, tuple(files))
 
 
