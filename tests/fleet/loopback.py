@@ -238,7 +238,8 @@ class LoopbackFleet:
             f"hf_cache = {_toml_str(self.nodes[0].hf_cache if self._shared_hf else self.workdir / 'hf')}",
             f"state_dir = {_toml_str(self.workdir / 'state')}",
             f"gpus = {_toml_str(self.gpus)}",
-            f"memlock = {_toml_str(self.memlock)}", "",
+            f"memlock = {_toml_str(self.memlock)}",
+            "rdma = false", "",
         ]
         for node in self.nodes:
             lines += ["[[nodes]]", f"name = {_toml_str(node.name)}",
