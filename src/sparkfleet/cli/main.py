@@ -45,6 +45,14 @@ def build_app(argv: list[str] | None = None) -> typer.Typer:
         add_completion=False,
         pretty_exceptions_enable=False,
     )
+
+    @app.callback()
+    def _group() -> None:
+        # Keeps the app a group when only one single-command module is loaded (doctor,
+        # stage): typer would otherwise run that lone command as the root and read
+        # "doctor" as its first argument.
+        return None
+
     command = next((a for a in argv or [] if not a.startswith("-")), None)
     owners = [m for m, names in COMMAND_MODULES.items() if command in names]
     for module in owners or COMMAND_MODULES:
@@ -77,8 +85,15 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # click's usage errors arrive here in non-standalone mode
         import click
 
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
+        usage: tuple[type[Exception], ...] = (click.exceptions.ClickException,)
+        try:  # typer >= 0.29 raises its own vendored click's exceptions
+            from typer._click.exceptions import ClickException as VendoredClickException
+
+            usage = (*usage, VendoredClickException)
+        except ImportError:
+            pass
+        if isinstance(exc, usage):
+            exc.show()  # type: ignore[attr-defined]
             sys.exit(EXIT_USER_ERROR)
         if isinstance(exc, click.exceptions.Abort):
             err_console.print("[bold red]aborted[/]")
