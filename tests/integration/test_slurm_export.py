@@ -121,3 +121,45 @@ def test_script_fails_fast_when_rank_zero_exits(slurm: None, tmp_path: Path) -> 
     text = out.read_text()
     assert "ranks exited" in text and "before http://" in text
     assert "--model /nonexistent/missing.gguf" in text or "'/nonexistent/missing.gguf'" in text
+
+
+def _docker_image_present(image: str) -> bool:
+    if not shutil.which("docker"):
+        return False
+    return subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _docker_image_present("sparkfleet-test:latest"),
+                    reason="needs dockerd and scripts/build-test-image.sh")  # fmt: skip
+def test_docker_rank_runs_in_a_foreground_container_removed_on_scancel(slurm: None, tmp_path: Path) -> None:
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(
+        'engine = "sglang"\nmodel = "org/model"\ndocker_image = "sparkfleet-test:latest"\nport = 18932\n'
+        'entrypoint = ["standin-rank"]\n[env]\nSTANDIN_DELAY = "2"\nMY_KNOB = "two words"\n'
+    )
+    script = tmp_path / "docker.sbatch"
+    script.write_text(slurm_script(load_recipe(recipe), "docker-test"))
+    out = tmp_path / "job.out"
+    job = _sbatch(script, out)
+    name = "sparkfleet-docker-test-r0"
+    try:
+        _wait_for(lambda: out.exists() and "docker-test ready at" in out.read_text(), 90, "the ready line")
+        inspect = subprocess.run(["docker", "inspect", name, "--format", "{{json .Config.Env}}"],
+                                 capture_output=True, text=True, check=True)  # fmt: skip
+        env = json.loads(inspect.stdout)
+        assert "MY_KNOB=two words" in env and "HF_HUB_OFFLINE=1" in env
+        url = re.search(r"ready at (http://\S+)", out.read_text()).group(1)  # type: ignore[union-attr]
+        request = urllib.request.Request(f"{url}/v1/completions", b'{"prompt": "19+23=", "max_tokens": 4}',
+                                         {"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert "42" in json.load(response)["choices"][0]["text"]
+    finally:
+        _cancel(job)
+
+    def removed() -> bool:
+        ps = subprocess.run(
+            ["docker", "ps", "-a", "-q", "--filter", f"name=^{name}$"], capture_output=True, text=True
+        )
+        return ps.stdout.strip() == ""
+
+    _wait_for(removed, 30, "the rank's container to be removed")

@@ -133,6 +133,8 @@ def test_gguf_repo_quant_becomes_a_placeholder_file(tmp_path: Path) -> None:
     recipe, result = _imported(DATA / "gemma-llamacpp-1x.yaml", tmp_path)
     assert recipe.engine == "llama-cpp" and recipe.model == "ggml-org/gemma-3-270m-it-GGUF"
     assert recipe.model_file is not None and recipe.model_file.startswith("<SET ME")
+    assert recipe.revision is not None and recipe.revision.startswith("<SET ME")
+    assert {n.key for n in result.placeholders} == {"model_file", "revision"}
     assert list(recipe.args) == ["--ctx-size", "4096", "-ngl", "0"] and recipe.port == 8080
     assert [n.key for n in result.not_understood] == ["cluster_tuning"]
 

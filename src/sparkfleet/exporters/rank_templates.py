@@ -8,12 +8,15 @@ therefore come from the same engine adapters as ``sparkfleet up``: one source of
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from sparkfleet.cluster import Cluster, Node
 from sparkfleet.plan import Plan, RankPlan, plan
 from sparkfleet.recipe import Recipe
+
+_RANK_TEMPLATE = re.compile(r"\{\{\s*rank\s*\}\}")
 
 
 @dataclass(frozen=True)
@@ -51,11 +54,35 @@ def _plan(recipe: Recipe, name: str, addrs: list[str], hf_cache: str, home: str,
 
 def _with_rank(rank: RankPlan, marker: str) -> RankPlan:
     """Rank 1's plan with its --node-rank value replaced by the rank marker."""
-    argv = list(rank.argv)
-    for i, word in enumerate(argv[:-1]):
-        if word == "--node-rank":
-            argv[i + 1] = marker
-    return replace(rank, argv=tuple(argv))
+
+    def swap(words: tuple[str, ...]) -> tuple[str, ...]:
+        out = list(words)
+        for i, word in enumerate(out[:-1]):
+            if word == "--node-rank":
+                out[i + 1] = marker
+        return tuple(out)
+
+    container = swap(rank.container_argv) if rank.container_argv is not None else None
+    return replace(rank, argv=swap(rank.argv), container_argv=container)
+
+
+def _rank_marked(recipe: Recipe, marker: str) -> Recipe:
+    """The recipe with ``{{rank}}`` replaced by the rank marker, so one worker template serves
+    every rank (the planner would render it as the stand-in rank's number)."""
+
+    def mark(text: str) -> str:
+        return _RANK_TEMPLATE.sub(marker, text)
+
+    return recipe.model_copy(
+        update={
+            "args": tuple(mark(a) for a in recipe.args),
+            "env": {k: mark(v) for k, v in recipe.env.items()},
+            "extra_mounts": tuple(
+                m.model_copy(update={"host": mark(m.host), "container": mark(m.container)})
+                for m in recipe.extra_mounts
+            ),
+        }
+    )
 
 
 def rank_templates(
@@ -63,6 +90,7 @@ def rank_templates(
 ) -> RankTemplates:
     """Plan rank 0 with peers at their markers, and rank 1 at its own-address marker."""
     n = recipe.required_nodes
+    recipe = _rank_marked(recipe, markers.rank)
     leader_plan = _plan(recipe, name, [markers.head] + [markers.peer(i) for i in range(1, n)],
                         hf_cache, home, state_dir)  # fmt: skip
     worker = None

@@ -86,7 +86,6 @@ def _env_file(env: tuple[EnvVar, ...]) -> list[str]:
     from the task's environment, so their values never touch the file)."""
     lines = [
         'ENV_FILE=$(mktemp "${TMPDIR:-/tmp}/sparkfleet-env.XXXXXX")',
-        "trap 'rm -f \"$ENV_FILE\"' EXIT",
         "{",
     ]
     for var in env:
@@ -107,10 +106,11 @@ def _docker_words(rank: RankPlan) -> list[str]:
     name_at = words.index("--name") + 1
     words[name_at] = re.sub(r"-r\d+$", "-r@@RANK@@", words[name_at])
     words = [re.sub(r"^(sparkfleet\.rank=)\d+$", r"\g<1>@@RANK@@", w) for w in words]
-    if "--device" in words:
-        # The node decides: only pass the RDMA devices where they exist.
-        i = words.index("--device")
-        del words[i : i + 2]
+    # The node decides GPUs, memlock and RDMA devices (NODE_FLAGS, computed on the node).
+    for flag in ("--gpus", "--ulimit", "--device"):
+        while flag in words:
+            i = words.index(flag)
+            del words[i : i + 2]
     return words
 
 
@@ -123,9 +123,19 @@ def _launch(rank: RankPlan, recipe: Recipe, opts: SlurmOptions) -> list[str]:
     head = _line(words[:image_at])
     return [
         *_exports(rank.env),
+        f"CONTAINER={shell_word(words[words.index('--name') + 1])}",
         *_env_file(rank.env),
-        "DEVICE=(); if [ -e /dev/infiniband ]; then DEVICE=(--device /dev/infiniband); fi",
-        f'{head} "${{DEVICE[@]}}" {_line(words[image_at:])}',
+        # scancel signals the docker client, not the container: remove the container on the way out.
+        'cleanup() { docker rm -f "$CONTAINER" >/dev/null 2>&1 || true; rm -f "$ENV_FILE"; }',
+        "trap cleanup EXIT",
+        "trap 'exit 143' TERM INT",
+        'docker rm -f "$CONTAINER" >/dev/null 2>&1 || true',
+        "NODE_FLAGS=()",
+        "if command -v nvidia-smi >/dev/null; then NODE_FLAGS+=(--gpus all); fi",
+        'if [ "$(ulimit -H -l)" = unlimited ]; then NODE_FLAGS+=(--ulimit memlock=-1); fi',
+        "if [ -e /dev/infiniband ]; then NODE_FLAGS+=(--device /dev/infiniband); fi",
+        f'{head} "${{NODE_FLAGS[@]}}" {_line(words[image_at:])} &',
+        'wait "$!"',
     ]
 
 

@@ -234,6 +234,8 @@ def import_sparkrun(file: SparkrunFile) -> ImportResult:
             model_file = fields.get("file") or placeholder(f"GGUF file name in {repo} for quant {quant}")
         if model_file and model_file.startswith("<SET ME"):
             placeholders.append(Note("model_file", "sparkrun resolves repo:QUANT at download time"))
+        if not model.startswith("/") and not data.get("model_revision"):
+            placeholders.append(Note("revision", "sparkrun downloads the latest; pin the snapshot you have"))
     env: dict[str, tuple[str, str | None]] = {k: (v, f"sparkrun {runtime} default")
                                               for k, v in RUNTIME_ENV[runtime].items()}  # fmt: skip
     for key, value in (data.get("env") or {}).items():
@@ -274,6 +276,9 @@ def import_sparkrun(file: SparkrunFile) -> ImportResult:
         doc.set("model_file", model_file)
     if data.get("model_revision"):
         doc.set("revision", str(data["model_revision"]), "model_revision")
+    elif engine == "llama-cpp" and not model.startswith("/"):
+        # llama.cpp opens the GGUF by path inside the pinned snapshot of the node's HF cache.
+        doc.set("revision", placeholder(f"snapshot revision of {model} in the HF cache"))
     if fields.get("port"):
         doc.set("port", int(fields["port"]))
     doc.set("rendezvous_port", SPARKRUN_RAY_PORT if runtime == "vllm-ray" else SPARKRUN_INIT_PORT)
