@@ -196,8 +196,9 @@ def test_needle_grid_on_llamacpp(llama_url: str, capsys: pytest.CaptureFixture[s
         capsys,
     )
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "effective length" in out and "low-water" in out
+    assert "effective" in out
     data = load_run(Store(), "needle-small", "needle")
+    assert any("low-water" in line for line in data["memguard"])
     assert len(data["cells"]) == 6
     for cell in data["cells"]:
         # Lengths are measured with the server's tokenizer: within a few percent of the target.

@@ -25,8 +25,7 @@ def write_heatmap(run: NeedleRun, path: Path) -> Path:
         for depth in run.depths
     ]
     fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(run.lengths), 1.0 + 0.5 * len(run.depths)))
-    cmap = ListedColormap(["#d9534f", "#5cb85c"])
-    cmap.set_bad("#cccccc")
+    cmap = ListedColormap(["#d9534f", "#5cb85c"]).with_extremes(bad="#cccccc")
     ax.imshow(grid, cmap=cmap, vmin=0, vmax=1, aspect="auto")
     ax.set_xticks(range(len(run.lengths)), [str(n) for n in run.lengths])
     ax.set_yticks(range(len(run.depths)), [f"{d:g}%" for d in run.depths])
