@@ -34,7 +34,7 @@ def docker_recipe(folder: Path, *, nodes: int, env: dict[str, str] | None = None
         f"rendezvous_port = {port + 1}\nrequired_nodes = {nodes}\ntensor_parallel_size = {nodes}\n"
         'entrypoint = ["standin-rank"]\nshm_size = "1g"\n'
         # Headless ranks get no --port: give each its own so ranks sharing one host never clash.
-        f'[env]\nSTANDIN_PORT = "{port + 10}{{{{rank}}}}"\n{env_lines}\n'
+        f'[env]\nSTANDIN_PORT = "{2000 + port % 4000}{{{{rank}}}}"\n{env_lines}\n'
         '[verify]\nexpect = ["fired up and ready"]\n'
     )
     return folder
