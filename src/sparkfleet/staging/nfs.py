@@ -93,6 +93,14 @@ def export(server: Transport, path: str, clients: Sequence[str], volume: str) ->
     )  # fmt: skip
     if not write.ok:
         raise StagingError(server.node, f"cannot write {target} (needs root or sudo -n): {write.tail()}")
+    # exportfs only edits the export table; without nfsd threads nothing answers the clients.
+    serving = server.run(["sh", "-c", "cat /proc/fs/nfsd/threads"], check=False, timeout=60)
+    if not serving.ok or not serving.stdout.strip().isdigit() or int(serving.stdout) == 0:
+        why = "no nfsd threads" if serving.ok else "/proc/fs/nfsd is not mounted: no kernel NFS server"
+        raise StagingError(
+            server.node,
+            f"cannot export {path}: the NFS server is not running ({why}); start nfs-kernel-server",
+        )
     reload = server.run(_as_root(["exportfs", "-ra"]), check=False, timeout=120)
     listed = server.run(_as_root(["exportfs", "-v"]), check=False, timeout=60)
     if not reload.ok or path not in listed.stdout:
@@ -128,8 +136,8 @@ def check_volume(client: Transport, volume: str, image: str, check_file: str) ->
     """Read check_file through the volume from a container on the node; a StagingError if not."""
     inside = f"/sparkfleet-nfs/{check_file.lstrip('/')}"
     result = client.run(
-        ["docker", "run", "--rm", "--entrypoint", "head", "-v", f"{volume}:/sparkfleet-nfs:ro",
-         image, "-c", "1", inside],
+        ["docker", "run", "--rm", "--network", "none", "--entrypoint", "head",
+         "-v", f"{volume}:/sparkfleet-nfs:ro", image, "-c", "1", inside],
         check=False, timeout=300,
     )  # fmt: skip
     if not result.ok:
