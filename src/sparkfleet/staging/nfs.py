@@ -85,14 +85,6 @@ def export(server: Transport, path: str, clients: Sequence[str], volume: str) ->
         raise StagingError(
             server.node, "no NFS server here (exportfs not found): install nfs-kernel-server on this node"
         )
-    line = exports_line(path, clients, volume)
-    target = f"{EXPORTS_DIR}/{volume}.exports"
-    write = server.run(
-        _as_root(["sh", "-c", f"mkdir -p {EXPORTS_DIR} && cat > {shlex.quote(target)}"]),
-        stdin=line.encode(), check=False, timeout=60,
-    )  # fmt: skip
-    if not write.ok:
-        raise StagingError(server.node, f"cannot write {target} (needs root or sudo -n): {write.tail()}")
     # exportfs only edits the export table; without nfsd threads nothing answers the clients.
     serving = server.run(["sh", "-c", "cat /proc/fs/nfsd/threads"], check=False, timeout=60)
     if not serving.ok or not serving.stdout.strip().isdigit() or int(serving.stdout) == 0:
@@ -101,6 +93,14 @@ def export(server: Transport, path: str, clients: Sequence[str], volume: str) ->
             server.node,
             f"cannot export {path}: the NFS server is not running ({why}); start nfs-kernel-server",
         )
+    line = exports_line(path, clients, volume)
+    target = f"{EXPORTS_DIR}/{volume}.exports"
+    write = server.run(
+        _as_root(["sh", "-c", f"mkdir -p {EXPORTS_DIR} && cat > {shlex.quote(target)}"]),
+        stdin=line.encode(), check=False, timeout=60,
+    )  # fmt: skip
+    if not write.ok:
+        raise StagingError(server.node, f"cannot write {target} (needs root or sudo -n): {write.tail()}")
     reload = server.run(_as_root(["exportfs", "-ra"]), check=False, timeout=120)
     listed = server.run(_as_root(["exportfs", "-v"]), check=False, timeout=60)
     if not reload.ok or path not in listed.stdout:
