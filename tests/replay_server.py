@@ -41,6 +41,7 @@ class Script:
     max_model_len: int = 32768
     model: str = "replay-model"
     owned_by: str = "replay"
+    tokenize: bool = True  # False: no /tokenize route, like servers without one
 
 
 def prompt_text(body: dict[str, Any]) -> str:
@@ -79,7 +80,10 @@ class ReplayServer:
                 head = await reader.readuntil(b"\r\n\r\n")
                 lines = head.decode("latin-1").split("\r\n")
                 method, path, _ = lines[0].split(" ", 2)
-                headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:] if ":" in ln)}
+                headers = {
+                    k.strip().lower(): v.strip()
+                    for k, v in (ln.split(":", 1) for ln in lines[1:] if ":" in ln)
+                }
                 length = int(headers.get("content-length", "0"))
                 raw = await reader.readexactly(length) if length else b""
                 await self._route(method, path, raw, writer)
@@ -91,18 +95,23 @@ class ReplayServer:
     async def _route(self, method: str, path: str, raw: bytes, writer: asyncio.StreamWriter) -> None:
         script = self.script if not callable(self.script) else Script()
         if method == "GET" and path == "/v1/models":
-            card = {"id": script.model, "object": "model", "owned_by": script.owned_by,
-                    "max_model_len": script.max_model_len}
+            card = {
+                "id": script.model,
+                "object": "model",
+                "owned_by": script.owned_by,
+                "max_model_len": script.max_model_len,
+            }
             await self._json(writer, 200, {"object": "list", "data": [card]})
         elif method == "GET" and path == "/version":
             await self._json(writer, 200, {"version": "replay-1"})
         elif method == "GET" and path == "/health":
             await self._json(writer, 200, {})
-        elif method == "POST" and path == "/tokenize":
+        elif method == "POST" and path == "/tokenize" and script.tokenize:
             body = json.loads(raw or b"{}")
             n = len(prompt_text(body)) // 4
-            await self._json(writer, 200, {"count": n, "max_model_len": script.max_model_len,
-                                           "tokens": list(range(n))})
+            await self._json(
+                writer, 200, {"count": n, "max_model_len": script.max_model_len, "tokens": list(range(n))}
+            )
         elif method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
             body = json.loads(raw or b"{}")
             self.bodies.append(body)
@@ -113,7 +122,8 @@ class ReplayServer:
     async def _json(self, writer: asyncio.StreamWriter, status: int, obj: Any) -> None:
         data = json.dumps(obj).encode()
         writer.write(
-            f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {len(data)}\r\n\r\n".encode()
+            f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n".encode()
+            + f"content-length: {len(data)}\r\n\r\n".encode()
             + data
         )
         await writer.drain()
@@ -133,7 +143,9 @@ class ReplayServer:
             n = min(n, script.stop_early_at)
         prefill = (prompt_tokens - cached) / script.prefill_rate if script.prefill_rate else 0.0
         continuous = bool((body.get("stream_options") or {}).get("continuous_usage_stats"))
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
         loop = asyncio.get_running_loop()
         t0 = loop.time()
 
@@ -147,12 +159,19 @@ class ReplayServer:
             writer.write(b"%x\r\n%s\r\n" % (len(data), data))
 
         def usage(done: int) -> dict[str, Any]:
-            return {"prompt_tokens": prompt_tokens, "completion_tokens": done,
-                    "total_tokens": prompt_tokens + done,
-                    "prompt_tokens_details": {"cached_tokens": cached}}
+            return {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": done,
+                "total_tokens": prompt_tokens + done,
+                "prompt_tokens_details": {"cached_tokens": cached},
+            }
 
-        base = {"id": "cmpl-replay", "created": 0, "model": script.model,
-                "object": "chat.completion.chunk" if chat else "text_completion"}
+        base = {
+            "id": "cmpl-replay",
+            "created": 0,
+            "model": script.model,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+        }
         first = script.base_ttft + prefill
         if chat and script.role_chunk:
             if script.role_chunk_delay is not None:
@@ -221,7 +240,9 @@ class BlastServer(ReplayServer):
         script = self._script_for(body)
         n = script.tokens if script.tokens is not None else int(body.get("max_tokens", 16))
         payload = _blast_payload(n, chat, script.model)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
         writer.write(payload)
         await writer.drain()
 
@@ -241,10 +262,25 @@ def _blast_payload(n: int, chat: bool, model: str) -> bytes:
                 if chat
                 else {"index": 0, "text": piece, "logprobs": None, "finish_reason": None}
             )
-            parts.append({"id": "chatcmpl-0123456789abcdef", "object": obj, "created": 1764400000,
-                          "model": model, "choices": [choice]})
-        parts.append({"id": "x", "object": obj, "created": 0, "model": model, "choices": [],
-                      "usage": {"prompt_tokens": 10, "completion_tokens": n, "total_tokens": n + 10}})
+            parts.append(
+                {
+                    "id": "chatcmpl-0123456789abcdef",
+                    "object": obj,
+                    "created": 1764400000,
+                    "model": model,
+                    "choices": [choice],
+                }
+            )
+        parts.append(
+            {
+                "id": "x",
+                "object": obj,
+                "created": 0,
+                "model": model,
+                "choices": [],
+                "usage": {"prompt_tokens": 10, "completion_tokens": n, "total_tokens": n + 10},
+            }
+        )
         events = [b"data: " + json.dumps(p).encode() + b"\n\n" for p in parts] + [b"data: [DONE]\n\n"]
         # One HTTP chunk per SSE event, as real servers send them.
         _BLAST_CACHE[key] = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"

@@ -130,6 +130,19 @@ def test_prefill_rate_recovers_the_scripted_rate_and_clips_to_context() -> None:
     assert all(b["max_tokens"] == 1 for b in bodies)
 
 
+def test_without_tokenize_prompts_are_sized_by_calibration_and_never_pre_sent() -> None:
+    # Counting a prompt with a request would leave it in the prefix cache before it is measured.
+    script = Script(base_ttft=0.01, prefill_rate=500_000, tokenize=False)
+    with ReplayServer(script).running() as srv:
+        endpoint = resolve_endpoint(srv.url)
+        runs = asyncio.run(
+            run_prefill(endpoint, PrefillConfig(lengths=(2048, 8192), repeats=1, warmup=False))
+        )
+    for run in runs:
+        assert run.sample.cached_tokens == 0
+        assert run.sample.prompt_tokens == pytest.approx(run.length, rel=0.02)
+
+
 def test_a_cached_prompt_is_reported() -> None:
     with ReplayServer(Script(base_ttft=0.01)).running() as srv:
         spec = RequestSpec(api="completions", prompt="same prefix " * 20, max_tokens=1)

@@ -110,7 +110,12 @@ class TokenCounter:
                 except httpx.HTTPError:
                     continue
                 if response.status_code == 200:
-                    data = response.json()
+                    try:
+                        data = response.json()
+                    except ValueError:
+                        continue
+                    if not isinstance(data, dict):
+                        continue
                     n = (
                         data.get("count")
                         if isinstance(data.get("count"), int)
@@ -147,12 +152,18 @@ def prefill_spec(endpoint: Endpoint, config: PrefillConfig, prompt: str) -> Requ
 async def fitted_prompt(
     counter: TokenCounter, tokens: int, chars_per_token: float, seed: int
 ) -> tuple[str, int]:
-    """A prompt of about ``tokens`` tokens (never above), with its counted length."""
+    """A prompt of about ``tokens`` tokens (never above, when the server can tokenize).
+
+    Without a tokenize route the length is estimated from the calibration ratio: counting the
+    prompt itself with a request would put it in the prefix cache before it is measured.
+    """
     chars = int(tokens * chars_per_token)
     prompt = prefill_prompt(chars, seed)
+    if counter.route == "usage":
+        return prompt, tokens
     counted = await counter.count(prompt)
     for _ in range(3):
-        if counter.route == "usage" or (abs(counted - tokens) <= max(8, tokens // 200) and counted <= tokens):
+        if abs(counted - tokens) <= max(8, tokens // 200) and counted <= tokens:
             break
         chars = int(chars * tokens / counted) - (8 if counted > tokens else 0)
         prompt = prefill_prompt(chars, seed)
