@@ -1,0 +1,42 @@
+"""`sparkfleet up` brings real engines to a real answer, and `down` leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import Served
+from tests.integration.conftest import leftover_processes
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def _complete(served: Served, prompt: str, tokens: int = 12) -> str:
+    body = {"model": served.model, "prompt": prompt, "max_tokens": tokens, "temperature": 0}
+    return str(httpx.post(f"{served.endpoint}/v1/completions", json=body, timeout=120).json()["choices"][0]["text"])
+
+
+def test_llamacpp_example_serves_and_reports(llama_server: Served) -> None:
+    assert "Berlin" in _complete(llama_server, "The capital of France is Paris. The capital of Germany is")
+    status = json.loads(llama_server.cli("status", "gemma-llamacpp", "--json").stdout)[0]
+    assert status["status"] == "ready" and status["ranks"][0]["health"] == "healthy"
+    logs = llama_server.cli("logs", "gemma-llamacpp").stdout
+    assert "r0 local | " in logs and "Application startup complete" in logs
+    assert leftover_processes("gemma-llamacpp")
+
+
+def test_vllm_two_node_example_serves_with_a_headless_rank(vllm_server: Served) -> None:
+    assert "Berlin" in _complete(vllm_server, "The capital of France is Paris. The capital of Germany is")
+    status = json.loads(vllm_server.cli("status", "gemma-vllm-2node", "--json").stdout)[0]
+    assert [(r["node"], r["state"]) for r in status["ranks"]] == [("node0", "running"), ("node1", "running")]
+    logs = vllm_server.cli("logs", "gemma-vllm-2node", "--rank", "1", "--tail", "400").stdout
+    assert "headless" in logs  # rank 1 really joined as a headless TP worker
+
+
+def test_both_engines_agree_greedily(llama_server: Served, vllm_server: Served) -> None:
+    """A wrong GGUF → safetensors conversion shows as greedy outputs that part early."""
+    for prompt in ("def fibonacci(n):", "The capital of France is Paris. The capital of Germany is"):
+        a, b = _complete(llama_server, prompt, 8), _complete(vllm_server, prompt, 8)
+        assert a.split()[:3] == b.split()[:3], (prompt, a, b)
