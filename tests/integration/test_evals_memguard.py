@@ -70,14 +70,15 @@ def test_a_floor_above_mem_available_trips_and_aborts(abort_server: tuple[str, l
 def test_a_low_floor_only_reports_the_low_water_mark(abort_server: tuple[str, list]) -> None:
     url, seen = abort_server
     guard = MemGuard([LocalTransport()], 1, [sglang_abort(url)], interval_s=0.1).start()
-    # Allocate and touch 256 MiB so the low-water mark is below where it started.
-    before = read_mem_available(LocalTransport())
-    block = bytearray(256 * 1024**2)
+    # Allocate and touch 512 MiB: the guard's low-water mark must reflect the dip it saw.
+    block = bytearray(512 * 1024**2)
     for i in range(0, len(block), 4096):
         block[i] = 1
     guard.sample_once()
+    during = read_mem_available(LocalTransport())
     report = guard.stop()
     del block
     assert not report.tripped and seen == []
     assert report.samples >= 2
-    assert report.low_water["local"] < before
+    # Other processes move MemAvailable too, so allow slack around the reading taken with it.
+    assert report.low_water["local"] <= during + 256 * 1024**2
