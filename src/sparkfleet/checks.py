@@ -4,8 +4,8 @@
 so each check is tested on captured outputs. Check ids (per node unless marked fleet-wide):
 
     ssh.reachable  docker.version  docker.gpus  docker.memlock  gpu.present  gpu.idle  rdma.devices
-    fabric.reachable  fabric.mtu (fleet)  disk.staging_free  mem.available  mem.plan  image.same_id (fleet)
-    model.snapshot_same (fleet)  ports.free  clock.skew  probe.output
+    fabric.reachable  fabric.mtu (fleet)  disk.staging_free  mem.available  mem.gpu_free  mem.plan
+    image.same_id (fleet)  model.snapshot_same (fleet)  ports.free  clock.skew  probe.output
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from sparkfleet.memory import MemoryPlan, gb
+from sparkfleet.memory import MIB, MemoryPlan, gb
 from sparkfleet.probes.facts import NodeFacts
 
 Status = Literal["pass", "warn", "fail"]
@@ -244,6 +244,8 @@ def _check_fabric(spec: DoctorSpec, facts: Mapping[str, NodeFacts]) -> list[Chec
             out.append(Check("fabric.reachable", t.name, "warn", "the head could not be asked"))
         elif r is None:
             out.append(Check("fabric.reachable", t.name, "warn", "no reach result from the head"))
+        elif not r.tested:
+            out.append(Check("fabric.reachable", t.name, "warn", r.detail, "install bash on the head"))
         elif r.reachable:
             out.append(
                 Check("fabric.reachable", t.name, "pass", f"{head.name} → {t.fabric_ip}:{r.port}: {r.detail}")
@@ -328,6 +330,21 @@ def _check_memory(t: NodeTarget, f: NodeFacts, mp: MemoryPlan | None) -> list[Ch
             out.append(
                 Check("mem.available", t.name, "pass", ev + (f"; plan needs {gb(need)}" if need else ""))
             )
+    gpus = f.gpu.gpus if f.gpu else ()
+    if mp is not None and mp.static_pool and gpus and gpus[0].memory_free_mib is not None:
+        # Discrete GPUs: the engine refuses to start when less than its pool is free.
+        free = gpus[0].memory_free_mib * MIB
+        ev = f"{gpus[0].name}: {gb(free)} free, the static pool needs {gb(mp.static_pool)}"
+        if free < mp.static_pool:
+            used = ", ".join(f"{p.pid} {p.name}" for p in f.gpu.processes) if f.gpu else ""
+            fix = (
+                f"stop what holds GPU memory ({used})"
+                if used
+                else "free GPU memory or lower the memory fraction"
+            )
+            out.append(Check("mem.gpu_free", t.name, "fail", ev, fix))
+        else:
+            out.append(Check("mem.gpu_free", t.name, "pass", ev))
     if mp is not None:
         if mp.fits is True:
             out.append(Check("mem.plan", t.name, "pass", f"fits; headroom {gb(mp.headroom)}"))

@@ -8,7 +8,7 @@ from pathlib import Path
 from sparkfleet.checks import DoctorSpec, NodeTarget, evaluate
 from sparkfleet.doctor import Report
 from sparkfleet.memory import GIB, MemoryInputs, plan_memory
-from sparkfleet.probes import docker, gpu, limits, meminfo, netif, rdma
+from sparkfleet.probes import docker, gpu, limits, meminfo, netif, rdma, reach
 from sparkfleet.probes.clock import Skew
 from sparkfleet.probes.facts import NodeFacts
 from sparkfleet.probes.reach import Reach
@@ -71,9 +71,7 @@ def test_roce_port_gives_the_gid_index_and_a_wrong_cluster_index_fails(tmp_path:
     facts = rdma.parse(LocalTransport().run(rdma.command(str(sys_root), str(dev_root))).stdout)
     t = NodeTarget(name="a", fabric_ip="192.168.200.11", rdma=True, rdma_required=True, head=True)
     ok = _by(evaluate(DoctorSpec(nodes=(t,)), {"a": _facts("a", rdma=facts)}), "pass")
-    assert (
-        ok[("rdma.devices", "a")] == "rocep1s0f0/1 4: ACTIVE Ethernet, RoCE v2 GID index 3 for 192.168.200.11"
-    )
+    assert ok[("rdma.devices", "a")] == "rocep1s0f0/1 4: ACTIVE Ethernet, RoCE v2 GID index 3 for 192.168.200.11"
     wrong = replace(t, ib_gid_index=1)
     fails = _by(evaluate(DoctorSpec(nodes=(wrong,)), {"a": _facts("a", rdma=facts)}), "fail")
     assert "ib_gid_index = 1" in fails[("rdma.devices", "a")]
@@ -93,9 +91,7 @@ def test_busy_gpu_warns_and_missing_driver_fails() -> None:
 def test_mtu_mismatch_image_drift_snapshot_drift_and_clock_skew_name_the_nodes() -> None:
     eth = VM_NET.with_address("192.0.2.2")
     assert eth is not None
-    small = replace(
-        VM_NET, interfaces=tuple(replace(i, mtu=1500) if i is eth else i for i in VM_NET.interfaces)
-    )
+    small = replace(VM_NET, interfaces=tuple(replace(i, mtu=1500) if i is eth else i for i in VM_NET.interfaces))
     other_image = replace(IMAGE, id="sha256:" + "ab" * 32)
     drift = (Snapshot("rev1", (("config.json", 2), ("model.safetensors", 9))),)
     spec = DoctorSpec(nodes=(_target("a", head=True), _target("b"), _target("c")), image="img:1",
@@ -114,9 +110,7 @@ def test_mtu_mismatch_image_drift_snapshot_drift_and_clock_skew_name_the_nodes()
 
 def test_unreachable_node_fails_once_and_is_left_out_of_fleet_checks() -> None:
     spec = DoctorSpec(nodes=(_target("a", head=True), _target("b")), image="img:1", model_repo="org/m")
-    down = NodeFacts(
-        node="b", reachable=False, error="cannot reach root@10.0.0.2 over SSH: Connection refused"
-    )
+    down = NodeFacts(node="b", reachable=False, error="cannot reach root@10.0.0.2 over SSH: Connection refused")
     checks = evaluate(spec, {"a": _facts("a"), "b": down})
     fails = _by(checks, "fail")
     assert fails == {("ssh.reachable", "b"): "cannot reach root@10.0.0.2 over SSH: Connection refused"}
@@ -136,9 +130,7 @@ def test_memory_plan_verdicts_and_memavailable_on_unified_memory() -> None:
     spec = DoctorSpec(nodes=(_target("a", head=True),))
     ok = evaluate(spec, {"a": _facts("a", gpu=gb10, meminfo=tight)}, lambda t, f: plan(70 * GIB))
     assert ("mem.plan", "a") in _by(ok, "pass")
-    assert (
-        "the memory plan needs" in _by(ok, "fail")[("mem.available", "a")]
-    )  # 100 GiB free < pool + NCCL + head
+    assert "the memory plan needs" in _by(ok, "fail")[("mem.available", "a")]  # 100 GiB free < pool + NCCL + head
     bad = evaluate(spec, {"a": _facts("a", gpu=gb10)}, lambda t, f: plan(90 * GIB))
     assert "does not fit (static pool)" in _by(bad, "fail")[("mem.plan", "a")]
 
@@ -161,3 +153,30 @@ def test_docker_refusals_are_caught_before_up() -> None:
     assert "hard limit is 8388608 bytes" in fails[("docker.memlock", "a")]
     assert "docker refuses --gpus" in fails[("docker.gpus", "a")]
     assert ("docker.memlock", "b") in _by(checks, "pass") and ("docker.gpus", "b") not in fails
+
+
+def test_discrete_gpu_with_too_little_free_memory_for_the_pool_fails() -> None:
+    held = gpu.parse_apps("pid, process_name, used_gpu_memory [MiB]\n4242, python3, 70000 MiB\n")
+    busy = replace(H200_GPU, gpus=(replace(H200_GPU.gpus[0], memory_free_mib=73000),), processes=held)
+
+    def pool_of(fraction: str):  # type: ignore[no-untyped-def]
+        argv = ("vllm", "serve", "--gpu-memory-utilization", fraction)
+        inputs = MemoryInputs(engine="vllm", argv=argv, env=(), rank=0, tp=1, nnodes=1,
+                              device_memory=143771 * 1024 * 1024, device_source="nvidia-smi",
+                              weights_per_rank=GIB)  # fmt: skip
+        return lambda t, f: plan_memory(inputs)
+
+    spec = DoctorSpec(nodes=(_target("a", head=True),))
+    checks = evaluate(spec, {"a": _facts("a", gpu=busy)}, pool_of("0.9"))
+    failed = _by(checks, "fail")[("mem.gpu_free", "a")]
+    assert "NVIDIA H200: 76.55 GB" in failed and "needs 135.68 GB" in failed
+    assert "4242 python3" in next(c.fix for c in checks if c.id == "mem.gpu_free")
+    ok = evaluate(spec, {"a": _facts("a", gpu=busy)}, pool_of("0.4"))
+    assert ("mem.gpu_free", "a") in _by(ok, "pass")
+
+
+def test_reach_without_bash_on_the_head_is_a_warning_not_a_failure() -> None:
+    found = reach.parse("192.0.2.2 22 127 sh: 1: bash: not found\n")
+    spec = DoctorSpec(nodes=(_target("a", head=True),))
+    checks = evaluate(spec, {"a": _facts("a", reach=found)})
+    assert "not tested" in _by(checks, "warn")[("fabric.reachable", "a")]

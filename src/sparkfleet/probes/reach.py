@@ -30,6 +30,7 @@ class Reach:
     port: int
     reachable: bool
     detail: str
+    tested: bool = True
 
 
 def parse(stdout: str) -> tuple[Reach, ...]:
@@ -41,6 +42,9 @@ def parse(stdout: str) -> tuple[Reach, ...]:
             continue
         ip, port, rc = words[0], int(words[1]), int(words[2])
         detail = words[3].strip() if len(words) > 3 else ""
+        if rc == 127:  # no bash or timeout on the probing node: nothing was tried
+            out.append(Reach(ip=ip, port=port, reachable=False, detail=f"not tested: {detail}", tested=False))
+            continue
         refused = "refused" in detail.lower()
         if refused:
             detail = "answers (connection refused)"
