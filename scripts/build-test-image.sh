@@ -49,6 +49,47 @@ else
     -t "$DERIVED" "$ctx" >/dev/null 2>/tmp/docker-build.err || { cat /tmp/docker-build.err >&2; exit 1; }
   echo "build-test-image: built $DERIVED"
 fi
+# Optional third image: the base plus Debian's python3 (binary, shared libraries, stdlib
+# without tests/tk/idle; ~30 MB) for stand-ins written in Python. Skipped without
+# /usr/bin/python3.X or with SKIP_PYTHON_IMAGE=1.
+PYIMAGE="${PYIMAGE:-sparkfleet-test-python:latest}"
+pybin="$(readlink -f /usr/bin/python3 2>/dev/null || true)"
+if [ "${SKIP_PYTHON_IMAGE:-0}" != 1 ] && [ -x "$pybin" ] && [ "${pybin#/usr/bin/python3.}" != "$pybin" ]; then
+  pyver="${pybin##*/}"
+  pyhash="$( (echo "$hash"; sha256sum "$pybin" | cut -d' ' -f1) | sha256sum | cut -c1-16)"
+  phave="$(docker image inspect -f '{{index .Config.Labels "org.sparkfleet.inputs"}}' "$PYIMAGE" 2>/dev/null || true)"
+  if [ "${FORCE:-0}" != 1 ] && [ "$phave" = "$pyhash" ]; then
+    echo "build-test-image: $PYIMAGE up to date"
+  else
+    proot="$(mktemp -d)"
+    docker export "$(docker create "$IMAGE" true)" | tar -C "$proot" -x
+    docker ps -aq --filter ancestor="$IMAGE" --filter status=created | xargs -r docker rm >/dev/null
+    mkdir -p "$proot/usr/lib" "$proot/usr/bin"
+    cp -a "$pybin" "$proot/usr/bin/"; ln -sf "$pyver" "$proot/usr/bin/python3"; ln -sf "$pyver" "$proot/usr/bin/python"
+    tar -C /usr/lib -c --exclude="$pyver/test" --exclude="$pyver/*/test" --exclude="$pyver/*/tests" \
+      --exclude="$pyver/idlelib" --exclude="$pyver/tkinter" --exclude="$pyver/turtledemo" \
+      --exclude="$pyver/ensurepip" --exclude="$pyver/lib2to3" --exclude="$pyver/config-*" \
+      --exclude="$pyver/site-packages" --exclude="$pyver/dist-packages" "$pyver" | tar -C "$proot/usr/lib" -x
+    # shared libraries of the interpreter and of every extension module, at their own paths
+    { ldd "$pybin"; find "/usr/lib/$pyver/lib-dynload" -name '*.so' -exec ldd {} \; ; } 2>/dev/null \
+      | grep -o '/[^ ]*' | sort -u | while read -r lib; do
+        [ -e "$lib" ] || continue
+        mkdir -p "$proot$(dirname "$lib")"; cp -L "$lib" "$proot$lib"
+      done
+    [ -e /lib64/ld-linux-x86-64.so.2 ] && { mkdir -p "$proot/lib64"; cp -L /lib64/ld-linux-x86-64.so.2 "$proot/lib64/"; }
+    # Debian's /lib -> usr/lib merge: keep both spellings resolvable
+    for d in lib/x86_64-linux-gnu; do
+      if [ -d "$proot/$d" ] && [ -d "$proot/usr/$d" ]; then cp -a "$proot/$d/." "$proot/usr/$d/"; fi
+    done
+    tar -C "$proot" --numeric-owner --owner=0 --group=0 -c . | docker import \
+      -c 'ENV PATH=/usr/sbin:/usr/bin:/sbin:/bin' -c 'CMD ["standin-rank"]' \
+      -c "LABEL org.sparkfleet.inputs=$pyhash" -m "sparkfleet test image + python3" - "$PYIMAGE" >/dev/null
+    rm -rf "$proot"
+    docker run --rm "$PYIMAGE" python3 -c 'import json, http.server, ssl, hashlib, sqlite3' \
+      || { echo "build-test-image: $PYIMAGE python3 smoke failed" >&2; exit 1; }
+    echo "build-test-image: imported $PYIMAGE ($(docker image inspect -f '{{.Size}}' "$PYIMAGE") bytes)"
+  fi
+fi
 # Smoke: the image runs a command.
 out="$(docker run --rm "$IMAGE" sh -c 'cat /etc/passwd | head -1; sleep 0; echo ok')"
 [ "${out##*$'\n'}" = ok ] || { echo "build-test-image: smoke run failed: $out" >&2; exit 1; }
