@@ -44,6 +44,7 @@ PR_SET_PDEATHSIG = 1
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 NOBODY = 65534
+_OUTSIDE_UID = os.getuid()
 _KEEP_FLAGS = {
     "nosuid": MS_NOSUID,
     "nodev": MS_NODEV,
@@ -130,6 +131,8 @@ def _drop_privileges(mode: str) -> str:
         os.setgid(NOBODY)
         os.setuid(NOBODY)
         return "nobody"
+    if mode == "userns":
+        return f"{_OUTSIDE_UID} (uid 0 only inside its user namespace)"
     return str(os.getuid())
 
 
