@@ -72,14 +72,13 @@ def quality_table(run: QualityRun) -> Table:
 def _print_quality(run: QualityRun) -> None:
     console.print(quality_table(run))
     tok_s = run.median_tok_s()
+    speed = f", median {tok_s:.1f} tok/s" if tok_s else ""
+    sandbox_style = "" if run.sandbox.startswith(("root", "userns")) and "NOT" not in run.sandbox else "[red]"
     console.print(
         f"run {run.id}  model {run.model}  engine {run.engine}\n"
         f"prompt format: {run.prompt_format}\nthinking: {run.thinking_control}\n"
-        f"sandbox: {run.sandbox}\n"
-        f"wall {run.wall_s / 60:.1f} min, {run.truncated} answers cut at max_tokens, "
-        f"median {tok_s:.1f} tok/s"
-        if tok_s
-        else f"wall {run.wall_s / 60:.1f} min",
+        f"sandbox: {sandbox_style}{run.sandbox}{'[/]' if sandbox_style else ''}\n"
+        f"wall {run.wall_s / 60:.1f} min, {run.truncated} answers cut at max_tokens{speed}",
         highlight=False,
     )
 

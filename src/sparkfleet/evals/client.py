@@ -22,7 +22,7 @@ from sparkfleet.evals.extract import strip_reasoning
 
 Api = Literal["chat", "completions"]
 COMPLETION_FRAME = "Question: {prompt}\nAnswer:"
-COMPLETION_STOP = ("\nQuestion:",)
+COMPLETION_STOP = ("\nQuestion:", "\nAnswer:")
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ def prompt_format(api: Api) -> str:
     if api == "chat":
         return "chat: /v1/chat/completions, the server's chat template, one user turn"
     frame = COMPLETION_FRAME.replace("\n", "\\n")
-    return f"completions: /v1/completions, plain frame '{frame}', stop at '\\nQuestion:'"
+    return f"completions: /v1/completions, plain frame '{frame}', stop at '\\nQuestion:' or '\\nAnswer:'"
 
 
 def new_run_id(kind: str) -> str:
