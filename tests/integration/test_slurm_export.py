@@ -33,9 +33,7 @@ def _gguf_present() -> bool:
 def slurm() -> None:
     if os.geteuid() != 0 and not shutil.which("slurmctld"):
         pytest.skip("Slurm is not installed and installing it needs root")
-    done = subprocess.run(
-        [str(ROOT / "scripts" / "start-slurm.sh")], capture_output=True, text=True, timeout=600
-    )
+    done = subprocess.run([str(ROOT / "scripts" / "start-slurm.sh")], capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         pytest.fail(f"start-slurm.sh failed:\n{done.stdout}\n{done.stderr}")
 
@@ -111,9 +109,7 @@ def test_script_fails_fast_when_rank_zero_exits(slurm: None, tmp_path: Path) -> 
     started = time.monotonic()
     job = _sbatch(script, out)
     try:
-        _wait_for(
-            lambda: _job_state(job) in ("FAILED", "COMPLETED", "CANCELLED", "GONE"), 90, "the job to end"
-        )
+        _wait_for(lambda: _job_state(job) in ("FAILED", "COMPLETED", "CANCELLED", "GONE"), 90, "the job to end")
     finally:
         _cancel(job)
     assert time.monotonic() - started < 60
@@ -157,9 +153,7 @@ def test_docker_rank_runs_in_a_foreground_container_removed_on_scancel(slurm: No
         _cancel(job)
 
     def removed() -> bool:
-        ps = subprocess.run(
-            ["docker", "ps", "-a", "-q", "--filter", f"name=^{name}$"], capture_output=True, text=True
-        )
+        ps = subprocess.run(["docker", "ps", "-a", "-q", "--filter", f"name=^{name}$"], capture_output=True, text=True)
         return ps.stdout.strip() == ""
 
     _wait_for(removed, 30, "the rank's container to be removed")

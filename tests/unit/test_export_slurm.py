@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,9 +84,7 @@ def test_secrets_are_required_from_the_environment_never_written(tmp_path: Path)
            "HF_CACHE": "/h", "STATE_DIR": "/s", "HOME": str(tmp_path)}  # fmt: skip
     done = subprocess.run(["bash", "-c", _task(script)], env=env, capture_output=True, text=True)
     assert done.returncode != 0 and "HF_TOKEN must be set" in done.stderr
-    done = subprocess.run(
-        ["bash", "-c", _task(script)], env={**env, "HF_TOKEN": "x"}, capture_output=True, text=True
-    )
+    done = subprocess.run(["bash", "-c", _task(script)], env={**env, "HF_TOKEN": "x"}, capture_output=True, text=True)
     assert done.returncode == 0 and json.loads(done.stdout.splitlines()[-1])[1]["HF_TOKEN"] == "x"
 
 
@@ -123,3 +122,24 @@ def test_rank_template_in_env_and_args_follows_each_rank(tmp_path: Path) -> None
     for rank in range(3):
         argv, env = _run_rank(script, rank, tmp_path)
         assert env["LOG_NAME"] == f"rank-{rank}.log" and argv[argv.index("--tag") + 1] == f"r{rank}"
+
+
+def test_imported_profile_exports_with_its_cluster_nics(tmp_path: Path) -> None:
+    # import mia-env puts NICs in the cluster file; export --cluster must carry them to every rank.
+    from sparkfleet.importers.mia_env import import_mia_env
+    from sparkfleet.importers.shell_profile import parse_profile
+    from tests.unit.test_import_mia_env import production_text
+
+    result = import_mia_env(parse_profile(production_text(), "env.tp4"))
+    (tmp_path / "recipe.toml").write_text(result.recipe_toml)
+    (tmp_path / "cluster.toml").write_text(result.cluster_toml or "")
+    out = tmp_path / "job.sbatch"
+    cmd = [sys.executable, "-m", "sparkfleet.cli.main", "export", "slurm", str(tmp_path / "recipe.toml"),
+           "--cluster", str(tmp_path / "cluster.toml"), "--out", str(out)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    script = out.read_text()
+    # Both branches (rank 0, ranks above 0) export it and write it to the container env file.
+    assert script.count("export NCCL_SOCKET_IFNAME=enP7s7") == 2
+    assert script.count("NCCL_IB_HCA=rocep1s0f0,rocep1s0f1") == 4
+    assert out.stat().st_mode & 0o111

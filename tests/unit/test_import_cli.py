@@ -13,9 +13,7 @@ PROFILE = ROOT / "tests" / "data" / "import" / "env.tp4.example"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sparkfleet.cli.main", *args], capture_output=True, text=True
-    )
+    return subprocess.run([sys.executable, "-m", "sparkfleet.cli.main", *args], capture_output=True, text=True)
 
 
 def test_import_mia_env_writes_recipe_and_cluster_and_lists_keys(tmp_path: Path) -> None:

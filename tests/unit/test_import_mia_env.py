@@ -16,9 +16,7 @@ from sparkfleet.recipe import load_recipe
 from tests.conftest import ROOT, SEEDS, SPARK4
 
 PROFILE = ROOT / "tests" / "data" / "import" / "env.tp4.example"
-SHARED_PROFILE = (
-    ROOT.parent / "shared" / "seeds" / "recipes" / "docker-images" / "mia-tp4" / ".env.tp4.example"
-)
+SHARED_PROFILE = ROOT.parent / "shared" / "seeds" / "recipes" / "docker-images" / "mia-tp4" / ".env.tp4.example"
 SEED = SEEDS / "dsv41-flash-4x-mia"
 
 
@@ -156,9 +154,7 @@ def test_packed_engram_staging_and_image(imported) -> None:  # type: ignore[no-u
     assert recipe.docker_image == "dsv41-4x-spark:canary-roce"
     (stage,) = recipe.staging
     assert (stage.kind, stage.id, stage.dst) == ("sparse-rows", "engram", "{{home}}/dsv41-engram")
-    assert stage.src is not None and stage.src.startswith(
-        "{{hf}}/hub/models--deepseek-ai--DeepSeek-V4.1-Flash/"
-    )
+    assert stage.src is not None and stage.src.startswith("{{hf}}/hub/models--deepseek-ai--DeepSeek-V4.1-Flash/")
     mounts = {(m.host, m.container) for m in recipe.extra_mounts}
     assert ("{{home}}/dsv41-engram", "/engram") in mounts
     assert ("{{home}}/dsv41-4x-spark/state", "/state") in mounts

@@ -57,11 +57,7 @@ def _flags(
     argv: list[str] | tuple[str, ...],
 ) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]], list[str]]:
     """(program words, flag -> values, positional words) with sparkrun/sparkfleet aliases unified."""
-    start = (
-        3
-        if len(argv) > 2 and argv[1] == "-m"
-        else (2 if argv[:2] in (["vllm", "serve"], ("vllm", "serve")) else 1)
-    )
+    start = 3 if len(argv) > 2 and argv[1] == "-m" else (2 if argv[:2] in (["vllm", "serve"], ("vllm", "serve")) else 1)
     prog, flags, positional, current = tuple(argv[:start]), {}, [], None  # type: ignore[var-annotated]
     for word in argv[start:]:
         if word.startswith("-"):

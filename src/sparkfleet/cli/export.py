@@ -9,15 +9,23 @@ import typer
 
 from sparkfleet.cli.console import err_console
 from sparkfleet.cli.options import NameOpt, RecipeArg, SetOpt
+from sparkfleet.cluster import Node, load_cluster
 from sparkfleet.errors import SparkfleetError
 from sparkfleet.recipe import deployment_name, load_recipe
 
-export_app = typer.Typer(
-    help="Write a recipe as a Kubernetes manifest or an sbatch script.", no_args_is_help=True
-)
+export_app = typer.Typer(help="Write a recipe as a Kubernetes manifest or an sbatch script.", no_args_is_help=True)
 
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Write here (default: stdout).")]
+NicsOpt = Annotated[
+    Path | None,
+    typer.Option("--cluster", "-c", help="Give every rank the NIC settings of this cluster's first node."),
+]
 GpusOpt = Annotated[int, typer.Option("--gpus-per-node", help="GPUs each rank asks for.")]
+
+
+def _like(cluster: Path | None) -> Node | None:
+    """The cluster's first node, whose NIC settings every exported rank gets (or None)."""
+    return load_cluster(cluster).nodes[0] if cluster is not None else None
 
 
 def _emit(text: str, out: Path | None, executable: bool = False) -> None:
@@ -40,25 +48,22 @@ def k8s(
     out: OutOpt = None,
     set_: SetOpt = None,
     name: NameOpt = None,
-    image: Annotated[
-        str | None, typer.Option("--image", help="Image for a recipe without docker_image.")
-    ] = None,
+    image: Annotated[str | None, typer.Option("--image", help="Image for a recipe without docker_image.")] = None,
     namespace: Annotated[str | None, typer.Option("--namespace", "-n")] = None,
     gpus: GpusOpt = 1,
     hf_cache: Annotated[str, typer.Option("--hf-cache", help="Hugging Face cache on the nodes.")] = (
         "/root/.cache/huggingface"
     ),
     no_rdma: Annotated[bool, typer.Option("--no-rdma", help="Do not mount /dev/infiniband.")] = False,
+    cluster: NicsOpt = None,
 ) -> None:
     """A LeaderWorkerSet (size = required_nodes) and a leader Service, as YAML."""
     # PyYAML is imported only here, to keep `sparkfleet` start-up fast.
     from sparkfleet.exporters.k8s_lws import K8sOptions, k8s_yaml
 
     loaded = load_recipe(recipe, tuple(set_ or ()))
-    opts = K8sOptions(
-        image=image, namespace=namespace, gpus_per_node=gpus, hf_cache=hf_cache, rdma=not no_rdma
-    )
-    _emit(k8s_yaml(loaded, name or deployment_name(recipe), opts), out)
+    opts = K8sOptions(image=image, namespace=namespace, gpus_per_node=gpus, hf_cache=hf_cache, rdma=not no_rdma)
+    _emit(k8s_yaml(loaded, name or deployment_name(recipe), opts, _like(cluster)), out)
 
 
 @export_app.command("slurm")
@@ -67,13 +72,14 @@ def slurm(
     out: OutOpt = None,
     set_: SetOpt = None,
     name: NameOpt = None,
-    container: Annotated[
-        str, typer.Option("--container", help="docker or pyxis (recipes with an image).")
-    ] = ("docker"),
+    container: Annotated[str, typer.Option("--container", help="docker or pyxis (recipes with an image).")] = (
+        "docker"
+    ),
     gpus: GpusOpt = 0,
     partition: Annotated[str | None, typer.Option("--partition", "-p")] = None,
     time_limit: Annotated[str | None, typer.Option("--time", help="sbatch --time.")] = None,
     exclusive: Annotated[bool, typer.Option("--exclusive", help="sbatch --exclusive.")] = False,
+    cluster: NicsOpt = None,
 ) -> None:
     """An sbatch script: one rank per node with srun, then a wait until rank 0 is healthy."""
     from sparkfleet.exporters.slurm import SlurmOptions, slurm_script
@@ -88,7 +94,7 @@ def slurm(
         time_limit=time_limit,
         exclusive=exclusive,
     )
-    _emit(slurm_script(loaded, name or deployment_name(recipe), opts), out, executable=True)
+    _emit(slurm_script(loaded, name or deployment_name(recipe), opts, _like(cluster)), out, executable=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -61,9 +61,7 @@ def mia_env(
     cluster_out: Annotated[
         Path | None, typer.Option("--cluster-out", help="Cluster file (default: cluster.toml beside --out).")
     ] = None,
-    no_tp4: Annotated[
-        bool, typer.Option("--no-tp4", help="A start.sh (3-node) profile, not start-tp4.sh.")
-    ] = False,
+    no_tp4: Annotated[bool, typer.Option("--no-tp4", help="A start.sh (3-node) profile, not start-tp4.sh.")] = False,
     force: ForceOpt = False,
 ) -> None:
     """Import a MiaAI start-tp4.sh profile (.env.tp4): same flags, same container env, same staging."""

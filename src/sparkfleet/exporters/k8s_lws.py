@@ -18,9 +18,10 @@ from typing import Any
 
 import yaml
 
+from sparkfleet.cluster import Node
 from sparkfleet.engines import engine_for
 from sparkfleet.errors import RecipeError
-from sparkfleet.exporters.rank_templates import Markers, rank_templates
+from sparkfleet.exporters.rank_templates import Markers, NodeShape, rank_templates
 from sparkfleet.plan import CONTAINER_HF_HOME, RankPlan
 from sparkfleet.recipe import Recipe
 from sparkfleet.secrets import is_secret
@@ -60,9 +61,7 @@ def _quantity(size: str) -> str:
 
 def _env(rank: RankPlan, secret_name: str, host_ip_keys: tuple[str, ...]) -> list[dict[str, Any]]:
     # The host address first: later values may refer to it as $(SPARKFLEET_HOST_IP).
-    env: list[dict[str, Any]] = [
-        {"name": HOST_IP_VAR, "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}
-    ]
+    env: list[dict[str, Any]] = [{"name": HOST_IP_VAR, "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}]
     for var in rank.env:
         if var.key in host_ip_keys:
             env.append({"name": var.key, "value": f"$({HOST_IP_VAR})"})
@@ -133,8 +132,10 @@ def _pod(container: dict[str, Any], volumes: list[dict[str, Any]], labels: dict[
     }
 
 
-def k8s_manifests(recipe: Recipe, deployment: str, opts: K8sOptions | None = None) -> list[dict[str, Any]]:
-    """The LeaderWorkerSet and leader Service of a recipe, as Kubernetes objects."""
+def k8s_manifests(
+    recipe: Recipe, deployment: str, opts: K8sOptions | None = None, like: Node | None = None
+) -> list[dict[str, Any]]:
+    """The LeaderWorkerSet and leader Service of a recipe; ``like`` lends its NIC settings to every pod."""
     opts = opts or K8sOptions()
     image = opts.image or recipe.docker_image
     if not image:
@@ -148,7 +149,8 @@ def k8s_manifests(recipe: Recipe, deployment: str, opts: K8sOptions | None = Non
         # Worker pods are <lws>-<group>-<index> under the LWS headless service <lws>.
         peer=lambda i: f"{name}-0-{i}.{name}",
     )
-    templates = rank_templates(recipe, name, markers, opts.hf_cache, opts.home, "/var/lib/sparkfleet")
+    shape = NodeShape(opts.hf_cache, opts.home, "/var/lib/sparkfleet", like)
+    templates = rank_templates(recipe, name, markers, shape)
     secret = f"{name}-secrets"
     leader, leader_volumes = _container("leader", templates.leader, recipe, image, opts, secret)
     lwt: dict[str, Any] = {
@@ -182,9 +184,9 @@ def k8s_manifests(recipe: Recipe, deployment: str, opts: K8sOptions | None = Non
     return [lws, service]
 
 
-def k8s_yaml(recipe: Recipe, deployment: str, opts: K8sOptions | None = None) -> str:
+def k8s_yaml(recipe: Recipe, deployment: str, opts: K8sOptions | None = None, like: Node | None = None) -> str:
     """The manifests as one multi-document YAML file for ``kubectl apply -f``."""
-    docs = k8s_manifests(recipe, deployment, opts)
+    docs = k8s_manifests(recipe, deployment, opts, like)
     header = f"# sparkfleet export k8s of {recipe.source}\n"
     secrets = sorted({k for k in recipe.env if is_secret(k)})
     if secrets:

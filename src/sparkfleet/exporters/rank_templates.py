@@ -38,17 +38,32 @@ class RankTemplates:
     worker: RankPlan | None
 
 
-def _node(index: int, fabric_ip: str, hf_cache: str, home: str, state_dir: str) -> Node:
-    return Node(
+@dataclass(frozen=True)
+class NodeShape:
+    """What every stand-in node looks like: paths, and optionally a real node's NIC settings."""
+
+    hf_cache: str
+    home: str
+    state_dir: str
+    like: Node | None = None
+
+
+def _node(index: int, fabric_ip: str, shape: NodeShape) -> Node:
+    node = Node(
         name=f"rank{index}", host=f"rank{index}", fabric_ip=fabric_ip, transport="ssh", user=None,
-        ssh_port=None, ssh_key=None, ssh_config=None, hf_cache=hf_cache, state_dir=state_dir, home=home,
-        gpus="all", memlock="unlimited", rdma=True, fabric_ifname=None, ib_hca=None, ib_gid_index=None,
-        python="python3", env={},
+        ssh_port=None, ssh_key=None, ssh_config=None, hf_cache=shape.hf_cache, state_dir=shape.state_dir,
+        home=shape.home, gpus="all", memlock="unlimited", rdma=True, fabric_ifname=None, ib_hca=None,
+        ib_gid_index=None, python="python3", env={},
     )  # fmt: skip
+    if shape.like is None:
+        return node
+    # The scheduler places ranks, so every node is assumed to have the template node's NICs.
+    keep = ("fabric_ifname", "ib_hca", "ib_gid_index", "env")
+    return node.model_copy(update={k: getattr(shape.like, k) for k in keep})
 
 
-def _plan(recipe: Recipe, name: str, addrs: list[str], hf_cache: str, home: str, state_dir: str) -> Plan:
-    nodes = tuple(_node(i, a, hf_cache, home, state_dir) for i, a in enumerate(addrs))
+def _plan(recipe: Recipe, name: str, addrs: list[str], shape: NodeShape) -> Plan:
+    nodes = tuple(_node(i, a, shape) for i, a in enumerate(addrs))
     return plan(recipe, Cluster(name="export", nodes=nodes, source="(export)"), name)
 
 
@@ -78,25 +93,19 @@ def _rank_marked(recipe: Recipe, marker: str) -> Recipe:
             "args": tuple(mark(a) for a in recipe.args),
             "env": {k: mark(v) for k, v in recipe.env.items()},
             "extra_mounts": tuple(
-                m.model_copy(update={"host": mark(m.host), "container": mark(m.container)})
-                for m in recipe.extra_mounts
+                m.model_copy(update={"host": mark(m.host), "container": mark(m.container)}) for m in recipe.extra_mounts
             ),
         }
     )
 
 
-def rank_templates(
-    recipe: Recipe, name: str, markers: Markers, hf_cache: str, home: str, state_dir: str
-) -> RankTemplates:
+def rank_templates(recipe: Recipe, name: str, markers: Markers, shape: NodeShape) -> RankTemplates:
     """Plan rank 0 with peers at their markers, and rank 1 at its own-address marker."""
     n = recipe.required_nodes
     recipe = _rank_marked(recipe, markers.rank)
-    leader_plan = _plan(recipe, name, [markers.head] + [markers.peer(i) for i in range(1, n)],
-                        hf_cache, home, state_dir)  # fmt: skip
+    leader_plan = _plan(recipe, name, [markers.head] + [markers.peer(i) for i in range(1, n)], shape)
     worker = None
     if n > 1:
-        worker_plan = _plan(
-            recipe, name, [markers.head] + [markers.self_addr] * (n - 1), hf_cache, home, state_dir
-        )
+        worker_plan = _plan(recipe, name, [markers.head] + [markers.self_addr] * (n - 1), shape)
         worker = _with_rank(worker_plan.ranks[1], markers.rank)
     return RankTemplates(plan=leader_plan, leader=leader_plan.ranks[0], worker=worker)

@@ -17,7 +17,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Literal
 
-from sparkfleet.exporters.rank_templates import Markers, rank_templates
+from sparkfleet.cluster import Node
+from sparkfleet.exporters.rank_templates import Markers, NodeShape, rank_templates
 from sparkfleet.plan import EnvVar, RankPlan
 from sparkfleet.recipe import Recipe
 
@@ -161,12 +162,12 @@ def _task_script(leader: RankPlan, worker: RankPlan | None, recipe: Recipe, opts
     return "\n".join(lines)
 
 
-def slurm_script(recipe: Recipe, deployment: str, opts: SlurmOptions | None = None) -> str:
-    """The sbatch script for recipe as deployment NAME."""
+def slurm_script(recipe: Recipe, deployment: str, opts: SlurmOptions | None = None, like: Node | None = None) -> str:
+    """The sbatch script for recipe as deployment NAME; ``like`` lends its NIC settings to every node."""
     opts = opts or SlurmOptions()
     n = recipe.required_nodes
     markers = Markers(head="@@HEAD@@", self_addr="@@SELF@@", rank="@@RANK@@", peer=lambda i: f"@@PEER{i}@@")
-    t = rank_templates(recipe, deployment, markers, "@@HF@@", "@@HOME@@", "@@STATE@@")
+    t = rank_templates(recipe, deployment, markers, NodeShape("@@HF@@", "@@HOME@@", "@@STATE@@", like))
     plan = t.plan
     ready = t.leader.readiness
     health = ready.health_path or "/"
@@ -191,6 +192,9 @@ def slurm_script(recipe: Recipe, deployment: str, opts: SlurmOptions | None = No
     return f"""#!/bin/bash
 # sparkfleet export slurm of {recipe.source}: deployment {deployment!r}, {n} rank(s), {runtime}.
 # Submit with: sbatch THIS_FILE   (secrets the recipe names must be set in that environment)
+# Optional env at submit time: SPARKFLEET_HEAD_ADDR (address ranks reach the head at, e.g. its
+# fabric IP; default: the first host's resolved address), SPARKFLEET_HF_CACHE (default
+# ~/.cache/huggingface on the nodes), SPARKFLEET_STATE_DIR (default ~/.local/state/sparkfleet).
 {chr(10).join(sbatch)}
 set -euo pipefail
 

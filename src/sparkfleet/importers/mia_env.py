@@ -169,9 +169,7 @@ def _args(b: _Build) -> list[tuple[list[str], str | None]]:
         for group in _flag_groups(extra.split()):
             flag = group[0].split("=", 1)[0]
             if flag in PER_RANK:
-                b.not_carried.append(
-                    Note("EXTRA_SGLANG_ARGS", f"{' '.join(group)}: set by sparkfleet per rank")
-                )
+                b.not_carried.append(Note("EXTRA_SGLANG_ARGS", f"{' '.join(group)}: set by sparkfleet per rank"))
                 continue
             index = next((i for i, (g, _) in enumerate(out) if g[0] == flag), None)
             if index is None:
@@ -253,9 +251,7 @@ def _cluster_toml(b: _Build, profile: Profile) -> str:
         doc.blank()
         doc.array_table("nodes")
         doc.set("name", name)
-        doc.set(
-            "host", host, "you run sparkfleet on the head, as start-tp4.sh did" if local else "WORKER_HOSTS"
-        )
+        doc.set("host", host, "you run sparkfleet on the head, as start-tp4.sh did" if local else "WORKER_HOSTS")
         doc.set("fabric_ip", fabric, "HEAD_IP" if local else "WORKER_IPS")
         if local:
             doc.set("transport", "local")
@@ -309,9 +305,7 @@ def import_mia_env(profile: Profile, tp4: bool = True) -> ImportResult:
             b.not_carried.append(Note(key, NOT_CARRIED[key]))
     for key in v:
         if key not in b.used:
-            b.not_understood.append(
-                Note(key, f"= {v[key]!r} (not used by the launcher as far as sparkfleet knows)")
-            )
+            b.not_understood.append(Note(key, f"= {v[key]!r} (not used by the launcher as far as sparkfleet knows)"))
     for skipped in profile.skipped:
         b.not_understood.append(Note(f"line {skipped.line}", f"{skipped.text[:60]!r}: {skipped.reason}"))
     for name in profile.unresolved:
@@ -359,9 +353,7 @@ def import_mia_env(profile: Profile, tp4: bool = True) -> ImportResult:
         doc.set("container", container)
     if staging and engram_dir:
         doc.blank()
-        doc.comment(
-            "Per-rank Engram rows packed onto node-local disk (start.sh pack), read at DSV41_PACKED_DIR."
-        )
+        doc.comment("Per-rank Engram rows packed onto node-local disk (start.sh pack), read at DSV41_PACKED_DIR.")
         doc.array_table("staging")
         doc.set("kind", "sparse-rows")
         doc.set("id", "engram")

@@ -106,9 +106,7 @@ def substitute(template: str, values: dict[str, Any]) -> tuple[str, list[str]]:
     """sparkrun's iterative ``{key}`` substitution; unknown placeholders stay as they are."""
     text = template
     for _ in range(10):
-        new = _PLACEHOLDER.sub(
-            lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), text
-        )
+        new = _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), text)
         if new == text:
             break
         text = new
@@ -223,9 +221,7 @@ def import_sparkrun(file: SparkrunFile) -> ImportResult:
         if "hf" in fields:
             repo, _, quant = fields["hf"].partition(":")
             model = repo
-            model_file = fields.get("file") or placeholder(
-                f"GGUF file name in {repo} for quant {quant or '?'}"
-            )
+            model_file = fields.get("file") or placeholder(f"GGUF file name in {repo} for quant {quant or '?'}")
         elif model.startswith("/") and model.endswith(".gguf"):
             model, model_file = str(PurePosixPath(model).parent), PurePosixPath(model).name
         elif ":" in model and not model.startswith("/"):
@@ -249,16 +245,12 @@ def import_sparkrun(file: SparkrunFile) -> ImportResult:
     shm = executor.get("shm_size")
     for key in executor:
         if key != "shm_size":
-            not_carried.append(
-                Note(f"executor_config.{key}", "sparkfleet's docker runtime sets its own flags")
-            )
+            not_carried.append(Note(f"executor_config.{key}", "sparkfleet's docker runtime sets its own flags"))
     for key in data:
         if key in NOT_CARRIED:
             not_carried.append(Note(key, NOT_CARRIED[key]))
         elif key not in KNOWN:
-            not_understood.append(
-                Note(key, "unknown sparkrun key (sparkrun sweeps these into runtime_config)")
-            )
+            not_understood.append(Note(key, "unknown sparkrun key (sparkrun sweeps these into runtime_config)"))
 
     doc = TomlDoc()
     doc.comment(f"Imported from {source} by `sparkfleet import sparkrun`.")

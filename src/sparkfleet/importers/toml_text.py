@@ -51,9 +51,7 @@ class TomlDoc:
         line = f"{key(name)} = {value(item)}"
         self._lines.append(f"{line}  # {note}" if note else line)
 
-    def words(
-        self, name: str, groups: Iterable[tuple[Sequence[str], str | None]], note: str | None = None
-    ) -> None:
+    def words(self, name: str, groups: Iterable[tuple[Sequence[str], str | None]], note: str | None = None) -> None:
         """A list of strings written one group per line (a flag and its value), with comments."""
         if note:
             self.comment(note)

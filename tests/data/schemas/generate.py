@@ -9,7 +9,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 DNS1123 = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS1035 = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
-QTY_PATTERN = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"  # noqa: E501 (the CRD's own pattern)
+QTY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"  # noqa: E501 (the CRD's own pattern)
+)
 
 
 def obj(props, required=(), extra=False):
@@ -89,9 +91,7 @@ defs = {
                     "scheme": {"enum": ["HTTP", "HTTPS"]},
                     "httpHeaders": {
                         "type": "array",
-                        "items": obj(
-                            {"name": {"type": "string"}, "value": {"type": "string"}}, ["name", "value"]
-                        ),
+                        "items": obj({"name": {"type": "string"}, "value": {"type": "string"}}, ["name", "value"]),
                     },
                 },
                 ["port"],
@@ -185,9 +185,7 @@ defs = {
                     },
                     ["path"],
                 ),
-                "emptyDir": obj(
-                    {"medium": {"enum": ["", "Memory"]}, "sizeLimit": {"$ref": "#/$defs/quantity"}}
-                ),
+                "emptyDir": obj({"medium": {"enum": ["", "Memory"]}, "sizeLimit": {"$ref": "#/$defs/quantity"}}),
                 "persistentVolumeClaim": obj(
                     {"claimName": {"type": "string"}, "readOnly": {"type": "boolean"}}, ["claimName"]
                 ),
@@ -196,10 +194,7 @@ defs = {
             },
             ["name"],
         ),
-        "oneOf": [
-            {"required": [k]}
-            for k in ("hostPath", "emptyDir", "persistentVolumeClaim", "secret", "configMap")
-        ],
+        "oneOf": [{"required": [k]} for k in ("hostPath", "emptyDir", "persistentVolumeClaim", "secret", "configMap")],
     },
     "podTemplateSpec": obj(
         {
