@@ -43,7 +43,6 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_by_name ON events(name, time);
 """
-ACTIVE = ("starting", "ready")
 
 
 @dataclass(frozen=True)
@@ -131,12 +130,13 @@ class Deployments:
         with self.store.connect() as conn:
             row = conn.execute("SELECT status, owner_pid, owner_host FROM deployments WHERE name = ?",
                                (plan.name,)).fetchone()  # fmt: skip
-            if row and row["status"] in ACTIVE:
-                if row["status"] == "ready" or _alive(row["owner_pid"], row["owner_host"]):
-                    raise StateError(
-                        f"deployment {plan.name!r} is already {row['status']}; "
-                        f"run `sparkfleet down {plan.name}` first (or `up --name` for a second copy)"
-                    )
+            # A "starting" row whose up process died is stale: take it over.
+            if row and (row["status"] == "ready" or (row["status"] == "starting"
+                                                     and _alive(row["owner_pid"], row["owner_host"]))):
+                raise StateError(
+                    f"deployment {plan.name!r} is already {row['status']}; "
+                    f"run `sparkfleet down {plan.name}` first (or `up --name` for a second copy)"
+                )
             conn.execute("DELETE FROM deployments WHERE name = ?", (plan.name,))
             conn.execute(
                 "INSERT INTO deployments (name, engine, recipe, cluster, endpoint, served_model, status,"

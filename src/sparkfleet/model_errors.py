@@ -26,7 +26,8 @@ def _model_at(model: type[BaseModel], loc: Sequence[int | str]) -> type[BaseMode
     for part in loc[:-1]:
         if isinstance(part, int):
             continue
-        field = current.model_fields.get(part) if isinstance(current, type) else None
+        is_model = isinstance(current, type) and issubclass(current, BaseModel)
+        field = current.model_fields.get(part) if is_model else None
         if field is None:
             return None
         current = _inner_model(field.annotation)

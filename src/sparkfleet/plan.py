@@ -164,7 +164,7 @@ def plan(recipe: Recipe, cluster: Cluster, deployment: str, overrides: Overrides
         endpoint=f"http://{endpoint_host}:{port}",
         port=port,
         served_model=_served_model(recipe),
-        launch_order=tuple(range(1, nnodes)) + (0,),
+        launch_order=(*range(1, nnodes), 0),
         ranks=ranks,
         staging=_staging(recipe, name, nodes),
         recipe=recipe,

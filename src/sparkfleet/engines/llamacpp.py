@@ -24,7 +24,7 @@ class LlamaCpp:
     name = "llama-cpp"
     default_port = 8080
     default_rendezvous_port = 50052
-    default_entrypoint = ("llama-server",)
+    default_entrypoint: tuple[str, ...] = ("llama-server",)
     host_ip_env: tuple[str, ...] = ()
 
     def check_recipe(self, recipe: Recipe) -> str | None:

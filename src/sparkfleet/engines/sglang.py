@@ -21,8 +21,8 @@ class SGLang:
     name = "sglang"
     default_port = 30000
     default_rendezvous_port = 20000
-    default_entrypoint = ("python3", "-m", "sglang.launch_server")
-    host_ip_env = ("SGLANG_HOST_IP",)
+    default_entrypoint: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
+    host_ip_env: tuple[str, ...] = ("SGLANG_HOST_IP",)
 
     def check_recipe(self, recipe: Recipe) -> str | None:
         return conflicting_flag(recipe.args, RESERVED, self.name)

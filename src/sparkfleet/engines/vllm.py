@@ -24,8 +24,8 @@ class VLLM:
     name = "vllm"
     default_port = 8000
     default_rendezvous_port = 29501
-    default_entrypoint = ("vllm", "serve")
-    host_ip_env = ("VLLM_HOST_IP",)
+    default_entrypoint: tuple[str, ...] = ("vllm", "serve")
+    host_ip_env: tuple[str, ...] = ("VLLM_HOST_IP",)
 
     def check_recipe(self, recipe: Recipe) -> str | None:
         problem = conflicting_flag(recipe.args, RESERVED, self.name)

@@ -8,6 +8,9 @@ Shipped as ``python3 -c <this source> COMMAND JSON``. Commands:
           environment says it belongs to the deployment (so a lost pid file still stops it)
 """
 
+from __future__ import annotations
+
+import contextlib
 import json
 import os
 import signal
@@ -18,7 +21,7 @@ import time
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def _boot_time():
+def _boot_time() -> float:
     with open("/proc/stat") as fh:
         for line in fh:
             if line.startswith("btime"):
@@ -26,7 +29,7 @@ def _boot_time():
     return 0.0
 
 
-def _starttime(pid):
+def _starttime(pid: int | str) -> str | None:
     try:
         with open(f"/proc/{pid}/stat") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()
@@ -37,7 +40,7 @@ def _starttime(pid):
         return None
 
 
-def _read_pid(spec):
+def _read_pid(spec: dict) -> tuple[int, int, str] | None:
     try:
         with open(spec["pid_path"]) as fh:
             pgid, pid, start = fh.read().split()
@@ -46,7 +49,7 @@ def _read_pid(spec):
         return None
 
 
-def _env(spec):
+def _env(spec: dict) -> dict[str, str]:
     env = dict(os.environ)
     with open(spec["env_file"]) as fh:
         for line in fh:
@@ -59,7 +62,7 @@ def _env(spec):
     return env
 
 
-def start(spec):
+def start(spec: dict) -> None:
     os.makedirs(spec["workdir"], exist_ok=True)
     # The env file arrives on stdin, so secrets never sit in argv; only this user may read it.
     env_text = sys.stdin.buffer.read()
@@ -68,10 +71,8 @@ def start(spec):
         fh.write(env_text)
     os.replace(spec["env_file"] + ".tmp", spec["env_file"])
     for path in (spec["pid_path"], spec["exit_path"]):
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        except FileNotFoundError:
-            pass
     env = _env(spec)
     if os.fork() != 0:
         deadline = time.time() + 10
@@ -105,14 +106,14 @@ def start(spec):
     os._exit(0)
 
 
-def _write(path, text):
+def _write(path: str, text: str) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "w") as fh:
         fh.write(text)
     os.replace(tmp, path)
 
 
-def inspect(spec):
+def inspect(spec: dict) -> dict:
     found = _read_pid(spec)
     exit_code = None
     try:
@@ -121,7 +122,7 @@ def inspect(spec):
     except (OSError, ValueError):
         pass
     if found and exit_code is None:
-        pgid, pid, start = found
+        _pgid, pid, start = found
         if _starttime(pid) == start:
             started = _boot_time() + int(start) / CLK_TCK
             return {"state": "running", "pid": pid, "exit_code": None, "started_at": started}
@@ -132,7 +133,7 @@ def inspect(spec):
     return {"state": "absent", "pid": None, "exit_code": None, "started_at": None}
 
 
-def probe(spec):
+def probe(spec: dict) -> dict:
     """inspect, plus the log's last bytes (what readiness polling needs, in one round trip)."""
     state = inspect(spec)
     try:
@@ -146,7 +147,7 @@ def probe(spec):
     return state
 
 
-def _belongs(pid, deployment, rank, node):
+def _belongs(pid: str, deployment: str, rank: int | None, node: str | None) -> bool:
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
             env = fh.read().split(b"\0")
@@ -160,34 +161,28 @@ def _belongs(pid, deployment, rank, node):
     return rank is None or f"SPARKFLEET_RANK={rank}".encode() in env
 
 
-def _members(deployment, rank, node):
+def _members(deployment: str, rank: int | None, node: str | None) -> list[int]:
     me = os.getpid()
     return [int(p) for p in os.listdir("/proc")
             if p.isdigit() and int(p) != me and _belongs(p, deployment, rank, node)]
 
 
-def stop(spec):
+def stop(spec: dict) -> None:
     found = _read_pid(spec)
     groups = set()
     if found and _starttime(found[1]) == found[2]:
         groups.add(found[0])
     members = _members(spec["deployment"], spec.get("rank"), spec.get("node"))
     for pid in members:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             groups.add(os.getpgid(pid))
-        except ProcessLookupError:
-            pass
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pgid in groups:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, sig)
-            except ProcessLookupError:
-                pass
         for pid in members:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
         deadline = time.time() + (spec.get("grace", 10) if sig == signal.SIGTERM else 5)
         while time.time() < deadline:
             alive = [p for p in members if _starttime(p) is not None]
