@@ -9,6 +9,7 @@ source (file list, sizes, hashes of index and config files): a node that differs
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -34,7 +35,7 @@ from sparkfleet.plan import Plan, StagingStep
 from sparkfleet.staging.copy import CopyReport, copy_files, local_files
 from sparkfleet.staging.nfs import NfsReport, check_volume, ensure_volume, export, volume_name
 from sparkfleet.staging.snapshot_identity import Snapshot, check_copy, check_identity, scan_node, select
-from sparkfleet.staging.sync import Endpoint, Method, SyncReport, sync_node
+from sparkfleet.staging.sync import Endpoint, Method, SyncReport, sync_node, transfer_list
 from sparkfleet.transport.base import Transport
 from sparkfleet.transport.local import LocalTransport
 
@@ -88,9 +89,7 @@ def _transport(transports: Mapping[str, Transport], node: str) -> Transport:
     return transports[node]
 
 
-def _endpoint(
-    transports: Mapping[str, Transport], nodes: Mapping[str, Node], name: str, path: str
-) -> Endpoint:
+def _endpoint(transports: Mapping[str, Transport], nodes: Mapping[str, Node], name: str, path: str) -> Endpoint:
     node = nodes[name]
     return Endpoint(_transport(transports, name), path, node.fabric_ip, node.user, node.ssh_port)
 
@@ -124,28 +123,69 @@ def _sync(
     python = nodes[spec.source_node].python if spec.source_node else "python3"
     snapshot = scan_node(source.transport, source.path, revision, python=python)
 
+    kept = [f.path for f in select(snapshot.files, spec.include, spec.exclude)]
+    _, wanted = transfer_list(snapshot, spec.include, spec.exclude)
+    shared = _shared_storage(source, [_endpoint(transports, nodes, s.node, s.dst) for s in steps])
+
     def one(step: StagingStep) -> Callable[[], tuple[SyncReport, Snapshot]]:
         def job() -> tuple[SyncReport, Snapshot]:
             target = _endpoint(transports, nodes, step.node, step.dst)
+            if step.node in shared:
+                note = f"{step.dst} is the same storage as on {shared[step.node]}: nothing to copy"
+                report = SyncReport(step.node, "shared", len(kept), 0, wanted, 0, 0.0, note)
+            else:
 
-            def on_bytes(done: int) -> None:
-                if progress is not None:
-                    progress(step, done, max(snapshot.total_bytes, 1))
+                def on_bytes(done: int) -> None:
+                    if progress is not None:
+                        progress(step, done, max(wanted, 1))
 
-            report = sync_node(
-                source, target, snapshot, include=spec.include, exclude=spec.exclude, method=method,
-                on_bytes=on_bytes, python=nodes[step.node].python,
-            )  # fmt: skip
+                report = sync_node(
+                    source, target, snapshot, include=spec.include, exclude=spec.exclude, method=method,
+                    on_bytes=on_bytes, python=nodes[step.node].python,
+                )  # fmt: skip
             # Read back what the node now holds, right after its own copy finished.
             return report, check_copy(target.transport, target.path, snapshot, kept)
 
         return job
 
-    kept = [f.path for f in select(snapshot.files, spec.include, spec.exclude)]
-    done = _parallel({s.node: one(s) for s in steps})
+    # Nodes on shared storage are read back only once the copies they share have finished.
+    done = _parallel({s.node: one(s) for s in steps if s.node not in shared})
+    done += _parallel({s.node: one(s) for s in steps if s.node in shared})
     copies = [copy for _, copy in done]
     check_identity(copies, reference=snapshot, include=spec.include, exclude=spec.exclude)
     return [report for report, _ in done], copies
+
+
+def _shared_storage(source: Endpoint, targets: Sequence[Endpoint]) -> dict[str, str]:
+    """Targets whose destination is storage another party already writes (a NAS cache mounted at
+    the same path on several nodes, or the source's own folder): {node: the node holding it}.
+
+    Probed, not assumed: the same path on two nodes is often two local disks. A marker file is
+    written where the copy will go (or at the source) and looked for on the others.
+    """
+    by_path: dict[str, list[Endpoint]] = {}
+    for t in targets:
+        by_path.setdefault(t.path.rstrip("/"), []).append(t)
+    shared: dict[str, str] = {}
+    for path, group in by_path.items():
+        writer = source if source.path.rstrip("/") == path else group[0]
+        others = [t for t in group if t.node != writer.node]
+        if not others:
+            continue
+        marker = f"{path}/.sparkfleet-shared-{uuid.uuid4().hex}"
+        made = writer.transport.run(
+            ["sh", "-c", 'mkdir -p "$1" && : > "$2"', "sh", path, marker], check=False, timeout=60
+        )
+        if not made.ok:
+            continue  # cannot write there (read-only source): copy to every node
+        try:
+            seen = _parallel(
+                {t.node: partial(t.transport.run, ["test", "-e", marker], check=False, timeout=60) for t in others}
+            )
+        finally:
+            writer.transport.run(["rm", "-f", marker], check=False, timeout=60)
+        shared.update({r.node: writer.node for r in seen if r.ok})
+    return shared
 
 
 def _scan(
@@ -192,9 +232,7 @@ def _nfs(plan: Plan, steps: Sequence[StagingStep], transports: Mapping[str, Tran
     nodes = _nodes(plan)
     server_name = spec.server_node or plan.head.node.name
     if server_name not in nodes:
-        raise StagingError(
-            server_name, f"staging {spec.id!r}: server_node is not one of this deployment's nodes"
-        )
+        raise StagingError(server_name, f"staging {spec.id!r}: server_node is not one of this deployment's nodes")
     server_step = next(s for s in steps if s.node == server_name)
     if not server_step.src:
         raise StagingError(server_name, f"staging {spec.id!r}: nfs needs src (the folder to export)")
@@ -202,9 +240,7 @@ def _nfs(plan: Plan, steps: Sequence[StagingStep], transports: Mapping[str, Tran
     volume = volume_name(plan.name, spec.id)
     clients = [s for s in steps if s.node != server_name]
     server_ip = nodes[server_name].fabric_ip
-    reports = [
-        export(_transport(transports, server_name), path, [nodes[s.node].fabric_ip for s in clients], volume)
-    ]
+    reports = [export(_transport(transports, server_name), path, [nodes[s.node].fabric_ip for s in clients], volume)]
     image = plan.head.image
     check = spec.check_file or "config.json"
 

@@ -75,9 +75,7 @@ class Setup:
         return self.fleet.nodes[i].hf_cache / "hub" / REPO
 
 
-def build(
-    fleet: LoopbackFleet, workdir: Path, staging: str, *, nodes: int, revision: str | None = None
-) -> Setup:
+def build(fleet: LoopbackFleet, workdir: Path, staging: str, *, nodes: int, revision: str | None = None) -> Setup:
     cluster = load_cluster(fleet.cluster_file)
     recipe_dir = workdir / "recipe"
     recipe_dir.mkdir(exist_ok=True)
@@ -315,3 +313,28 @@ def test_plain_folder_one_changed_file(fleet4: LoopbackFleet, tmp_path: Path) ->
         assert r.files_sent == 1 and r.bytes_sent <= (1 << 20) + 4096, r
     for node in fleet4.nodes:
         assert sha(node.state_dir / "tables" / "t3.bin") == sha(folder / "t3.bin")
+
+
+def test_a_cache_shared_by_all_nodes_is_written_once(tmp_path: Path) -> None:
+    files = model_files(shard_bytes=1 << 20)
+    nas = tmp_path / "nas-hf"
+    fleet = LoopbackFleet(4, tmp_path / "fleet", shared_hf_cache=nas)
+    try:
+        setup = build(fleet, tmp_path, sync_toml(str(tmp_path / "src" / REPO)), nodes=4)
+        make_hf_snapshot(setup.source, REV1, files)
+        report = {r.node: r for r in distribute(setup.plan, setup.transports).synced}
+        assert report["node0"].method == "rsync" and report["node0"].bytes_sent > 4 << 20
+        for n in ("node1", "node2", "node3"):
+            assert report[n].method == "shared" and report[n].bytes_sent == 0
+            assert "same storage as on node0" in (report[n].note or "")
+        assert_hub_layout(nas / "hub" / REPO, REV1, files, excluded=("original/consolidated.pth",))
+        assert not list((nas / "hub" / REPO).glob(".sparkfleet-shared-*"))  # the probe cleaned up
+
+        # The seed's NAS case: the source node's cache is the NAS every node mounts.
+        nas_sync = sync_toml(f"{{{{hf}}}}/hub/{REPO}", source_node="node0")
+        setup = build(fleet, tmp_path, nas_sync, nodes=4)
+        again = distribute(setup.plan, setup.transports)
+        assert {r.method for r in again.synced} == {"none", "shared"}
+        assert sum(r.bytes_sent for r in again.synced) == 0
+    finally:
+        fleet.close()
