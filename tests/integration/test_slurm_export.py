@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import time
 import urllib.request
@@ -36,6 +37,12 @@ def slurm() -> None:
     done = subprocess.run([str(ROOT / "scripts" / "start-slurm.sh")], capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         pytest.fail(f"start-slurm.sh failed:\n{done.stdout}\n{done.stderr}")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("0.0.0.0", 0))
+        return int(sock.getsockname()[1])
 
 
 def _sbatch(script: Path, out: Path) -> str:
@@ -68,8 +75,9 @@ def _cancel(job: str) -> None:
 @pytest.mark.skipif(not VENV_PY.exists() or not _gguf_present(),
                     reason="needs scripts/setup-engines.sh llama and scripts/prepare-model.py")  # fmt: skip
 def test_exported_script_brings_gemma_to_ready_on_local_slurm(slurm: None, tmp_path: Path) -> None:
+    port = _free_port()  # not the example's own port: other tests may be serving it
     script = tmp_path / "gemma.sbatch"
-    script.write_text(slurm_script(load_recipe(EXAMPLE), "gemma-slurm-test"))
+    script.write_text(slurm_script(load_recipe(EXAMPLE, (f"port={port}",)), "gemma-slurm-test"))
     out = tmp_path / "job.out"
     job = _sbatch(script, out)
     try:
@@ -84,10 +92,11 @@ def test_exported_script_brings_gemma_to_ready_on_local_slurm(slurm: None, tmp_p
         with urllib.request.urlopen(request, timeout=60) as response:
             text = json.load(response)["choices"][0]["text"]
         assert "Berlin" in text
-        assert "sparkfleet: rank 0 on" in out.read_text()
+        log = out.read_text()
+        assert "sparkfleet: rank 0 on" in log and f"Uvicorn running on http://0.0.0.0:{port}" in log
+        assert m.group(1).endswith(f":{port}")
     finally:
         _cancel(job)
-    port = m.group(1).rsplit(":", 1)[1]
 
     def released() -> bool:
         return f":{port} " not in subprocess.run(["ss", "-ltn"], capture_output=True, text=True).stdout
@@ -99,7 +108,7 @@ def test_script_fails_fast_when_rank_zero_exits(slurm: None, tmp_path: Path) -> 
     # A real process that exits at once: the readiness wait must notice instead of waiting 300 s.
     recipe = tmp_path / "recipe.toml"
     recipe.write_text(
-        'engine = "llama-cpp"\nmodel = "/nonexistent"\nmodel_file = "missing.gguf"\nport = 18981\n'
+        f'engine = "llama-cpp"\nmodel = "/nonexistent"\nmodel_file = "missing.gguf"\nport = {_free_port()}\n'
         'entrypoint = ["python3", "-c", "import sys; print(sys.argv[1:]); sys.exit(3)"]\n'
         "[verify]\ntimeout = 300\n"
     )
@@ -130,7 +139,7 @@ def _docker_image_present(image: str) -> bool:
 def test_docker_rank_runs_in_a_foreground_container_removed_on_scancel(slurm: None, tmp_path: Path) -> None:
     recipe = tmp_path / "recipe.toml"
     recipe.write_text(
-        'engine = "sglang"\nmodel = "org/model"\ndocker_image = "sparkfleet-test:latest"\nport = 18932\n'
+        f'engine = "sglang"\nmodel = "org/model"\ndocker_image = "sparkfleet-test:latest"\nport = {_free_port()}\n'
         'entrypoint = ["standin-rank"]\n[env]\nSTANDIN_DELAY = "2"\nMY_KNOB = "two words"\n'
     )
     script = tmp_path / "docker.sbatch"

@@ -225,7 +225,8 @@ trap 'kill "$SRUN_PID" 2>/dev/null || true' TERM INT
 # Ready when rank 0 answers its health endpoint; a rank exiting first fails the job.
 URL="http://$HEAD_ADDR:$PORT$HEALTH_URL_PATH"
 deadline=$((SECONDS + READY_TIMEOUT))
-until curl -fs -o /dev/null --max-time 5 "$URL"; do
+# (and the ranks still alive: a stale server on the same port must not pass for this job's).
+until curl -fs -o /dev/null --max-time 5 "$URL" && kill -0 "$SRUN_PID" 2>/dev/null; do
   if ! kill -0 "$SRUN_PID" 2>/dev/null; then
     rc=0; wait "$SRUN_PID" || rc=$?
     echo "sparkfleet: ranks exited (status $rc) before $URL answered" >&2
