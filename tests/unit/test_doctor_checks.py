@@ -176,7 +176,9 @@ def test_discrete_gpu_with_too_little_free_memory_for_the_pool_fails() -> None:
 
 
 def test_reach_without_bash_on_the_head_is_a_warning_not_a_failure() -> None:
-    found = reach.parse("192.0.2.2 22 127 sh: 1: bash: not found\n")
+    found = reach.parse(
+        "", [("192.0.2.2", 22)], 127, "timeout: failed to run command 'bash': No such file or directory\n"
+    )
     spec = DoctorSpec(nodes=(_target("a", head=True),))
     checks = evaluate(spec, {"a": _facts("a", reach=found)})
     assert "not tested" in _by(checks, "warn")[("fabric.reachable", "a")]

@@ -122,3 +122,12 @@ def test_reach_counts_a_refused_port_as_reachable_and_reports_it() -> None:
     found = reach.parse(out.stdout)
     assert [(r.port, r.reachable) for r in found] == [(open_port, True), (closed_port, True)]
     assert found[0].detail == "connected" and found[1].detail == "answers (connection refused)"
+
+
+def test_a_target_that_printed_nothing_before_the_timeout_is_unreachable() -> None:
+    out = "192.0.2.2 22 0 \n"  # the shape the command prints; the second target hung until `timeout`
+    found = reach.parse(out, [("192.0.2.2", 22), ("198.51.100.7", 22)], 124)
+    assert [(r.ip, r.reachable, r.detail) for r in found] == [
+        ("192.0.2.2", True, "connected"),
+        ("198.51.100.7", False, "timed out"),
+    ]

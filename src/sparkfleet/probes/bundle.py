@@ -16,17 +16,15 @@ _BEGIN = "@@SF-BEGIN"
 _ERR = "@@SF-ERR"
 _END = "@@SF-END"
 
-# Every probe runs at once in the background, its streams and status in files; then the
-# outputs are printed one probe after the other, framed, so a slow probe (docker) costs its
-# own time only, not the sum.
+# Every probe runs at once in the background, its streams in files and its frame lines
+# written with printf (a builtin: no process); then one `cat` prints frame, stdout, frame,
+# stderr, frame for each probe in order. A slow probe (docker) costs its own time only.
 _PRELUDE = (
     't=$(mktemp -d 2>/dev/null || { mkdir -p "/tmp/sfprobe.$$" && echo "/tmp/sfprobe.$$"; })\n'
-    'sfp() { n=$1; shift; "$@" >"$t/$n.o" 2>"$t/$n.e" </dev/null; echo $? >"$t/$n.rc"; }\n'
-)
-_PRINT = (
-    'for n in {names}; do read -r rc <"$t/$n.rc"; '
-    f"printf '\\n{_BEGIN} %s %s\\n' \"$n\" \"$rc\"; cat \"$t/$n.o\"; "
-    f"printf '\\n{_ERR} %s\\n' \"$n\"; cat \"$t/$n.e\"; printf '\\n{_END} %s\\n' \"$n\"; done\n"
+    'sfp() { n=$1; shift; "$@" >"$t/$n.o" 2>"$t/$n.e" </dev/null; rc=$?; '
+    f"printf '\\n{_BEGIN} %s %s\\n' \"$n\" \"$rc\" >\"$t/$n.1\"; "
+    f"printf '\\n{_ERR} %s\\n' \"$n\" >\"$t/$n.2\"; "
+    f"printf '\\n{_END} %s\\n' \"$n\" >\"$t/$n.3\"; }}\n"
 )
 
 
@@ -57,7 +55,8 @@ def bundle_script(probes: Mapping[str, Sequence[str]]) -> str:
             raise ValueError(f"probe name {name!r} must be alphanumeric")
         lines.append(f"sfp {name} {shlex.join(argv)} &\n")
     lines.append("wait\n")
-    lines.append(_PRINT.replace("{names}", " ".join(probes)))
+    files = " ".join(f'"$t/{n}.1" "$t/{n}.o" "$t/{n}.2" "$t/{n}.e" "$t/{n}.3"' for n in probes)
+    lines.append(f"cat {files}\n")
     lines.append('rm -rf "$t"\n')
     return "".join(lines)
 

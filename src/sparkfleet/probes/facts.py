@@ -143,9 +143,7 @@ def probe_commands(req: FactsRequest) -> dict[str, list[str]]:
     return cmds
 
 
-def _parsed(
-    outs: dict[str, ProbeOutput], name: str, parse: Callable[[ProbeOutput], Any], errors: list[str]
-) -> Any:
+def _parsed(outs: dict[str, ProbeOutput], name: str, parse: Callable[[ProbeOutput], Any], errors: list[str]) -> Any:
     out = outs.get(name)
     if out is None:
         errors.append(f"{name}: no output")
@@ -157,9 +155,7 @@ def _parsed(
         return None
 
 
-def parse_facts(
-    node: str, outs: dict[str, ProbeOutput], req: FactsRequest, sent: float, received: float
-) -> NodeFacts:
+def parse_facts(node: str, outs: dict[str, ProbeOutput], req: FactsRequest, sent: float, received: float) -> NodeFacts:
     """NodeFacts from the bundle's outputs (pure)."""
     errors: list[str] = []
     remote_clock = _parsed(outs, "clock", lambda o: clock.parse(o.stdout), errors)
@@ -183,29 +179,22 @@ def parse_facts(
         gpu=_parsed(
             outs,
             "gpu",
-            lambda o: gpu.parse(
-                o.stdout, o.exit_code, outs["gpuapps"].stdout if "gpuapps" in outs else "", o.stderr
-            ),
+            lambda o: gpu.parse(o.stdout, o.exit_code, outs["gpuapps"].stdout if "gpuapps" in outs else "", o.stderr),
             errors,
         ),
         rdma=_parsed(outs, "rdma", lambda o: rdma.parse(o.stdout), errors),
         net=_parsed(outs, "netif", lambda o: netif.parse(o.stdout), errors),
-        docker=_parsed(
-            outs, "docker", lambda o: docker.parse_version(o.stdout, o.exit_code, o.stderr), errors
-        ),
+        docker=_parsed(outs, "docker", lambda o: docker.parse_version(o.stdout, o.exit_code, o.stderr), errors),
         image=(
-            _parsed(
-                outs, "image", lambda o: docker.parse_image(req.image or "", o.stdout, o.exit_code), errors
-            )
+            _parsed(outs, "image", lambda o: docker.parse_image(req.image or "", o.stdout, o.exit_code), errors)
             if req.image
             else None
         ),
         disks=disks,
         ports=_parsed(outs, "ports", lambda o: ports.parse(o.stdout), errors),
-        snapshots=_parsed(outs, "snapshot", lambda o: snapshot.parse(o.stdout), errors)
-        if "snapshot" in outs
-        else None,
-        reach=_parsed(outs, "reach", lambda o: reach.parse(o.stdout), errors) or ()
+        snapshots=_parsed(outs, "snapshot", lambda o: snapshot.parse(o.stdout), errors) if "snapshot" in outs else None,
+        reach=_parsed(outs, "reach", lambda o: reach.parse(o.stdout, req.reach_targets, o.exit_code, o.stderr), errors)
+        or ()
         if "reach" in outs
         else (),
         memlock=_parsed(outs, "memlock", lambda o: limits.parse(o.stdout), errors),

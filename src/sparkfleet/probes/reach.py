@@ -1,30 +1,31 @@
 """TCP reachability of peers' fabric addresses, tried from one node (the head).
 
 A refused connection still proves the address answers; only a timeout or "no route" means
-unreachable. Uses bash's /dev/tcp so nothing beyond bash and coreutils' timeout is needed.
+unreachable. One bash process tries every target at once through /dev/tcp (nothing beyond
+bash and coreutils' timeout is needed); a target still hanging when the timeout ends the
+script printed nothing, and counts as timed out.
 """
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+_SCRIPT = (
+    'for tgt in "$@"; do ( ip=${tgt%:*}; port=${tgt##*:}; '
+    'e=$( { exec 3<>"/dev/tcp/$ip/$port"; } 2>&1 ); rc=$?; '
+    'echo "$ip $port $rc ${e##*: }" ) & done; wait'
+)
+
 
 def command(targets: Sequence[tuple[str, int]], timeout_s: float = 2.0) -> list[str]:
-    """The argv that prints `ip port exit-code error` per target."""
-    parts = []
-    for ip, port in targets:
-        probe = shlex.quote(f"exec 3<>/dev/tcp/{ip}/{port}")
-        parts.append(
-            f'e=$(timeout {timeout_s:g} bash -c {probe} 2>&1); echo "{ip} {port} $? $(echo "$e" | tail -n 1)"'
-        )
-    return ["sh", "-c", "; ".join(parts) + "; true"]
+    """The argv that prints `ip port exit-code error` per target that finished in time."""
+    return ["timeout", f"{timeout_s:g}", "bash", "-c", _SCRIPT, "reach", *(f"{ip}:{port}" for ip, port in targets)]
 
 
 @dataclass(frozen=True)
 class Reach:
-    """Whether ip:port answered from the probing node."""
+    """Whether ip:port answered from the probing node (`tested` False: nothing was tried)."""
 
     ip: str
     port: int
@@ -33,24 +34,26 @@ class Reach:
     tested: bool = True
 
 
-def parse(stdout: str) -> tuple[Reach, ...]:
-    """Parse the output of `command`."""
-    out = []
+def parse(
+    stdout: str, targets: Sequence[tuple[str, int]] = (), exit_code: int = 0, stderr: str = ""
+) -> tuple[Reach, ...]:
+    """Parse the output of `command`; targets that printed nothing timed out."""
+    if exit_code in (126, 127):  # no bash or no timeout on the probing node
+        why = stderr.strip().splitlines()[-1] if stderr.strip() else "bash or timeout missing"
+        return tuple(Reach(ip, port, False, f"not tested: {why}", tested=False) for ip, port in targets)
+    found: dict[tuple[str, int], Reach] = {}
     for line in stdout.splitlines():
         words = line.split(" ", 3)
         if len(words) < 3:
             continue
         ip, port, rc = words[0], int(words[1]), int(words[2])
         detail = words[3].strip() if len(words) > 3 else ""
-        if rc == 127:  # no bash or timeout on the probing node: nothing was tried
-            out.append(Reach(ip=ip, port=port, reachable=False, detail=f"not tested: {detail}", tested=False))
-            continue
         refused = "refused" in detail.lower()
-        if refused:
-            detail = "answers (connection refused)"
         if rc == 0:
             detail = "connected"
-        elif rc == 124:
-            detail = "timed out"
-        out.append(Reach(ip=ip, port=port, reachable=rc == 0 or refused, detail=detail))
-    return tuple(out)
+        elif refused:
+            detail = "answers (connection refused)"
+        found[(ip, port)] = Reach(ip=ip, port=port, reachable=rc == 0 or refused, detail=detail)
+    for ip, port in targets:
+        found.setdefault((ip, port), Reach(ip, port, False, "timed out"))
+    return tuple(found.values())
