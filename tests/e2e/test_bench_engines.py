@@ -139,7 +139,7 @@ def test_decode_on_vllm_generates_exact_lengths_and_stores_everything(vllm_url: 
     assert (run.status, run.engine, run.model, run.label) == ("complete", "vllm", "gemma3-270m", "e2e")
     assert run.engine_version == "0.32.0"
     assert run.meta["exact_length"]["enforced"] is True
-    assert run.meta["max_model_len"] == 2048
+    assert run.meta["max_model_len"] == httpx.get(f"{vllm_url}/v1/models").json()["data"][0]["max_model_len"]
     assert run.meta["sparkfleet"].startswith("0.1.0")
     samples = bench.samples(1)
     assert sorted({s.tier for s in samples}) == ["json/c1", "json/c2", "prose/c1", "prose/c2"]
@@ -164,12 +164,16 @@ def test_decode_on_vllm_generates_exact_lengths_and_stores_everything(vllm_url: 
 
 
 def test_prefill_on_vllm_clips_to_context_and_nothing_is_cached(vllm_url: str, tmp_path: Path) -> None:
-    out = sparkfleet("bench", "prefill", vllm_url, "--lengths", "512,1k,4k", "--repeats", "2", state=tmp_path)
+    ctx = httpx.get(f"{vllm_url}/v1/models").json()["data"][0]["max_model_len"]
+    assert ctx < 64 * 1024
+    out = sparkfleet(
+        "bench", "prefill", vllm_url, "--lengths", "512,1k,64k", "--repeats", "2", state=tmp_path
+    )
     assert out.returncode == 0, out.stderr
-    assert "exceed the context of 2048 tokens" in out.stderr
+    assert f"exceed the context of {ctx} tokens" in out.stderr
     bench = BenchStore(Store(tmp_path / "state.db"))
     samples = bench.samples(1)
-    assert sorted({int(s.tier) for s in samples}) == [512, 1024, 2032]
+    assert sorted({int(s.tier) for s in samples}) == [512, 1024, ctx - 16]
     for s in samples:
         target = int(s.tier)
         # Fitted with vLLM's /tokenize; the count is the server's usage.prompt_tokens.
