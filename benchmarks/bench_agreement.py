@@ -170,10 +170,11 @@ class Prompts:
         self.n = 0
 
     def take(self, count: int) -> list[str]:
+        """The i-th prompt of every batch has the same body; only the nonce differs."""
         out = []
-        for _ in range(count):
+        for i in range(count):
             self.n += 1
-            out.append(f"[run {self.n:010d}] {self.texts[self.n % len(self.texts)]}")
+            out.append(f"[run {self.n:010d}] {self.texts[i % len(self.texts)]}")
         return out
 
 
@@ -254,8 +255,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=18450)
     parser.add_argument("--tiers", default="1,2,4")
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--waves", type=int, default=3, help="requests per tier = concurrency x waves")
-    parser.add_argument("--repeats", type=int, default=2, help="alternating repeats per tool")
+    parser.add_argument("--waves", type=int, default=4, help="requests per tier = concurrency x waves")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating repeats per tool")
     parser.add_argument("--skip-repeatability", action="store_true")
     args = parser.parse_args()
     tiers = [int(t) for t in args.tiers.split(",")]

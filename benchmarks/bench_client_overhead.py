@@ -53,9 +53,7 @@ def main() -> None:
     args = parser.parse_args()
 
     server_py = Path(__file__).resolve().parent.parent / "tests" / "replay_server.py"
-    proc = subprocess.Popen(
-        [sys.executable, str(server_py), "--blast"], stdout=subprocess.PIPE, text=True
-    )
+    proc = subprocess.Popen([sys.executable, str(server_py), "--blast"], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         port = int(proc.stdout.readline().split()[1])
@@ -69,8 +67,10 @@ def main() -> None:
         proc.wait(10)
     per_cpu = total / cpu if cpu > 0 else float("inf")
     per_wall = total / wall
-    print(f"client parsed {total} tokens ({args.requests} requests x {args.tokens}, c{args.concurrency}, "
-          f"{args.api}) in {wall:.2f} s wall, {cpu:.2f} s CPU")
+    print(
+        f"client parsed {total} tokens ({args.requests} requests x {args.tokens}, c{args.concurrency}, "
+        f"{args.api}) in {wall:.2f} s wall, {cpu:.2f} s CPU"
+    )
     print(f"tokens/s per CPU second: {per_cpu:,.0f}   tokens/s wall (one core): {per_wall:,.0f}")
     verdict = "PASS" if min(per_cpu, per_wall) >= BAR_TOKENS_PER_S else "FAIL"
     print(f"bar >= {BAR_TOKENS_PER_S:,} tokens/s on one core: {verdict}")
