@@ -8,7 +8,7 @@ shard, N chosen so the table is --gib GiB), then, in the same run and under the 
 * copy:    ``dd if=<shard> of=<copy> bs=16M conv=fsync`` and ``cp <shard> <copy> && sync <copy>``;
            the faster of the two is the machine's copy rate. The shard is the same number of
            bytes as the packed output of all ranks (plus a few KB of header);
-* pack:    every rank of tp=4 packed one after the other on this machine through the real path
+* pack:    every rank of tp=--tp (default 4) packed one after the other on this machine through the real path
            (LocalTransport → ``<python> -`` with the shipped worker → ``.partial`` → fsync → ledger →
            rename), so the pack reads and writes the same bytes the copy does;
 * restage: the same four ranks again with the source unchanged (ledger check, nothing written).
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -36,7 +37,6 @@ from sparkfleet.staging.runner import stage_rank
 from sparkfleet.staging.synthetic import write_engram_checkpoint
 from sparkfleet.transport.local import LocalTransport
 
-TP = 4
 GIB = 1 << 30
 
 
@@ -66,13 +66,18 @@ def copy_once(tool: str, src: Path, dst: Path) -> float:
     return elapsed
 
 
-def pack_all(snapshot: Path, out: Path) -> tuple[float, int, list[str]]:
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def pack_all(snapshot: Path, out: Path, tp: int) -> tuple[float, int, list[str]]:
     steps = [
         StagingStep(
-            id="engram", kind="sparse-rows", rank=r, node="bench", src=str(snapshot), dst=str(out), tp=TP,
+            id="engram", kind="sparse-rows", rank=r, node="bench", src=str(snapshot), dst=str(out), tp=tp,
             min_free=0, spec=StagingSpec(kind="sparse-rows", id="engram", src=str(snapshot), dst=str(out)),
         )
-        for r in range(TP)
+        for r in range(tp)
     ]  # fmt: skip
     transport = LocalTransport("bench")
     t0 = time.perf_counter()
@@ -87,11 +92,10 @@ def pack_all(snapshot: Path, out: Path) -> tuple[float, int, list[str]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--dir", default="/var/tmp/sparkfleet-bench", help="scratch directory (needs ~4x --gib)"
-    )
+    parser.add_argument("--dir", default="/var/tmp/sparkfleet-bench", help="scratch directory (needs ~4x --gib)")
     parser.add_argument("--gib", type=float, default=3.0, help="size of the Engram table in GiB")
-    parser.add_argument("--repeat", type=int, default=2, help="copy/pack rounds (medians are compared)")
+    parser.add_argument("--repeat", type=int, default=3, help="copy/pack rounds (medians are compared)")
+    parser.add_argument("--tp", type=int, default=4, help="pack every rank of this tensor-parallel size")
     parser.add_argument("--keep", action="store_true", help="keep the generated checkpoint")
     opts = parser.parse_args()
 
@@ -106,15 +110,21 @@ def main() -> int:
     cold = drop_caches()
     print(f"page cache dropped before each run: {'yes' if cold else 'NO (not root) - both runs warm'}")
 
+    print(f"load average at start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)")
     copies: dict[str, list[float]] = {tool: [] for tool in COPIERS}
+    cpu: dict[str, list[float]] = {tool: [] for tool in [*COPIERS, "pack"]}
     packs = []
     pack_bytes = 0
     for i in range(opts.repeat):
         for tool in COPIERS:
+            before = children_cpu()
             copies[tool].append(copy_once(tool, shard, root / "copy.bin"))
+            cpu[tool].append(children_cpu() - before)
         out = root / f"packed-{i}"
         drop_caches()
-        elapsed, written, statuses = pack_all(snapshot, out)
+        before = children_cpu()
+        elapsed, written, statuses = pack_all(snapshot, out, opts.tp)
+        cpu["pack"].append(children_cpu() - before)
         assert statuses == ["missing"], statuses
         packs.append(elapsed)
         pack_bytes = written
@@ -124,7 +134,7 @@ def main() -> int:
             shutil.rmtree(out)
     drop_caches()
     t0 = time.perf_counter()
-    _, rewritten, statuses = pack_all(snapshot, root / f"packed-{opts.repeat - 1}")
+    _, rewritten, statuses = pack_all(snapshot, root / f"packed-{opts.repeat - 1}", opts.tp)
     restage = time.perf_counter() - t0
     assert statuses == ["ok"] and rewritten == 0, (statuses, rewritten)
 
@@ -134,15 +144,22 @@ def main() -> int:
     pack_rate = pack_bytes / pack_s
     print()
     print(
-        f"table: {pack_bytes // 264:,} rows x 264 B = {pack_bytes / GIB:.2f} GiB packed into {TP} rank files (tp={TP}, all ranks)"
+        f"table: {pack_bytes // 264:,} rows x 264 B = {pack_bytes / GIB:.2f} GiB packed into "
+        f"{opts.tp} rank file(s) (tp={opts.tp}, all ranks)"
     )
     print(
         f"copy ({tool}, the faster copier, {shard.stat().st_size / GIB:.2f} GiB): {copy_s:7.2f} s  "
         f"{copy_rate / 1e6:8.1f} MB/s"
     )
-    print(f"pack (all {TP} ranks, fsync + ledger)            : {pack_s:7.2f} s  {pack_rate / 1e6:8.1f} MB/s")
+    print(f"pack (all {opts.tp} ranks, fsync + ledger)            : {pack_s:7.2f} s  {pack_rate / 1e6:8.1f} MB/s")
     print(f"pack / copy rate: {pack_rate / copy_rate * 100:.1f} %   (bar: >= 85 %)")
-    print(f"restage unchanged (cold cache): {restage:.2f} s = {restage / pack_s * 100:.1f} % of pack time   (bar: <= 10 %)")  # fmt: skip
+    print(
+        f"restage unchanged (cold cache): {restage:.2f} s = {restage / pack_s * 100:.1f} % of pack time"
+        "   (bar: <= 10 %)"
+    )
+    spent = "   ".join(f"{k} {statistics.median(v):.2f} s" for k, v in cpu.items())
+    print(f"CPU time (user+sys, median): {spent}")
+    print(f"load average at end: {os.getloadavg()[0]:.1f}")
     shutil.rmtree(root / f"packed-{opts.repeat - 1}", ignore_errors=True)
     if not opts.keep:
         shutil.rmtree(root, ignore_errors=True)
