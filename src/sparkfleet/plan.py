@@ -15,6 +15,7 @@ from sparkfleet.engines import RankContext, Readiness, engine_for
 from sparkfleet.errors import PlanError
 from sparkfleet.recipe import Recipe, StagingSpec
 from sparkfleet.secrets import is_secret
+from sparkfleet.staging.nfs import volume_name as nfs_volume_name
 from sparkfleet.templates import render
 
 EnvSource = Literal["engine", "cluster", "recipe", "cli"]
@@ -224,6 +225,24 @@ def _model_ref_and_mounts(
     return recipe.model, mounts
 
 
+def _nfs_mounts(
+    recipe: Recipe, deployment: str, node: Node, nodes: tuple[Node, ...], mounts: list[MountSpec]
+) -> list[MountSpec]:
+    """An ``nfs`` staging's dst, read-only in every container: the exported folder itself on the
+    server node, the worker's NFS volume elsewhere (replacing any other mount at that path)."""
+    for spec in recipe.staging:
+        if spec.kind != "nfs" or not spec.src:
+            continue
+        server = next((n for n in nodes if n.name == spec.server_node), nodes[0])
+        host = (
+            render(spec.src, _template_values(server, nodes.index(server), deployment))
+            if node.name == server.name
+            else nfs_volume_name(deployment, spec.id)
+        )
+        mounts = [m for m in mounts if m.container != spec.dst] + [MountSpec(host, spec.dst, True)]
+    return mounts
+
+
 def _env(
     recipe: Recipe, node: Node, rank: int, deployment: str, docker: bool, overrides: Overrides
 ) -> tuple[EnvVar, ...]:
@@ -281,6 +300,8 @@ def _rank_plan(
     argv = adapter.rank_argv(templated, entrypoint, ctx)
     for m in recipe.extra_mounts:
         mounts.append(MountSpec(render(m.host, values), render(m.container, values), m.read_only))
+    if docker:
+        mounts = _nfs_mounts(recipe, deployment, node, nodes, mounts)
     workdir = f"{node.state_dir}/deployments/{deployment}"
     name = container_name(deployment, rank)
     env = _env(recipe, node, rank, deployment, docker, overrides)

@@ -31,13 +31,9 @@ def _docker_ok() -> bool:
 
 
 def _image() -> str | None:
-    out = subprocess.run(
-        ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True
-    )
+    out = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True)
     names = out.stdout.split()
-    return next(
-        (n for n in ("sparkfleet-test:latest", "alpine:latest", "busybox:latest") if n in names), None
-    )
+    return next((n for n in ("sparkfleet-test:latest", "alpine:latest", "busybox:latest") if n in names), None)
 
 
 def _nfs_unavailable() -> str | None:
@@ -50,18 +46,13 @@ def _nfs_unavailable() -> str | None:
             ["mount", "-t", "nfsd", "nfsd", "/proc/fs/nfsd"], capture_output=True, text=True, timeout=30
         )
         if probe.returncode != 0:
-            first = (
-                probe.stderr.strip().splitlines()[0] if probe.stderr.strip() else f"exit {probe.returncode}"
-            )
+            first = probe.stderr.strip().splitlines()[0] if probe.stderr.strip() else f"exit {probe.returncode}"
             return (
                 f"the kernel does not allow an NFS server here: 'nfsd' is not in /proc/filesystems and "
                 f"`mount -t nfsd nfsd /proc/fs/nfsd` fails ({first})"
             )
     if "\tnfs" not in filesystems and "nfs4" not in filesystems:
-        return (
-            "the kernel has no NFS client ('nfs'/'nfs4' not in /proc/filesystems): "
-            "Docker cannot mount the volume"
-        )
+        return "the kernel has no NFS client ('nfs'/'nfs4' not in /proc/filesystems): Docker cannot mount the volume"
     return None
 
 
@@ -113,9 +104,7 @@ def test_a_worker_that_cannot_read_the_share_is_refused_before_launch() -> None:
     volume = f"sparkfleet-test-{os.getpid()}-unreachable"
     try:
         # TEST-NET-1 address: nothing serves NFS there, so the container cannot mount the volume.
-        nfs.ensure_volume(
-            node, volume, "192.0.2.1", "/export/model", "nfsvers=4.2,ro,soft,timeo=10,retrans=1"
-        )
+        nfs.ensure_volume(node, volume, "192.0.2.1", "/export/model", "nfsvers=4.2,ro,soft,timeo=10,retrans=1")
         with pytest.raises(StagingError, match=r"^node2: cannot read config.json through NFS volume"):
             nfs.check_volume(node, volume, image, "config.json")
     finally:
@@ -159,8 +148,30 @@ def test_nfs_share_read_from_a_container_on_every_worker(tmp_path: Path) -> None
         assert [r.role for r in report.nfs] == ["server", "client", "client"]
     finally:
         fleet.close()
-        subprocess.run(
-            ["docker", "volume", "rm", "-f", nfs.volume_name("nfs-test", "weights")], capture_output=True
-        )
+        subprocess.run(["docker", "volume", "rm", "-f", nfs.volume_name("nfs-test", "weights")], capture_output=True)
         Path(f"{nfs.EXPORTS_DIR}/{nfs.volume_name('nfs-test', 'weights')}.exports").unlink(missing_ok=True)
         subprocess.run(["exportfs", "-ra"], capture_output=True)
+
+
+def test_ranks_mount_the_export_on_the_server_and_the_volume_elsewhere(tmp_path: Path) -> None:
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_text(
+        'name = "c"\n' + "".join(f'[[nodes]]\nname = "n{i}"\nhost = "10.0.0.{i + 1}"\n' for i in range(3))
+    )
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(
+        'engine = "vllm"\nmodel = "/models/tiny"\ndocker_image = "img:1"\n'
+        "required_nodes = 3\ntensor_parallel_size = 3\n"
+        '[[staging]]\nkind = "nfs"\nid = "weights"\nsrc = "{{home}}/models/tiny"\ndst = "/models/tiny"\n'
+        'server_node = "n1"\n'
+    )
+    p = plan(load_recipe(recipe), load_cluster(cluster), "demo")
+    volume = nfs.volume_name("demo", "weights")
+    by_rank = {r.rank: {m.container: m for m in r.mounts} for r in p.ranks}
+    assert by_rank[1]["/models/tiny"].host == f"{p.ranks[1].node.home}/models/tiny"
+    for rank in (0, 2):
+        assert by_rank[rank]["/models/tiny"].host == volume
+        assert by_rank[rank]["/models/tiny"].read_only
+        argv = p.ranks[rank].container_argv or ()
+        assert f"{volume}:/models/tiny:ro" in argv
+        assert "/models/tiny:/models/tiny:ro" not in argv  # no bind of a path the worker lacks
