@@ -47,7 +47,7 @@ class SlurmOptions:
     partition: str | None = None
     time_limit: str | None = None
     exclusive: bool = False
-    poll_seconds: int = 5
+    poll_seconds: int = 2
 
 
 def shell_word(word: str) -> str:

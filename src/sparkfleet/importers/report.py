@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sparkfleet.importers.toml_text import TomlDoc
 
@@ -43,7 +43,6 @@ class ImportResult:
     placeholders: tuple[Note, ...] = ()
     not_carried: tuple[Note, ...] = ()
     not_understood: tuple[Note, ...] = ()
-    notes: tuple[str, ...] = field(default=())
 
 
 def comment_block(doc: TomlDoc, title: str, notes: Iterable[Note]) -> None:
