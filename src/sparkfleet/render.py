@@ -41,6 +41,16 @@ def _staging_json(step: StagingStep) -> dict[str, Any]:
     if step.spec is not None and step.kind == "sparse-rows":
         out["layout"] = step.spec.layout
         out["tables"] = list(step.spec.tables)
+    if step.spec is not None and step.kind == "sync":
+        out["include"] = list(step.spec.include)
+        out["exclude"] = list(step.spec.exclude)
+        out["source_node"] = step.spec.source_node
+    if step.spec is not None and step.kind == "nfs":
+        out["server_node"] = step.spec.server_node
+        out["options"] = step.spec.options
+        out["check_file"] = step.spec.check_file
+    if step.spec is not None and step.kind == "copy":
+        out["files"] = list(step.spec.files)
     if step.kind == "composed":
         out["repo"] = step.repo
         out["revision"] = step.revision
