@@ -33,7 +33,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--boost",
+        action="store_true",
+        help="run this process and the fleet's sshds at nice -20 (root): approximates an idle "
+        "machine when other work loads it (dockerd keeps its priority)",
+    )
     args = ap.parse_args()
+    if args.boost:
+        os.setpriority(os.PRIO_PROCESS, 0, -20)
     with tempfile.TemporaryDirectory() as tmp, loopback_fleet(args.nodes, Path(tmp) / "fleet") as fleet:
         recipe = Path(tmp) / "r"
         recipe.mkdir()
@@ -47,6 +55,9 @@ def main() -> None:
             snap = node.hf_cache / "hub" / "models--org--tiny" / "snapshots" / "rev1"
             snap.mkdir(parents=True)
             (snap / "config.json").write_text("{}")
+        if args.boost:
+            for node in fleet.nodes:
+                os.setpriority(os.PRIO_PROCESS, node.proc.pid, -20)  # type: ignore[union-attr]
         planned = build_plan(recipe, fleet.cluster_file, None, None, None)
         spec, memory = spec_for(load_cluster(fleet.cluster_file), planned), memory_for(planned)
         cold, warm, cli = [], [], []
@@ -67,10 +78,11 @@ def main() -> None:
             assert proc.returncode == 0, proc.stdout + proc.stderr
         load = Path("/proc/loadavg").read_text().split()[:3]
         print(f"load average during the run: {' '.join(load)} on {len(os.sched_getaffinity(0))} cores")
+        print(f"priority: {'nice -20 (--boost)' if args.boost else 'normal'}")
         print(f"doctor on {args.nodes} loopback nodes (ssh masters in {control_dir()}):")
-        print(f"  cold (new SSH connections): median {statistics.median(cold):.2f} s, max {max(cold):.2f} s")
-        print(f"  warm (multiplexed):         median {statistics.median(warm):.2f} s, max {max(warm):.2f} s")
-        print(f"  CLI wall, warm, incl. start: median {statistics.median(cli):.2f} s, max {max(cli):.2f} s")
+        for label, xs in (("cold (new SSH connections)", cold), ("warm (multiplexed)", warm),
+                          ("CLI wall, warm, incl. start", cli)):  # fmt: skip
+            print(f"  {label:<28} min {min(xs):.2f} s, median {statistics.median(xs):.2f} s, max {max(xs):.2f} s")
         print(f"  bar: <= 3 s -> {'PASS' if max(cold) <= 3.0 else 'FAIL'}")
 
 
