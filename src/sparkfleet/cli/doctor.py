@@ -38,8 +38,10 @@ def doctor(
     # The library (threads, probes, plan) is imported here so other commands start fast.
     from sparkfleet.cli.options import build_plan
     from sparkfleet.cluster import load_cluster
+    from sparkfleet.dashboard.doctor_history import record_doctor
     from sparkfleet.doctor import memory_for, run_doctor, sort_for_display, spec_for
     from sparkfleet.fleet import transport_for
+    from sparkfleet.state import Store
 
     if recipe is not None:
         planned = build_plan(recipe, cluster, set_, env, name)
@@ -73,6 +75,8 @@ def doctor(
             f"{counts['fail']} failed, {counts['warn']} warnings, {counts['pass']} passed "
             f"on {len(spec.nodes)} node(s) in {report.seconds:.2f} s"
         )
+    # The dashboard shows each node's last run.
+    record_doctor(Store(), report.checks, report.seconds, str(recipe) if recipe is not None else None)
     if report.failed:
         # SystemExit, not typer.Exit: main() runs click with standalone_mode=False, where
         # typer.Exit's code would be returned and lost.

@@ -1,0 +1,135 @@
+"""The dashboard's ASGI app: one HTML page, its static files and a JSON API over the state store.
+
+Guards, in order: the Host header must name this server (no DNS rebinding onto localhost); when a
+token is set every request must carry it (``?token=`` once, which sets a same-site cookie, or an
+``Authorization: Bearer`` header); actions are POSTs with a custom header, which a cross-site form
+cannot send, so another web page cannot stop a deployment through the user's browser.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from sparkfleet.dashboard import data
+from sparkfleet.errors import SparkfleetError
+from sparkfleet.state import Store
+
+STATIC = Path(__file__).resolve().parent / "static"
+COOKIE = "sparkfleet_token"
+ACTION_HEADER = "x-sparkfleet-action"
+
+
+class _TokenGate(BaseHTTPMiddleware):
+    """Refuse every request that does not carry the access token."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        super().__init__(app)
+        self.token = token
+
+    def _ok(self, value: str | None) -> bool:
+        return value is not None and secrets.compare_digest(value.encode(), self.token.encode())
+
+    async def dispatch(self, request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        given = request.query_params.get("token")
+        if given is not None:
+            if not self._ok(given):
+                return PlainTextResponse("wrong access token", status_code=401)
+            # Trade the token in the address for a cookie, so it leaves the address bar and history.
+            response = RedirectResponse(request.url.remove_query_params("token"), status_code=303)
+            response.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
+            return response
+        auth = request.headers.get("authorization", "")
+        bearer = auth[7:] if auth.lower().startswith("bearer ") else None
+        if self._ok(bearer) or self._ok(request.cookies.get(COOKIE)):
+            return await call_next(request)
+        return PlainTextResponse(
+            "access token required: open the address `sparkfleet dashboard` printed (it ends in ?token=…)",
+            status_code=401,
+        )
+
+
+def create_app(store: Store, *, token: str | None = None, allowed_hosts: list[str] | None = None) -> Starlette:
+    """The app over store; token None means no token (only for a loopback address)."""
+
+    def json_of(fn: Callable[..., Any], *args: Any) -> Callable[[], Awaitable[Response]]:
+        async def call() -> Response:
+            try:
+                # The store and the nodes are read with blocking calls: keep them off the event loop.
+                return JSONResponse(await run_in_threadpool(fn, store, *args))
+            except data.NotFound as exc:
+                return JSONResponse({"error": str(exc)}, status_code=404)
+            except SparkfleetError as exc:
+                return JSONResponse({"error": str(exc)}, status_code=400)
+
+        return call
+
+    async def index(_: Request) -> Response:
+        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
+
+    async def deployments(_: Request) -> Response:
+        return await json_of(data.deployments)()
+
+    async def action(request: Request) -> Response:
+        if request.headers.get(ACTION_HEADER) != "1":
+            return JSONResponse({"error": f"actions need the {ACTION_HEADER} header"}, status_code=403)
+        name, verb = request.path_params["name"], request.path_params["verb"]
+        if verb == "down":
+            return await json_of(lambda s, n: {"stopped": data.down_deployment(s, n)}, name)()
+        if verb == "restart":
+            return await json_of(lambda s, n: {"endpoint": data.restart_deployment(s, n)}, name)()
+        return JSONResponse({"error": f"unknown action {verb!r}"}, status_code=404)
+
+    async def bench_runs(_: Request) -> Response:
+        return await json_of(data.bench_runs)()
+
+    async def bench_run(request: Request) -> Response:
+        return await json_of(data.bench_run, request.path_params["run_id"])()
+
+    async def eval_runs(request: Request) -> Response:
+        return await json_of(data.eval_runs, request.query_params.get("kind"))()
+
+    async def quality_run(request: Request) -> Response:
+        return await json_of(data.quality_run, request.path_params["run_id"])()
+
+    async def quality_compare(request: Request) -> Response:
+        a, b = request.query_params.get("a"), request.query_params.get("b")
+        if not a or not b:
+            return JSONResponse({"error": "compare needs ?a=RUN&b=RUN"}, status_code=400)
+        return await json_of(data.quality_compare, a, b)()
+
+    async def needle_run(request: Request) -> Response:
+        return await json_of(data.needle_run, request.path_params["run_id"])()
+
+    async def doctor(_: Request) -> Response:
+        return await json_of(data.doctor)()
+
+    routes = [
+        Route("/", index),
+        Route("/api/deployments", deployments),
+        Route("/api/deployments/{name}/{verb}", action, methods=["POST"]),
+        Route("/api/bench/runs", bench_runs),
+        Route("/api/bench/runs/{run_id:int}", bench_run),
+        Route("/api/evals/runs", eval_runs),
+        Route("/api/evals/quality/compare", quality_compare),
+        Route("/api/evals/quality/{run_id}", quality_run),
+        Route("/api/evals/needle/{run_id}", needle_run),
+        Route("/api/doctor", doctor),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts or ["*"])]
+    if token is not None:
+        middleware.append(Middleware(_TokenGate, token=token))
+    return Starlette(routes=routes, middleware=middleware)

@@ -1,0 +1,287 @@
+"""Read models the dashboard serves as JSON: deployments, bench history, eval runs, doctor.
+
+Every read of another feature's tables goes through this module, so when their schemas move
+only this file follows. The results are plain JSON-ready dicts; nothing here writes, except the
+two explicit actions at the end (down, restart), which call the lifecycle's library functions
+exactly like ``sparkfleet down`` / ``sparkfleet up``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from sparkfleet import observe
+from sparkfleet.bench.report import TierSummary, summarize
+from sparkfleet.bench.store import BenchStore, StoredRun
+from sparkfleet.cluster import load_cluster
+from sparkfleet.dashboard.doctor_history import last_doctor
+from sparkfleet.deploy import down, up
+from sparkfleet.deployments import Deployment, Deployments
+from sparkfleet.errors import SparkfleetError
+from sparkfleet.evals.compare import compare_runs
+from sparkfleet.evals.needle import NeedleRun
+from sparkfleet.evals.results import QualityRun
+from sparkfleet.evals.store import list_runs, load_run
+from sparkfleet.plan import plan
+from sparkfleet.recipe import load_recipe
+from sparkfleet.state import Store
+
+LOG_TAIL = 8  # log lines per rank on the deployments page
+LIVE = ("starting", "ready", "failed", "stopping")  # statuses worth asking the nodes about
+
+
+class NotFound(SparkfleetError):
+    """A run or deployment the page asked for is not in the store."""
+
+
+# ---------------------------------------------------------------- deployments
+
+
+def _deployment_head(d: Deployment) -> dict[str, Any]:
+    return {
+        "name": d.name,
+        "engine": d.engine,
+        "recipe": d.recipe,
+        "cluster": d.cluster,
+        "endpoint": d.endpoint,
+        "served_model": d.served_model,
+        "status": d.status,
+        "created": d.created,
+        "updated": d.updated,
+        "ready_at": d.ready_at,
+    }
+
+
+def deployments(store: Store) -> list[dict[str, Any]]:
+    """Every recorded deployment, newest first, with each rank's live status and last log lines.
+
+    Stopped deployments are not inspected (their ranks are gone); their ranks show as recorded.
+    """
+    out = []
+    for d in Deployments(store).all():
+        head = _deployment_head(d)
+        head["ranks"] = _ranks(d)
+        head["events"] = Deployments(store).events(d.name, limit=5)
+        out.append(head)
+    return out
+
+
+def _ranks(d: Deployment) -> list[dict[str, Any]]:
+    if d.status not in LIVE:
+        return [
+            {"rank": r.rank, "node": r.node.name, "host": r.node.host, "runtime": r.runtime,
+             "state": d.status, "uptime": None, "health": "-", "detail": "", "log": []}
+            for r in d.ranks
+        ]  # fmt: skip
+    try:
+        live = observe.status(d)
+        logs = observe.logs(d, tail=LOG_TAIL)
+    except SparkfleetError as exc:
+        return [
+            {"rank": r.rank, "node": r.node.name, "host": r.node.host, "runtime": r.runtime,
+             "state": "unknown", "uptime": None, "health": "-", "detail": str(exc), "log": []}
+            for r in d.ranks
+        ]  # fmt: skip
+    return [
+        {
+            "rank": s.rank,
+            "node": s.node,
+            "host": s.host,
+            "runtime": s.runtime,
+            "state": s.state,
+            "uptime": s.uptime,
+            "health": s.health,
+            "detail": s.detail,
+            "log": logs.get(s.rank, "").splitlines()[-LOG_TAIL:],
+        }
+        for s in live
+    ]
+
+
+def _record(store: Store, name: str) -> Deployment:
+    found = Deployments(store).get(name)
+    if found is None:
+        raise NotFound(f"no deployment named {name!r} in {store.path}")
+    return found
+
+
+def down_deployment(store: Store, name: str) -> list[str]:
+    """Stop every rank of a recorded deployment, like ``sparkfleet down NAME``."""
+    return down(_record(store, name), deployments=Deployments(store))
+
+
+def restart_deployment(store: Store, name: str) -> str:
+    """Stop the deployment, then bring it up again from its recorded recipe and cluster files.
+
+    Like ``sparkfleet down NAME`` then ``sparkfleet up RECIPE [--cluster FILE] --name NAME``:
+    ``--set`` and ``--env`` values given to the first ``up`` are not recorded, so not re-applied.
+    Returns the endpoint once it serves again.
+    """
+    record = _record(store, name)
+    recipe_path = Path(record.recipe)
+    if not recipe_path.exists():
+        raise SparkfleetError(f"{name}: its recipe {record.recipe} no longer exists; cannot restart")
+    # The local cluster is recorded by its description, not a file.
+    cluster = load_cluster(None if record.cluster.startswith("(") else record.cluster)
+    planned = plan(load_recipe(recipe_path), cluster, name)
+    records = Deployments(store)
+    down(record, deployments=records)
+    return up(planned, cluster, deployments=records).endpoint
+
+
+# ---------------------------------------------------------------- bench
+
+
+def _bench_head(run: StoredRun) -> dict[str, Any]:
+    return {
+        "id": run.id,
+        "kind": run.kind,
+        "status": run.status,
+        "created_at": run.created_at,
+        "label": run.label,
+        "endpoint": run.endpoint,
+        "model": run.model,
+        "engine": run.engine,
+        "deployment": run.deployment,
+    }
+
+
+def bench_runs(store: Store, limit: int = 200) -> list[dict[str, Any]]:
+    """Stored bench runs, newest first."""
+    return [_bench_head(r) for r in BenchStore(store).list_runs(limit=limit)]
+
+
+def _point(t: TierSummary) -> dict[str, Any]:
+    return {"median": t.headline.median, "low": t.headline.low, "high": t.headline.high, "runs": t.runs,
+            "failed": t.failed}  # fmt: skip
+
+
+def bench_run(store: Store, run_id: int) -> dict[str, Any]:
+    """One run's chart series: decode tok/s by concurrency per prompt type, or prefill tok/s by length.
+
+    Each point is the median over the tier's measured repeats (decode: the steady aggregate
+    tok/s; prefill: prompt tok/s), as ``sparkfleet bench show`` reports it.
+    """
+    bench = BenchStore(store)
+    try:
+        run = bench.get_run(run_id)
+    except SparkfleetError as exc:
+        raise NotFound(str(exc)) from exc
+    tiers = summarize(run, bench.samples(run_id, with_requests=False))
+    out = _bench_head(run)
+    if run.kind == "decode":
+        series: dict[str, list[dict[str, Any]]] = {}
+        for t in tiers:
+            series.setdefault(t.prompt_type or "?", []).append({"x": t.concurrency, **_point(t)})
+        out["series"] = series
+        out["x_label"] = "concurrency"
+    else:
+        out["series"] = {"prefill": [{"x": t.length, **_point(t)} for t in tiers]}
+        out["x_label"] = "prompt tokens"
+    out["y_label"] = "tok/s"
+    return out
+
+
+# ---------------------------------------------------------------- evals
+
+
+def eval_runs(store: Store, kind: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
+    """Stored quality and needle runs, newest first."""
+    return [
+        {"id": r.id, "kind": r.kind, "label": r.label, "endpoint": r.endpoint, "model": r.model,
+         "created_utc": r.created_utc, "passed": r.passed, "total": r.total}
+        for r in list_runs(store, kind=kind, limit=limit)
+    ]  # fmt: skip
+
+
+def _load(store: Store, run_id: str, kind: str) -> dict[str, Any]:
+    try:
+        return load_run(store, run_id, kind=kind)
+    except SparkfleetError as exc:
+        raise NotFound(str(exc)) from exc
+
+
+def quality_run(store: Store, run_id: str) -> dict[str, Any]:
+    """Per-category pass rates and every task's outcome."""
+    run = QualityRun.from_json(_load(store, run_id, "quality"))
+    return {
+        "id": run.id,
+        "label": run.label,
+        "model": run.model,
+        "endpoint": run.endpoint,
+        "api": run.api,
+        "started_utc": run.started_utc,
+        "passed": run.passed,
+        "total": run.total,
+        "categories": [
+            {"category": cat, "passed": p, "total": n, "rate": p / n} for cat, (p, n) in run.by_category().items()
+        ],
+        "tasks": [{"id": r.id, "category": r.category, "passed": r.passed, "why": r.why} for r in run.results],
+    }
+
+
+def quality_compare(store: Store, a: str, b: str) -> dict[str, Any]:
+    """Both runs' category rates, the tasks that flipped and the verdict (B judged against A)."""
+    run_a = QualityRun.from_json(_load(store, a, "quality"))
+    run_b = QualityRun.from_json(_load(store, b, "quality"))
+    cmp = compare_runs(run_a, run_b)
+    return {
+        "a": quality_run(store, a),
+        "b": quality_run(store, b),
+        "paired": cmp.paired,
+        "flips": [{"id": f.id, "category": f.category, "direction": f.direction, "why": f.why} for f in cmp.flips],
+        "blocks": [
+            {
+                "name": s.name,
+                "both_pass": s.both_pass,
+                "broke": s.broke,
+                "fixed": s.fixed,
+                "both_fail": s.both_fail,
+                "p": s.p,
+            }
+            for s in cmp.blocks
+        ],
+        "verdict": cmp.verdict,
+    }
+
+
+def needle_run(store: Store, run_id: str) -> dict[str, Any]:
+    """The heatmap grid: one row per depth, one cell per length (None where not run)."""
+    run = NeedleRun.from_json(_load(store, run_id, "needle"))
+    grid = []
+    for depth in run.depths:
+        row = []
+        for length in run.lengths:
+            c = run.cell(length, depth)
+            row.append(None if c is None else {"passed": c.passed, "tokens": c.tokens, "answer": c.answer[:80],
+                                               "expected": c.expected})  # fmt: skip
+        grid.append({"depth": depth, "cells": row})
+    return {
+        "id": run.id,
+        "label": run.label,
+        "model": run.model,
+        "started_utc": run.started_utc,
+        "lengths": list(run.lengths),
+        "depths": list(run.depths),
+        "skipped_lengths": list(run.skipped_lengths),
+        "passed": run.passed,
+        "total": run.total,
+        "effective_length": run.effective_length,
+        "grid": grid,
+    }
+
+
+# ---------------------------------------------------------------- doctor
+
+
+def doctor(store: Store) -> list[dict[str, Any]]:
+    """Each node's checks from its last ``sparkfleet doctor`` run, failures first."""
+    order = {"fail": 0, "warn": 1, "pass": 2}
+    now = time.time()
+    return [
+        {"node": d.node, "run_at": d.run_at, "age_s": now - d.run_at, "seconds": d.seconds, "recipe": d.recipe,
+         "counts": d.counts(), "checks": sorted(d.checks, key=lambda c: order.get(c.get("status", ""), 3))}
+        for d in last_doctor(store)
+    ]  # fmt: skip

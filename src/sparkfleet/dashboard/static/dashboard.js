@@ -1,0 +1,373 @@
+// The dashboard page: a hash router over four views, each drawn from the JSON API.
+"use strict";
+
+const POLL_MS = 3000;
+const COLORS = ["#2563eb", "#d97706", "#059669", "#9333ea", "#dc2626", "#0891b2"];
+const charts = {};  // canvas id -> Chart, destroyed before a redraw
+let pollTimer = null;
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value === true ? "" : value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+async function api(path, options) {
+  const response = await fetch(path, { credentials: "same-origin", ...(options || {}) });
+  const body = await response.json().catch(() => ({ error: `HTTP ${response.status}` }));
+  if (!response.ok) throw new Error(body.error || `HTTP ${response.status}`);
+  return body;
+}
+
+function showError(container, err) {
+  container.replaceChildren(el("p", { class: "error" }, String(err.message || err)));
+}
+
+function fmtNum(value, digits = 1) {
+  return value === null || value === undefined ? "–" : Number(value).toFixed(digits);
+}
+
+function fmtAge(seconds) {
+  if (seconds === null || seconds === undefined) return "–";
+  const s = Math.round(seconds);
+  if (s < 120) return `${s} s`;
+  if (s < 7200) return `${Math.round(s / 60)} min`;
+  if (s < 172800) return `${(s / 3600).toFixed(1)} h`;
+  return `${(s / 86400).toFixed(1)} d`;
+}
+
+function badge(text) {
+  return el("span", { class: `badge ${String(text).replace(/[^a-z-]/gi, "")}` }, text);
+}
+
+function confirmAction(text) {
+  const dialog = document.getElementById("confirm");
+  document.getElementById("confirm-text").textContent = text;
+  return new Promise((resolve) => {
+    dialog.addEventListener("close", () => resolve(dialog.returnValue === "ok"), { once: true });
+    dialog.returnValue = "";
+    dialog.showModal();
+  });
+}
+
+function drawChart(id, config) {
+  if (charts[id]) charts[id].destroy();
+  charts[id] = new Chart(document.getElementById(id), config);
+  return charts[id];
+}
+
+function clearCharts(prefix) {
+  for (const id of Object.keys(charts)) {
+    if (id.startsWith(prefix)) { charts[id].destroy(); delete charts[id]; }
+  }
+}
+
+// ---------------------------------------------------------------- deployments
+
+async function deploymentAction(name, verb, button) {
+  const what = verb === "down"
+    ? `Stop every rank of ${name}? This is what \`sparkfleet down ${name}\` does.`
+    : `Restart ${name}? It is stopped, then brought up again from its recorded recipe and cluster ` +
+      "(--set and --env values given to the first `up` are not re-applied).";
+  if (!(await confirmAction(what))) return;
+  button.disabled = true;
+  const status = document.getElementById(`action-${name}`);
+  status.textContent = verb === "down" ? "stopping…" : "restarting…";
+  try {
+    const result = await api(`/api/deployments/${encodeURIComponent(name)}/${verb}`, {
+      method: "POST", headers: { "X-Sparkfleet-Action": "1" },
+    });
+    status.textContent = verb === "down" ? `stopped: ${result.stopped.join(", ") || "nothing was running"}`
+      : `up again at ${result.endpoint}`;
+  } catch (err) {
+    status.textContent = `${verb} failed: ${err.message}`;
+    status.className = "error";
+  }
+  loadDeployments();
+}
+
+function rankRow(rank) {
+  return el("tr", { "data-rank": rank.rank },
+    el("td", {}, rank.rank),
+    el("td", {}, rank.node, el("div", { class: "muted" }, `${rank.host} · ${rank.runtime}`)),
+    el("td", { class: "state" }, badge(rank.state), rank.detail ? el("div", { class: "muted" }, rank.detail) : null),
+    el("td", { class: "uptime" }, fmtAge(rank.uptime)),
+    el("td", { class: "health" }, rank.health === "-" ? "–" : badge(rank.health)),
+    el("td", { style: "width:55%" }, el("pre", { class: "log" }, rank.log.join("\n") || " ")));
+}
+
+function deploymentCard(d) {
+  const stopped = d.status === "stopped";
+  const down = el("button", { class: "danger", "data-action": "down", disabled: stopped }, "Down");
+  const restart = el("button", { "data-action": "restart" }, "Restart");
+  down.addEventListener("click", () => deploymentAction(d.name, "down", down));
+  restart.addEventListener("click", () => deploymentAction(d.name, "restart", restart));
+  const previous = document.getElementById(`action-${d.name}`);
+  return el("div", { class: "card deployment", "data-name": d.name },
+    el("h3", {}, d.name, badge(d.status), el("span", { class: "muted" }, `${d.engine} · ${d.served_model}`),
+      el("span", { class: "actions" }, down, restart)),
+    el("div", { class: "muted" }, `endpoint ${d.endpoint} · recipe ${d.recipe} · cluster ${d.cluster}`),
+    el("div", { id: `action-${d.name}`, class: previous ? previous.className : "muted" },
+      previous ? previous.textContent : ""),
+    el("table", {},
+      el("thead", {}, el("tr", {}, ["rank", "node", "state", "uptime", "health", "last log lines"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, d.ranks.map(rankRow))));
+}
+
+async function loadDeployments() {
+  const box = document.getElementById("deployments");
+  try {
+    const list = await api("/api/deployments");
+    box.replaceChildren(...(list.length ? list.map(deploymentCard)
+      : [el("p", { class: "muted" }, "No deployments recorded. `sparkfleet up RECIPE` starts one.")]));
+    document.getElementById("refreshed").textContent = `refreshed ${new Date().toLocaleTimeString()}`;
+    box.dataset.loaded = String(Date.now());
+  } catch (err) {
+    showError(box, err);
+  }
+}
+
+// ---------------------------------------------------------------- pickers
+
+function fillPicker(select, runs, label, chosen, allowNone) {
+  const options = runs.map((r) => el("option", { value: r.id }, label(r)));
+  if (allowNone) options.push(el("option", { value: "" }, "— none —"));
+  select.replaceChildren(...options);
+  select.value = chosen === undefined || chosen === null ? "" : String(chosen);
+}
+
+// Run A defaults to the second newest and B to the newest, so the page opens on a comparison.
+function pickPair(aId, bId, runs, label, onChange) {
+  const a = document.getElementById(aId);
+  const b = document.getElementById(bId);
+  fillPicker(a, runs, label, runs.length > 1 ? runs[1].id : runs[0]?.id, false);
+  fillPicker(b, runs, label, runs.length > 1 ? runs[0].id : "", true);
+  a.onchange = onChange;
+  b.onchange = onChange;
+}
+
+// ---------------------------------------------------------------- bench
+
+function benchLabel(r) {
+  return `#${r.id} ${r.label || ""} ${r.model || ""} ${r.created_at}${r.status !== "complete" ? ` (${r.status})` : ""}`
+    .replace(/\s+/g, " ");
+}
+
+function runName(run, which) {
+  return `${which}: #${run.id}${run.label ? ` ${run.label}` : ""}`;
+}
+
+function overlay(canvasId, title, xLabel, runs, seriesName) {
+  const xs = [...new Set(runs.flatMap(({ run }) => (run.series[seriesName] || []).map((p) => p.x)))].sort((p, q) => p - q);
+  const datasets = runs.filter(({ run }) => run.series[seriesName]).map(({ run, which }, i) => {
+    const byX = Object.fromEntries(run.series[seriesName].map((p) => [p.x, p]));
+    return {
+      label: runName(run, which),
+      runId: run.id,
+      data: xs.map((x) => (byX[x] ? byX[x].median : null)),
+      spread: xs.map((x) => (byX[x] ? [byX[x].low, byX[x].high] : null)),
+      borderColor: COLORS[i], backgroundColor: COLORS[i],
+      borderDash: which === "B" ? [6, 4] : [],
+      spanGaps: true, tension: 0, pointRadius: 4,
+    };
+  });
+  drawChart(canvasId, {
+    type: "line",
+    data: { labels: xs, datasets },
+    options: {
+      animation: false, maintainAspectRatio: false,
+      plugins: {
+        title: { display: true, text: title },
+        tooltip: { callbacks: { afterLabel: (ctx) => {
+          const s = ctx.dataset.spread[ctx.dataIndex];
+          return s ? `min–max ${fmtNum(s[0])}–${fmtNum(s[1])}` : "";
+        } } },
+      },
+      scales: { x: { title: { display: true, text: xLabel } },
+                y: { beginAtZero: true, title: { display: true, text: "tok/s" } } },
+    },
+  });
+}
+
+async function drawBench(kind) {
+  const box = document.getElementById(`${kind}-charts`);
+  const a = document.getElementById(`${kind}-a`).value;
+  const b = document.getElementById(`${kind}-b`).value;
+  clearCharts(`${kind}-chart`);
+  if (!a) { box.replaceChildren(el("p", { class: "muted" }, `No ${kind} runs stored: \`sparkfleet bench ${kind}\` makes one.`)); return; }
+  try {
+    const runs = [{ run: await api(`/api/bench/runs/${a}`), which: "A" }];
+    if (b && b !== a) runs.push({ run: await api(`/api/bench/runs/${b}`), which: "B" });
+    const names = [...new Set(runs.flatMap(({ run }) => Object.keys(run.series)))];
+    box.replaceChildren(...names.map((n) => el("div", { class: "chart-box" }, el("canvas", { id: `${kind}-chart-${n}` }))));
+    for (const n of names) {
+      overlay(`${kind}-chart-${n}`, kind === "decode" ? `decode: ${n} prompts` : "prefill", runs[0].run.x_label, runs, n);
+    }
+    box.dataset.drawn = `${a}|${b}`;
+  } catch (err) {
+    showError(box, err);
+  }
+}
+
+async function loadBench() {
+  try {
+    const runs = await api("/api/bench/runs");
+    for (const kind of ["decode", "prefill"]) {
+      const mine = runs.filter((r) => r.kind === kind);
+      pickPair(`${kind}-a`, `${kind}-b`, mine, benchLabel, () => drawBench(kind));
+      await drawBench(kind);
+    }
+  } catch (err) {
+    showError(document.getElementById("decode-charts"), err);
+  }
+}
+
+// ---------------------------------------------------------------- quality and needle
+
+function evalLabel(r) {
+  return `${r.label} · ${r.model} · ${r.passed}/${r.total} · ${r.created_utc}`;
+}
+
+async function drawQuality() {
+  const a = document.getElementById("quality-a").value;
+  const b = document.getElementById("quality-b").value;
+  const summary = document.getElementById("quality-summary");
+  const flips = document.getElementById("quality-flips");
+  clearCharts("quality-chart");
+  flips.replaceChildren();
+  if (!a) { summary.replaceChildren(el("p", { class: "muted" }, "No quality runs stored: `sparkfleet eval quality` makes one.")); return; }
+  try {
+    let runs;
+    let cmp = null;
+    if (b && b !== a) {
+      cmp = await api(`/api/evals/quality/compare?a=${encodeURIComponent(a)}&b=${encodeURIComponent(b)}`);
+      runs = [{ run: cmp.a, which: "A" }, { run: cmp.b, which: "B" }];
+    } else {
+      runs = [{ run: await api(`/api/evals/quality/${encodeURIComponent(a)}`), which: "A" }];
+    }
+    summary.replaceChildren(...runs.map(({ run, which }) => el("div", { class: "run-summary", "data-which": which },
+      `${which}: ${run.label} (${run.id}) — ${run.model}, ${run.api} API: ${run.passed}/${run.total} passed`)));
+    const cats = [...new Set(runs.flatMap(({ run }) => run.categories.map((c) => c.category)))];
+    drawChart("quality-chart", {
+      type: "bar",
+      data: {
+        labels: cats,
+        datasets: runs.map(({ run, which }, i) => {
+          const by = Object.fromEntries(run.categories.map((c) => [c.category, c]));
+          return {
+            label: `${which}: ${run.label}`, runId: run.id, backgroundColor: COLORS[i],
+            data: cats.map((c) => (by[c] ? 100 * by[c].rate : null)),
+            counts: cats.map((c) => (by[c] ? `${by[c].passed}/${by[c].total}` : "not run")),
+          };
+        }),
+      },
+      options: {
+        animation: false, maintainAspectRatio: false,
+        plugins: { title: { display: true, text: "pass rate per category (%)" },
+                   tooltip: { callbacks: { afterLabel: (ctx) => ctx.dataset.counts[ctx.dataIndex] } } },
+        scales: { y: { beginAtZero: true, max: 100, title: { display: true, text: "% passed" } } },
+      },
+    });
+    if (cmp) {
+      flips.replaceChildren(
+        el("p", { class: "verdict" }, cmp.verdict),
+        el("p", { class: "muted" }, `${cmp.paired} tasks paired, ${cmp.flips.length} flipped`),
+        cmp.flips.length ? el("table", { id: "flips" },
+          el("thead", {}, el("tr", {}, ["task", "category", "flip", "why the failing run failed"].map((h) => el("th", {}, h)))),
+          el("tbody", {}, cmp.flips.map((f) => el("tr", { "data-task": f.id },
+            el("td", {}, f.id), el("td", {}, f.category),
+            el("td", { class: `flip-${f.direction}` }, f.direction === "broke" ? "A pass → B fail" : "A fail → B pass"),
+            el("td", {}, f.why))))) : null);
+    }
+    summary.dataset.drawn = `${a}|${b}`;
+  } catch (err) {
+    showError(summary, err);
+  }
+}
+
+async function drawNeedle() {
+  const box = document.getElementById("needle");
+  const id = document.getElementById("needle-run").value;
+  if (!id) { box.replaceChildren(el("p", { class: "muted" }, "No needle runs stored: `sparkfleet eval needle` makes one.")); return; }
+  try {
+    const run = await api(`/api/evals/needle/${encodeURIComponent(id)}`);
+    const head = el("tr", {}, el("th", {}, "depth \\ tokens"), run.lengths.map((n) => el("th", {}, n)));
+    const rows = run.grid.map((row) => el("tr", { "data-depth": row.depth }, el("th", {}, `${row.depth}%`),
+      row.cells.map((c, j) => el("td", {
+        class: c === null ? "none" : c.passed ? "pass" : "fail",
+        "data-length": run.lengths[j],
+        title: c === null ? "not run" : `expected ${c.expected}; answered ${c.answer}`,
+      }, c === null ? "–" : c.passed ? "pass" : "fail"))));
+    box.replaceChildren(
+      el("p", {}, `${run.label} — ${run.model}: ${run.passed}/${run.total} passed; effective length `,
+        el("strong", {}, run.effective_length ?? "none"),
+        run.skipped_lengths.length ? ` (skipped, over the context: ${run.skipped_lengths.join(", ")})` : ""),
+      el("table", { class: "heatmap", id: "needle-heatmap" }, el("thead", {}, head), el("tbody", {}, rows)));
+  } catch (err) {
+    showError(box, err);
+  }
+}
+
+async function loadEvals() {
+  try {
+    const quality = await api("/api/evals/runs?kind=quality");
+    pickPair("quality-a", "quality-b", quality, evalLabel, drawQuality);
+    await drawQuality();
+    const needle = await api("/api/evals/runs?kind=needle");
+    const picker = document.getElementById("needle-run");
+    fillPicker(picker, needle, evalLabel, needle[0]?.id, false);
+    picker.onchange = drawNeedle;
+    await drawNeedle();
+  } catch (err) {
+    showError(document.getElementById("quality-summary"), err);
+  }
+}
+
+// ---------------------------------------------------------------- doctor
+
+async function loadDoctor() {
+  const box = document.getElementById("doctor");
+  try {
+    const nodes = await api("/api/doctor");
+    if (!nodes.length) { box.replaceChildren(el("p", { class: "muted" }, "No doctor runs recorded: `sparkfleet doctor` makes one.")); return; }
+    box.replaceChildren(...nodes.map((n) => el("div", { class: "card doctor-node", "data-node": n.node },
+      el("h3", {}, n.node, badge(n.counts.fail ? "fail" : n.counts.warn ? "warn" : "pass"),
+        el("span", { class: "muted" },
+          `${n.counts.fail} failed, ${n.counts.warn} warnings, ${n.counts.pass} passed · ${fmtAge(n.age_s)} ago` +
+          (n.recipe ? ` · for ${n.recipe}` : ""))),
+      el("table", {},
+        el("thead", {}, el("tr", {}, ["status", "check", "evidence", "fix"].map((h) => el("th", {}, h)))),
+        el("tbody", {}, n.checks.map((c) => el("tr", { "data-check": c.id },
+          el("td", {}, badge(c.status)), el("td", {}, c.id), el("td", {}, c.evidence),
+          el("td", { class: "muted" }, c.status === "pass" ? "" : c.fix))))))));
+  } catch (err) {
+    showError(box, err);
+  }
+}
+
+// ---------------------------------------------------------------- router
+
+const PAGES = { deployments: loadDeployments, bench: loadBench, evals: loadEvals, doctor: loadDoctor };
+
+function route() {
+  const page = (location.hash.slice(1) || "deployments").split("?")[0];
+  const name = PAGES[page] ? page : "deployments";
+  for (const section of document.querySelectorAll(".page")) section.classList.toggle("shown", section.id === `page-${name}`);
+  for (const link of document.querySelectorAll("nav a")) link.classList.toggle("active", link.dataset.page === name);
+  clearInterval(pollTimer);
+  pollTimer = null;
+  PAGES[name]();
+  // Only the deployments page is live; the others change when a run is stored, not every second.
+  if (name === "deployments") pollTimer = setInterval(loadDeployments, POLL_MS);
+}
+
+window.addEventListener("hashchange", route);
+route();
