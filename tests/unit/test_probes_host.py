@@ -57,3 +57,11 @@ def test_bundle_keeps_each_probes_streams_and_exit_code_apart() -> None:
     assert meminfo.parse(outs["mem"].stdout).total > 0
     assert outs["gone"].missing and "not found" in outs["gone"].stderr
     assert (outs["fails"].exit_code, outs["fails"].stdout, outs["fails"].stderr) == (3, "half", "oops\n")
+
+
+def test_truncated_bundle_output_keeps_the_probes_that_came_whole() -> None:
+    script = bundle.bundle_script({"a": ["echo", "one"], "b": ["echo", "two"]})
+    full = LocalTransport().run(["sh", "-c", script]).stdout
+    cut = full[: full.index("@@SF-ERR b")]
+    assert set(bundle.parse_bundle(full)) == {"a", "b"}
+    assert bundle.parse_bundle(cut) == {"a": bundle.ProbeOutput("a", 0, "one\n", "")}

@@ -69,12 +69,17 @@ def parse_bundle(stdout: str) -> dict[str, ProbeOutput]:
         start = stdout.find(f"\n{_BEGIN} ", pos)
         if start < 0:
             return out
-        head_end = stdout.index("\n", start + 1)
-        _, name, rc = stdout[start + 1 : head_end].split(" ")
+        head_end = stdout.find("\n", start + 1)
+        words = stdout[start + 1 : head_end].split(" ")
+        if head_end < 0 or len(words) != 3 or not words[2].lstrip("-").isdigit():
+            return out  # truncated output (a killed script): keep what came whole
+        _, name, rc = words
         err_mark = f"\n{_ERR} {name}\n"
         end_mark = f"\n{_END} {name}\n"
-        err_at = stdout.index(err_mark, head_end)
-        end_at = stdout.index(end_mark, err_at)
+        err_at = stdout.find(err_mark, head_end)
+        end_at = stdout.find(end_mark, err_at) if err_at >= 0 else -1
+        if end_at < 0:
+            return out
         out[name] = ProbeOutput(
             name=name,
             exit_code=int(rc),
