@@ -141,7 +141,7 @@ def _sync(
 
                 report = sync_node(
                     source, target, snapshot, include=spec.include, exclude=spec.exclude, method=method,
-                    on_bytes=on_bytes, python=nodes[step.node].python,
+                    on_bytes=on_bytes,
                 )  # fmt: skip
             # Read back what the node now holds, right after its own copy finished.
             return report, check_copy(target.transport, target.path, snapshot, kept)

@@ -338,3 +338,39 @@ def test_a_cache_shared_by_all_nodes_is_written_once(tmp_path: Path) -> None:
         assert sum(r.bytes_sent for r in again.synced) == 0
     finally:
         fleet.close()
+
+
+def test_a_node_without_rsync_gets_a_tar_stream_and_says_so(tmp_path: Path) -> None:
+    files = model_files(shard_bytes=1 << 20)
+    fleet = LoopbackFleet(2, tmp_path / "fleet")
+    try:
+        # node1's sessions get a PATH holding the usual tools but no rsync (and no python: sync
+        # needs none on the nodes).
+        bin_dir = tmp_path / "bin-without-rsync"
+        bin_dir.mkdir()
+        for tool in ("sh", "bash", "mkdir", "tar", "cat", "stat", "find", "xargs", "sha256sum",
+                     "sed", "test", "rm", "env", "true", "ls", "dirname", "mv", "chmod"):  # fmt: skip
+            found = shutil.which(tool)
+            if found:
+                (bin_dir / tool).symlink_to(found)
+        config = fleet.nodes[1].sshd_config
+        config.write_text(
+            config.read_text().replace("SetEnv SPARKFLEET_NODE=node1", f"SetEnv SPARKFLEET_NODE=node1 PATH={bin_dir}")
+        )
+        fleet.stop_node(1)
+        fleet.start_node(1)
+        assert fleet.run(1, "command -v rsync").returncode != 0
+
+        setup = build(fleet, tmp_path, sync_toml(str(tmp_path / "src" / REPO)), nodes=2)
+        make_hf_snapshot(setup.source, REV1, files)
+        report = {r.node: r for r in distribute(setup.plan, setup.transports).synced}
+        assert report["node0"].method == "rsync" and report["node0"].note is None
+        assert report["node1"].method == "tar"
+        assert report["node1"].note == (
+            "rsync is not installed on node1: copied with a tar stream over SSH instead (whole files, no delta)"
+        )
+        assert_hub_layout(setup.node_repo(1), REV1, files, excluded=("original/consolidated.pth",))
+        again = {r.node: r for r in distribute(setup.plan, setup.transports).synced}
+        assert again["node1"].bytes_sent == 0
+    finally:
+        fleet.close()

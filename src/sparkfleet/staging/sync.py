@@ -22,7 +22,6 @@ with tar over SSH through the controller, and the report says that rsync was mis
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -94,18 +93,14 @@ class SyncReport:
     note: str | None = None
 
 
-def transfer_list(
-    snapshot: Snapshot, include: Sequence[str], exclude: Sequence[str]
-) -> tuple[list[str], int]:
+def transfer_list(snapshot: Snapshot, include: Sequence[str], exclude: Sequence[str]) -> tuple[list[str], int]:
     """The paths (relative to the source root) one sync sends, and their bytes."""
     kept = select(snapshot.files, include, exclude)
     if not kept:
         raise StagingError(snapshot.node, f"{snapshot.root}: no file matches include/exclude")
     dangling = [f.path for f in kept if f.kind == "dangling"]
     if dangling:
-        raise StagingError(
-            snapshot.node, f"{snapshot.root}: broken links in the snapshot: {', '.join(dangling[:5])}"
-        )
+        raise StagingError(snapshot.node, f"{snapshot.root}: broken links in the snapshot: {', '.join(dangling[:5])}")
     if snapshot.layout != "hf":
         return [f.path for f in kept], sum(f.size for f in kept)
     prefix = f"snapshots/{snapshot.revision}/"
@@ -133,9 +128,7 @@ def _prepare(end: Endpoint) -> None:
 
 
 def _fallback_note(node: str) -> str:
-    return (
-        f"rsync is not installed on {node}: copied with a tar stream over SSH instead (whole files, no delta)"
-    )
+    return f"rsync is not installed on {node}: copied with a tar stream over SSH instead (whole files, no delta)"
 
 
 def _ssh_words(transport: Transport) -> list[str] | None:
@@ -242,9 +235,7 @@ def _rsync(source: Endpoint, target: Endpoint, files: list[str], on_bytes: Bytes
             words = _ssh_words(target.transport)
             if words is None:
                 raise StagingError(target.node, "sync needs an SSH (or local) transport to this node")
-            argv = rsync_argv(
-                source.path, f"{words[-1]}:{target.path}", shlex.join(words[:-1]), make_dest=target.path
-            )
+            argv = rsync_argv(source.path, f"{words[-1]}:{target.path}", shlex.join(words[:-1]), make_dest=target.path)
         where = "controller"
     else:
         src_words = _ssh_words(source.transport)
@@ -305,30 +296,30 @@ def _rsync_failure(code: int, err: str, source: Endpoint, target: Endpoint, wher
 # ---- tar fallback: no rsync on one side ----
 
 
-def _stat_script(root: str, paths: list[str]) -> bytes:
-    code = (
-        "import json, os, sys\n"
-        f"root, paths = {root!r}, {paths!r}\n"
-        "out = {}\n"
-        "for p in paths:\n"
-        "    f = os.path.join(root, p)\n"
-        "    try:\n"
-        "        st = os.lstat(f)\n"
-        "    except OSError:\n"
-        "        continue\n"
-        "    link = os.readlink(f) if os.path.islink(f) else None\n"
-        "    out[p] = [st.st_size, int(st.st_mtime), link]\n"
-        "print(json.dumps(out))\n"
-    )
-    return code.encode()
+# size, mtime, type, link target and path of each path itself (links not followed)
+_FIND_STAT = (
+    'cd "$1" || { echo "cannot enter $1" >&2; exit 4; }; shift; '
+    "find \"$@\" -maxdepth 0 -printf '%s\\t%T@\\t%y\\t%l\\t%p\\n' 2>/dev/null; true"
+)
 
 
-def _stat(end: Endpoint, paths: list[str], python: str) -> dict[str, list[object]]:
-    result = end.transport.run([python, "-"], stdin=_stat_script(end.path, paths), check=False, timeout=600)
+def _stat(end: Endpoint, paths: list[str]) -> dict[str, tuple[int, int, str | None]]:
+    """{path: (size, mtime, link target or None)} for the paths that exist under end.path."""
+    if end.local:
+        os.makedirs(end.path, exist_ok=True)
+    argv = ["sh", "-c", _FIND_STAT, "sh", end.path, *[f"./{p}" for p in paths]]
+    result = end.transport.run(argv, check=False, timeout=600)
     if not result.ok:
         raise StagingError(end.node, f"cannot list {end.path}: {result.tail()}")
-    data: dict[str, list[object]] = json.loads(result.stdout.strip().splitlines()[-1])
-    return data
+    out: dict[str, tuple[int, int, str | None]] = {}
+    for line in result.stdout.splitlines():
+        size, mtime, kind, link, path = line.split("\t", 4)
+        # A link is compared by its target alone: its own mtime is not worth a copy.
+        if kind == "l":
+            out[path.removeprefix("./")] = (0, 0, link)
+        else:
+            out[path.removeprefix("./")] = (int(size), int(float(mtime)), None)
+    return out
 
 
 def _command(end: Endpoint, argv: list[str]) -> list[str]:
@@ -340,19 +331,17 @@ def _command(end: Endpoint, argv: list[str]) -> list[str]:
     return [*words, "--", shlex.join(argv)]
 
 
-def _tar(
-    source: Endpoint, target: Endpoint, files: list[str], on_bytes: BytesFn | None, python: str
-) -> tuple[int, int]:
+def _tar(source: Endpoint, target: Endpoint, files: list[str], on_bytes: BytesFn | None) -> tuple[int, int]:
     """Stream the files whose size, mtime or link differ; return (files sent, bytes sent)."""
-    have = _stat(target, files, python)
-    want = _stat(source, files, python)
+    have = _stat(target, files)
+    want = _stat(source, files)
     missing_src = [p for p in files if p not in want]
     if missing_src:
         raise StagingError(source.node, f"{source.path}: {missing_src[0]} vanished during the sync")
     todo = [p for p in files if have.get(p) != want[p]]
     if not todo:
         return 0, 0
-    payload = sum(int(want[p][0]) for p in todo if want[p][2] is None)  # type: ignore[call-overload]
+    payload = sum(want[p][0] for p in todo if want[p][2] is None)
     reader = subprocess.Popen(
         _command(source, ["tar", "-C", source.path, "--null", "-T", "-", "-cf", "-"]),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -377,9 +366,7 @@ def _tar(
         writer.stdin.close()
     rcode, wcode = reader.wait(), writer.wait()
     if rcode != 0 or wcode != 0:
-        err = (reader.stderr.read() if reader.stderr else b"") + (
-            writer.stderr.read() if writer.stderr else b""
-        )
+        err = (reader.stderr.read() if reader.stderr else b"") + (writer.stderr.read() if writer.stderr else b"")
         tail = err.decode(errors="replace").strip()[-800:]
         raise StagingError(target.node, f"tar stream from {source.node}:{source.path} failed: {tail}")
     return sum(1 for p in todo if want[p][2] is None), payload
@@ -394,15 +381,12 @@ def sync_node(
     exclude: Sequence[str] = (),
     method: Method = "auto",
     on_bytes: BytesFn | None = None,
-    python: str = "python3",
 ) -> SyncReport:
     """Bring target's copy of the snapshot up to date with source's; return what moved."""
     start = time.monotonic()
     files, total = transfer_list(snapshot, include, exclude)
     if source.node == target.node and source.path.rstrip("/") == target.path.rstrip("/"):
-        return SyncReport(
-            target.node, "none", len(files), 0, total, 0, 0.0, "source and destination are one folder"
-        )
+        return SyncReport(target.node, "none", len(files), 0, total, 0, 0.0, "source and destination are one folder")
     note = None
     use = method
     if use == "auto" and source.local and shutil.which("rsync") is None:
@@ -419,7 +403,7 @@ def sync_node(
         sent_files, sent = stats.get("files_sent", 0), stats.get("literal", 0)
     else:
         _prepare(target)
-        sent_files, sent = _tar(source, target, files, on_bytes, python)
+        sent_files, sent = _tar(source, target, files, on_bytes)
     if on_bytes is not None:
         on_bytes(total)
     return SyncReport(target.node, use, len(files), sent_files, total, sent, time.monotonic() - start, note)
