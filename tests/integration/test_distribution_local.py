@@ -1,0 +1,47 @@
+"""Distribution on the ``local`` cluster (no SSH): the controller's snapshot into this machine's
+cache, with the progress the CLI draws."""
+
+from __future__ import annotations
+
+import io
+import shutil
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from sparkfleet.cluster import local_cluster
+from sparkfleet.distribute import distribute, rich_progress
+from sparkfleet.plan import StagingStep, plan
+from sparkfleet.recipe import load_recipe
+from sparkfleet.transport.local import LocalTransport
+from tests.integration.test_distribution_sync import REPO, REV1, assert_hub_layout, make_hf_snapshot, model_files
+
+pytestmark = pytest.mark.skipif(shutil.which("rsync") is None, reason="rsync missing")
+
+
+def test_local_node_sync_with_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    source = make_hf_snapshot(tmp_path / "src" / REPO, REV1, files := model_files(shard_bytes=1 << 20))
+    (tmp_path / "recipe.toml").write_text(
+        'engine = "vllm"\nmodel = "acme/tiny"\n'
+        f'[[staging]]\nkind = "sync"\nid = "weights"\nsrc = "{source}"\n'
+        f'dst = "{{{{hf}}}}/hub/{REPO}"\nexclude = ["original/*"]\n'
+    )
+    p = plan(load_recipe(tmp_path / "recipe.toml"), local_cluster(), "local-test")
+    seen: list[tuple[str, int, int]] = []
+
+    def record(step: StagingStep, done: int, total: int) -> None:
+        seen.append((step.node, done, total))
+
+    report = distribute(p, {"local": LocalTransport("local")}, progress=record)
+    (r,) = report.synced
+    assert r.method == "rsync" and r.bytes_sent >= 4 << 20
+    assert_hub_layout(tmp_path / "hf" / "hub" / REPO, REV1, files, excluded=("original/consolidated.pth",))
+    assert seen and seen[-1][1] == seen[-1][2] == r.bytes_total  # the bar ends full
+    assert all(node == "local" for node, _, _ in seen)
+
+    out = io.StringIO()
+    with rich_progress(Console(file=out, width=100)) as bar:
+        distribute(p, {"local": LocalTransport("local")}, progress=bar)
+    assert "weights → local" in out.getvalue()
