@@ -1,6 +1,6 @@
 """Staging throughput: packing vs this machine's own sequential copy of the same number of bytes.
 
-    python benchmarks/staging_throughput.py [--dir /var/tmp/sparkfleet-bench] [--gib 3] [--repeat 2]
+    python benchmarks/staging_throughput.py [--dir /var/tmp/sparkfleet-bench] [--gib 3] [--tp 4] [--repeat 3]
 
 Generates a synthetic checkpoint with one Engram layer (F8 weight [N,256] + scale [N,8] in one
 shard, N chosen so the table is --gib GiB), then, in the same run and under the same conditions:
@@ -8,10 +8,11 @@ shard, N chosen so the table is --gib GiB), then, in the same run and under the 
 * copy:    ``dd if=<shard> of=<copy> bs=16M conv=fsync`` and ``cp <shard> <copy> && sync <copy>``;
            the faster of the two is the machine's copy rate. The shard is the same number of
            bytes as the packed output of all ranks (plus a few KB of header);
-* pack:    every rank of tp=--tp (default 4) packed one after the other on this machine through the real path
-           (LocalTransport → ``<python> -`` with the shipped worker → ``.partial`` → fsync → ledger →
-           rename), so the pack reads and writes the same bytes the copy does;
-* restage: the same four ranks again with the source unchanged (ledger check, nothing written).
+* pack:    every rank of tp=--tp (default 4) packed one after the other on this machine through
+           the real path of ``sparkfleet stage`` (stage_all → LocalTransport → ``<python> -`` with
+           the shipped worker → ``.partial`` → fsync → ledger → rename), so the pack reads and
+           writes the same bytes the copy does;
+* restage: the same ranks again with the source unchanged (ledger check, nothing written).
 
 Fairness: the page cache is dropped (``echo 3 > /proc/sys/vm/drop_caches``, needs root) before
 each copy and each pack, so both read the source cold and both fsync what they write; without
@@ -33,7 +34,7 @@ from pathlib import Path
 
 from sparkfleet.plan import StagingStep
 from sparkfleet.recipe import StagingSpec
-from sparkfleet.staging.runner import stage_rank
+from sparkfleet.staging.runner import stage_all
 from sparkfleet.staging.synthetic import write_engram_checkpoint
 from sparkfleet.transport.local import LocalTransport
 
@@ -79,11 +80,11 @@ def pack_all(snapshot: Path, out: Path, tp: int) -> tuple[float, int, list[str]]
         )
         for r in range(tp)
     ]  # fmt: skip
-    transport = LocalTransport("bench")
     t0 = time.perf_counter()
-    # The node's interpreter is this one (on this machine `python3` is a pyenv shell shim whose
-    # start-up alone is ~0.2 s per rank; a node's configured python is a real binary).
-    reports = [stage_rank(transport, s, python=sys.executable) for s in steps]
+    # As `sparkfleet stage` does it: stage_all, one worker process for the node's ranks. The
+    # node's interpreter is this one (on this machine `python3` is a pyenv shell shim whose
+    # start-up alone is ~0.2 s; a node's configured python is a real binary).
+    reports = stage_all(steps, {"bench": LocalTransport("bench")}, pythons={"bench": sys.executable})
     elapsed = time.perf_counter() - t0
     written = sum(r.bytes_written for r in reports)
     statuses = sorted({o.status for r in reports for o in r.outputs})

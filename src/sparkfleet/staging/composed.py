@@ -48,9 +48,7 @@ def compose_model(
             data = json.loads(line[len(composed_worker.RESULT_MARKER) :])
             break
     else:
-        raise StagingError(
-            step.node, f"composed_model: the worker exited {result.exit_code}: {result.tail()}"
-        )
+        raise StagingError(step.node, f"composed_model: the worker exited {result.exit_code}: {result.tail()}")
     if not data["ok"]:
         raise StagingError(step.node, f"composed_model: {data['error']}")
     model = ComposedModel(

@@ -48,9 +48,7 @@ def local_files(paths: Sequence[str], base: Path, step_id: str) -> tuple[LocalFi
         try:
             data = path.read_bytes()
         except OSError as exc:
-            raise StagingError(
-                "controller", f"staging {step_id!r}: cannot read {path}: {exc.strerror}"
-            ) from None
+            raise StagingError("controller", f"staging {step_id!r}: cannot read {path}: {exc.strerror}") from None
         out.append(LocalFile(path, path.name, hashlib.sha256(data).hexdigest(), len(data)))
     names = [f.name for f in out]
     twice = sorted({n for n in names if names.count(n) > 1})

@@ -162,9 +162,7 @@ class PackedLayout(Layout):
         self._sbuf = bytearray(self.block_rows * self.scale.row_bytes)
 
     def fixed_header(self) -> bytes:
-        fields = struct.pack(
-            "<6Q", PACKED_MAGIC, self.layer, self.lo, self.hi, self.weight.rows, self.row_bytes
-        )
+        fields = struct.pack("<6Q", PACKED_MAGIC, self.layer, self.lo, self.hi, self.weight.rows, self.row_bytes)
         return fields + bytes(PACKED_HEADER_BYTES - len(fields))
 
     def block_step(self) -> int:
@@ -271,8 +269,7 @@ def layouts_for(
                 if loc is not None:
                     by_shard.setdefault(loc.shard, []).append(loc)
         outputs = [
-            SparseFileLayout(headers[s], locs, tp, rank, dst, chunk_bytes)
-            for s, locs in sorted(by_shard.items())
+            SparseFileLayout(headers[s], locs, tp, rank, dst, chunk_bytes) for s, locs in sorted(by_shard.items())
         ]
     else:
         raise StageFailure(f'unknown staging layout "{layout}" (expected "packed" or "sparse-file")')

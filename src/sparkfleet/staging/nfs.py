@@ -109,15 +109,11 @@ def export(server: Transport, path: str, clients: Sequence[str], volume: str) ->
     return NfsReport(server.node, "server", volume, f"exported {path} to {', '.join(clients)}")
 
 
-def ensure_volume(
-    client: Transport, volume: str, server_ip: str, path: str, options: str | None
-) -> NfsReport:
+def ensure_volume(client: Transport, volume: str, server_ip: str, path: str, options: str | None) -> NfsReport:
     """Create (or recreate, when its options changed) the worker's NFS volume."""
     argv = volume_create_argv(volume, server_ip, path, options)
     wanted = {"type": "nfs", "o": mount_options(server_ip, options), "device": f":{path}"}
-    seen = client.run(
-        ["docker", "volume", "inspect", "--format", "{{json .Options}}", volume], check=False, timeout=60
-    )
+    seen = client.run(["docker", "volume", "inspect", "--format", "{{json .Options}}", volume], check=False, timeout=60)
     if seen.ok:
         if all(f'"{k}":"{v}"' in seen.stdout.replace(" ", "") for k, v in wanted.items()):
             return NfsReport(client.node, "client", volume, "volume already points at the export")

@@ -63,9 +63,11 @@ class StageReport:
         return all(o.status == "ok" for o in self.outputs)
 
 
-def _worker_args(step: StagingStep, verify: bool, chunk_bytes: int | None, progress_file: str | None) -> str:
+def _job(step: StagingStep, verify: bool, chunk_bytes: int | None) -> dict[str, Any]:
+    if not step.src:
+        raise StagingError(step.node, f"staging {step.id!r}: sparse-rows needs a src")
     spec = step.spec
-    args: dict[str, Any] = {
+    job: dict[str, Any] = {
         "src": step.src,
         "dst": step.dst,
         "tp": step.tp,
@@ -74,82 +76,90 @@ def _worker_args(step: StagingStep, verify: bool, chunk_bytes: int | None, progr
         "tables": list(spec.tables) if spec is not None else ["*.engram.embed.weight"],
         "min_free": step.min_free,
         "mode": "verify" if verify else "stage",
-        "progress_file": progress_file,
     }
     if chunk_bytes:
-        args["chunk_bytes"] = chunk_bytes
-    return json.dumps(args)
+        job["chunk_bytes"] = chunk_bytes
+    return job
 
 
-def _parse_result(step: StagingStep, result: Result) -> dict[str, Any]:
+def _parse_result(steps: Sequence[StagingStep], result: Result) -> list[dict[str, Any]]:
+    first = steps[0]
     for line in reversed(result.stdout.splitlines()):
         if line.startswith(RESULT_MARKER):
             data: dict[str, Any] = json.loads(line[len(RESULT_MARKER) :])
-            if not data.get("ok"):
-                raise StagingError(step.node, f"staging {step.id!r} (rank {step.rank}): {data.get('error')}")
-            return data
+            jobs = data.get("jobs") if data.get("ok") else [data] * len(steps)
+            for step, job in zip(steps, jobs or [], strict=True):
+                if not job.get("ok"):
+                    raise StagingError(step.node, f"staging {step.id!r} (rank {step.rank}): {job.get('error')}")
+            return list(jobs or [])
     tail = result.tail() or "no output"
-    raise StagingError(
-        step.node, f"staging {step.id!r} (rank {step.rank}): the worker exited {result.exit_code}: {tail}"
-    )
+    raise StagingError(first.node, f"staging {first.id!r}: the worker exited {result.exit_code}: {tail}")
 
 
 def _poll_progress(
-    transport: Transport, step: StagingStep, path: str, done: threading.Event, progress: ProgressFn
+    transport: Transport, steps: Sequence[StagingStep], path: str, done: threading.Event, progress: ProgressFn
 ) -> None:
     while not done.wait(_POLL_SECONDS):
         seen = transport.run(["cat", path], check=False, timeout=30)
         if seen.ok:
             try:
                 state = json.loads(seen.stdout)
-                progress(step, int(state["done"]), int(state["total"]))
-            except (ValueError, KeyError, TypeError):
+                progress(steps[int(state["job"])], int(state["done"]), int(state["total"]))
+            except (ValueError, KeyError, TypeError, IndexError):
                 continue  # a poll between the worker's write and rename
 
 
 def _sparse_rows(
     transport: Transport,
-    step: StagingStep,
+    steps: Sequence[StagingStep],
     verify: bool,
     progress: ProgressFn | None,
     chunk_bytes: int | None,
     python: str,
-) -> StageReport:
-    if not step.src:
-        raise StagingError(step.node, f"staging {step.id!r}: sparse-rows needs a src")
+) -> list[StageReport]:
+    """All of one node's sparse-rows steps in one worker process (one interpreter start)."""
     progress_file = f"/tmp/sparkfleet-stage-{uuid.uuid4().hex}.json" if progress else None
-    argv = [python, "-", _worker_args(step, verify, chunk_bytes, progress_file)]
+    args = {"jobs": [_job(s, verify, chunk_bytes) for s in steps], "progress_file": progress_file}
     finished = threading.Event()
     poller = None
     if progress is not None and progress_file is not None:
         poller = threading.Thread(
-            target=_poll_progress, args=(transport, step, progress_file, finished, progress), daemon=True
+            target=_poll_progress, args=(transport, steps, progress_file, finished, progress), daemon=True
         )
         poller.start()
     try:
-        result = transport.run(argv, stdin=worker_source(), check=False)
+        result = transport.run([python, "-", json.dumps(args)], stdin=worker_source(), check=False)
     finally:
         finished.set()
         if poller is not None:
             poller.join()
         if progress_file is not None:
             transport.run(["rm", "-f", progress_file, progress_file + ".tmp"], check=False, timeout=30)
-    data = _parse_result(step, result)
-    outputs = tuple(
-        OutputReport(
-            path=o["path"], layout=o["layout"], size=o["size"], status=o["status"], action=o["action"],
-            bytes_written=o["bytes_written"], chunks_rewritten=o["chunks_rewritten"],
-            chunks_total=o["chunks_total"],
+    reports = []
+    for step, data in zip(steps, _parse_result(steps, result), strict=True):
+        outputs = tuple(
+            OutputReport(
+                path=o["path"], layout=o["layout"], size=o["size"], status=o["status"], action=o["action"],
+                bytes_written=o["bytes_written"], chunks_rewritten=o["chunks_rewritten"],
+                chunks_total=o["chunks_total"],
+            )
+            for o in data["outputs"]
+        )  # fmt: skip
+        if progress is not None:
+            total = sum(o.size for o in outputs)
+            progress(step, total, total)
+        reports.append(
+            StageReport(
+                node=step.node,
+                step_id=step.id,
+                rank=step.rank,
+                kind=step.kind,
+                seconds=float(data["seconds"]),
+                outputs=outputs,
+                hash=data.get("hash"),
+            )
         )
-        for o in data["outputs"]
-    )  # fmt: skip
-    if progress is not None:
-        total = sum(o.size for o in outputs)
-        progress(step, total, total)
-    return StageReport(
-        node=step.node, step_id=step.id, rank=step.rank, kind=step.kind, seconds=result.duration,
-        outputs=outputs, hash=data.get("hash"),
-    )  # fmt: skip
+    return reports
 
 
 def stage_rank(
@@ -164,13 +174,11 @@ def stage_rank(
     """Run one staging step on its node with the node's ``python``; with ``verify`` only check
     it, writing nothing."""
     if step.kind == "sparse-rows":
-        return _sparse_rows(transport, step, verify, progress, chunk_bytes, python)
+        return _sparse_rows(transport, [step], verify, progress, chunk_bytes, python)[0]
     if step.kind == "composed":
         composed, seconds = compose_model(transport, step, verify=verify, python=python)
         return StageReport(step.node, step.id, step.rank, step.kind, seconds, composed=composed)
-    raise StagingError(
-        step.node, f"staging {step.id!r}: kind {step.kind!r} is not handled by sparkfleet stage"
-    )
+    raise StagingError(step.node, f"staging {step.id!r}: kind {step.kind!r} is not handled by sparkfleet stage")
 
 
 def stage_all(
@@ -182,8 +190,9 @@ def stage_all(
     chunk_bytes: int | None = None,
     pythons: dict[str, str] | None = None,
 ) -> list[StageReport]:
-    """Run every step, nodes in parallel and each node's steps in order; errors are raised once
-    all nodes have finished, naming every node that failed."""
+    """Run every step, nodes in parallel; on each node its sparse-rows steps first, in one worker
+    process, then the others in order. Errors are raised once all nodes have finished, naming
+    every node that failed."""
     by_node: dict[str, list[StagingStep]] = {}
     for step in steps:
         by_node.setdefault(step.node, []).append(step)
@@ -192,17 +201,14 @@ def stage_all(
         raise StagingError(missing[0], "no transport for this node")
 
     def one_node(node: str) -> list[StageReport]:
-        return [
-            stage_rank(
-                transports[node],
-                s,
-                verify=verify,
-                progress=progress,
-                chunk_bytes=chunk_bytes,
-                python=(pythons or {}).get(node, "python3"),
-            )
-            for s in by_node[node]
-        ]
+        python = (pythons or {}).get(node, "python3")
+        mine = by_node[node]
+        rows = [s for s in mine if s.kind == "sparse-rows"]
+        done = _sparse_rows(transports[node], rows, verify, progress, chunk_bytes, python) if rows else []
+        for step in mine:
+            if step.kind != "sparse-rows":
+                done.append(stage_rank(transports[node], step, verify=verify, progress=progress, python=python))
+        return done
 
     reports: list[StageReport] = []
     failures: list[SparkfleetError] = []

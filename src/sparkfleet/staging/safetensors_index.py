@@ -179,8 +179,6 @@ def find_tables(src: str, patterns: list[str]) -> tuple[list[RowTable], dict[str
         if pname is not None and pname in owner:
             scale = locate(header_of(owner[pname]), pname)
             if scale.rows != weight.rows:
-                raise StageFailure(
-                    f"{name} has {weight.rows} rows but {pname} has {scale.rows}; they must match"
-                )
+                raise StageFailure(f"{name} has {weight.rows} rows but {pname} has {scale.rows}; they must match")
         tables.append(RowTable(weight, scale, layer_of(name)))
     return tables, headers

@@ -47,10 +47,10 @@ _FADV_OK = hasattr(os, "posix_fadvise")
 
 
 class Progress:
-    """Writes ``{"done", "total", "output"}`` to a file the controller polls (atomically)."""
+    """Writes ``{"job", "done", "total", "output"}`` to a file the controller polls (atomically)."""
 
-    def __init__(self, path: str | None, total: int) -> None:
-        self.path, self.total, self.done = path, total, 0
+    def __init__(self, path: str | None, total: int, job: int = 0) -> None:
+        self.path, self.total, self.done, self.job = path, total, 0, job
         self.output = ""
         self._last = 0.0
 
@@ -66,7 +66,7 @@ class Progress:
         self._last = time.monotonic()
         tmp = self.path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump({"done": self.done, "total": self.total, "output": self.output}, fh)
+            json.dump({"job": self.job, "done": self.done, "total": self.total, "output": self.output}, fh)
         os.replace(tmp, self.path)
 
 
@@ -103,9 +103,7 @@ def output_stat(path: str) -> dict[str, int] | None:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
 
 
-def _usable_hashes(
-    out: Layout, ledger: dict[str, Any] | None, ident: list[dict[str, Any]]
-) -> list[str] | None:
+def _usable_hashes(out: Layout, ledger: dict[str, Any] | None, ident: list[dict[str, Any]]) -> list[str] | None:
     """The ledger's chunk hashes if they describe this output built from this source."""
     if (
         ledger is None
@@ -288,10 +286,7 @@ def _run_outputs(
 ) -> dict[str, Any]:  # fmt: skip
     started = time.monotonic()
     idents = [source_identity(o, headers) for o in outs]
-    checked = [
-        assess(o, i, fds, rng, sample_rows, full=(mode == "verify"))
-        for o, i in zip(outs, idents, strict=True)
-    ]
+    checked = [assess(o, i, fds, rng, sample_rows, full=(mode == "verify")) for o, i in zip(outs, idents, strict=True)]
     reports = [
         {"path": o.path, "layout": o.layout, "size": o.size, "status": status, "action": "verified",
          "bytes_written": 0, "chunks_rewritten": 0, "chunks_total": len(o.chunks)}
@@ -314,7 +309,7 @@ def _run_outputs(
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
             raise StageFailure(f"another stage is writing into {dst}; wait for it to finish") from exc
-        progress = Progress(args.get("progress_file"), sum(outs[i].data_bytes for i in work))
+        progress = Progress(args.get("progress_file"), sum(outs[i].data_bytes for i in work), args.get("job", 0))
         progress.flush()
         for i in work:
             t0 = time.monotonic()
@@ -327,24 +322,43 @@ def _run_outputs(
     return {"outputs": reports, "hash": default_algorithm(), "seconds": time.monotonic() - started}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point on the node: one JSON argument in, one marked JSON line out."""
-    words = sys.argv[1:] if argv is None else argv
+def run_job(args: dict[str, Any]) -> dict[str, Any]:
+    """``run`` with every failure turned into ``{"ok": False, "error": …}``."""
     try:
-        if len(words) != 1:
-            raise StageFailure("usage: stage-worker '<json arguments>'")
-        result: dict[str, Any] = {"ok": True, **run(json.loads(words[0]))}
-        code = 0
+        return {"ok": True, **run(args)}
     except StageFailure as exc:
-        result, code = {"ok": False, "error": str(exc)}, 3
+        return {"ok": False, "error": str(exc)}
     except (KeyError, ValueError, TypeError) as exc:
-        result, code = {"ok": False, "error": f"bad staging worker arguments: {exc!r}"}, 3
+        return {"ok": False, "error": f"bad staging worker arguments: {exc!r}"}
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""
-        result, code = {"ok": False, "error": f"{where}{exc.strerror or exc}"}, 3
+        return {"ok": False, "error": f"{where}{exc.strerror or exc}"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point on the node: one JSON argument in, one marked JSON line out.
+
+    The argument is one job, or ``{"jobs": [...], "progress_file": …}`` for all of a node's ranks
+    in one process (one interpreter start per node, not per rank).
+    """
+    words = sys.argv[1:] if argv is None else argv
+    if len(words) != 1:
+        result: dict[str, Any] = {"ok": False, "error": "usage: stage-worker '<json arguments>'"}
+    else:
+        try:
+            args = json.loads(words[0])
+        except ValueError as exc:
+            args = {"error": f"bad staging worker arguments: {exc}"}
+        if "error" in args:
+            result = {"ok": False, "error": args["error"]}
+        elif "jobs" in args:
+            jobs = [{**job, "job": i, "progress_file": args.get("progress_file")} for i, job in enumerate(args["jobs"])]
+            result = {"ok": True, "jobs": [run_job(job) for job in jobs]}
+        else:
+            result = run_job(args)
     sys.stdout.write(RESULT_MARKER + json.dumps(result) + "\n")
     sys.stdout.flush()
-    return code
+    return 0 if result["ok"] else 3
 
 
 if __name__ == "__main__":
