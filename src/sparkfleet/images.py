@@ -221,7 +221,8 @@ def distribute(
     start = time.monotonic()
     want = image_id(transports[source], ref)
     if want is None:
-        raise NodeError(source, f"image {ref} is not on {source}: build it first (sparkfleet image build)")
+        how = "docker pull it there" if is_pinned(ref) else "build it first (sparkfleet image build)"
+        raise NodeError(source, f"image {ref} is not on {source}: {how}")
     have = image_ids({n: t for n, t in transports.items() if n != source}, ref)
     actions = [ImageAction(source, "skipped", want, "source", 0.0)]
     todo = {n: transports[n] for n, i in have.items() if i != want}
