@@ -45,9 +45,9 @@ def test_ttft_is_the_first_token_not_the_role_chunk() -> None:
         rec = one(srv.url, RequestSpec(api="chat", prompt="hi", max_tokens=10))
     assert rec.ok
     assert rec.ttfr is not None and rec.ttfr < 0.05
-    assert 0.3 <= rec.ttft < 0.335
+    assert 0.3 <= rec.ttft < 0.38
     assert rec.completion_tokens == 10
-    assert rec.end == pytest.approx(0.3 + 9 * 0.02, abs=0.03)
+    assert rec.end == pytest.approx(0.3 + 9 * 0.02, abs=0.06)
 
 
 def test_decode_figures_match_the_scripted_timing() -> None:
@@ -55,7 +55,7 @@ def test_decode_figures_match_the_scripted_timing() -> None:
     with ReplayServer(script).running() as srv:
         endpoint = resolve_endpoint(srv.url)
         config = DecodeConfig(
-            concurrency=(1, 4), prompt_types=("prose",), new_tokens=30, repeats=2, warmup_tokens=4
+            concurrency=(1, 4), prompt_types=("prose",), new_tokens=60, repeats=2, warmup_tokens=4
         )
         runs = asyncio.run(run_decode(endpoint, config))
     assert [(r.tier, r.repeat) for r in runs] == [
@@ -67,11 +67,12 @@ def test_decode_figures_match_the_scripted_timing() -> None:
     for run in runs:
         s = run.stats
         assert s.completed == run.concurrency and s.failed == 0 and s.length_mismatch == 0
-        assert s.per_stream_tps == pytest.approx(50.0, rel=0.05)
-        assert s.steady_tps == pytest.approx(50.0 * run.concurrency, rel=0.05)
+        # Tolerances leave room for a loaded 2-core CI box; counting errors would be 2x or more.
+        assert s.per_stream_tps == pytest.approx(50.0, rel=0.08)
+        assert s.steady_tps == pytest.approx(50.0 * run.concurrency, rel=0.08)
         # Never below the scripted 100 ms; above it only by HTTP and scheduling (a loaded CI box).
-        assert 100.0 <= s.ttft.p50 < 135.0
-        assert s.tpot.p50 == pytest.approx(20.0, rel=0.05)
+        assert 100.0 <= s.ttft.p50 < 160.0
+        assert s.tpot.p50 == pytest.approx(20.0, rel=0.08)
         assert s.itl.p50 == pytest.approx(20.0, rel=0.1)
 
 
@@ -79,9 +80,9 @@ def test_speculative_chunks_are_counted_as_tokens_from_usage() -> None:
     # Three tokens per chunk, chunks 30 ms apart: 100 tok/s, not 33.
     with ReplayServer(Script(base_ttft=0.05, itl=0.03, tokens_per_chunk=3)).running() as srv:
         endpoint = resolve_endpoint(srv.url)
-        config = DecodeConfig(concurrency=(2,), prompt_types=("code",), new_tokens=30, repeats=1, warmups=0)
+        config = DecodeConfig(concurrency=(2,), prompt_types=("code",), new_tokens=60, repeats=1, warmups=0)
         (run,) = asyncio.run(run_decode(endpoint, config))
-    assert run.stats.total_output_tokens == 60
+    assert run.stats.total_output_tokens == 120
     assert run.stats.steady_tps == pytest.approx(200.0, rel=0.1)
     assert run.stats.itl.p50 == pytest.approx(30.0, rel=0.1)  # per chunk, as labelled
 
@@ -126,7 +127,7 @@ def test_prefill_rate_recovers_the_scripted_rate_and_clips_to_context() -> None:
         assert run.sample.prompt_tokens == pytest.approx(run.length, rel=0.01)
         assert run.sample.prompt_tokens <= run.length
         assert run.sample.cached_tokens == 0
-        assert run.sample.rate == pytest.approx(20_000, rel=0.06)
+        assert run.sample.rate == pytest.approx(20_000, rel=0.08)
     assert all(b["max_tokens"] == 1 for b in bodies)
 
 

@@ -300,9 +300,7 @@ def _failed(start: float, message: str) -> RequestRecord:
     )
 
 
-async def stream_request(
-    client: httpx.AsyncClient, base_url: str, model: str, spec: RequestSpec
-) -> RequestRecord:
+async def stream_request(client: httpx.AsyncClient, base_url: str, model: str, spec: RequestSpec) -> RequestRecord:
     """Send one streaming request and record it; failures are recorded, never raised."""
     url = base_url.rstrip("/") + api_path(spec.api)
     body = json.dumps(request_body(spec, model)).encode()

@@ -36,9 +36,7 @@ def prompt_types(requested: str | list[str] | tuple[str, ...]) -> tuple[str, ...
     names = [n for n in names if n]
     unknown = [n for n in names if n not in PROMPT_TYPES]
     if unknown or not names:
-        raise BenchError(
-            f"unknown prompt type {', '.join(unknown) or '(none)'}; choose from {', '.join(PROMPT_TYPES)}"
-        )
+        raise BenchError(f"unknown prompt type {', '.join(unknown) or '(none)'}; choose from {', '.join(PROMPT_TYPES)}")
     return tuple(names)
 
 
@@ -87,8 +85,13 @@ PREFILL_HEAD = "[prefill {tag}] Read the text below, then reply with the single 
 PREFILL_TAIL = "\n\nReply with the single word OK."
 
 
+def prefill_frame() -> tuple[str, str]:
+    """(head, tail) around a prefill haystack; the head starts with a fresh nonce."""
+    return PREFILL_HEAD.format(tag=nonce()), PREFILL_TAIL
+
+
 def prefill_prompt(chars: int, seed: int) -> str:
     """A prefill prompt of about ``chars`` characters: nonce first, then the haystack."""
-    head = PREFILL_HEAD.format(tag=nonce())
-    body = max(0, chars - len(head) - len(PREFILL_TAIL))
-    return head + haystack(body, seed) + PREFILL_TAIL
+    head, tail = prefill_frame()
+    body = max(0, chars - len(head) - len(tail))
+    return head + haystack(body, seed) + tail

@@ -82,9 +82,7 @@ def decode_tier(prompt_type: str, concurrency: int) -> str:
     return f"{prompt_type}/c{concurrency}"
 
 
-def _spec(
-    config: DecodeConfig, endpoint: Endpoint, prompt: str, tokens: int, exact: ExactLength
-) -> RequestSpec:
+def _spec(config: DecodeConfig, endpoint: Endpoint, prompt: str, tokens: int, exact: ExactLength) -> RequestSpec:
     return RequestSpec(
         api=config.api,
         prompt=prompt,
@@ -117,9 +115,7 @@ async def run_concurrent(
     return list(await asyncio.gather(*(one(s) for s in specs)))
 
 
-async def probe_exact_length(
-    client: httpx.AsyncClient, endpoint: Endpoint, config: DecodeConfig
-) -> ExactLength:
+async def probe_exact_length(client: httpx.AsyncClient, endpoint: Endpoint, config: DecodeConfig) -> ExactLength:
     """Ask for PROBE_TOKENS tokens to a prompt that invites a one-word answer, and see what comes."""
     attempts: tuple[tuple[str, ...], ...] = (("min_tokens", "ignore_eos"), ("ignore_eos",), ())
     last_error = None
@@ -144,9 +140,7 @@ async def probe_exact_length(
         if not rec.ok:
             raise BenchError(f"endpoint {endpoint.base_url} failed a probe request: {rec.error}")
         if rec.completion_tokens == PROBE_TOKENS:
-            return ExactLength(
-                True, params, f"exact length enforced with {', '.join(params) or 'max_tokens'}"
-            )
+            return ExactLength(True, params, f"exact length enforced with {', '.join(params) or 'max_tokens'}")
         note = (
             f"{endpoint.engine} ignored {' and '.join(params) or 'max_tokens'}: asked {PROBE_TOKENS} tokens, "
             f"got {rec.completion_tokens} (finish {rec.finish_reason}); decode lengths may vary"

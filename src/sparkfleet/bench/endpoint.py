@@ -102,9 +102,7 @@ def deployment_endpoint(name: str, store: Store | None = None) -> tuple[str, str
     if record is None:
         raise BenchError(f"no deployment named {name!r} (`sparkfleet status` lists them); or give a URL")
     if record.status != "ready":
-        raise BenchError(
-            f"deployment {name!r} is {record.status}, not ready; bench it once `sparkfleet up` is done"
-        )
+        raise BenchError(f"deployment {name!r} is {record.status}, not ready; bench it once `sparkfleet up` is done")
     head = next((r for r in record.ranks if r.rank == 0), None)
     meta: dict[str, Any] = {
         "recipe": record.recipe,

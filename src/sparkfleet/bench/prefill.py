@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from sparkfleet.bench.client import Api, RequestRecord, RequestSpec, stream_request
-from sparkfleet.bench.corpus import haystack, nonce, prefill_prompt
+from sparkfleet.bench.corpus import haystack, nonce, prefill_frame
 from sparkfleet.bench.endpoint import Endpoint
 from sparkfleet.bench.progress import NullProgress, Progress
 from sparkfleet.bench.stats import PrefillSample, prefill_sample
@@ -116,11 +116,7 @@ class TokenCounter:
                         continue
                     if not isinstance(data, dict):
                         continue
-                    n = (
-                        data.get("count")
-                        if isinstance(data.get("count"), int)
-                        else len(data.get("tokens") or [])
-                    )
+                    n = data.get("count") if isinstance(data.get("count"), int) else len(data.get("tokens") or [])
                     if n:
                         self.route = route
                         return int(n)
@@ -149,26 +145,35 @@ def prefill_spec(endpoint: Endpoint, config: PrefillConfig, prompt: str) -> Requ
     return RequestSpec(api=config.api, prompt=prompt, max_tokens=1, temperature=0.0, extra=extra)
 
 
-async def fitted_prompt(
-    counter: TokenCounter, tokens: int, chars_per_token: float, seed: int
-) -> tuple[str, int]:
+async def fitted_prompt(counter: TokenCounter, tokens: int, chars_per_token: float, seed: int) -> tuple[str, int]:
     """A prompt of about ``tokens`` tokens (never above, when the server can tokenize).
 
-    Without a tokenize route the length is estimated from the calibration ratio: counting the
-    prompt itself with a request would put it in the prefix cache before it is measured.
+    One nonce and one haystack are drawn, and only the cut of the haystack moves while fitting,
+    so each step changes nothing but the length. Without a tokenize route the length is
+    estimated from the calibration ratio: counting the prompt itself with a request would put it
+    in the prefix cache before it is measured.
     """
-    chars = int(tokens * chars_per_token)
-    prompt = prefill_prompt(chars, seed)
+    head, tail = prefill_frame()
+    body = haystack(int(tokens * chars_per_token * 1.25) + 256, seed)
+    cut = max(0, min(len(body), int(tokens * chars_per_token) - len(head) - len(tail)))
     if counter.route == "usage":
-        return prompt, tokens
-    counted = await counter.count(prompt)
-    for _ in range(3):
-        if abs(counted - tokens) <= max(8, tokens // 200) and counted <= tokens:
-            break
-        chars = int(chars * tokens / counted) - (8 if counted > tokens else 0)
-        prompt = prefill_prompt(chars, seed)
+        return head + body[:cut] + tail, tokens
+    tolerance = max(8, tokens // 200)
+    best: tuple[str, int] | None = None
+    for _ in range(10):
+        prompt = head + body[:cut] + tail
         counted = await counter.count(prompt)
-    return prompt, counted
+        if counted <= tokens and (best is None or counted > best[1]):
+            best = (prompt, counted)
+        if counted <= tokens and tokens - counted <= tolerance:
+            break
+        step = int((tokens - counted) * chars_per_token)
+        if counted > tokens:
+            step -= 8  # always end up below the target
+        cut = max(0, min(len(body), cut + step))
+    if best is None:
+        raise BenchError(f"cannot fit a prompt of {tokens} tokens (the frame alone is {counted})")
+    return best
 
 
 async def run_prefill(
@@ -200,9 +205,7 @@ async def run_prefill(
                 raise BenchError(f"endpoint {endpoint.base_url} failed a tiny request: {rec.error}")
             ttfts.append(rec.ttft)
         overhead = statistics.median(ttfts)
-        progress.finish(
-            f"fixed overhead {overhead * 1000:.1f} ms (median TTFT of {len(ttfts)} tiny requests)"
-        )
+        progress.finish(f"fixed overhead {overhead * 1000:.1f} ms (median TTFT of {len(ttfts)} tiny requests)")
         if on_overhead is not None:
             on_overhead(overhead, plan)
 
@@ -242,7 +245,5 @@ async def run_prefill(
                     else f"{length} pass {rep + 1}: failed: {rec.error}"
                 )
                 if not rec.ok and not any(r.record.ok for r in runs):
-                    raise BenchError(
-                        f"endpoint {endpoint.base_url}: prefill of {length} tokens failed: {rec.error}"
-                    )
+                    raise BenchError(f"endpoint {endpoint.base_url}: prefill of {length} tokens failed: {rec.error}")
     return runs

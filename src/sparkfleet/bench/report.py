@@ -172,9 +172,7 @@ def run_title(run: StoredRun) -> str:
     where = run.deployment or run.endpoint
     engine = f"{run.engine} {run.engine_version}" if run.engine_version else (run.engine or "?")
     label = f" [{run.label}]" if run.label else ""
-    return (
-        f"run {run.id}{label}: {run.kind} {run.model} on {where} ({engine}), {run.created_at}, {run.status}"
-    )
+    return f"run {run.id}{label}: {run.kind} {run.model} on {where} ({engine}), {run.created_at}, {run.status}"
 
 
 def markdown(run: StoredRun, tiers: Sequence[TierSummary]) -> str:
@@ -284,9 +282,7 @@ def vllm_keys(metrics: Mapping[str, Any]) -> dict[str, Any]:
         "total_input_tokens": metrics.get("total_input_tokens"),
         "total_output_tokens": metrics.get("total_output_tokens"),
         "output_throughput": metrics.get("output_throughput"),
-        "request_throughput": (
-            metrics["completed"] / metrics["duration"] if metrics.get("duration") else None
-        ),
+        "request_throughput": (metrics["completed"] / metrics["duration"] if metrics.get("duration") else None),
         "total_token_throughput": (
             (metrics["total_input_tokens"] + metrics["total_output_tokens"]) / metrics["duration"]
             if metrics.get("duration")

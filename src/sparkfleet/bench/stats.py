@@ -141,9 +141,7 @@ def steady_window(records: Sequence[RequestRecord], concurrency: int) -> tuple[f
     return firsts[0], lasts[-1], True
 
 
-def steady_throughput(
-    records: Sequence[RequestRecord], concurrency: int
-) -> tuple[float | None, float | None, bool]:
+def steady_throughput(records: Sequence[RequestRecord], concurrency: int) -> tuple[float | None, float | None, bool]:
     """(aggregate tok/s, window seconds, fell_back) over the steady window."""
     usable = [r for r in records if r.ok and r.chunk_times]
     if not usable:
@@ -157,9 +155,7 @@ def steady_throughput(
     return tokens / (end - start), end - start, fell_back
 
 
-def decode_run_stats(
-    records: Sequence[RequestRecord], concurrency: int, requested_tokens: int
-) -> DecodeRunStats:
+def decode_run_stats(records: Sequence[RequestRecord], concurrency: int, requested_tokens: int) -> DecodeRunStats:
     """All figures of one decode run."""
     ok = [r for r in records if r.ok]
     failed = [r for r in records if not r.ok]

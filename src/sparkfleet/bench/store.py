@@ -123,8 +123,7 @@ class BenchStore:
         data = asdict(metrics) if hasattr(metrics, "__dataclass_fields__") else dict(metrics)
         with self.store.connect() as conn:
             conn.execute(
-                "INSERT OR REPLACE INTO bench_samples (run_id, tier, repeat, metrics, requests)"
-                " VALUES (?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO bench_samples (run_id, tier, repeat, metrics, requests) VALUES (?, ?, ?, ?, ?)",
                 (run_id, tier, repeat, json.dumps(data), json.dumps([r.to_json() for r in requests])),
             )
 
@@ -133,9 +132,7 @@ class BenchStore:
         run = self.get_run(run_id)
         meta = {**run.meta, **extra}
         with self.store.connect() as conn:
-            conn.execute(
-                "UPDATE bench_runs SET meta = ? WHERE id = ?", (json.dumps(meta, default=str), run_id)
-            )
+            conn.execute("UPDATE bench_runs SET meta = ? WHERE id = ?", (json.dumps(meta, default=str), run_id))
 
     def finish_run(self, run_id: int, status: str, note: str | None = None) -> None:
         """Mark a run ``complete`` or ``partial``."""
@@ -166,9 +163,7 @@ class BenchStore:
                 raise BenchError(f"no bench run {ref!r}: only {len(runs)} stored")
             return runs[back].id
         if not ref.isdigit():
-            raise BenchError(
-                f"bad run reference {ref!r}: use an id from `sparkfleet bench show`, 'last' or 'last~N'"
-            )
+            raise BenchError(f"bad run reference {ref!r}: use an id from `sparkfleet bench show`, 'last' or 'last~N'")
         return int(ref)
 
     def get_run(self, run_id: int) -> StoredRun:
@@ -188,11 +183,7 @@ class BenchStore:
             ).fetchall()
         out = []
         for row in rows:
-            reqs = (
-                tuple(RequestRecord.from_json(r) for r in json.loads(row["requests"]))
-                if with_requests
-                else ()
-            )
+            reqs = tuple(RequestRecord.from_json(r) for r in json.loads(row["requests"])) if with_requests else ()
             out.append(StoredSample(row["tier"], int(row["repeat"]), json.loads(row["metrics"]), reqs))
         return out
 
