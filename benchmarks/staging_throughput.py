@@ -133,11 +133,14 @@ def main() -> int:
         print(f"round {i + 1}: {rates}   pack {written / elapsed / 1e6:7.1f} MB/s", flush=True)
         if i + 1 < opts.repeat:
             shutil.rmtree(out)
-    drop_caches()
-    t0 = time.perf_counter()
-    _, rewritten, statuses = pack_all(snapshot, root / f"packed-{opts.repeat - 1}", opts.tp)
-    restage = time.perf_counter() - t0
-    assert statuses == ["ok"] and rewritten == 0, (statuses, rewritten)
+    restages = {}
+    for label, cold in (("cold cache", True), ("warm cache", False)):
+        if cold:
+            drop_caches()
+        t0 = time.perf_counter()
+        _, rewritten, statuses = pack_all(snapshot, root / f"packed-{opts.repeat - 1}", opts.tp)
+        restages[label] = time.perf_counter() - t0
+        assert statuses == ["ok"] and rewritten == 0, (statuses, rewritten)
 
     tool = min(copies, key=lambda t: statistics.median(copies[t]))
     copy_s, pack_s = statistics.median(copies[tool]), statistics.median(packs)
@@ -154,17 +157,18 @@ def main() -> int:
     )
     print(f"pack (all {opts.tp} ranks, fsync + ledger)            : {pack_s:7.2f} s  {pack_rate / 1e6:8.1f} MB/s")
     print(f"pack / copy rate: {pack_rate / copy_rate * 100:.1f} %   (bar: >= 85 %)")
-    print(
-        f"restage unchanged (cold cache): {restage:.2f} s = {restage / pack_s * 100:.1f} % of pack time"
-        "   (bar: <= 10 %)"
-    )
+    for label, seconds in restages.items():
+        print(
+            f"restage unchanged ({label}): {seconds:.2f} s = {seconds / pack_s * 100:.1f} % of pack time"
+            "   (bar: <= 10 %, judged cold)"
+        )
     spent = "   ".join(f"{k} {statistics.median(v):.2f} s" for k, v in cpu.items())
     print(f"CPU time (user+sys, median): {spent}")
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
     shutil.rmtree(root / f"packed-{opts.repeat - 1}", ignore_errors=True)
     if not opts.keep:
         shutil.rmtree(root, ignore_errors=True)
-    ok = pack_rate >= 0.85 * copy_rate and restage <= 0.10 * pack_s
+    ok = pack_rate >= 0.85 * copy_rate and restages["cold cache"] <= 0.10 * pack_s
     print("BAR MET" if ok else "BAR NOT MET")
     return 0 if ok else 1
 

@@ -309,6 +309,8 @@ def _run_outputs(
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
             raise StageFailure(f"another stage is writing into {dst}; wait for it to finish") from exc
+        except OSError:
+            pass  # a filesystem without flock (some NFS mounts): stage without the guard
         progress = Progress(args.get("progress_file"), sum(outs[i].data_bytes for i in work), args.get("job", 0))
         progress.flush()
         for i in work:
