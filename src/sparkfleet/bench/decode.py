@@ -3,9 +3,11 @@
 Each tier run is closed-loop at fixed concurrency: ``concurrency × waves`` requests, at most
 ``concurrency`` in flight (a semaphore, like ``vllm bench serve --max-concurrency``). Before a
 tier's measured runs, ``warmups`` waves at the same concurrency with short answers are sent and
-discarded. Every prompt starts with a fresh nonce, so no run is answered by the prefix cache of a
-previous one. Exact length is asked with ``max_tokens`` + ``min_tokens`` + ``ignore_eos`` and
-checked against ``usage``: a probe before the first tier tells whether the engine enforces it.
+discarded. Stream ``i`` of every run gets prompt ``i`` of the type (round robin), so repeats and
+concurrency columns share one prompt set (c1's prompt is in c2's, …); every prompt starts with a
+fresh nonce, so no run is answered by the prefix cache of a previous one. Exact length is asked
+with ``max_tokens`` + ``min_tokens`` + ``ignore_eos`` and checked against ``usage``: a probe
+before the first tier tells whether the engine enforces it.
 """
 
 from __future__ import annotations
@@ -167,27 +169,24 @@ async def run_decode(
         exact = await probe_exact_length(client, endpoint, config)
         if on_exact is not None:
             on_exact(exact)
-        counter = 0
         for kind in config.prompt_types:
             for conc in config.concurrency:
                 n = conc * config.waves
                 tier = decode_tier(kind, conc)
                 for w in range(config.warmups):
                     specs = [
-                        _spec(config, endpoint, decode_prompt(kind, counter + i), config.warmup_tokens, exact)
+                        _spec(config, endpoint, decode_prompt(kind, i + conc), config.warmup_tokens, exact)
                         for i in range(conc)
                     ]
-                    counter += conc
                     progress.start(f"{tier} warm-up {w + 1}", len(specs))
                     recs = await run_concurrent(client, endpoint, specs, conc, progress.advance)
                     progress.finish(None)
                     _raise_if_all_failed(endpoint, tier, recs)
                 for rep in range(config.repeats):
                     specs = [
-                        _spec(config, endpoint, decode_prompt(kind, counter + i), config.new_tokens, exact)
+                        _spec(config, endpoint, decode_prompt(kind, i), config.new_tokens, exact)
                         for i in range(n)
                     ]
-                    counter += n
                     progress.start(f"{tier} run {rep + 1}/{config.repeats}", n)
                     recs = await run_concurrent(client, endpoint, specs, conc, progress.advance)
                     stats = decode_run_stats(recs, conc, config.new_tokens)
