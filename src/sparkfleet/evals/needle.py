@@ -220,6 +220,7 @@ def run_needle(
     chosen: Api = api or choose_api(client, "auto")[0]
     paras = paragraphs()
     sizer = _Sizer(client, paras)
+    run_id = new_run_id("n")
     started = datetime.now(UTC).isoformat(timespec="seconds")
     t0 = time.monotonic()
     cells: list[NeedleCell] = []
@@ -234,7 +235,6 @@ def run_needle(
         if sizer.exact
         else f"estimated at {_FALLBACK_CHARS_PER_TOKEN} chars/token (no tokenize route); tokens from usage"
     )
-    run_id = new_run_id("n")
     return NeedleRun(
         id=run_id,
         label=label or run_id,

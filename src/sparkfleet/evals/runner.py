@@ -87,6 +87,7 @@ def run_quality(
     """Run the tasks in order and return the whole run (not stored: the caller decides)."""
     if not tasks:
         raise EvalError("no tasks selected")
+    run_id = new_run_id("q")
     sandbox = run_python("pass", limits).isolation
     api, why_api = choose_api(client, api_choice)
     started = datetime.now(UTC).isoformat(timespec="seconds")
@@ -123,7 +124,6 @@ def run_quality(
         thinking = "refused by the server (chat_template_kwargs dropped)"
     else:
         thinking = "chat_template_kwargs.enable_thinking sent per task (the template may ignore it)"
-    run_id = new_run_id("q")
     return QualityRun(
         id=run_id,
         label=label or run_id,
