@@ -363,10 +363,25 @@ def _docker_run(
     return tuple(words)
 
 
+def _check_distribution(recipe: Recipe, spec: StagingSpec, nodes: tuple[Node, ...]) -> None:
+    """The keys a sync/nfs/copy step needs, and the nodes it names, exist."""
+    where = f"{recipe.source}: staging {spec.id!r}"
+    names = [n.name for n in nodes]
+    for key in ("source_node", "server_node"):
+        named = getattr(spec, key)
+        if named is not None and named not in names:
+            raise PlanError(f"{where}: {key} = {named!r} is not one of the planned nodes ({', '.join(names)})")
+    if spec.kind in ("sync", "nfs") and not spec.src:
+        raise PlanError(f"{where}: kind = {spec.kind!r} needs src (the folder to {spec.kind})")
+    if spec.kind == "copy" and not spec.files and not spec.src:
+        raise PlanError(f"{where}: kind = 'copy' needs files = [...] (or src, a folder of files)")
+
+
 def _staging(recipe: Recipe, deployment: str, nodes: tuple[Node, ...]) -> tuple[StagingStep, ...]:
     steps: list[StagingStep] = []
     tp = recipe.tensor_parallel_size
     for spec in recipe.staging:
+        _check_distribution(recipe, spec, nodes)
         for rank, node in enumerate(nodes):
             values = _template_values(node, rank, deployment)
             steps.append(

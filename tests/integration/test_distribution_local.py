@@ -12,6 +12,7 @@ from rich.console import Console
 
 from sparkfleet.cluster import local_cluster
 from sparkfleet.distribute import distribute, rich_progress
+from sparkfleet.errors import PlanError
 from sparkfleet.plan import StagingStep, plan
 from sparkfleet.recipe import load_recipe
 from sparkfleet.transport.local import LocalTransport
@@ -45,3 +46,22 @@ def test_local_node_sync_with_progress(tmp_path: Path, monkeypatch: pytest.Monke
     with rich_progress(Console(file=out, width=100)) as bar:
         distribute(p, {"local": LocalTransport("local")}, progress=bar)
     assert "weights → local" in out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("staging", "message"),
+    [
+        ('kind = "sync"\nsrc = "/x"\ndst = "/y"\nsource_node = "dgx9"',
+         "staging 'w': source_node = 'dgx9' is not one of the planned nodes (local)"),
+        ('kind = "nfs"\nsrc = "/x"\ndst = "/y"\nserver_node = "nas"',
+         "staging 'w': server_node = 'nas' is not one of the planned nodes (local)"),
+        ('kind = "sync"\ndst = "/y"', "staging 'w': kind = 'sync' needs src"),
+        ('kind = "copy"\ndst = "/y"', "staging 'w': kind = 'copy' needs files = [...]"),
+    ],
+)  # fmt: skip
+def test_bad_distribution_steps_are_refused_by_plan(tmp_path: Path, staging: str, message: str) -> None:
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(f'engine = "vllm"\nmodel = "acme/tiny"\n[[staging]]\nid = "w"\n{staging}\n')
+    with pytest.raises(PlanError) as err:
+        plan(load_recipe(recipe), local_cluster(), "bad")
+    assert str(err.value).startswith(f"{recipe}: {message}")
