@@ -79,6 +79,9 @@ def create_app(store: Store, *, token: str | None = None, allowed_hosts: list[st
     async def index(_: Request) -> Response:
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
 
+    async def no_icon(_: Request) -> Response:
+        return Response(status_code=204)
+
     async def deployments(_: Request) -> Response:
         return await json_of(data.deployments)()
 
@@ -118,6 +121,7 @@ def create_app(store: Store, *, token: str | None = None, allowed_hosts: list[st
 
     routes = [
         Route("/", index),
+        Route("/favicon.ico", no_icon),
         Route("/api/deployments", deployments),
         Route("/api/deployments/{name}/{verb}", action, methods=["POST"]),
         Route("/api/bench/runs", bench_runs),

@@ -72,6 +72,15 @@ function clearCharts(prefix) {
 
 // ---------------------------------------------------------------- deployments
 
+// What the last action on each deployment said; kept here because polling redraws the cards.
+const actionNotes = {};
+
+function noteAction(name, text, cls) {
+  actionNotes[name] = { text, cls };
+  const node = document.getElementById(`action-${name}`);
+  if (node) { node.textContent = text; node.className = cls; }
+}
+
 async function deploymentAction(name, verb, button) {
   const what = verb === "down"
     ? `Stop every rank of ${name}? This is what \`sparkfleet down ${name}\` does.`
@@ -79,17 +88,15 @@ async function deploymentAction(name, verb, button) {
       "(--set and --env values given to the first `up` are not re-applied).";
   if (!(await confirmAction(what))) return;
   button.disabled = true;
-  const status = document.getElementById(`action-${name}`);
-  status.textContent = verb === "down" ? "stopping…" : "restarting…";
+  noteAction(name, verb === "down" ? "stopping…" : "restarting…", "muted");
   try {
     const result = await api(`/api/deployments/${encodeURIComponent(name)}/${verb}`, {
       method: "POST", headers: { "X-Sparkfleet-Action": "1" },
     });
-    status.textContent = verb === "down" ? `stopped: ${result.stopped.join(", ") || "nothing was running"}`
-      : `up again at ${result.endpoint}`;
+    noteAction(name, verb === "down" ? `stopped: ${result.stopped.join(", ") || "nothing was running"}`
+      : `up again at ${result.endpoint}`, "muted");
   } catch (err) {
-    status.textContent = `${verb} failed: ${err.message}`;
-    status.className = "error";
+    noteAction(name, `${verb} failed: ${err.message}`, "error");
   }
   loadDeployments();
 }
@@ -110,22 +117,28 @@ function deploymentCard(d) {
   const restart = el("button", { "data-action": "restart" }, "Restart");
   down.addEventListener("click", () => deploymentAction(d.name, "down", down));
   restart.addEventListener("click", () => deploymentAction(d.name, "restart", restart));
-  const previous = document.getElementById(`action-${d.name}`);
+  const note = actionNotes[d.name];
   return el("div", { class: "card deployment", "data-name": d.name },
     el("h3", {}, d.name, badge(d.status), el("span", { class: "muted" }, `${d.engine} · ${d.served_model}`),
       el("span", { class: "actions" }, down, restart)),
     el("div", { class: "muted" }, `endpoint ${d.endpoint} · recipe ${d.recipe} · cluster ${d.cluster}`),
-    el("div", { id: `action-${d.name}`, class: previous ? previous.className : "muted" },
-      previous ? previous.textContent : ""),
+    el("div", { id: `action-${d.name}`, class: note ? note.cls : "muted" }, note ? note.text : ""),
     el("table", {},
       el("thead", {}, el("tr", {}, ["rank", "node", "state", "uptime", "health", "last log lines"].map((h) => el("th", {}, h)))),
       el("tbody", {}, d.ranks.map(rankRow))));
 }
 
+// Polls overlap while nodes are slow to answer: an answer older than the one drawn is dropped.
+let deploymentsAsked = 0;
+let deploymentsDrawn = 0;
+
 async function loadDeployments() {
   const box = document.getElementById("deployments");
+  const asked = ++deploymentsAsked;
   try {
     const list = await api("/api/deployments");
+    if (asked < deploymentsDrawn) return;
+    deploymentsDrawn = asked;
     box.replaceChildren(...(list.length ? list.map(deploymentCard)
       : [el("p", { class: "muted" }, "No deployments recorded. `sparkfleet up RECIPE` starts one.")]));
     document.getElementById("refreshed").textContent = `refreshed ${new Date().toLocaleTimeString()}`;

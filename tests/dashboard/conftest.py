@@ -1,0 +1,187 @@
+"""A state store filled by real runs, the dashboard serving it, and a headless Chromium.
+
+Everything the pages show is produced by the CLI as a user runs it: ``bench decode|prefill``
+against two replay servers (tests/replay_server.py, real SSE over real sockets, one twice as
+slow as the other), two stand-in deployments (tests/standin_engine.py, process runtime, local
+cluster) brought up with ``sparkfleet up`` and evaluated with ``eval quality`` / ``eval needle``
+(each answers a different number, so the two quality runs differ on known tasks), and
+``sparkfleet doctor`` on this machine. The browser is Debian's Chromium driven by Playwright.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import standin_recipe
+from tests.replay_server import ReplayServer, Script
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "artifacts" / "dashboard"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+# The two stand-ins answer these; math_percent expects 36 and math_speed 72, so they flip.
+ANSWERS = {"stand-a": "36", "stand-b": "72"}
+QUALITY_CATEGORIES = "math,reasoning,format"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cli(state: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """The sparkfleet CLI on state, as a user runs it; fails the test when it fails."""
+    out = subprocess.run(
+        [sys.executable, "-m", "sparkfleet.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "SPARKFLEET_STATE_DIR": str(state), "COLUMNS": "200"},
+    )
+    if out.returncode != 0:
+        pytest.fail(f"sparkfleet {' '.join(args)} failed ({out.returncode}):\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
+    return out
+
+
+def up_standin(state: Path, folder: Path, name: str, answer: str) -> str:
+    """Bring a one-rank stand-in up with ``sparkfleet up``; returns its endpoint."""
+    port = free_port()
+    recipe = standin_recipe(
+        folder, nodes=1, port=port, env={"STANDIN_ANSWER": answer}, verify=f'smoke_expect = "{answer}"'
+    )
+    cli(state, "up", str(recipe), "--name", name, timeout=120)
+    return f"http://127.0.0.1:{port}"
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    """The state the runs filled and the dashboard serving it."""
+
+    state: Path
+    url: str
+    endpoints: dict[str, str]
+
+    @property
+    def db(self) -> Path:
+        return self.state / "state.db"
+
+
+def start_dashboard(state: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
+    """``sparkfleet dashboard --port 0 ARGS``; returns the process and the address it printed."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sparkfleet.cli.main", "dashboard", "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "SPARKFLEET_STATE_DIR": str(state), "PYTHONUNBUFFERED": "1", "COLUMNS": "300"},
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 30
+    lines = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if line.startswith("dashboard on "):
+            return proc, line.split()[2]
+    proc.kill()
+    raise AssertionError("the dashboard never said where it listens:\n" + "".join(lines))
+
+
+@pytest.fixture(scope="session")
+def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
+    """The dashboard over a store filled by real bench, eval and doctor runs."""
+    base = tmp_path_factory.mktemp("dashboard")
+    state = base / "state"
+    # Two bench subjects: the same scripted server, the second streaming at half the speed.
+    for label, script in (("fast", Script(base_ttft=0.02, itl=0.02)), ("slow", Script(base_ttft=0.04, itl=0.04))):
+        with ReplayServer(script).running() as srv:
+            cli(state, "bench", "decode", srv.url, "--concurrency", "1,2,4", "--types", "prose,code",
+                "--tokens", "16", "--repeats", "2", "--warmups", "0", "--label", label)  # fmt: skip
+            cli(state, "bench", "prefill", srv.url, "--lengths", "256,512,1024", "--repeats", "2",
+                "--label", label)  # fmt: skip
+    endpoints = {name: up_standin(state, base / name, name, answer) for name, answer in ANSWERS.items()}
+    proc = None
+    try:
+        for name, endpoint in endpoints.items():
+            cli(state, "eval", "quality", endpoint, "--api", "completions", "--categories", QUALITY_CATEGORIES,
+                "--label", f"answers-{ANSWERS[name]}")  # fmt: skip
+        cli(state, "eval", "needle", endpoints["stand-a"], "--lengths", "256,512,1024", "--depths", "0,50,100",
+            "--seed", "3", "--label", "needle-standin")  # fmt: skip
+        cli(state, "doctor")
+        proc, url = start_dashboard(state)
+        yield Dashboard(state, url, endpoints)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=10)
+        for name in endpoints:
+            subprocess.run([sys.executable, "-m", "sparkfleet.cli.main", "down", name], capture_output=True,
+                           env={**os.environ, "SPARKFLEET_STATE_DIR": str(state)}, timeout=60)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def browser_context() -> Iterator[Any]:
+    """Headless Debian Chromium with a new, empty profile."""
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's chromium is missing: run scripts/setup-browser.sh")
+    try:
+        from playwright.sync_api import sync_playwright  # heavy, and only these tests need it
+    except ImportError:
+        pytest.skip("playwright is missing: run scripts/setup-browser.sh")
+    profile = tempfile.mkdtemp(prefix="sparkfleet-chromium-")
+    try:
+        with sync_playwright() as pw:
+            context = pw.chromium.launch_persistent_context(
+                profile,
+                executable_path=str(CHROMIUM),
+                args=CHROMIUM_FLAGS,
+                headless=True,
+                viewport={"width": 1400, "height": 1000},
+            )
+            try:
+                yield context
+            finally:
+                context.close()
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture
+def page(browser_context: Any) -> Iterator[Any]:
+    """A fresh tab; any JavaScript error on it fails the test."""
+    tab = browser_context.new_page()
+    errors: list[str] = []
+    tab.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield tab
+    tab.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+def screenshot(page: Any, name: str) -> None:
+    """Keep what the page looked like as a test artefact."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)

@@ -1,0 +1,215 @@
+"""The dashboard in a real headless Chromium, over data made by real bench, eval and doctor runs.
+
+What the charts draw is read back from the page (Chart.js's own data) and compared with the
+figures recomputed here straight from the SQLite rows the CLI wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import statistics
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.dashboard.conftest import Dashboard, cli, screenshot, up_standin
+from tests.integration.conftest import leftover_processes
+
+pytestmark = pytest.mark.slow
+
+CHART_DATA = """(id) => {
+  const chart = Chart.getChart(id);
+  return chart && {labels: chart.data.labels,
+                   datasets: chart.data.datasets.map((d) => ({label: d.label, runId: d.runId, data: d.data}))};
+}"""
+
+
+def rows(db: Path, sql: str, *args: Any) -> list[sqlite3.Row]:
+    conn = sqlite3.connect(db)
+    conn.row_factory = sqlite3.Row
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
+
+
+def stored_bench(db: Path, label: str, kind: str) -> tuple[int, dict[str, float]]:
+    """A bench run's id and, per tier, the median headline figure over its repeats."""
+    (run,) = rows(db, "SELECT id FROM bench_runs WHERE label = ? AND kind = ?", label, kind)
+    key = "steady_tps" if kind == "decode" else "rate"
+    by_tier: dict[str, list[float]] = {}
+    for r in rows(db, "SELECT tier, metrics FROM bench_samples WHERE run_id = ?", run["id"]):
+        by_tier.setdefault(r["tier"], []).append(json.loads(r["metrics"])[key])
+    return run["id"], {tier: statistics.median(v) for tier, v in by_tier.items()}
+
+
+def stored_eval(db: Path, label: str) -> dict[str, Any]:
+    (row,) = rows(db, "SELECT result_json FROM eval_runs WHERE label = ?", label)
+    return dict(json.loads(row["result_json"]))
+
+
+def chart(page: Any, canvas_id: str) -> dict[str, Any]:
+    page.wait_for_function("(id) => Chart.getChart(id) !== undefined", arg=canvas_id)
+    data: dict[str, Any] = page.evaluate(CHART_DATA, canvas_id)
+    return data
+
+
+def test_deployments_page_shows_every_rank_live(dashboard: Dashboard, page: Any) -> None:
+    page.goto(dashboard.url + "#deployments")
+    for name in ("stand-a", "stand-b"):
+        card = page.locator(f".deployment[data-name='{name}']")
+        card.locator("td.state").get_by_text("running").wait_for()
+        assert card.locator("h3 .badge").inner_text() == "ready"
+        assert card.locator("td.health").inner_text() == "healthy"
+        assert card.locator("tr[data-rank='0'] td").nth(1).inner_text().startswith("local")
+        assert "fired up and ready" in card.locator("pre.log").inner_text()
+        assert card.locator("td.uptime").inner_text().endswith(" s")
+    # It refreshes by itself: the uptime moves on without a reload.
+    first = page.locator("#deployments").get_attribute("data-loaded")
+    page.wait_for_function(
+        "(t) => document.querySelector('#deployments').dataset.loaded !== t", arg=first, timeout=10000
+    )
+    screenshot(page, "deployments")
+
+
+def test_bench_charts_draw_the_stored_medians_of_both_runs(dashboard: Dashboard, page: Any) -> None:
+    page.goto(dashboard.url + "#bench")
+    fast_id, fast = stored_bench(dashboard.db, "fast", "decode")
+    slow_id, slow = stored_bench(dashboard.db, "slow", "decode")
+    for ptype in ("prose", "code"):
+        data = chart(page, f"decode-chart-{ptype}")
+        assert data["labels"] == [1, 2, 4]
+        # The page opens comparing the two newest runs: the older is A, the newer B.
+        assert [d["runId"] for d in data["datasets"]] == [fast_id, slow_id]
+        for dataset, stored in zip(data["datasets"], (fast, slow), strict=True):
+            assert dataset["data"] == pytest.approx([stored[f"{ptype}/c{c}"] for c in (1, 2, 4)], rel=1e-9)
+        # What a user sees: the server streaming twice as slowly gives half the tok/s at every tier.
+        for a, b in zip(data["datasets"][0]["data"], data["datasets"][1]["data"], strict=True):
+            assert b / a == pytest.approx(0.5, rel=0.15)
+    fast_id, fast = stored_bench(dashboard.db, "fast", "prefill")
+    slow_id, slow = stored_bench(dashboard.db, "slow", "prefill")
+    data = chart(page, "prefill-chart-prefill")
+    assert data["labels"] == [256, 512, 1024]
+    assert [d["runId"] for d in data["datasets"]] == [fast_id, slow_id]
+    for dataset, stored in zip(data["datasets"], (fast, slow), strict=True):
+        assert dataset["data"] == pytest.approx([stored[str(n)] for n in (256, 512, 1024)], rel=1e-9)
+    screenshot(page, "bench")
+    # Picking no run B leaves run A alone on the chart.
+    page.select_option("#decode-b", "")
+    page.wait_for_function("() => Chart.getChart('decode-chart-prose')?.data.datasets.length === 1")
+    assert [d["runId"] for d in chart(page, "decode-chart-prose")["datasets"]] == [
+        stored_bench(dashboard.db, "fast", "decode")[0]
+    ]
+
+
+def test_quality_compare_shows_both_runs_and_the_flips(dashboard: Dashboard, page: Any) -> None:
+    page.goto(dashboard.url + "#evals")
+    a, b = stored_eval(dashboard.db, "answers-36"), stored_eval(dashboard.db, "answers-72")
+    data = chart(page, "quality-chart")
+    categories = [c for c in ("math", "reasoning", "format")]
+    assert data["labels"] == categories
+    assert [d["runId"] for d in data["datasets"]] == [a["id"], b["id"]]
+    for dataset, run in zip(data["datasets"], (a, b), strict=True):
+        expected = []
+        for cat in categories:
+            results = [r for r in run["results"] if r["category"] == cat]
+            expected.append(100 * sum(r["passed"] for r in results) / len(results))
+        assert dataset["data"] == pytest.approx(expected)
+    summary = page.locator("#quality-summary").inner_text()
+    assert "A: answers-36" in summary and "B: answers-72" in summary
+    # The flips are exactly the tasks whose outcome differs between the stored runs.
+    b_passed = {r["id"]: r["passed"] for r in b["results"]}
+    flipped = {r["id"]: "broke" if r["passed"] else "fixed" for r in a["results"] if r["passed"] != b_passed[r["id"]]}
+    assert flipped["math_percent"] == "broke" and flipped["math_speed"] == "fixed"  # 36 and 72 are their answers
+    shown = page.locator("#flips tbody tr")
+    assert shown.count() == len(flipped)
+    for task, direction in flipped.items():
+        arrow = "A pass → B fail" if direction == "broke" else "A fail → B pass"
+        assert page.locator(f"#flips tr[data-task='{task}'] td").nth(2).inner_text() == arrow
+    assert page.locator(".verdict").inner_text().startswith("noise:")
+
+
+def test_needle_heatmap_matches_the_stored_cells(dashboard: Dashboard, page: Any) -> None:
+    page.goto(dashboard.url + "#evals")
+    page.locator("#needle-heatmap").wait_for()
+    run = stored_eval(dashboard.db, "needle-standin")
+    assert len(run["cells"]) == 9
+    for cell in run["cells"]:
+        td = page.locator(f"#needle-heatmap tr[data-depth='{cell['depth']:g}'] td[data-length='{cell['length']}']")
+        assert td.get_attribute("class") == ("pass" if cell["passed"] else "fail")
+    assert "effective length none" in page.locator("#needle").inner_text()
+    screenshot(page, "evals")
+
+
+def test_doctor_page_shows_each_nodes_last_run(dashboard: Dashboard, page: Any) -> None:
+    page.goto(dashboard.url + "#doctor")
+    card = page.locator(".doctor-node[data-node='local']")
+    card.wait_for()
+    (row,) = rows(dashboard.db, "SELECT checks_json FROM doctor_last WHERE node = 'local'")
+    stored = json.loads(row["checks_json"])
+    assert stored, "sparkfleet doctor recorded no checks"
+    for check in stored:
+        cells = card.locator(f"tr[data-check='{check['id']}'] td")
+        assert cells.nth(0).inner_text() == check["status"]
+        assert cells.nth(2).inner_text() == check["evidence"]
+    screenshot(page, "doctor")
+
+
+def _serves(endpoint: str) -> bool:
+    try:
+        return httpx.get(endpoint + "/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _status(db: Path, name: str) -> str:
+    (row,) = rows(db, "SELECT status FROM deployments WHERE name = ?", name)
+    return str(row["status"])
+
+
+def test_actions_ask_first_and_then_do_what_the_cli_does(dashboard: Dashboard, page: Any, tmp_path: Path) -> None:
+    name = "stand-act"
+    endpoint = up_standin(dashboard.state, tmp_path / name, name, "7")
+    before = leftover_processes(name)
+    assert before and _serves(endpoint)
+    page.goto(dashboard.url + "#deployments")
+    card = page.locator(f".deployment[data-name='{name}']")
+    card.locator("td.state").get_by_text("running").wait_for()
+    dialog = page.locator("dialog#confirm")
+
+    # Restart, dismissed: nothing happens.
+    card.locator("button[data-action='restart']").click()
+    assert dialog.is_visible() and f"Restart {name}?" in dialog.inner_text()
+    page.click("#confirm-cancel")
+    assert not dialog.is_visible()
+    page.wait_for_timeout(1000)
+    assert leftover_processes(name) == before and _status(dashboard.db, name) == "ready"
+
+    # Restart, accepted: new processes, serving again.
+    card.locator("button[data-action='restart']").click()
+    page.click("#confirm-ok")
+    page.locator(f"#action-{name}").get_by_text(f"up again at {endpoint}").wait_for(timeout=60000)
+    card.locator("h3 .badge").get_by_text("ready").wait_for()
+    card.locator("td.state").get_by_text("running").wait_for()
+    after = leftover_processes(name)
+    assert after and set(after).isdisjoint(before) and _serves(endpoint)
+
+    # Down, dismissed: still serving.
+    card.locator("button[data-action='down']").click()
+    assert "sparkfleet down" in dialog.inner_text()
+    screenshot(page, "confirm-down")
+    page.click("#confirm-cancel")
+    page.wait_for_timeout(1000)
+    assert _serves(endpoint) and _status(dashboard.db, name) == "ready"
+
+    # Down, accepted: every rank is gone and the record says so, as after `sparkfleet down`.
+    card.locator("button[data-action='down']").click()
+    page.click("#confirm-ok")
+    card.locator("h3 .badge").get_by_text("stopped").wait_for(timeout=30000)
+    assert _status(dashboard.db, name) == "stopped"
+    assert leftover_processes(name) == [] and not _serves(endpoint)
+    shown = cli(dashboard.state, "status", name).stdout
+    assert "stopped" in shown

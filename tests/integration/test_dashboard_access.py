@@ -1,0 +1,130 @@
+"""``sparkfleet dashboard`` as a served process: who may talk to it, and what doctor leaves for it.
+
+No browser here (tests/dashboard has those): plain HTTP against the real uvicorn server that
+the CLI starts, on the state store the CLI writes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.dashboard.conftest import start_dashboard
+from tests.integration.conftest import sparkfleet
+
+
+@contextmanager
+def served(state: Path, *args: str) -> Iterator[str]:
+    proc, url = start_dashboard(state, *args)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _non_loopback_address() -> str | None:
+    """An address of this machine other than loopback (the dashboard must guard it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outgoing interface
+        except OSError:
+            return None
+        address = str(s.getsockname()[0])
+    return None if address.startswith("127.") else address
+
+
+def test_loopback_needs_no_token_but_refuses_other_host_names(tmp_path: Path) -> None:
+    with served(tmp_path) as url:
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", url)
+        assert httpx.get(url + "api/deployments").json() == []
+        assert "sparkfleet" in httpx.get(url).text
+        # A web page that rebinds its own name onto 127.0.0.1 is refused (DNS rebinding).
+        rebound = httpx.get(url + "api/deployments", headers={"Host": "attacker.example"})
+        assert rebound.status_code == 400
+
+
+def test_off_loopback_every_request_needs_the_token(tmp_path: Path) -> None:
+    address = _non_loopback_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    with served(tmp_path, "--host", "0.0.0.0") as printed:
+        token = printed.split("?token=", 1)[1]
+        assert len(token) >= 24
+        base = f"http://{address}:{printed.split(':')[2].split('/')[0]}/"
+        for path in ("", "api/deployments", "api/bench/runs", "api/doctor", "static/dashboard.js"):
+            refused = httpx.get(base + path)
+            assert refused.status_code == 401, path
+            assert "access token required" in refused.text
+        assert httpx.get(base + "api/deployments", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert httpx.get(base + "api/deployments", headers={"Authorization": f"Bearer {token}"}).json() == []
+        assert httpx.get(base + "?token=wrong").status_code == 401
+        # The printed address works in a browser: the token becomes a cookie and leaves the address.
+        with httpx.Client() as browser:
+            first = browser.get(base + f"?token={token}")
+            assert first.status_code == 303 and first.headers["location"] == base
+            assert browser.get(base + "api/deployments").json() == []
+        posted = httpx.post(base + "api/deployments/x/down", headers={"X-Sparkfleet-Action": "1"})
+        assert posted.status_code == 401
+
+
+def test_a_given_token_is_used_and_not_generated(tmp_path: Path) -> None:
+    with served(tmp_path, "--host", "0.0.0.0", "--token", "correct-horse-battery") as printed:
+        assert printed.endswith("?token=correct-horse-battery")
+
+
+def test_actions_need_the_action_header(tmp_path: Path) -> None:
+    # A cross-site form can POST but cannot add a header: without it nothing is attempted.
+    with served(tmp_path) as url:
+        plain = httpx.post(url + "api/deployments/anything/down")
+        assert plain.status_code == 403
+        named = httpx.post(url + "api/deployments/anything/down", headers={"X-Sparkfleet-Action": "1"})
+        assert named.status_code == 404 and "no deployment named 'anything'" in named.json()["error"]
+
+
+def test_doctor_leaves_each_nodes_last_run_for_the_dashboard(tmp_path: Path) -> None:
+    env = {"SPARKFLEET_STATE_DIR": str(tmp_path)}
+    printed = sparkfleet("doctor", "--json", env=env)
+    assert printed.returncode in (0, 1), printed.stderr
+    report = json.loads(printed.stdout)
+    with served(tmp_path) as url:
+        nodes = httpx.get(url + "api/doctor").json()
+    assert [n["node"] for n in nodes] == ["local"]
+    shown = {c["id"]: (c["status"], c["evidence"]) for c in nodes[0]["checks"]}
+    assert shown == {c["id"]: (c["status"], c["evidence"]) for c in report["checks"]}
+    assert nodes[0]["counts"] == report["counts"]
+
+
+def test_a_port_in_use_is_one_clear_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        out = sparkfleet("dashboard", "--port", str(port), env={"SPARKFLEET_STATE_DIR": str(tmp_path)}, timeout=30)
+    assert out.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_without_the_extras_the_command_says_what_to_install(tmp_path: Path) -> None:
+    # A Python that cannot import starlette: the message names the extra, not a traceback.
+    blocker = tmp_path / "sitecustomize.py"
+    blocker.write_text(
+        "import sys\n"
+        "class _Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('starlette', 'uvicorn'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, _Block())\n"
+    )
+    env = {"SPARKFLEET_STATE_DIR": str(tmp_path), "PYTHONPATH": str(tmp_path)}
+    out = sparkfleet("dashboard", "--port", "0", env=env, timeout=30)
+    assert out.returncode == 2
+    assert "pip install 'sparkfleet[dashboard]'" in out.stderr
