@@ -57,6 +57,11 @@ class DistributionReport:
     def bytes_sent(self) -> int:
         return sum(r.bytes_sent for r in self.synced) + sum(r.bytes_sent for r in self.copied)
 
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What the user should be told (e.g. rsync missing on a node: a tar stream was used)."""
+        return tuple(f"{r.node}: {r.note}" for r in self.synced if r.note and r.method == "tar")
+
 
 def _parallel(jobs: Mapping[str, Callable[[], T]]) -> list[T]:
     """Run one job per node at once; raise one StagingError naming every node that failed."""

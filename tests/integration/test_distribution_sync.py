@@ -363,7 +363,9 @@ def test_a_node_without_rsync_gets_a_tar_stream_and_says_so(tmp_path: Path) -> N
 
         setup = build(fleet, tmp_path, sync_toml(str(tmp_path / "src" / REPO)), nodes=2)
         make_hf_snapshot(setup.source, REV1, files)
-        report = {r.node: r for r in distribute(setup.plan, setup.transports).synced}
+        done = distribute(setup.plan, setup.transports)
+        report = {r.node: r for r in done.synced}
+        assert done.notes == (f"node1: {report['node1'].note}",)
         assert report["node0"].method == "rsync" and report["node0"].note is None
         assert report["node1"].method == "tar"
         assert report["node1"].note == (
