@@ -1,8 +1,16 @@
 """The ledger beside each staged file, and the chunk hash it records (node-side, stdlib only).
 
-A ledger is JSON written atomically after the data it describes: the source identity, the layout,
-the row range and one hash per fixed-size chunk of the output. xxh3_64 is used where the xxhash
-package is importable, else BLAKE2b-64 from the standard library; the ledger names the algorithm.
+A ledger is JSON written atomically after the data it describes (and before the output is renamed
+into place), ``<output>.ledger.json``::
+
+    format        "sparkfleet-staging-ledger/1"
+    sources       [{path, real, size, mtime_ns, header_sha256}]  one per source shard used
+    geometry      layout, tp, rank, layer, lo, hi, rows, row_bytes, tensors, size, chunks [[offset, length]]
+    hash          "xxh3_64" (xxhash importable) or "blake2b-64" (standard library)
+    chunk_hashes  one hex digest per geometry chunk (16 MiB of output by default)
+    output        {size, mtime_ns, ino} of the output as written
+
+The ledger vouches for the file at the output path only while ``output`` matches its stat.
 """
 
 from __future__ import annotations
