@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -29,10 +30,51 @@ from sparkfleet.fleet import transport_for  # noqa: E402
 from sparkfleet.transport.ssh import control_dir  # noqa: E402
 
 
+def _cpu() -> float:
+    """CPU seconds of this process and every reaped descendant (the fleet's sshds, once they
+    are stopped, bring their sessions' time with them)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def cpu_per_run(nodes: int, runs: int) -> float:
+    """CPU seconds one doctor run costs on both sides, independent of other load on the
+    machine: a fleet with `runs` doctor runs minus the same fleet with none."""
+
+    def lifetime(n_runs: int) -> float:
+        start = _cpu()
+        with tempfile.TemporaryDirectory() as tmp, loopback_fleet(nodes, Path(tmp) / "fleet") as fleet:
+            spec, memory, transports = _setup(fleet, Path(tmp), nodes)
+            for _ in range(n_runs):
+                run_doctor(spec, transports, memory)
+        return _cpu() - start
+
+    return (lifetime(runs) - lifetime(0)) / runs
+
+
+def _setup(fleet, tmp: Path, nodes: int):  # type: ignore[no-untyped-def]
+    recipe = tmp / "r"
+    recipe.mkdir()
+    (recipe / "recipe.toml").write_text(
+        'engine = "vllm"\ndocker_image = "sparkfleet-test:latest"\nmodel = "org/tiny"\nport = 18999\n'
+        f"required_nodes = {nodes}\ntensor_parallel_size = {nodes}\n\n"
+        '[[staging]]\nkind = "copy"\nid = "engram"\nsrc = "{{hf}}/x"\n'
+        'dst = "{{state}}/engram"\nmin_free = "1M"\n'
+    )
+    for node in fleet.nodes:
+        snap = node.hf_cache / "hub" / "models--org--tiny" / "snapshots" / "rev1"
+        snap.mkdir(parents=True)
+        (snap / "config.json").write_text("{}")
+    planned = build_plan(recipe, fleet.cluster_file, None, None, None)
+    spec, memory = spec_for(load_cluster(fleet.cluster_file), planned), memory_for(planned)
+    return spec, memory, {r.node.name: transport_for(r.node) for r in planned.ranks}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--cpu", type=int, default=5, help="doctor runs for the CPU-cost figure (0: skip)")
     ap.add_argument(
         "--boost",
         action="store_true",
@@ -85,6 +127,9 @@ def main() -> None:
             print(f"  {label:<28} min {min(xs):.2f} s, median {statistics.median(xs):.2f} s, max {max(xs):.2f} s")
         verdict = "PASS" if statistics.median(cold) <= 3.0 else "FAIL"
         print(f"  bar: doctor (cold, median) <= 3 s -> {verdict}")
+    if args.cpu:
+        cost = cpu_per_run(args.nodes, args.cpu)
+        print(f"CPU per doctor run, all {args.nodes} nodes and this side (load-independent): {cost:.2f} s")
 
 
 if __name__ == "__main__":
