@@ -30,7 +30,7 @@ def test_llamacpp_example_serves_and_reports(llama_server: Served) -> None:
 def test_vllm_two_node_example_serves_with_a_headless_rank(vllm_server: Served) -> None:
     assert "Berlin" in _complete(vllm_server, "The capital of France is Paris. The capital of Germany is")
     status = json.loads(vllm_server.cli("status", "gemma-vllm-2node", "--json").stdout)[0]
-    assert [(r["node"], r["state"]) for r in status["ranks"]] == [("node0", "running"), ("node1", "running")]
+    assert [(r["node"], r["state"]) for r in status["ranks"]] == [("node0", "running"), ("node1", "running")], status
     logs = vllm_server.cli("logs", "gemma-vllm-2node", "--rank", "1", "--tail", "400").stdout
     assert "headless" in logs  # rank 1 really joined as a headless TP worker
 
