@@ -407,6 +407,8 @@ def _check_image(spec: DoctorSpec, facts: Mapping[str, NodeFacts]) -> list[Check
     if not spec.image:
         return []
     ids = {n.name: facts[n.name].image for n in spec.nodes if facts[n.name].reachable}
+    if not ids:
+        return []
     missing = [name for name, img in ids.items() if img is None or not img.present]
     present = {name: img.id for name, img in ids.items() if img is not None and img.present}
     if missing:
@@ -439,6 +441,8 @@ def _check_snapshot(spec: DoctorSpec, facts: Mapping[str, NodeFacts]) -> list[Ch
     if not spec.model_repo:
         return []
     lists = {n.name: facts[n.name].snapshots for n in spec.nodes if facts[n.name].reachable}
+    if not lists:
+        return []  # no node answered: ssh.reachable already says so
     missing = [name for name, snaps in lists.items() if not snaps]
     if missing:
         return [

@@ -122,3 +122,24 @@ def test_every_planted_fault_is_named_with_its_node(fleet: LoopbackFleet, tmp_pa
     assert "127.0." in fails[("ssh.reachable", "node3")]
     # Speed is measured by benchmarks/doctor_speed.py (bar: <= 3 s), not asserted here.
     print(f"doctor, 4 loopback nodes, 4 faults: {report['seconds']:.2f} s in doctor, {wall:.2f} s CLI wall")
+
+
+@pytest.mark.slow
+def test_a_frozen_node_costs_the_timeout_not_a_hang(fleet: LoopbackFleet, tmp_path: Path) -> None:
+    recipe = _recipe(tmp_path / "r", _free_port(), _free_port())
+    fleet.freeze_node(2)  # sshd stopped with SIGSTOP: the TCP handshake completes, nothing answers
+    try:
+        start = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-m", "sparkfleet.cli.main", "doctor", str(recipe), "--cluster",
+             str(fleet.cluster_file), "--json", "--timeout", "8"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        wall = time.monotonic() - start
+    finally:
+        fleet.thaw_node(2)
+    report = json.loads(proc.stdout)
+    fails = {(c["id"], c["node"]): c["evidence"] for c in report["checks"] if c["status"] == "fail"}
+    assert set(fails) == {("ssh.reachable", "node2")}, fails
+    assert "no answer within 8 s from root@127.0." in fails[("ssh.reachable", "node2")]
+    assert wall < 40  # the timeout, plus start-up on a loaded machine

@@ -182,3 +182,10 @@ def test_reach_without_bash_on_the_head_is_a_warning_not_a_failure() -> None:
     spec = DoctorSpec(nodes=(_target("a", head=True),))
     checks = evaluate(spec, {"a": _facts("a", reach=found)})
     assert "not tested" in _by(checks, "warn")[("fabric.reachable", "a")]
+
+
+def test_no_node_answering_gives_one_failure_per_node_and_no_crash() -> None:
+    spec = DoctorSpec(nodes=(_target("a", head=True), _target("b")), image="img:1", model_repo="org/m")
+    down = {n: NodeFacts(node=n, reachable=False, error="no answer") for n in ("a", "b")}
+    fails = _by(evaluate(spec, down), "fail")
+    assert fails == {("ssh.reachable", "a"): "no answer", ("ssh.reachable", "b"): "no answer"}

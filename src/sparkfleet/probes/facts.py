@@ -213,6 +213,9 @@ def collect(transport: Transport, req: FactsRequest, *, timeout: float = 20.0) -
         result, outs = run_bundle(transport, probe_commands(req), timeout=timeout)
     except SparkfleetError as exc:
         detail = getattr(exc, "detail", None) or exc.message
+        if "timed out after" in detail:  # the transport quotes the whole probe script: say it short
+            where = detail.rsplit(" on ", 1)[1] if " on " in detail else transport.node
+            detail = f"no answer within {timeout:g} s from {where} (node hung or overloaded)"
         return NodeFacts(node=transport.node, reachable=False, error=detail, elapsed=time.time() - sent)
     received = time.time()
     if not outs:
