@@ -132,7 +132,7 @@ def _fallback_note(node: str) -> str:
 
 
 def _ssh_words(transport: Transport) -> list[str] | None:
-    """The ssh words of an SSH transport up to (not including) the host, and the host."""
+    """The ssh words of an SSH transport, ending with the host; None for other transports."""
     argv = getattr(transport, "ssh_argv", None)
     return list(argv()) if callable(argv) else None
 
@@ -141,7 +141,12 @@ def _node_side_ssh(target: Endpoint, source_files: set[str]) -> str:
     """The ssh command rsync uses on a source node to reach target: the target's user/port, and
     the controller's ssh_config and key only where the same path exists on the source node."""
     words = _ssh_words(target.transport) or []
-    out = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "StrictHostKeyChecking=accept-new"]
+    out = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
+    config = next((words[i + 1] for i, w in enumerate(words[:-1]) if w == "-F"), None)
+    if config is None or config not in source_files:
+        # No ssh_config of ours there to say how host keys are checked: learn a node's key on first
+        # contact (a changed key is still refused).
+        out += ["-o", "StrictHostKeyChecking=accept-new"]
     i = 1
     while i < len(words) - 1:
         flag, value = words[i], words[i + 1]
