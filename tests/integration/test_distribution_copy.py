@@ -64,14 +64,10 @@ def test_files_reach_every_node_and_are_not_resent(fleet4: LoopbackFleet, tmp_pa
     fixed = {r.node: r for r in distribute(setup.plan, setup.transports).copied}
     assert fixed["node1"].sent == ("dspark_sps.json",)
     assert all(fixed[n].sent == () for n in ("node0", "node2", "node3"))
-    assert digest(fleet4.nodes[1].state_dir / "tables" / "dspark_sps.json") == digest(
-        recipe / "dspark_sps.json"
-    )
+    assert digest(fleet4.nodes[1].state_dir / "tables" / "dspark_sps.json") == digest(recipe / "dspark_sps.json")
 
 
-def test_a_failed_push_names_node_and_file_and_stops_later_steps(
-    fleet4: LoopbackFleet, tmp_path: Path
-) -> None:
+def test_a_failed_push_names_node_and_file_and_stops_later_steps(fleet4: LoopbackFleet, tmp_path: Path) -> None:
     tables(tmp_path)
     sync = (
         f'\n[[staging]]\nkind = "sync"\nid = "weights"\nsrc = "{tmp_path / "src" / REPO}"\n'
