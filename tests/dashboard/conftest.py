@@ -10,6 +10,7 @@ cluster) brought up with ``sparkfleet up`` and evaluated with ``eval quality`` /
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -18,13 +19,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.conftest import standin_recipe
+from tests.fleet import loopback_fleet
+from tests.integration.conftest import HAVE_SSHD, standin_recipe
 from tests.replay_server import ReplayServer, Script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,8 +54,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def cli(state: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    """The sparkfleet CLI on state, as a user runs it; fails the test when it fails."""
+def cli(state: Path, *args: str, timeout: float = 180, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess[str]:
+    """The sparkfleet CLI on state, as a user runs it; fails the test when it exits other than ok."""
     out = subprocess.run(
         [sys.executable, "-m", "sparkfleet.cli.main", *args],
         capture_output=True,
@@ -60,19 +63,19 @@ def cli(state: Path, *args: str, timeout: float = 180) -> subprocess.CompletedPr
         timeout=timeout,
         env={**os.environ, "SPARKFLEET_STATE_DIR": str(state), "COLUMNS": "200"},
     )
-    if out.returncode != 0:
+    if out.returncode not in ok:
         pytest.fail(f"sparkfleet {' '.join(args)} failed ({out.returncode}):\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
     return out
 
 
-def up_standin(state: Path, folder: Path, name: str, answer: str) -> str:
-    """Bring a one-rank stand-in up with ``sparkfleet up``; returns its endpoint."""
+def up_standin(state: Path, folder: Path, name: str, answer: str, cluster: Path | None = None, nodes: int = 1) -> str:
+    """Bring a stand-in up with ``sparkfleet up``; returns its endpoint."""
     port = free_port()
     recipe = standin_recipe(
-        folder, nodes=1, port=port, env={"STANDIN_ANSWER": answer}, verify=f'smoke_expect = "{answer}"'
+        folder, nodes=nodes, port=port, env={"STANDIN_ANSWER": answer}, verify=f'smoke_expect = "{answer}"'
     )
-    cli(state, "up", str(recipe), "--name", name, timeout=120)
-    return f"http://127.0.0.1:{port}"
+    cli(state, "up", str(recipe), "--name", name, *(["--cluster", str(cluster)] if cluster else []), timeout=120)
+    return str(json.loads(cli(state, "status", name, "--json").stdout)[0]["endpoint"])
 
 
 @dataclass(frozen=True)
@@ -121,17 +124,29 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
         with ReplayServer(script).running() as srv:
             cli(state, "bench", "decode", srv.url, "--concurrency", "1,2,4", "--types", "prose,code",
                 "--tokens", "16", "--repeats", "2", "--warmups", "0", "--label", label)  # fmt: skip
-            cli(state, "bench", "prefill", srv.url, "--lengths", "256,512,1024", "--repeats", "2",
-                "--label", label)  # fmt: skip
-    endpoints = {name: up_standin(state, base / name, name, answer) for name, answer in ANSWERS.items()}
+            cli(state, "bench", "prefill", srv.url, "--lengths", "256,512,1024", "--repeats", "1",
+                "--overhead-samples", "1", "--label", label)  # fmt: skip
+    stack = ExitStack()
+    endpoints: dict[str, str] = {}
     proc = None
     try:
+        # stand-b spans two nodes of a loopback fleet (a real sshd each) when sshd is there, so the
+        # page has ranks on different nodes to show.
+        fleet = stack.enter_context(loopback_fleet(2, base / "fleet")) if HAVE_SSHD else None
+        endpoints["stand-a"] = up_standin(state, base / "stand-a", "stand-a", ANSWERS["stand-a"])
+        endpoints["stand-b"] = up_standin(
+            state, base / "stand-b", "stand-b", ANSWERS["stand-b"],
+            cluster=fleet.cluster_file if fleet else None, nodes=2 if fleet else 1,
+        )  # fmt: skip
         for name, endpoint in endpoints.items():
             cli(state, "eval", "quality", endpoint, "--api", "completions", "--categories", QUALITY_CATEGORIES,
                 "--label", f"answers-{ANSWERS[name]}")  # fmt: skip
         cli(state, "eval", "needle", endpoints["stand-a"], "--lengths", "256,512,1024", "--depths", "0,50,100",
             "--seed", "3", "--label", "needle-standin")  # fmt: skip
         cli(state, "doctor")
+        if fleet is not None:
+            # Exit 1 when a check fails, which the doctor page then shows; 2 would be an error.
+            cli(state, "doctor", "--cluster", str(fleet.cluster_file), ok=(0, 1))
         proc, url = start_dashboard(state)
         yield Dashboard(state, url, endpoints)
     finally:
@@ -141,6 +156,7 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
         for name in endpoints:
             subprocess.run([sys.executable, "-m", "sparkfleet.cli.main", "down", name], capture_output=True,
                            env={**os.environ, "SPARKFLEET_STATE_DIR": str(state)}, timeout=60)  # fmt: skip
+        stack.close()
 
 
 @pytest.fixture(scope="session")

@@ -123,6 +123,9 @@ function deploymentCard(d) {
       el("span", { class: "actions" }, down, restart)),
     el("div", { class: "muted" }, `endpoint ${d.endpoint} · recipe ${d.recipe} · cluster ${d.cluster}`),
     el("div", { id: `action-${d.name}`, class: note ? note.cls : "muted" }, note ? note.text : ""),
+    d.events.length ? el("ul", { class: "events" }, d.events.slice(-3).map((e) => el("li", {},
+      el("span", { class: "muted" }, `${new Date(e.time * 1000).toLocaleString()} ${e.kind}${e.node ? ` (${e.node})` : ""}: `),
+      e.message))) : null,
     el("table", {},
       el("thead", {}, el("tr", {}, ["rank", "node", "state", "uptime", "health", "last log lines"].map((h) => el("th", {}, h)))),
       el("tbody", {}, d.ranks.map(rankRow))));
