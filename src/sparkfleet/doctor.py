@@ -41,6 +41,7 @@ class Report:
 
     checks: tuple[Check, ...]
     seconds: float
+    memory: tuple[tuple[str, MemoryPlan], ...] = ()
 
     @property
     def failed(self) -> tuple[Check, ...]:
@@ -57,6 +58,7 @@ class Report:
             "seconds": round(self.seconds, 3),
             "counts": self.counts(),
             "checks": [asdict(c) for c in self.checks],
+            "memory": {node: asdict(mp) for node, mp in self.memory},
         }
 
 
@@ -72,9 +74,7 @@ def request_for(spec: DoctorSpec, target: NodeTarget) -> FactsRequest:
     )
 
 
-def gather(
-    spec: DoctorSpec, transports: Mapping[str, Transport], *, timeout: float = 15.0
-) -> dict[str, NodeFacts]:
+def gather(spec: DoctorSpec, transports: Mapping[str, Transport], *, timeout: float = 15.0) -> dict[str, NodeFacts]:
     """Facts of every node, probed in parallel (one thread and one round trip per node)."""
     names = [n.name for n in spec.nodes]
     by_name = {n.name: n for n in spec.nodes}
@@ -95,7 +95,12 @@ def run_doctor(
     """Gather facts on every node in parallel and evaluate every check."""
     start = time.monotonic()
     facts = gather(spec, transports, timeout=timeout)
-    return Report(checks=evaluate(spec, facts, memory), seconds=time.monotonic() - start)
+    plans: dict[str, MemoryPlan | None] = {}
+    if memory is not None:
+        plans = {t.name: memory(t, facts) for t in spec.nodes if facts[t.name].reachable}
+    checks = evaluate(spec, facts, (lambda t, _f: plans.get(t.name)) if memory else None)
+    kept = tuple((name, mp) for name, mp in plans.items() if mp is not None)
+    return Report(checks=checks, seconds=time.monotonic() - start, memory=kept)
 
 
 def sort_for_display(checks: Sequence[Check]) -> list[Check]:
@@ -146,9 +151,7 @@ def spec_for(cluster: Cluster, p: Plan | None = None) -> DoctorSpec:
                 rdma_required=uses_ib and env.get("NCCL_IB_DISABLE") != "1" and len(p.ranks) > 1,
                 ib_gid_index=n.ib_gid_index,
                 hf_cache=n.hf_cache,
-                staging=tuple(
-                    (s.id, s.dst, s.min_free) for s in p.staging if s.node == n.name and s.min_free
-                ),
+                staging=tuple((s.id, s.dst, s.min_free) for s in p.staging if s.node == n.name and s.min_free),
                 ports=rank.ports,
                 memlock=n.memlock,
                 head=rank.rank == 0,

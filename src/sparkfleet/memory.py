@@ -316,9 +316,7 @@ def plan_memory(inp: MemoryInputs) -> MemoryPlan:
         if bpt and left > 0:
             context = _int_flag(argv, _CONTEXT_FLAGS.get(engine))
             if context and left / bpt < context:
-                notes.append(
-                    f"the KV pool holds ≈{int(left / bpt):,} tokens, less than one {context:,}-token request"
-                )
+                notes.append(f"the KV pool holds ≈{int(left / bpt):,} tokens, less than one {context:,}-token request")
     else:
         items.append(MemoryItem("kv_cache", kv, "pool", kv_detail))
         in_pool = [weights, graphs, kv]
@@ -397,9 +395,7 @@ def render_memory_plan(mp: MemoryPlan) -> list[str]:
             if it.region == region:
                 lines.append(f"    {it.name:<18} {gb(it.bytes):<28} {it.detail}")
     verdict = {True: "fits", False: "does NOT fit", None: "unknown"}[mp.fits]
-    lines.append(
-        f"  verdict: {verdict}; headroom in pool {gb(mp.pool_headroom)}, outside {gb(mp.outside_headroom)}"
-    )
+    lines.append(f"  verdict: {verdict}; headroom in pool {gb(mp.pool_headroom)}, outside {gb(mp.outside_headroom)}")
     lines += [f"  note: {n}" for n in mp.notes]
     return lines
 
@@ -477,24 +473,30 @@ def memory_plan(
     )
 
 
+def render_memory_plans(plans: Sequence[tuple[str, MemoryPlan]]) -> list[str]:
+    """Several ranks' plans, each labelled with its node; a rank whose plan equals an earlier
+    one is shown as a reference to it."""
+    lines: list[str] = []
+    shown: dict[tuple[object, ...], str] = {}
+    for node, mp in plans:
+        key = (mp.items, mp.static_pool, mp.device_memory, mp.fits)
+        if key in shown:
+            lines.append(f"rank {mp.rank} on {node}: same as {shown[key]}")
+            continue
+        shown[key] = f"rank {mp.rank}"
+        first, *rest = render_memory_plan(mp)
+        lines += [first.replace(f"rank {mp.rank}:", f"rank {mp.rank} on {node}:", 1), *rest]
+    return lines
+
+
 def plan_memory_lines(plan: Plan) -> list[str]:
     """The memory plan of every GPU rank as `sparkfleet plan` prints it, from the recipe alone
     (no node facts: device memory comes from `[memory] device_memory`; doctor uses the
     node's). Workers with the same plan are shown once."""
     if plan.engine not in _FRACTION_FLAGS:
         return []
-    lines: list[str] = []
-    shown: dict[tuple[object, ...], int] = {}
-    for rank in plan.ranks:
-        if rank.node.gpus == "none":
-            continue
-        mp = memory_plan(rank, plan.recipe)
-        key = (mp.items, mp.static_pool, mp.fits)
-        if key in shown:
-            lines.append(f"rank {rank.rank}: same as rank {shown[key]}")
-            continue
-        shown[key] = rank.rank
-        lines += render_memory_plan(mp)
+    plans = [(r.node.name, memory_plan(r, plan.recipe)) for r in plan.ranks if r.node.gpus != "none"]
+    lines = render_memory_plans(plans)
     if lines and plan.recipe.memory.device_memory is None:
         lines.append("(device memory unknown here: set [memory] device_memory, or run `sparkfleet doctor`)")
     return lines

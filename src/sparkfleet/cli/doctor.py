@@ -41,6 +41,7 @@ def doctor(
     from sparkfleet.dashboard.doctor_history import record_doctor
     from sparkfleet.doctor import memory_for, run_doctor, sort_for_display, spec_for
     from sparkfleet.fleet import transport_for
+    from sparkfleet.memory import render_memory_plans
     from sparkfleet.state import Store
 
     if recipe is not None:
@@ -70,6 +71,10 @@ def doctor(
             )
             if check.fix and check.status != "pass":
                 console.print(f"{'':36} fix: {check.fix}", markup=False, highlight=False, soft_wrap=True)
+        if report.memory:
+            console.print("\n[bold]memory per rank[/] (device memory from each node's facts):")
+            for line in render_memory_plans(report.memory):
+                console.print(line, markup=False, highlight=False, soft_wrap=True)
         counts = report.counts()
         console.print(
             f"{counts['fail']} failed, {counts['warn']} warnings, {counts['pass']} passed "
