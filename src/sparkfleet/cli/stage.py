@@ -31,7 +31,8 @@ def stage(
 ) -> None:
     """Run the recipe's staging entries and composed_model on every node in parallel.
 
-    Row tables whose ledger matches the source are checked by sampling and left alone; changed or damaged ones are repacked chunk by chunk. With --verify, exit 2 if a file is not as staged.
+    Row tables whose ledger matches the source are checked by sampling and left alone.
+    Changed or damaged ones are repacked chunk by chunk. --verify checks in full, writes nothing.
     """
     # Imported here, not at module level: they pull in rich.progress and the transports, and
     # `sparkfleet --help` should not pay for them.
