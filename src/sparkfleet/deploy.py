@@ -10,11 +10,12 @@ from dataclasses import dataclass
 
 from sparkfleet.cluster import Cluster
 from sparkfleet.deployments import Deployment, Deployments
+from sparkfleet.distribute import distribute
 from sparkfleet.errors import NodeError, ReadinessError, SparkfleetError
 from sparkfleet.fleet import fan_out, raise_first, transport_for
 from sparkfleet.images import ensure_same_image
 from sparkfleet.plan import Plan, RankPlan
-from sparkfleet.readiness import rank_exited, smoke, wait_ready
+from sparkfleet.readiness import smoke, wait_ready
 from sparkfleet.runtime.base import Runtime
 from sparkfleet.runtime.docker import DockerRuntime
 from sparkfleet.runtime.process import ProcessRuntime
@@ -24,6 +25,7 @@ from sparkfleet.transport.base import Transport
 # Called with (node or None, rank or None, message) as up progresses.
 Reporter = Callable[[str | None, int | None, str], None]
 NODE_STAGED_KINDS = ("sparse-rows", "composed")
+DISTRIBUTED_KINDS = ("sync", "copy", "nfs")
 
 
 def runtime_for(rank: RankPlan) -> Runtime:
@@ -115,6 +117,12 @@ def up(
         transports = _connect(plan, accept_new_host_keys)
         _ensure_images(plan, transports, report)
         ensure_same_image(plan, transports, allow_mismatch=allow_image_mismatch)
+        # Synced snapshots first (each node's copy is read back and compared with the source, and
+        # a node that differs is refused): composed model directories link into them.
+        if any(s.kind in DISTRIBUTED_KINDS for s in plan.staging):
+            report(None, None, "distributing model files")
+            for note in distribute(plan, transports).notes:
+                report(None, None, note)
         staged = [s for s in plan.staging if s.kind in NODE_STAGED_KINDS]
         if staged:
             report(None, None, f"staging {len(staged)} step(s)")
