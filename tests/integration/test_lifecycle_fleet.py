@@ -164,3 +164,24 @@ def test_status_and_logs_reach_every_node_in_parallel(fleet4: LoopbackFleet, tmp
     assert leftover_processes("par") == []
 
 
+
+
+def test_up_pushes_copy_files_to_every_node_and_a_failed_push_stops_the_launch(
+    fleet4: LoopbackFleet, tmp_path: Path
+) -> None:
+    table = tmp_path / "dspark-tables.json"
+    table.write_text('{"k7": [1, 2, 3]}\n')
+    staging = (f'\n[[staging]]\nkind = "copy"\nid = "tables"\nfiles = ["{table}"]\ndst = "{{{{state}}}}/tables"\n')
+    recipe = standin_recipe(tmp_path / "tables", nodes=4, port=free_port())
+    (recipe / "recipe.toml").write_text((recipe / "recipe.toml").read_text() + staging)
+    out = sparkfleet("up", str(recipe), "--cluster", str(fleet4.cluster_file))
+    assert out.returncode == 0, out.stderr
+    for node in fleet4.nodes:
+        assert (node.state_dir / "tables" / "dspark-tables.json").read_bytes() == table.read_bytes()
+    assert sparkfleet("down", "tables").returncode == 0
+
+    missing = tmp_path / "gone.json"
+    (recipe / "recipe.toml").write_text((recipe / "recipe.toml").read_text().replace(str(table), str(missing)))
+    out = sparkfleet("up", str(recipe), "--cluster", str(fleet4.cluster_file))
+    assert out.returncode == 2 and "gone.json" in out.stderr
+    assert leftover_processes("tables") == []
