@@ -21,11 +21,11 @@ def test_a_destination_that_does_not_exist_yet_is_measured_on_its_parent(tmp_pat
 def test_refusal_names_path_free_and_needed(tmp_path: Path) -> None:
     free = free_bytes(str(tmp_path))
     with pytest.raises(StageFailure) as err:
-        check_room(str(tmp_path / "engram"), min_free=55 * 10**9 + free, to_write=48 * 10**9)
+        check_room(str(tmp_path / "engram"), min_free=55 * 2**30 + free, to_write=48 * 2**30)
     message = str(err.value)
     assert f"not enough free space at {tmp_path / 'engram'}" in message
-    assert re.search(r": [\d.]+ [KMGT]?B free, [\d.]+ [KMGT]?B needed \(", message)
-    assert "48.0 GB to write + min_free" in message
+    assert re.search(r": [\d.]+ [KMGT]?i?B free, [\d.]+ [KMGT]?i?B needed \(", message)
+    assert "48.0 GiB to write + min_free" in message
 
 
 def test_nothing_to_write_needs_no_room(tmp_path: Path) -> None:
@@ -42,4 +42,5 @@ def test_holes_do_not_count_as_allocated(tmp_path: Path) -> None:
 
 def test_human_sizes() -> None:
     assert human(512) == "512 B"
-    assert human(55 * 10**9) == "55.0 GB"
+    assert human(55 * 2**30) == "55.0 GiB"
+    assert human(1536 * 2**20) == "1.5 GiB"

@@ -33,12 +33,12 @@ def allocated_bytes(path: str) -> int:
 
 
 def human(n: int) -> str:
-    """A byte count for messages, e.g. ``55.0 GB``."""
+    """A byte count for messages in binary units, as recipes write sizes (``55G`` = 55 GiB)."""
     value = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(value) < 1000 or unit == "TB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{int(value)} B"
-        value /= 1000
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
     return f"{n} B"
 
 
