@@ -43,8 +43,12 @@ CHROMIUM_FLAGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+# Deployment names carry this run's pid: processes are found and stopped by deployment name, so
+# two test runs on one machine (two engineers, say) must never share one.
+RUN = str(os.getpid())
+STAND_A, STAND_B = f"stand-a-{RUN}", f"stand-b-{RUN}"
 # The two stand-ins answer these; math_percent expects 36 and math_speed 72, so they flip.
-ANSWERS = {"stand-a": "36", "stand-b": "72"}
+ANSWERS = {STAND_A: "36", STAND_B: "72"}
 QUALITY_CATEGORIES = "math,reasoning,format"
 
 
@@ -130,18 +134,18 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
     endpoints: dict[str, str] = {}
     proc = None
     try:
-        # stand-b spans two nodes of a loopback fleet (a real sshd each) when sshd is there, so the
+        # STAND_B spans two nodes of a loopback fleet (a real sshd each) when sshd is there, so the
         # page has ranks on different nodes to show.
         fleet = stack.enter_context(loopback_fleet(2, base / "fleet")) if HAVE_SSHD else None
-        endpoints["stand-a"] = up_standin(state, base / "stand-a", "stand-a", ANSWERS["stand-a"])
-        endpoints["stand-b"] = up_standin(
-            state, base / "stand-b", "stand-b", ANSWERS["stand-b"],
+        endpoints[STAND_A] = up_standin(state, base / "stand-a", STAND_A, ANSWERS[STAND_A])
+        endpoints[STAND_B] = up_standin(
+            state, base / "stand-b", STAND_B, ANSWERS[STAND_B],
             cluster=fleet.cluster_file if fleet else None, nodes=2 if fleet else 1,
         )  # fmt: skip
         for name, endpoint in endpoints.items():
             cli(state, "eval", "quality", endpoint, "--api", "completions", "--categories", QUALITY_CATEGORIES,
                 "--label", f"answers-{ANSWERS[name]}")  # fmt: skip
-        cli(state, "eval", "needle", endpoints["stand-a"], "--lengths", "256,512,1024", "--depths", "0,50,100",
+        cli(state, "eval", "needle", endpoints[STAND_A], "--lengths", "256,512,1024", "--depths", "0,50,100",
             "--seed", "3", "--label", "needle-standin")  # fmt: skip
         cli(state, "doctor")
         if fleet is not None:

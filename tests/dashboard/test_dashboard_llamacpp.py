@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.dashboard.conftest import ROOT, cli, free_port, screenshot, start_dashboard
+from tests.dashboard.conftest import ROOT, RUN, cli, free_port, screenshot, start_dashboard
 from tests.dashboard.test_dashboard_pages import chart, rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 CACHE = Path(os.environ.get("SPARKFLEET_CACHE", Path.home() / ".cache" / "sparkfleet"))
 HUB = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
 TASKS = "reason_handshakes,math_percent,format_one_word"
-NAME = "dash-gemma"
+NAME = f"dash-gemma-{RUN}"
 
 
 @pytest.fixture(scope="module")

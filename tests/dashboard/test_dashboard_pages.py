@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.dashboard.conftest import Dashboard, cli, screenshot, up_standin
+from tests.dashboard.conftest import RUN, STAND_A, STAND_B, Dashboard, cli, screenshot, up_standin
 from tests.integration.conftest import leftover_processes
 
 pytestmark = pytest.mark.slow
@@ -59,7 +59,7 @@ def chart(page: Any, canvas_id: str) -> dict[str, Any]:
 
 def test_deployments_page_shows_every_rank_live(dashboard: Dashboard, page: Any) -> None:
     page.goto(dashboard.url + "#deployments")
-    for name in ("stand-a", "stand-b"):
+    for name in (STAND_A, STAND_B):
         card = page.locator(f".deployment[data-name='{name}']")
         card.locator("td.state").first.get_by_text("running").wait_for()
         assert card.locator("h3 .badge").inner_text() == "ready"
@@ -185,7 +185,7 @@ def _status(db: Path, name: str) -> str:
 
 
 def test_actions_ask_first_and_then_do_what_the_cli_does(dashboard: Dashboard, page: Any, tmp_path: Path) -> None:
-    name = "stand-act"
+    name = f"stand-act-{RUN}"
     endpoint = up_standin(dashboard.state, tmp_path / name, name, "7")
     before = leftover_processes(name)
     assert before and _serves(endpoint)

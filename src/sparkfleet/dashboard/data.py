@@ -9,6 +9,7 @@ exactly like ``sparkfleet down`` / ``sparkfleet up``.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -59,13 +60,15 @@ def deployments(store: Store) -> list[dict[str, Any]]:
 
     Stopped deployments are not inspected (their ranks are gone); their ranks show as recorded.
     """
-    out = []
-    for d in Deployments(store).all():
-        head = _deployment_head(d)
-        head["ranks"] = _ranks(d)
-        head["events"] = Deployments(store).events(d.name, limit=5)
-        out.append(head)
-    return out
+    records = Deployments(store)
+    found = records.all()
+    # Each deployment's nodes answer in their own time: ask them all at once.
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(found)))) as pool:
+        ranks = list(pool.map(_ranks, found))
+    return [
+        {**_deployment_head(d), "ranks": r, "events": records.events(d.name, limit=5)}
+        for d, r in zip(found, ranks, strict=True)
+    ]
 
 
 def _ranks(d: Deployment) -> list[dict[str, Any]]:
