@@ -77,7 +77,7 @@ setup_vllm() {
   printf 'vllm-%s.dist-info/METADATA,,\nvllm-%s.dist-info/INSTALLER,,\nvllm-%s.dist-info/RECORD,,\n' \
     "$VLLM_VER" "$VLLM_VER" "$VLLM_VER" > "$d/RECORD"
   VLLM_TARGET_DEVICE=cpu "$venv/bin/vllm" --version
-  VLLM_TARGET_DEVICE=cpu "$venv/bin/python" -m vllm.entrypoints.openai.api_server --help >/dev/null
+  VLLM_TARGET_DEVICE=cpu "$venv/bin/python" -W ignore::DeprecationWarning -m vllm.entrypoints.openai.api_server --help >/dev/null
   echo "$stamp" > "$venv/.sparkfleet-stamp"
   log "vllm: ready in $((SECONDS - t))s"
 }
