@@ -28,9 +28,12 @@ def second_dockerd(timeout: float = 30.0) -> Iterator[str]:
     root = Path(tempfile.mkdtemp(prefix="sfd2"))
     sock = root / "sock"
     log = open(root / "log", "wb")  # noqa: SIM115 - dockerd writes to it until the finally block
+    # Its own bridge: with --bridge=none dockerd deletes the host's docker0, breaking the main daemon.
+    bridge = f"sfd2br{os.getpid() % 10000}"
+    subprocess.run(["ip", "link", "add", bridge, "type", "bridge"], capture_output=True, check=False)
     proc = subprocess.Popen(
         ["dockerd", "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
-         "--pidfile", str(root / "pid"), "-H", f"unix://{sock}", "--bridge=none",
+         "--pidfile", str(root / "pid"), "-H", f"unix://{sock}", f"--bridge={bridge}",
          "--iptables=false", "--ip-masq=false", "--storage-driver=vfs"],
         stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
@@ -55,3 +58,4 @@ def second_dockerd(timeout: float = 30.0) -> Iterator[str]:
             proc.wait(timeout=10)
         log.close()
         subprocess.run(["rm", "-rf", str(root)], check=False)
+        subprocess.run(["ip", "link", "delete", bridge], capture_output=True, check=False)
