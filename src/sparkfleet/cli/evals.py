@@ -26,9 +26,7 @@ from sparkfleet.evals.tasks import load_tasks
 from sparkfleet.fleet import transport_for
 from sparkfleet.state import Store
 
-eval_app = typer.Typer(
-    help="Quality gate, paired comparison and long-context needle checks.", no_args_is_help=True
-)
+eval_app = typer.Typer(help="Quality gate, paired comparison and long-context needle checks.", no_args_is_help=True)
 
 TargetArg = Annotated[str, typer.Argument(help="Deployment name or server URL (http://host:port).")]
 ModelOpt = Annotated[str | None, typer.Option(help="Model id, when the server serves several.")]
@@ -146,8 +144,10 @@ def _print_comparison(cmp: Comparison) -> None:
     for f in cmp.flips:
         colour = "red" if f.direction == "broke" else "green"
         console.print(f"  [{colour}]{f.direction.upper():<5}[/] {f.id:<28} {f.why[:80]}", highlight=False)
-    if cmp.only_in_a or cmp.only_in_b:
-        console.print(f"unpaired: only in A {list(cmp.only_in_a)}, only in B {list(cmp.only_in_b)}")
+    for side, ids in (("A", cmp.only_in_a), ("B", cmp.only_in_b)):
+        if ids:
+            more = f" and {len(ids) - 5} more" if len(ids) > 5 else ""
+            console.print(f"unpaired, only in {side}: {len(ids)} tasks ({', '.join(ids[:5])}{more})", highlight=False)
     console.print(f"[bold]verdict:[/] {cmp.verdict}", highlight=False)
 
 
@@ -191,9 +191,7 @@ def _print_needle(run: NeedleRun, png: Path | None) -> None:
             cells.append("[green]✓[/]" if cell and cell.passed else "[red]✗[/]" if cell else "-")
         table.add_row(str(length), *cells)
     console.print(table)
-    console.print(
-        f"run {run.id}  token counts: {run.token_counting}  wall {run.wall_s:.0f}s", highlight=False
-    )
+    console.print(f"run {run.id}  token counts: {run.token_counting}  wall {run.wall_s:.0f}s", highlight=False)
     if png:
         console.print(f"heatmap: {png}")
 
@@ -209,9 +207,7 @@ def needle(
     depths: Annotated[str, typer.Option(help="Needle depths in percent, comma-separated.")] = ",".join(
         f"{d:g}" for d in DEFAULT_DEPTHS
     ),
-    seed: Annotated[
-        int | None, typer.Option(help="Seed for needles and offsets (default: random, stored).")
-    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed for needles and offsets (default: random, stored).")] = None,
     png: Annotated[Path | None, typer.Option(help="Heatmap PNG path (needs matplotlib).")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds per request.")] = 1800.0,
     mem_floor: Annotated[
@@ -231,9 +227,7 @@ def needle(
     if mem_floor > 0:
         nodes = load_cluster(cluster).nodes
         action = abort_action_for(endpoint.engine, endpoint.base_url, client.http)
-        guard = MemGuard(
-            [transport_for(n) for n in nodes], int(mem_floor * 1024**3), [action] if action else []
-        )
+        guard = MemGuard([transport_for(n) for n in nodes], int(mem_floor * 1024**3), [action] if action else [])
     try:
         run = run_needle(
             client,
