@@ -71,6 +71,7 @@ class StagingStep:
     repo: str | None = None
     revision: str | None = None
     hf_cache: str | None = None
+    primary: bool = True  # composed: the source the model path points at
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,8 @@ def _model_ref_and_mounts(
 ) -> tuple[str, list[MountSpec]]:
     mounts: list[MountSpec] = []
     if recipe.composed_model is not None:
-        host_dir = composed_dir(recipe, node, deployment)
+        # The composer links `<dir>/model` to the first source's snapshot folder inside it.
+        host_dir = composed_dir(recipe, node, deployment) + "/model"
         if not docker:
             return host_dir, mounts
         mounts.append(MountSpec(host_dir, recipe.composed_model.mount, True))
@@ -401,7 +403,7 @@ def _staging(recipe: Recipe, deployment: str, nodes: tuple[Node, ...]) -> tuple[
     if recipe.composed_model is not None:
         for rank, node in enumerate(nodes):
             values = _template_values(node, rank, deployment)
-            for source in recipe.composed_model.sources:
+            for index, source in enumerate(recipe.composed_model.sources):
                 steps.append(
                     StagingStep(
                         id="composed_model",
@@ -416,6 +418,7 @@ def _staging(recipe: Recipe, deployment: str, nodes: tuple[Node, ...]) -> tuple[
                         repo=source.repo,
                         revision=source.revision or recipe.revision,
                         hf_cache=node.hf_cache,
+                        primary=index == 0,
                     )
                 )
     return tuple(steps)

@@ -39,7 +39,7 @@ def compose_model(
         raise StagingError(step.node, "composed_model: no source snapshot directory")
     args = {
         "repo_dir": step.src, "dst": step.dst, "revision": step.revision,
-        "local_files": list(step.local_files), "verify": verify,
+        "local_files": list(step.local_files), "verify": verify, "primary": step.primary,
     }  # fmt: skip
     source = Path(composed_worker.__file__).read_bytes()
     result = transport.run([python, "-", json.dumps(args)], stdin=source, check=False)

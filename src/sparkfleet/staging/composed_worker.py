@@ -131,6 +131,16 @@ def compose(args: dict[str, Any]) -> dict[str, Any]:
                         os.unlink(os.path.join(model_dir, rel))
     elif verify:
         problems.append(f"{model_dir} does not exist")
+    # `dst/model` names the snapshot folder, so the plan can mount and pass a path it knows
+    # before the revision is resolved (the first source of a composed model is the model).
+    current = os.path.join(dst, "model")
+    link = os.path.relpath(model_dir, dst)
+    if args.get("primary", True):
+        if verify:
+            if not (os.path.islink(current) and os.readlink(current) == link):
+                problems.append(f"{current} is not a link to {link}")
+        else:
+            _replace_with(lambda tmp: os.symlink(link, tmp), current)
     return {
         "model_dir": model_dir, "revision": rev, "mount_roots": _roots(list(wanted.values())),
         "links": len(wanted) - len(set(wanted) & set(local)), "hard_links": len(local), "problems": problems,
