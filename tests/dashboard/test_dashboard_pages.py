@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.dashboard.conftest import RUN, STAND_A, STAND_B, Dashboard, cli, screenshot, up_standin
+from tests.dashboard.conftest import RUN, STAND_A, STAND_B, Dashboard, cli, screenshot, start_dashboard, up_standin
 from tests.integration.conftest import leftover_processes
 
 pytestmark = pytest.mark.slow
@@ -227,3 +227,20 @@ def test_actions_ask_first_and_then_do_what_the_cli_does(dashboard: Dashboard, p
     assert leftover_processes(name) == [] and not _serves(endpoint)
     shown = cli(dashboard.state, "status", name).stdout
     assert "stopped" in shown
+
+
+def test_an_empty_store_says_how_to_fill_each_page(page: Any, tmp_path: Path) -> None:
+    proc, url = start_dashboard(tmp_path / "empty")
+    try:
+        expected = {
+            "deployments": "`sparkfleet up RECIPE` starts one",
+            "bench": "`sparkfleet bench decode` makes one",
+            "evals": "`sparkfleet eval needle` makes one",
+            "doctor": "`sparkfleet doctor` makes one",
+        }
+        for name, hint in expected.items():
+            page.goto(f"{url}#{name}")
+            page.locator(f"#page-{name}").get_by_text(hint).wait_for()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
