@@ -15,7 +15,7 @@
 2. Repeatability: two back-to-back identical ``run_decode`` runs (our full method: warm-ups,
    repeats, steady-window aggregate); per tier, whether they agree within the spread they report.
 
-    python benchmarks/bench_agreement.py [--url http://127.0.0.1:18400] [--tiers 1,2,4] [--tokens 64]
+    python benchmarks/bench_agreement.py [--url http://127.0.0.1:18400] [--tiers 1,2,4] [--tokens 48] [--repeats 7]
 
 Without ``--url`` it starts the vLLM CPU server itself (scripts/setup-engines.sh and
 scripts/prepare-model.py must have run; see docs/setup.md) and stops it at the end.
@@ -262,9 +262,9 @@ def main() -> None:
     parser.add_argument("--url", help="a running vLLM server (default: start one)")
     parser.add_argument("--port", type=int, default=18450)
     parser.add_argument("--tiers", default="1,2,4")
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--waves", type=int, default=4, help="requests per tier = concurrency x waves")
-    parser.add_argument("--repeats", type=int, default=3, help="alternating repeats per tool")
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--waves", type=int, default=2, help="requests per tier = concurrency x waves")
+    parser.add_argument("--repeats", type=int, default=7, help="alternating repeats per tool")
     parser.add_argument("--skip-repeatability", action="store_true")
     args = parser.parse_args()
     tiers = [int(t) for t in args.tiers.split(",")]
