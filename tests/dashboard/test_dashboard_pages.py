@@ -108,9 +108,13 @@ def test_bench_charts_draw_the_stored_medians_of_both_runs(dashboard: Dashboard,
     # Picking no run B leaves run A alone on the chart.
     page.select_option("#decode-b", "")
     page.wait_for_function("() => Chart.getChart('decode-chart-prose')?.data.datasets.length === 1")
-    assert [d["runId"] for d in chart(page, "decode-chart-prose")["datasets"]] == [
-        stored_bench(dashboard.db, "fast", "decode")[0]
-    ]
+    fast_id, slow_id = stored_bench(dashboard.db, "fast", "decode")[0], stored_bench(dashboard.db, "slow", "decode")[0]
+    assert [d["runId"] for d in chart(page, "decode-chart-prose")["datasets"]] == [fast_id]
+    # The history lists every run; its B button puts that run back beside A.
+    assert page.locator("#bench-runs tbody tr").count() == len(rows(dashboard.db, "SELECT id FROM bench_runs"))
+    page.click(f"#bench-runs tr[data-run='{slow_id}'] button[data-put='B']")
+    page.wait_for_function("() => Chart.getChart('decode-chart-prose')?.data.datasets.length === 2")
+    assert [d["runId"] for d in chart(page, "decode-chart-prose")["datasets"]] == [fast_id, slow_id]
 
 
 def test_quality_compare_shows_both_runs_and_the_flips(dashboard: Dashboard, page: Any) -> None:

@@ -58,6 +58,25 @@ function confirmAction(text) {
   });
 }
 
+// Writes each bar's "passed/total" above it (a 0 % bar has no height to hover on).
+const barCounts = {
+  id: "barCounts",
+  afterDatasetsDraw(chart) {
+    const { ctx } = chart;
+    ctx.save();
+    ctx.font = "11px system-ui, sans-serif";
+    ctx.fillStyle = "#1d2330";
+    ctx.textAlign = "center";
+    chart.data.datasets.forEach((dataset, i) => {
+      if (!dataset.counts || chart.getDatasetMeta(i).hidden) return;
+      chart.getDatasetMeta(i).data.forEach((bar, j) => {
+        if (dataset.data[j] !== null) ctx.fillText(dataset.counts[j], bar.x, bar.y - 4);
+      });
+    });
+    ctx.restore();
+  },
+};
+
 function drawChart(id, config) {
   if (charts[id]) charts[id].destroy();
   charts[id] = new Chart(document.getElementById(id), config);
@@ -135,11 +154,14 @@ function deploymentCard(d) {
 let deploymentsAsked = 0;
 let deploymentsDrawn = 0;
 
+let deploymentsInFlight = 0;
+
 async function loadDeployments() {
   const box = document.getElementById("deployments");
   const asked = ++deploymentsAsked;
+  deploymentsInFlight += 1;
   try {
-    const list = await api("/api/deployments");
+    const list = await api("/api/deployments").finally(() => { deploymentsInFlight -= 1; });
     if (asked < deploymentsDrawn) return;
     deploymentsDrawn = asked;
     box.replaceChildren(...(list.length ? list.map(deploymentCard)
@@ -202,6 +224,7 @@ function overlay(canvasId, title, xLabel, runs, seriesName) {
       animation: false, maintainAspectRatio: false,
       plugins: {
         title: { display: true, text: title },
+        legend: { labels: { usePointStyle: true, pointStyle: "line", pointStyleWidth: 36 } },
         tooltip: { callbacks: { afterLabel: (ctx) => {
           const s = ctx.dataset.spread[ctx.dataIndex];
           return s ? `min–max ${fmtNum(s[0])}–${fmtNum(s[1])}` : "";
@@ -233,9 +256,25 @@ async function drawBench(kind) {
   }
 }
 
+function benchHistory(runs) {
+  const put = (run, which) => el("button", { "data-put": which, onclick: () => {
+    document.getElementById(`${run.kind}-${which.toLowerCase()}`).value = String(run.id);
+    drawBench(run.kind);
+    document.getElementById(`${run.kind}-charts`).scrollIntoView();
+  } }, which);
+  document.getElementById("bench-history").replaceChildren(runs.length ? el("table", { id: "bench-runs" },
+    el("thead", {}, el("tr", {}, ["run", "kind", "label", "model", "engine", "deployment", "started (UTC)", "status", ""]
+      .map((h) => el("th", {}, h)))),
+    el("tbody", {}, runs.map((r) => el("tr", { "data-run": r.id },
+      el("td", {}, `#${r.id}`), el("td", {}, r.kind), el("td", {}, r.label || ""), el("td", {}, r.model || ""),
+      el("td", {}, r.engine || ""), el("td", {}, r.deployment || ""), el("td", {}, r.created_at),
+      el("td", {}, r.status), el("td", {}, put(r, "A"), " ", put(r, "B")))))) : null);
+}
+
 async function loadBench() {
   try {
     const runs = await api("/api/bench/runs");
+    benchHistory(runs);
     for (const kind of ["decode", "prefill"]) {
       const mine = runs.filter((r) => r.kind === kind);
       pickPair(`${kind}-a`, `${kind}-b`, mine, benchLabel, () => drawBench(kind));
@@ -274,6 +313,7 @@ async function drawQuality() {
     const cats = [...new Set(runs.flatMap(({ run }) => run.categories.map((c) => c.category)))];
     drawChart("quality-chart", {
       type: "bar",
+      plugins: [barCounts],
       data: {
         labels: cats,
         datasets: runs.map(({ run, which }, i) => {
@@ -289,7 +329,8 @@ async function drawQuality() {
         animation: false, maintainAspectRatio: false,
         plugins: { title: { display: true, text: "pass rate per category (%)" },
                    tooltip: { callbacks: { afterLabel: (ctx) => ctx.dataset.counts[ctx.dataIndex] } } },
-        scales: { y: { beginAtZero: true, max: 100, title: { display: true, text: "% passed" } } },
+        scales: { y: { beginAtZero: true, max: 110, title: { display: true, text: "% passed" },
+                       ticks: { callback: (v) => (v <= 100 ? v : "") } } },
       },
     });
     if (cmp) {
@@ -382,7 +423,8 @@ function route() {
   pollTimer = null;
   PAGES[name]();
   // Only the deployments page is live; the others change when a run is stored, not every second.
-  if (name === "deployments") pollTimer = setInterval(loadDeployments, POLL_MS);
+  // A poll waits for the previous one: unreachable nodes must not pile requests up on the server.
+  if (name === "deployments") pollTimer = setInterval(() => { if (!deploymentsInFlight) loadDeployments(); }, POLL_MS);
 }
 
 window.addEventListener("hashchange", route);
