@@ -7,6 +7,7 @@ the CLI starts, on the state store the CLI writes.
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 from collections.abc import Iterator
@@ -16,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.dashboard.conftest import start_dashboard
-from tests.integration.conftest import sparkfleet
+from tests.dashboard.conftest import free_port, start_dashboard
+from tests.integration.conftest import leftover_processes, sparkfleet, standin_recipe
 
 
 @contextmanager
@@ -128,3 +129,25 @@ def test_without_the_extras_the_command_says_what_to_install(tmp_path: Path) -> 
     out = sparkfleet("dashboard", "--port", "0", env=env, timeout=30)
     assert out.returncode == 2
     assert "pip install 'sparkfleet[dashboard]'" in out.stderr
+
+
+def test_restart_refuses_what_the_recipe_no_longer_plans(tmp_path: Path) -> None:
+    # Brought up with --set: the recipe alone would plan another port, so a restart from the
+    # recorded files would bring up something else. Refused, and nothing is stopped.
+    env = {"SPARKFLEET_STATE_DIR": str(tmp_path / "state")}
+    name = f"restart-guard-{os.getpid()}"
+    port = free_port()
+    recipe = standin_recipe(tmp_path / "r", nodes=1, port=free_port())
+    assert sparkfleet("up", str(recipe), "--name", name, "--set", f"port={port}", env=env).returncode == 0
+    try:
+        with served(tmp_path / "state") as url:
+            answer = httpx.post(
+                url + f"api/deployments/{name}/restart", headers={"X-Sparkfleet-Action": "1"}, timeout=60
+            )
+        assert answer.status_code == 400
+        assert "--set overrides" in answer.json()["error"]
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+        assert leftover_processes(name)
+    finally:
+        sparkfleet("down", name, env=env)
+    assert leftover_processes(name) == []

@@ -118,9 +118,11 @@ def down_deployment(store: Store, name: str) -> list[str]:
 def restart_deployment(store: Store, name: str) -> str:
     """Stop the deployment, then bring it up again from its recorded recipe and cluster files.
 
-    Like ``sparkfleet down NAME`` then ``sparkfleet up RECIPE [--cluster FILE] --name NAME``:
-    ``--set`` and ``--env`` values given to the first ``up`` are not recorded, so not re-applied.
-    Returns the endpoint once it serves again.
+    Like ``sparkfleet down NAME`` then ``sparkfleet up RECIPE [--cluster FILE] --name NAME``.
+    Refused, with nothing stopped, when the recipe and cluster no longer plan the recorded command
+    lines (``--set`` overrides are not recorded); ``--env`` values given to the first ``up`` are
+    not recorded either (they may be secrets), so not re-applied. Returns the endpoint once it
+    serves again.
     """
     record = _record(store, name)
     recipe_path = Path(record.recipe)
@@ -129,6 +131,14 @@ def restart_deployment(store: Store, name: str) -> str:
     # The local cluster is recorded by its description, not a file.
     cluster = load_cluster(None if record.cluster.startswith("(") else record.cluster)
     planned = plan(load_recipe(recipe_path), cluster, name)
+    # Refuse before stopping anything when the files no longer give what runs (--set at up, or
+    # edited since): restarting would silently bring up something else.
+    if [r.argv for r in planned.ranks] != [r.argv for r in record.ranks]:
+        raise SparkfleetError(
+            f"{name}: {record.recipe} on {record.cluster} no longer plans the command lines that run "
+            "(--set overrides at `up`, or the files changed); restart it with `sparkfleet down` and "
+            "`sparkfleet up` and the same options"
+        )
     records = Deployments(store)
     down(record, deployments=records)
     return up(planned, cluster, deployments=records).endpoint

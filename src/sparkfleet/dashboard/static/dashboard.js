@@ -104,7 +104,7 @@ async function deploymentAction(name, verb, button) {
   const what = verb === "down"
     ? `Stop every rank of ${name}? This is what \`sparkfleet down ${name}\` does.`
     : `Restart ${name}? It is stopped, then brought up again from its recorded recipe and cluster ` +
-      "(--set and --env values given to the first `up` are not re-applied).";
+      "(--env values given to the first `up` are not re-applied).";
   if (!(await confirmAction(what))) return;
   button.disabled = true;
   noteAction(name, verb === "down" ? "stopping…" : "restarting…", "muted");
