@@ -59,10 +59,11 @@ class EngineAdapter(Protocol):
 
 def flag_names(args: Sequence[str]) -> set[str]:
     """The option names in an argument list (``--a=b`` counts as ``--a``)."""
-    return {a.split("=", 1)[0] for a in args if a.startswith("-") and len(a) > 1 and not _number(a)}
+    return {a.split("=", 1)[0] for a in args if a.startswith("-") and len(a) > 1 and not is_number(a)}
 
 
-def _number(word: str) -> bool:
+def is_number(word: str) -> bool:
+    """True for words like ``-1`` or ``0.5`` that look like flags but are values."""
     try:
         float(word)
     except ValueError:

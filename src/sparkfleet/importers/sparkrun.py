@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from sparkfleet.engines.base import is_number
 from sparkfleet.errors import RecipeError
 from sparkfleet.importers.report import ImportResult, Note, comment_block, placeholder
 from sparkfleet.importers.toml_text import TomlDoc
@@ -169,7 +170,7 @@ def _split(engine: str, words: list[str]) -> tuple[list[str], list[list[str]], s
         head, positional = head[:2], head[2]
     groups: list[list[str]] = []
     for word in rest:
-        if word.startswith("-") and not _number(word):
+        if word.startswith("-") and not is_number(word):
             flag, sep, value = word.partition("=")
             groups.append([flag, value] if sep and word.startswith("--") else [word])
         elif groups:
@@ -177,14 +178,6 @@ def _split(engine: str, words: list[str]) -> tuple[list[str], list[list[str]], s
         else:
             groups.append([word])
     return head, groups, positional
-
-
-def _number(word: str) -> bool:
-    try:
-        float(word)
-    except ValueError:
-        return False
-    return True
 
 
 def import_sparkrun(file: SparkrunFile) -> ImportResult:
