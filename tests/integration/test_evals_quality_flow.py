@@ -36,9 +36,7 @@ Answerer = Callable[[Task], str]
 
 
 @contextmanager
-def scripted_server(
-    answer: Answerer, *, chat: str = "ok", seen: list[dict[str, Any]] | None = None
-) -> Iterator[str]:
+def scripted_server(answer: Answerer, *, chat: str = "ok", seen: list[dict[str, Any]] | None = None) -> Iterator[str]:
     """chat: "ok" answers chat, "empty" answers chat with nothing, "strict" refuses chat_template_kwargs."""
 
     class Handler(BaseHTTPRequestHandler):

@@ -65,12 +65,8 @@ def test_effective_length_is_the_longest_length_with_every_depth_passing() -> No
         _cell(2048, 0, True), _cell(2048, 50, False), _cell(2048, 100, True),
         _cell(4096, 0, True), _cell(4096, 50, True), _cell(4096, 100, True),
     )  # fmt: skip
-    run = NeedleRun(
-        "n", "n", "u", "m", "chat", "exact", 1, (1024, 2048, 4096), (0.0, 50.0, 100.0), (), "t", 1.0, cells
-    )
+    run = NeedleRun("n", "n", "u", "m", "chat", "exact", 1, (1024, 2048, 4096), (0.0, 50.0, 100.0), (), "t", 1.0, cells)
     assert run.effective_length == 4096
-    broken = NeedleRun(
-        "n", "n", "u", "m", "chat", "exact", 1, (1024,), (0.0,), (), "t", 1.0, (_cell(1024, 0, False),)
-    )
+    broken = NeedleRun("n", "n", "u", "m", "chat", "exact", 1, (1024,), (0.0,), (), "t", 1.0, (_cell(1024, 0, False),))
     assert broken.effective_length is None
     assert NeedleRun.from_json(run.to_json()) == run

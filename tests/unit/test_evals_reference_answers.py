@@ -227,9 +227,7 @@ JSON_WRONG = {
     "json_sorted_array": [[42, 25, 19, 7, 3], [3, 7, 19, 25]],
     "json_empty_values": [{"count": 0, "flag": "true", "nothing": None, "items": [], "label": ""}],
     "json_escape_path": [{"path": "C:\\temp\\new folder"}],
-    "json_inventory": [
-        [{"item": "hammer", "qty": 0}, {"item": "nails", "qty": 5}, {"item": "tape", "qty": 2}]
-    ],
+    "json_inventory": [[{"item": "hammer", "qty": 0}, {"item": "nails", "qty": 5}, {"item": "tape", "qty": 2}]],
     "json_letter_counts": [{"b": 1, "a": 2, "n": 2}],
     "json_date_parts": [{"year": "2024", "month": 3, "day": 15}],
     "json_primary_light": [{"colors": ["red", "blue", "green"]}],

@@ -42,8 +42,7 @@ def test_filters_by_category_and_id() -> None:
             "unknown key",
         ),
         (
-            '[[task]]\nid = "a"\ncategory = "code"\nprompt = "p"\n'
-            'check.entry = "f"\ncheck.tests = "assert ("\n',
+            '[[task]]\nid = "a"\ncategory = "code"\nprompt = "p"\ncheck.entry = "f"\ncheck.tests = "assert ("\n',
             "never closed",
         ),
         (
@@ -51,8 +50,7 @@ def test_filters_by_category_and_id() -> None:
             "must be one of",
         ),
         (
-            '[[task]]\nid = "a"\ncategory = "json"\nprompt = "p"\n'
-            'check.rules = [{path = "x", type = "float"}]\n',
+            '[[task]]\nid = "a"\ncategory = "json"\nprompt = "p"\ncheck.rules = [{path = "x", type = "float"}]\n',
             "type must be",
         ),
         ("[[task]\n", "task.toml"),

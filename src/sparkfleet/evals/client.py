@@ -78,9 +78,7 @@ class EvalClient:
 
     def _json(self, response: httpx.Response, path: str) -> dict[str, Any]:
         if response.status_code != 200:
-            raise EvalError(
-                f"{self.base_url}{path} returned HTTP {response.status_code}: {response.text[:300]}"
-            )
+            raise EvalError(f"{self.base_url}{path} returned HTTP {response.status_code}: {response.text[:300]}")
         try:
             body = response.json()
         except ValueError as exc:
@@ -177,9 +175,7 @@ class EvalClient:
         return self.complete(prompt, max_tokens=max_tokens)
 
     @staticmethod
-    def _reply(
-        raw: str, reasoning: str, choice: dict[str, Any], data: dict[str, Any], seconds: float
-    ) -> Reply:
+    def _reply(raw: str, reasoning: str, choice: dict[str, Any], data: dict[str, Any], seconds: float) -> Reply:
         content = strip_reasoning(raw)
         # Reasoning shows up in its own field or inline as <think>…</think>; both are counted.
         inline = len(raw.strip()) - len(content) if "think>" in raw.lower() else 0

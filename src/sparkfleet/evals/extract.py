@@ -15,9 +15,7 @@ _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _OPEN_THINK = re.compile(r"<think>.*\Z", re.DOTALL | re.IGNORECASE)
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _NUMBER = re.compile(r"[-+]?\$?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+")
-_ANSWER_CUE = re.compile(
-    r"(?:final answer|answer is|answer:|answer =|result is|result:|=|\*\*)", re.IGNORECASE
-)
+_ANSWER_CUE = re.compile(r"(?:final answer|answer is|answer:|answer =|result is|result:|=|\*\*)", re.IGNORECASE)
 
 
 def strip_reasoning(text: str) -> str:

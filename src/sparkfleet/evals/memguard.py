@@ -101,8 +101,7 @@ class GuardReport:
         out = [f"{node}: MemAvailable low-water {low / gib:.2f} GiB" for node, low in self.low_water.items()]
         if self.tripped:
             out.append(
-                f"TRIPPED on {self.tripped_node} below {self.floor_bytes / gib:.2f} GiB: "
-                + "; ".join(self.aborts)
+                f"TRIPPED on {self.tripped_node} below {self.floor_bytes / gib:.2f} GiB: " + "; ".join(self.aborts)
             )
         out.extend(f"sampling error: {e}" for e in self.errors)
         return out

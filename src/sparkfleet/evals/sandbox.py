@@ -123,9 +123,7 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
     """Run ``code`` in the sandbox and return what it did; never raises for the code's faults."""
     limits = limits or SandboxLimits()
     if len(code.encode()) > MAX_CODE_BYTES:
-        return SandboxResult(
-            1, "", f"code too large (> {MAX_CODE_BYTES} bytes)", False, False, 0.0, "", False
-        )
+        return SandboxResult(1, "", f"code too large (> {MAX_CODE_BYTES} bytes)", False, False, 0.0, "", False)
     base = Path(tempfile.mkdtemp(prefix="sparkfleet-sandbox-"))
     try:
         work = base / "work"

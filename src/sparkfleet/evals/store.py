@@ -90,8 +90,6 @@ def load_run(store: Store, ref: str, kind: str | None = None) -> dict[str, Any]:
         ).fetchone()
     if row is None:
         what = f"{kind} run" if kind else "eval run"
-        raise EvalError(
-            f"no {what} with id or label {ref!r} in {store.path}; `sparkfleet eval show` lists them"
-        )
+        raise EvalError(f"no {what} with id or label {ref!r} in {store.path}; `sparkfleet eval show` lists them")
     loaded: dict[str, Any] = json.loads(row[0])
     return loaded

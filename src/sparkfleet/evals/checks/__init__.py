@@ -32,9 +32,7 @@ def validate_check(category: str, spec: Mapping[str, Any]) -> None:
     _BY_CATEGORY[category].validate(spec)
 
 
-def score(
-    category: str, spec: Mapping[str, Any], answer: str, *, limits: SandboxLimits | None = None
-) -> Verdict:
+def score(category: str, spec: Mapping[str, Any], answer: str, *, limits: SandboxLimits | None = None) -> Verdict:
     """Judge an answer (reasoning already stripped) against the task's check."""
     if category == "code":
         return code.score(spec, answer, limits=limits)
