@@ -4,7 +4,8 @@ Takes an engine's argv (``--port P``, ``--node-rank R``, anything else ignored).
 GET /health, GET /v1/models and POST /v1/completions (answer " 42"); other ranks just stay up.
 Env knobs for faults: STANDIN_DELAY (seconds before serving), STANDIN_EXIT (exit with this code
 after the delay), STANDIN_LOG_LINE (an extra boot-log line), STANDIN_ANSWER, and
-STANDIN_FAULT_RANK (apply the delay, line and exit to this rank only).
+STANDIN_FAULT_RANK (apply the delay, line and exit to this rank only), STANDIN_HEAD_DELAY (rank 0
+waits this long before serving, whatever the fault rank).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def main() -> None:
         print("standin worker ready", flush=True)
         while True:
             time.sleep(3600)
+    time.sleep(float(os.environ.get("STANDIN_HEAD_DELAY", "0")))
     server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
     print("The server is fired up and ready to roll!", flush=True)
     server.serve_forever()

@@ -54,7 +54,7 @@ def test_up_status_logs_down(fleet4: LoopbackFleet, tmp_path: Path) -> None:
 
 def test_rank_exit_during_up_rolls_back_everywhere(fleet4: LoopbackFleet, tmp_path: Path) -> None:
     recipe = standin_recipe(tmp_path / "crash", nodes=4, port=free_port(),
-                            env={"STANDIN_FAULT_RANK": "2", "STANDIN_EXIT": "3", "STANDIN_DELAY": "1"})
+                            env={"STANDIN_FAULT_RANK": "2", "STANDIN_EXIT": "3", "STANDIN_HEAD_DELAY": "5"})
     out = sparkfleet("up", str(recipe), "--cluster", str(fleet4.cluster_file))
     assert out.returncode == 2
     assert "rank 2 on node2 exited with code 3" in out.stderr
