@@ -80,10 +80,7 @@ class ReplayServer:
                 head = await reader.readuntil(b"\r\n\r\n")
                 lines = head.decode("latin-1").split("\r\n")
                 method, path, _ = lines[0].split(" ", 2)
-                headers = {
-                    k.strip().lower(): v.strip()
-                    for k, v in (ln.split(":", 1) for ln in lines[1:] if ":" in ln)
-                }
+                headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:] if ":" in ln)}
                 length = int(headers.get("content-length", "0"))
                 raw = await reader.readexactly(length) if length else b""
                 await self._route(method, path, raw, writer)
@@ -109,9 +106,7 @@ class ReplayServer:
         elif method == "POST" and path == "/tokenize" and script.tokenize:
             body = json.loads(raw or b"{}")
             n = len(prompt_text(body)) // 4
-            await self._json(
-                writer, 200, {"count": n, "max_model_len": script.max_model_len, "tokens": list(range(n))}
-            )
+            await self._json(writer, 200, {"count": n, "max_model_len": script.max_model_len, "tokens": list(range(n))})
         elif method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
             body = json.loads(raw or b"{}")
             self.bodies.append(body)
@@ -143,9 +138,7 @@ class ReplayServer:
             n = min(n, script.stop_early_at)
         prefill = (prompt_tokens - cached) / script.prefill_rate if script.prefill_rate else 0.0
         continuous = bool((body.get("stream_options") or {}).get("continuous_usage_stats"))
-        writer.write(
-            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-        )
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
         loop = asyncio.get_running_loop()
         t0 = loop.time()
 
@@ -240,9 +233,7 @@ class BlastServer(ReplayServer):
         script = self._script_for(body)
         n = script.tokens if script.tokens is not None else int(body.get("max_tokens", 16))
         payload = _blast_payload(n, chat, script.model)
-        writer.write(
-            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-        )
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
         writer.write(payload)
         await writer.drain()
 

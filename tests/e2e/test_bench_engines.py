@@ -166,9 +166,7 @@ def test_decode_on_vllm_generates_exact_lengths_and_stores_everything(vllm_url: 
 def test_prefill_on_vllm_clips_to_context_and_nothing_is_cached(vllm_url: str, tmp_path: Path) -> None:
     ctx = httpx.get(f"{vllm_url}/v1/models").json()["data"][0]["max_model_len"]
     assert ctx < 64 * 1024
-    out = sparkfleet(
-        "bench", "prefill", vllm_url, "--lengths", "512,1k,64k", "--repeats", "2", state=tmp_path
-    )
+    out = sparkfleet("bench", "prefill", vllm_url, "--lengths", "512,1k,64k", "--repeats", "2", state=tmp_path)
     assert out.returncode == 0, out.stderr
     assert f"exceed the context of {ctx} tokens" in out.stderr
     bench = BenchStore(Store(tmp_path / "state.db"))
@@ -234,9 +232,7 @@ def llama_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         _stop(proc)
 
 
-def test_llama_cpp_python_without_stream_usage_is_refused_with_the_reason(
-    llama_url: str, tmp_path: Path
-) -> None:
+def test_llama_cpp_python_without_stream_usage_is_refused_with_the_reason(llama_url: str, tmp_path: Path) -> None:
     # llama-cpp-python's server sends no usage in streams; counting chunks instead is the flaw
     # this bench exists to avoid, so it says what is missing instead of guessing.
     out = sparkfleet(

@@ -54,9 +54,7 @@ def test_decode_figures_match_the_scripted_timing() -> None:
     script = Script(base_ttft=0.1, itl=0.02)
     with ReplayServer(script).running() as srv:
         endpoint = resolve_endpoint(srv.url)
-        config = DecodeConfig(
-            concurrency=(1, 4), prompt_types=("prose",), new_tokens=60, repeats=2, warmup_tokens=4
-        )
+        config = DecodeConfig(concurrency=(1, 4), prompt_types=("prose",), new_tokens=60, repeats=2, warmup_tokens=4)
         runs = asyncio.run(run_decode(endpoint, config))
     assert [(r.tier, r.repeat) for r in runs] == [
         ("prose/c1", 0),
@@ -136,9 +134,7 @@ def test_without_tokenize_prompts_are_sized_by_calibration_and_never_pre_sent() 
     script = Script(base_ttft=0.01, prefill_rate=500_000, tokenize=False)
     with ReplayServer(script).running() as srv:
         endpoint = resolve_endpoint(srv.url)
-        runs = asyncio.run(
-            run_prefill(endpoint, PrefillConfig(lengths=(2048, 8192), repeats=1, warmup=False))
-        )
+        runs = asyncio.run(run_prefill(endpoint, PrefillConfig(lengths=(2048, 8192), repeats=1, warmup=False)))
     for run in runs:
         assert run.sample.cached_tokens == 0
         assert run.sample.prompt_tokens == pytest.approx(run.length, rel=0.02)

@@ -10,9 +10,7 @@ from sparkfleet.bench.client import RequestSpec, _StreamParser, request_body
 
 
 def sse(*events: object) -> bytes:
-    return b"".join(
-        b"data: " + (e if isinstance(e, bytes) else json.dumps(e).encode()) + b"\n\n" for e in events
-    )
+    return b"".join(b"data: " + (e if isinstance(e, bytes) else json.dumps(e).encode()) + b"\n\n" for e in events)
 
 
 ROLE = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
@@ -68,9 +66,7 @@ def test_any_split_of_the_byte_stream_parses_the_same(cut: int) -> None:
 
 
 def test_reasoning_counts_as_generated_output() -> None:
-    stream = sse(
-        ROLE, {"choices": [{"index": 0, "delta": {"reasoning_content": "Hmm"}}]}, content("ok", "stop"), USAGE
-    )
+    stream = sse(ROLE, {"choices": [{"index": 0, "delta": {"reasoning_content": "Hmm"}}]}, content("ok", "stop"), USAGE)
     parser = _StreamParser("chat")
     parser.feed(stream[: stream.index(b"Hmm") + 10], 1.0)
     parser.feed(stream[stream.index(b"Hmm") + 10 :], 2.0)

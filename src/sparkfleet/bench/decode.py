@@ -184,8 +184,7 @@ async def run_decode(
                     _raise_if_all_failed(endpoint, tier, recs)
                 for rep in range(config.repeats):
                     specs = [
-                        _spec(config, endpoint, decode_prompt(kind, i), config.new_tokens, exact)
-                        for i in range(n)
+                        _spec(config, endpoint, decode_prompt(kind, i), config.new_tokens, exact) for i in range(n)
                     ]
                     progress.start(f"{tier} run {rep + 1}/{config.repeats}", n)
                     recs = await run_concurrent(client, endpoint, specs, conc, progress.advance)

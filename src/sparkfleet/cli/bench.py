@@ -38,9 +38,7 @@ from sparkfleet.bench.store import BenchStore
 from sparkfleet.cli.console import console, err_console
 from sparkfleet.errors import BenchError
 
-bench_app = typer.Typer(
-    help="Decode and prefill benchmarks, history, comparison and export.", no_args_is_help=True
-)
+bench_app = typer.Typer(help="Decode and prefill benchmarks, history, comparison and export.", no_args_is_help=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -114,9 +112,7 @@ def _progress_bar() -> Progress:
     )
 
 
-def _execute(
-    bench: BenchStore, run_id: int, work: Callable[[RichProgress], Coroutine[Any, Any, Any]]
-) -> None:
+def _execute(bench: BenchStore, run_id: int, work: Callable[[RichProgress], Coroutine[Any, Any, Any]]) -> None:
     """Run ``work``; mark the run complete, or partial on Ctrl-C / BenchError (then re-raise)."""
     with _progress_bar() as bar:
         try:
@@ -137,9 +133,7 @@ def _execute(
 # ---------------------------------------------------------------- decode / prefill
 
 Target = Annotated[str, typer.Argument(help="Deployment name, or the server's URL (http://host:port).")]
-ModelOpt = Annotated[
-    str | None, typer.Option("--model", help="Model id (default: the first of GET /v1/models).")
-]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Model id (default: the first of GET /v1/models).")]
 LabelOpt = Annotated[str | None, typer.Option("--label", help="A label stored with the run.")]
 ExtraOpt = Annotated[
     str | None,
@@ -152,9 +146,9 @@ def decode_cmd(
     target: Target,
     model: ModelOpt = None,
     concurrency: Annotated[str, typer.Option(help="Concurrency tiers.")] = "1,2,4,8,16",
-    types: Annotated[
-        str, typer.Option("--types", help=f"Prompt types: {','.join(PROMPT_TYPES)}.")
-    ] = ",".join(PROMPT_TYPES),
+    types: Annotated[str, typer.Option("--types", help=f"Prompt types: {','.join(PROMPT_TYPES)}.")] = ",".join(
+        PROMPT_TYPES
+    ),
     tokens: Annotated[int, typer.Option(help="New tokens per request (exactly).")] = 256,
     repeats: Annotated[int, typer.Option(help="Measured runs per tier.")] = 3,
     waves: Annotated[int, typer.Option(help="Requests per run = concurrency x waves.")] = 1,
@@ -195,9 +189,7 @@ def decode_cmd(
         bench.add_sample(run_id, run.tier, run.repeat, run.stats, run.records)
 
     def store_exact(exact: ExactLength) -> None:
-        bench.update_meta(
-            run_id, exact_length={"enforced": exact.enforced, "params": exact.params, "note": exact.note}
-        )
+        bench.update_meta(run_id, exact_length={"enforced": exact.enforced, "params": exact.params, "note": exact.note})
         if not exact.enforced:
             err_console.print(f"[yellow]warning:[/] {exact.note}")
 
@@ -368,9 +360,7 @@ def compare_cmd(
     run_a, tiers_a = _tiers(bench, bench.resolve(a))
     run_b, tiers_b = _tiers(bench, bench.resolve(b))
     if run_a.kind != run_b.kind:
-        raise BenchError(
-            f"run {run_a.id} is {run_a.kind} and run {run_b.id} is {run_b.kind}: compare like with like"
-        )
+        raise BenchError(f"run {run_a.id} is {run_a.kind} and run {run_b.id} is {run_b.kind}: compare like with like")
     rows = compare(tiers_a, tiers_b)
     if not rows:
         raise BenchError(f"runs {run_a.id} and {run_b.id} have no tier in common")
@@ -392,9 +382,7 @@ def compare_cmd(
 def export_cmd(
     run: Annotated[str, typer.Argument(help="Run id, 'last' or 'last~N'.")],
     fmt_: Annotated[str, typer.Option("--format", "-f", help="json, csv, md or png.")] = "json",
-    output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="File to write (default: stdout).")
-    ] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="File to write (default: stdout).")] = None,
 ) -> None:
     """Export a run: JSON (vLLM key names where they exist), CSV, Markdown tables, or a PNG plot."""
     bench = BenchStore()
