@@ -171,6 +171,7 @@ def test_full_quality_run_on_llamacpp(llama_url: str, capsys: pytest.CaptureFixt
     print(f"full quality run: {data['summary']['passed']}/{data['summary']['total']} in {data['wall_s']:.0f} s")
 
 
+@pytest.mark.slow
 def test_needle_grid_on_llamacpp(llama_url: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     png = tmp_path / "needle.png"
     out = _cli(
