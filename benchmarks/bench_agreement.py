@@ -266,6 +266,7 @@ def main() -> None:
     parser.add_argument("--waves", type=int, default=2, help="requests per tier = concurrency x waves")
     parser.add_argument("--repeats", type=int, default=7, help="alternating repeats per tool")
     parser.add_argument("--skip-repeatability", action="store_true")
+    parser.add_argument("--skip-agreement", action="store_true")
     args = parser.parse_args()
     tiers = [int(t) for t in args.tiers.split(",")]
 
@@ -275,65 +276,66 @@ def main() -> None:
     try:
         endpoint = resolve_endpoint(url)
         print(f"server: {endpoint.model} at {url} ({endpoint.engine} {endpoint.engine_version})", flush=True)
-        t0 = time.monotonic()
-        driver = drivers[0] = VllmBench()
-        print(f"vLLM benchmark driver ready in {time.monotonic() - t0:.0f} s", flush=True)
-        prompts = Prompts()
-        rows = []
-        with tempfile.TemporaryDirectory() as tmp:
-            for conc in tiers:
-                mine, vllm_runs = [], []
-                for rep in range(args.repeats):
-                    n = conc * args.waves
-                    order = ("ours", "vllm") if rep % 2 == 0 else ("vllm", "ours")
-                    for tool in order:
-                        batch, warm = prompts.take(n), prompts.take(conc)
-                        if tool == "ours":
-                            mine.append(asyncio.run(ours(endpoint, batch, warm, conc, args.tokens)))
-                        else:
-                            vllm_runs.append(theirs(driver, endpoint, batch, warm, conc, args.tokens, Path(tmp)))
-                    m, v = mine[-1], vllm_runs[-1]
-                    print(
-                        f"c{conc} repeat {rep + 1}: ours {m['output_throughput']:.2f} tok/s "
-                        f"TTFT {m['median_ttft_ms']:.0f} ms | vllm bench serve "
-                        f"{v['output_throughput']:.2f} tok/s TTFT {v['median_ttft_ms']:.0f} ms "
-                        f"(input tokens {m['total_input_tokens']} vs {v['total_input_tokens']}, "
-                        f"output {m['total_output_tokens']} vs {v['total_output_tokens']})",
-                        flush=True,
-                    )
-                rows.append((conc, mine, vllm_runs))
-        driver.close()
+        if not args.skip_agreement:
+            t0 = time.monotonic()
+            driver = drivers[0] = VllmBench()
+            print(f"vLLM benchmark driver ready in {time.monotonic() - t0:.0f} s", flush=True)
+            prompts = Prompts()
+            rows = []
+            with tempfile.TemporaryDirectory() as tmp:
+                for conc in tiers:
+                    mine, vllm_runs = [], []
+                    for rep in range(args.repeats):
+                        n = conc * args.waves
+                        order = ("ours", "vllm") if rep % 2 == 0 else ("vllm", "ours")
+                        for tool in order:
+                            batch, warm = prompts.take(n), prompts.take(conc)
+                            if tool == "ours":
+                                mine.append(asyncio.run(ours(endpoint, batch, warm, conc, args.tokens)))
+                            else:
+                                vllm_runs.append(theirs(driver, endpoint, batch, warm, conc, args.tokens, Path(tmp)))
+                        m, v = mine[-1], vllm_runs[-1]
+                        print(
+                            f"c{conc} repeat {rep + 1}: ours {m['output_throughput']:.2f} tok/s "
+                            f"TTFT {m['median_ttft_ms']:.0f} ms | vllm bench serve "
+                            f"{v['output_throughput']:.2f} tok/s TTFT {v['median_ttft_ms']:.0f} ms "
+                            f"(input tokens {m['total_input_tokens']} vs {v['total_input_tokens']}, "
+                            f"output {m['total_output_tokens']} vs {v['total_output_tokens']})",
+                            flush=True,
+                        )
+                    rows.append((conc, mine, vllm_runs))
+            driver.close()
 
-        print(
-            "\nAgreement with vllm bench serve. Ratio = ours / vLLM, taken per alternating pair (ours and"
-            " vLLM back to back), median over the pairs: pairing cancels the drift of a busy machine."
-            " The ratio of the two medians is shown too."
-        )
-        print(
-            f"{'tier':>5} | {'ours tok/s':>10} | {'vLLM tok/s':>10} | {'ratio':>6} ({'of med':>6}) | "
-            f"{'ours TTFT ms':>12} | {'vLLM TTFT ms':>12} | {'ratio':>6} ({'of med':>6}) | verdict"
-        )
-        worst = 0.0
-        for conc, mine, vllm_runs in rows:
-            pairs = list(zip(mine, vllm_runs, strict=True))
-            tps = [(float(m["output_throughput"]), float(v["output_throughput"])) for m, v in pairs]
-            ttft = [(float(m["median_ttft_ms"]), float(v["median_ttft_ms"])) for m, v in pairs]
-            a, b = statistics.median(x for x, _ in tps), statistics.median(y for _, y in tps)
-            ta, tb = statistics.median(x for x, _ in ttft), statistics.median(y for _, y in ttft)
-            r1 = statistics.median(x / y for x, y in tps)
-            r2 = statistics.median(x / y for x, y in ttft)
-            worst = max(worst, abs(r1 - 1), abs(r2 - 1))
-            ok = "within 5 %" if max(abs(r1 - 1), abs(r2 - 1)) <= BAR else "OUTSIDE 5 %"
-            tier = f"c{conc}"
             print(
-                f"{tier:>5} | {a:10.2f} | {b:10.2f} | {r1:6.3f} ({a / b:6.3f}) | {ta:12.1f} | {tb:12.1f} | "
-                f"{r2:6.3f} ({ta / tb:6.3f}) | {ok}"
+                "\nAgreement with vllm bench serve. Ratio = ours / vLLM, taken per alternating pair (ours and"
+                " vLLM back to back), median over the pairs: pairing cancels the drift of a busy machine."
+                " The ratio of the two medians is shown too."
             )
-        print(
-            f"bar: output tok/s and median TTFT within {BAR:.0%} of vllm bench serve: "
-            f"{'PASS' if worst <= BAR else 'FAIL'} (largest deviation {worst:.1%})",
-            flush=True,
-        )
+            print(
+                f"{'tier':>5} | {'ours tok/s':>10} | {'vLLM tok/s':>10} | {'ratio':>6} ({'of med':>6}) | "
+                f"{'ours TTFT ms':>12} | {'vLLM TTFT ms':>12} | {'ratio':>6} ({'of med':>6}) | verdict"
+            )
+            worst = 0.0
+            for conc, mine, vllm_runs in rows:
+                pairs = list(zip(mine, vllm_runs, strict=True))
+                tps = [(float(m["output_throughput"]), float(v["output_throughput"])) for m, v in pairs]
+                ttft = [(float(m["median_ttft_ms"]), float(v["median_ttft_ms"])) for m, v in pairs]
+                a, b = statistics.median(x for x, _ in tps), statistics.median(y for _, y in tps)
+                ta, tb = statistics.median(x for x, _ in ttft), statistics.median(y for _, y in ttft)
+                r1 = statistics.median(x / y for x, y in tps)
+                r2 = statistics.median(x / y for x, y in ttft)
+                worst = max(worst, abs(r1 - 1), abs(r2 - 1))
+                ok = "within 5 %" if max(abs(r1 - 1), abs(r2 - 1)) <= BAR else "OUTSIDE 5 %"
+                tier = f"c{conc}"
+                print(
+                    f"{tier:>5} | {a:10.2f} | {b:10.2f} | {r1:6.3f} ({a / b:6.3f}) | {ta:12.1f} | {tb:12.1f} | "
+                    f"{r2:6.3f} ({ta / tb:6.3f}) | {ok}"
+                )
+            print(
+                f"bar: output tok/s and median TTFT within {BAR:.0%} of vllm bench serve: "
+                f"{'PASS' if worst <= BAR else 'FAIL'} (largest deviation {worst:.1%})",
+                flush=True,
+            )
 
         if not args.skip_repeatability:
             repeatability(endpoint, tiers, args.tokens)

@@ -2,7 +2,8 @@
 
 A tier summary gives the median and min–max of a figure over the tier's measured repeats; a tier
 whose headline figure spreads more than 10 % is flagged. ``compare`` calls a difference real when
-the two runs' min–max ranges do not overlap: then no repeat of one run reached the other's.
+it exceeds the runs' spread: the two medians differ by more than the wider of the two min–max
+ranges. (A run that spreads widely is flagged, and cannot tell small differences apart.)
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ class TierComparison:
     a: Spread
     b: Spread
     ratio: float | None  # b / a of the medians
-    exceeds_spread: bool  # the runs' min–max ranges do not overlap
+    exceeds_spread: bool  # |median B − median A| > the wider min–max range of the two
 
 
 def compare(a: Sequence[TierSummary], b: Sequence[TierSummary]) -> list[TierComparison]:
@@ -139,13 +140,10 @@ def compare(a: Sequence[TierSummary], b: Sequence[TierSummary]) -> list[TierComp
             continue
         x, y = ta.headline, tb.headline
         ratio = y.median / x.median if x.median and y.median is not None else None
-        apart = (
-            x.low is not None
-            and y.low is not None
-            and x.high is not None
-            and y.high is not None
-            and (y.low > x.high or x.low > y.high)
-        )
+        apart = False
+        if None not in (x.median, y.median, x.low, x.high, y.low, y.high):
+            spread = max(x.high - x.low, y.high - y.low)  # type: ignore[operator]
+            apart = abs(y.median - x.median) > spread  # type: ignore[operator]
         out.append(TierComparison(ta.tier, x, y, ratio, bool(apart)))
     return out
 
