@@ -119,3 +119,21 @@ def test_run_references(bench: BenchStore) -> None:
         bench.resolve("yesterday")
     with pytest.raises(BenchError, match="no bench run 99"):
         bench.get_run(99)
+
+
+def test_a_one_percent_difference_inside_the_spread_is_not_called_real() -> None:
+    # Measured back to back on vLLM CPU: the ranges just miss each other, the medians differ by
+    # 1 %, far less than run A's 8 % range: within spread.
+    from sparkfleet.bench.report import TierSummary
+    from sparkfleet.bench.stats import Spread
+
+    def tier(values: list[float]) -> TierSummary:
+        empty = Spread.of(())
+        s = Spread.of(values)
+        return TierSummary("prose/c1", "decode", "prose", 1, None, len(values), s, empty, empty, empty, empty,
+                           empty, empty, empty, 0, 0, 0, tuple(values))  # fmt: skip
+
+    (row,) = compare([tier([41.45, 44.64, 44.82])], [tier([45.00, 45.10, 45.94])])
+    assert not row.exceeds_spread
+    (row,) = compare([tier([41.45, 44.64, 44.82])], [tier([50.0, 50.5, 51.0])])
+    assert row.exceeds_spread
