@@ -75,3 +75,15 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     with loopback_fleet(2, tmp_path_factory.mktemp("vllm-fleet"), shared_hf_cache=HUB.parent) as fleet:
         yield from _up("gemma-vllm-2node", ROOT / "examples" / "gemma-vllm-2node",
                        tmp_path_factory.mktemp("vllm-state"), fleet.cluster_file, "gemma3-270m")  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def llama_url(llama_server: Served) -> str:
+    """The llama.cpp example's endpoint (one deployment for every e2e test)."""
+    return llama_server.endpoint
+
+
+@pytest.fixture(scope="session")
+def vllm_url(vllm_server: Served) -> str:
+    """The 2-node vLLM example's endpoint (one deployment for every e2e test)."""
+    return vllm_server.endpoint

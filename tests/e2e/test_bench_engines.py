@@ -11,12 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -28,76 +24,6 @@ from sparkfleet.state import Store
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-CACHE = Path(os.environ.get("SPARKFLEET_CACHE", Path.home() / ".cache" / "sparkfleet"))
-HUB = Path(os.environ.get("HF_HUB_CACHE", Path.home() / ".cache" / "huggingface" / "hub"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait(url: str, proc: subprocess.Popen[bytes], log: Path, limit: float) -> None:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    pytest.fail(f"server not ready after {limit} s:\n{log.read_text()[-3000:]}")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-
-
-@pytest.fixture(scope="module")
-def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if os.environ.get("SPARKFLEET_E2E_VLLM_URL"):
-        yield os.environ["SPARKFLEET_E2E_VLLM_URL"]
-        return
-    vllm = CACHE / "venv-vllm" / "bin" / "vllm"
-    snaps = sorted((HUB / "models--sparkfleet--gemma3-270m" / "snapshots").glob("*/config.json"))
-    if not vllm.exists():
-        pytest.skip(f"no vLLM CPU venv at {vllm.parent.parent}: run scripts/setup-engines.sh vllm")
-    if not snaps:
-        pytest.skip("no prepared Gemma 3 270M HF copy: run scripts/prepare-model.py (docs/setup.md)")
-    port = _free_port()
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-    argv = [
-        str(vllm),
-        "serve",
-        str(snaps[-1].parent),
-        "--served-model-name",
-        "gemma3-270m",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--max-model-len",
-        "2048",
-        "--dtype",
-        "bfloat16",
-        "--enable-prompt-tokens-details",
-    ]
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        _wait(f"http://127.0.0.1:{port}/health", proc, log, 900)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        _stop(proc)
 
 
 def sparkfleet(*args: str, state: Path) -> subprocess.CompletedProcess[str]:
@@ -194,42 +120,6 @@ def test_vllm_reports_a_repeated_prompt_as_cached(vllm_url: str) -> None:
     first, second = asyncio.run(twice())
     assert first.ok and second.ok
     assert (second.cached_tokens or 0) > 0
-
-
-@pytest.fixture(scope="module")
-def llama_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    py = CACHE / "venv-llama" / "bin" / "python"
-    ggufs = sorted((HUB / "models--sparkfleet--gemma3-270m-gguf" / "snapshots").glob("*/*.gguf"))
-    if not py.exists():
-        pytest.skip(f"no llama.cpp venv at {py.parent.parent}: run scripts/setup-engines.sh llama")
-    if not ggufs:
-        pytest.skip("no Gemma 3 270M GGUF: run scripts/prepare-model.py (docs/setup.md)")
-    port = _free_port()
-    log = tmp_path_factory.mktemp("llama") / "llama.log"
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(
-            [
-                str(py),
-                "-m",
-                "llama_cpp.server",
-                "--model",
-                str(ggufs[-1]),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--n_ctx",
-                "2048",
-            ],
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        _wait(f"http://127.0.0.1:{port}/v1/models", proc, log, 120)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        _stop(proc)
 
 
 def test_llama_cpp_python_without_stream_usage_is_refused_with_the_reason(llama_url: str, tmp_path: Path) -> None:

@@ -34,9 +34,3 @@ def test_vllm_two_node_example_serves_with_a_headless_rank(vllm_server: Served) 
     logs = vllm_server.cli("logs", "gemma-vllm-2node", "--rank", "1", "--tail", "400").stdout
     assert "headless" in logs  # rank 1 really joined as a headless TP worker
 
-
-def test_both_engines_agree_greedily(llama_server: Served, vllm_server: Served) -> None:
-    """A wrong GGUF → safetensors conversion shows as greedy outputs that part early."""
-    for prompt in ("def fibonacci(n):", "The capital of France is Paris. The capital of Germany is"):
-        a, b = _complete(llama_server, prompt, 8), _complete(vllm_server, prompt, 8)
-        assert a.split()[:3] == b.split()[:3], (prompt, a, b)

@@ -6,17 +6,9 @@ here the way docs/setup.md says. Skipped, with the reason, when a venv or the mo
 
 from __future__ import annotations
 
-import glob
 import json
-import os
-import signal
-import socket
-import subprocess
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from sparkfleet.cli.main import main
@@ -30,110 +22,8 @@ from sparkfleet.state import Store
 
 pytestmark = pytest.mark.e2e
 
-CACHE = Path(os.environ.get("SPARKFLEET_CACHE", Path.home() / ".cache" / "sparkfleet"))
-HUB = Path(os.environ.get("HF_HUB_CACHE", Path.home() / ".cache" / "huggingface" / "hub"))
-LLAMA_PY = CACHE / "venv-llama" / "bin" / "python"
-VLLM = CACHE / "venv-vllm" / "bin" / "vllm"
 # One task per category, quick on CPU.
 SUBSET = "math_multiply,format_one_word,json_date_parts,code_count_vowels,reason_weekday,prose_market"
-
-
-def _one(pattern: str) -> str | None:
-    found = sorted(glob.glob(str(HUB / pattern)))
-    return found[0] if found else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _serve(
-    argv: list[str], ready_path: str, log: Path, timeout: float, env: dict[str, str] | None = None
-) -> Iterator[str]:
-    port = int(argv[argv.index("--port") + 1])
-    url = f"http://127.0.0.1:{port}"
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(
-            argv,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, **(env or {})},
-        )
-    try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"{argv[0]} exited {proc.returncode}: {log.read_text()[-2000:]}")
-            try:
-                if httpx.get(url + ready_path, timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        else:
-            pytest.fail(f"server not ready in {timeout}s: {log.read_text()[-2000:]}")
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-@pytest.fixture(scope="module")
-def llama_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    gguf = _one("models--sparkfleet--gemma3-270m-gguf/snapshots/*/gemma-3-270m-Q4_K_M.gguf")
-    if not LLAMA_PY.exists():
-        pytest.skip(f"no llama.cpp venv at {LLAMA_PY}: run scripts/setup-engines.sh llama")
-    if gguf is None:
-        pytest.skip("no Gemma 3 270M GGUF in the HF cache: run scripts/prepare-model.py")
-    argv = [
-        str(LLAMA_PY),
-        "-m",
-        "llama_cpp.server",
-        "--model",
-        gguf,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(_free_port()),
-        "--n_ctx",
-        "4096",
-        "--model_alias",
-        "gemma3-270m",
-    ]
-    yield from _serve(argv, "/v1/models", tmp_path_factory.mktemp("llama") / "server.log", 180)
-
-
-@pytest.fixture(scope="module")
-def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    hf = _one("models--sparkfleet--gemma3-270m/snapshots/*/config.json")
-    if not VLLM.exists():
-        pytest.skip(f"no vLLM CPU venv at {VLLM}: run scripts/setup-engines.sh vllm")
-    if hf is None:
-        pytest.skip("no Gemma 3 270M HF conversion in the HF cache: run scripts/prepare-model.py")
-    argv = [
-        str(VLLM),
-        "serve",
-        str(Path(hf).parent),
-        "--served-model-name",
-        "gemma3-270m",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(_free_port()),
-        "--max-model-len",
-        "2048",
-        "--dtype",
-        "float32",
-    ]
-    env = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-    yield from _serve(argv, "/health", tmp_path_factory.mktemp("vllm") / "server.log", 420, env)
 
 
 def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
