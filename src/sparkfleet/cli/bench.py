@@ -36,6 +36,7 @@ from sparkfleet.bench.report import (
 )
 from sparkfleet.bench.store import BenchStore
 from sparkfleet.cli.console import console, err_console
+from sparkfleet.cli.int_lists import parse_int_list
 from sparkfleet.errors import BenchError
 
 bench_app = typer.Typer(help="Decode and prefill benchmarks, history, comparison and export.", no_args_is_help=True)
@@ -51,19 +52,7 @@ def register(app: typer.Typer) -> None:
 
 def parse_ints(text: str, what: str) -> tuple[int, ...]:
     """``1,2,4`` or ``4k,16k`` (k = 1024) → a tuple of positive ints."""
-    out = []
-    for part in text.split(","):
-        part = part.strip().lower()
-        if not part:
-            continue
-        mult = 1024 if part.endswith("k") else 1
-        num = part[:-1] if part.endswith("k") else part
-        if not num.isdigit() or int(num) <= 0:
-            raise BenchError(f"bad {what} {part!r}: give positive integers separated by commas, e.g. 1,2,4")
-        out.append(int(num) * mult)
-    if not out:
-        raise BenchError(f"no {what} given")
-    return tuple(out)
+    return parse_int_list(text, what, BenchError)
 
 
 def parse_extra(text: str | None) -> dict[str, Any]:

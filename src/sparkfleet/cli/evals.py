@@ -11,6 +11,7 @@ from rich.table import Table
 
 from sparkfleet.bench.endpoint import resolve_endpoint
 from sparkfleet.cli.console import console, err_console
+from sparkfleet.cli.int_lists import parse_int_list
 from sparkfleet.cluster import load_cluster
 from sparkfleet.errors import EvalError
 from sparkfleet.evals.checks import CATEGORIES
@@ -163,22 +164,6 @@ def compare(
     _print_comparison(compare_runs(run_a, run_b))
 
 
-def _ints(text: str, what: str) -> tuple[int, ...]:
-    out = []
-    for part in text.split(","):
-        part = part.strip().lower()
-        if not part:
-            continue
-        mult = 1024 if part.endswith("k") else 1
-        num = part[:-1] if part.endswith("k") else part
-        if not num.isdigit():
-            raise EvalError(f"bad {what} {part!r}: give integers separated by commas (e.g. 1k,2k,4k)")
-        out.append(int(num) * mult)
-    if not out:
-        raise EvalError(f"no {what} given")
-    return tuple(out)
-
-
 def _print_needle(run: NeedleRun, png: Path | None) -> None:
     table = Table(title=f"needle {run.label}: effective length {run.effective_length or 'none'} tokens")
     table.add_column("tokens \\ depth %")
@@ -231,8 +216,8 @@ def needle(
     try:
         run = run_needle(
             client,
-            lengths=_ints(lengths, "length"),
-            depths=tuple(float(d) for d in _ints(depths, "depth")),
+            lengths=parse_int_list(lengths, "length", EvalError),
+            depths=tuple(float(d) for d in parse_int_list(depths, "depth", EvalError, minimum=0)),
             context=endpoint.max_model_len,
             label=label,
             seed=seed,

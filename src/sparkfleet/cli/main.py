@@ -17,6 +17,7 @@ import typer
 from rich.markup import escape
 
 from sparkfleet.errors import SparkfleetError
+from sparkfleet.state import state_dir
 
 # Each module exposes register(app); the order here is the order of `sparkfleet --help`.
 # Keyed by the command names each one adds, so a run imports only the module it needs.
@@ -61,8 +62,6 @@ def build_app(argv: list[str] | None = None) -> typer.Typer:
 
 
 def _crash_log() -> Path:
-    from sparkfleet.state import state_dir
-
     return state_dir() / "crash.log"
 
 
@@ -73,7 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=os.environ.get("SPARKFLEET_LOG", "WARNING"))
     try:
         args = sys.argv[1:] if argv is None else argv
-        build_app(args)(args=args, standalone_mode=False)
+        # Without standalone mode click returns a command's exit code (e.g. 130 after Ctrl-C).
+        code = build_app(args)(args=args, standalone_mode=False)
     except SparkfleetError as exc:
         err_console.print(f"[bold red]error:[/] {escape(exc.message)}", soft_wrap=True)
         sys.exit(EXIT_USER_ERROR)
@@ -104,8 +104,8 @@ def main(argv: list[str] | None = None) -> None:
             fh.write(traceback.format_exc() + "\n")
         err_console.print(f"[bold red]internal error:[/] {exc!r} (traceback in {log})")
         sys.exit(1)
-    else:
-        return None
+    if isinstance(code, int) and code != 0:
+        sys.exit(code)
 
 
 if __name__ == "__main__":
