@@ -47,10 +47,10 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 SFTP_SERVER = next(
@@ -254,11 +254,10 @@ class LoopbackFleet:
         node = self.nodes[i]
         if node.running:
             return node
-        log = open(node.log_file, "ab")
-        node.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(node.sshd_config)],
-                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                     start_new_session=True)
-        log.close()
+        with open(node.log_file, "ab") as log:  # sshd keeps its own copy of the descriptor
+            node.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(node.sshd_config)],
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                         start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if node.proc.poll() is not None:
@@ -283,7 +282,7 @@ class LoopbackFleet:
         self._exit_master(node)
         if node.proc is None:
             return
-        pids = [node.proc.pid] + _children(node.proc.pid)
+        pids = [node.proc.pid, *_children(node.proc.pid)]
         for p in reversed(pids):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGCONT)
@@ -329,7 +328,7 @@ class LoopbackFleet:
         with ThreadPoolExecutor(max_workers=self.n) as ex:
             return list(ex.map(lambda i: self.run(i, command, timeout=timeout), range(self.n)))
 
-    def __enter__(self) -> "LoopbackFleet":
+    def __enter__(self) -> LoopbackFleet:
         return self
 
     def __exit__(self, *exc: object) -> None:
