@@ -1,4 +1,4 @@
-"""Read captured real outputs: /work/shared/fixtures (H200) and tests/fixtures (this project's)."""
+"""Read captured real outputs: tests/fixtures/h200 (copies of ../shared/fixtures/h200) and this project's own."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "fixtures"
-H200 = SHARED / "h200"
+H200 = ROOT / "tests" / "fixtures" / "h200"
 VM = ROOT / "tests" / "fixtures" / "vm-x86"
 
 

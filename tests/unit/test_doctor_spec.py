@@ -12,7 +12,7 @@ from sparkfleet.plan import plan
 from sparkfleet.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
-SEEDS = ROOT.parent / "shared" / "seeds" / "launcher" / "recipes"
+SEEDS = ROOT / "tests" / "data" / "seeds"
 SPARK4 = ROOT / "examples" / "clusters" / "spark4.toml"
 
 

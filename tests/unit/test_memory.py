@@ -28,7 +28,7 @@ from sparkfleet.recipe import Recipe, load_recipe
 from sparkfleet.sizes import parse_size
 
 ROOT = Path(__file__).resolve().parents[2]
-SEEDS = ROOT.parent / "shared" / "seeds" / "launcher" / "recipes"
+SEEDS = ROOT / "tests" / "data" / "seeds"
 SPARK4 = ROOT / "examples" / "clusters" / "spark4.toml"
 GB10 = parse_size("121.7GiB")
 

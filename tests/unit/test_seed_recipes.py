@@ -111,3 +111,12 @@ def test_secrets_are_masked_in_plan_json() -> None:
     assert "hf_supersecretvalue" not in text
     assert out["ranks"][0]["env"]["HF_TOKEN"] == "***"
     assert out["ranks"][0]["env_sources"]["HF_TOKEN"] == "cli"
+
+
+SHARED_H200 = SHARED_SEEDS.parents[2] / "fixtures" / "h200"
+
+
+@pytest.mark.skipif(not SHARED_H200.is_dir(), reason="../shared not beside this checkout")
+def test_fixture_copies_are_the_shared_captures_unchanged() -> None:
+    for capture in SHARED_H200.iterdir():
+        assert (ROOT / "tests" / "fixtures" / "h200" / capture.name).read_bytes() == capture.read_bytes()
