@@ -163,7 +163,9 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
         stack.close()
 
 
-@pytest.fixture(scope="session")
+# Per module, not per session: sync Playwright keeps an asyncio loop running in this thread until
+# it stops, and later tests (bench e2e) call asyncio.run(), which refuses to run inside one.
+@pytest.fixture(scope="module")
 def browser_context() -> Iterator[Any]:
     """Headless Debian Chromium with a new, empty profile."""
     if not CHROMIUM.exists():

@@ -69,7 +69,7 @@ def test_rank_killed_during_up_rolls_back(fleet4: LoopbackFleet, tmp_path: Path)
     proc = subprocess.Popen([sys.executable, "-m", "sparkfleet.cli.main", "up", str(recipe), "--cluster",
                              str(fleet4.cluster_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     victim = None
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 90
     while victim is None and time.monotonic() < deadline:
         for pid in leftover_processes("killed"):
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -124,12 +124,13 @@ def test_missing_expected_line_is_named(fleet4: LoopbackFleet, tmp_path: Path) -
 
 def test_ctrl_c_during_up_rolls_back(fleet4: LoopbackFleet, tmp_path: Path) -> None:
     recipe = standin_recipe(tmp_path / "intr", nodes=4, port=free_port(),
-                            env={"STANDIN_FAULT_RANK": "0", "STANDIN_DELAY": "60"})
+                            env={"STANDIN_FAULT_RANK": "0", "STANDIN_DELAY": "300"})
     proc = subprocess.Popen([sys.executable, "-m", "sparkfleet.cli.main", "up", str(recipe), "--cluster",
                              str(fleet4.cluster_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 90
     while len(leftover_processes("intr")) < 8 and time.monotonic() < deadline:  # 4 monitors + 4 engines
         time.sleep(0.1)
+    assert len(leftover_processes("intr")) >= 8, "the ranks never started"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2, err
