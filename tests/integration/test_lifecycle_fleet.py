@@ -65,7 +65,7 @@ def test_rank_exit_during_up_rolls_back_everywhere(fleet4: LoopbackFleet, tmp_pa
 
 def test_rank_killed_during_up_rolls_back(fleet4: LoopbackFleet, tmp_path: Path) -> None:
     recipe = standin_recipe(tmp_path / "killed", nodes=4, port=free_port(),
-                            env={"STANDIN_FAULT_RANK": "0", "STANDIN_DELAY": "20"})
+                            env={"STANDIN_FAULT_RANK": "0", "STANDIN_DELAY": "120"})
     proc = subprocess.Popen([sys.executable, "-m", "sparkfleet.cli.main", "up", str(recipe), "--cluster",
                              str(fleet4.cluster_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     victim = None
