@@ -8,6 +8,7 @@ four nodes costs one handshake each and later commands ride the open connection.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shlex
@@ -46,6 +47,17 @@ class SshTransport:
         self._accept_new = accept_new_host_keys
         self._connect_timeout = connect_timeout
 
+    def control_path(self) -> str:
+        """This node's master socket: ssh's %C (host, port, user) plus a digest of how we reach it.
+
+        %C alone would hand a command to a master opened for another inventory that once used
+        the same address (a re-imaged node, a re-created test fleet): a stale session on the
+        wrong machine, whose host key was never checked against this cluster's known_hosts.
+        """
+        n = self._node
+        how = "\0".join(str(x) for x in (n.ssh_config, n.ssh_key, n.user, n.ssh_port, n.host, self._accept_new))
+        return f"{control_dir()}/{hashlib.sha256(how.encode()).hexdigest()[:12]}-%C"
+
     @property
     def destination(self) -> str:
         """``user@host:port`` for messages."""
@@ -63,7 +75,7 @@ class SshTransport:
             "-o", "BatchMode=yes",
             "-o", f"ConnectTimeout={self._connect_timeout}",
             "-o", "ControlMaster=auto",
-            "-o", f"ControlPath={control_dir()}/%C",
+            "-o", f"ControlPath={self.control_path()}",
             "-o", f"ControlPersist={PERSIST_S}",
             "-o", "ServerAliveInterval=10",
             "-o", "ServerAliveCountMax=3",
