@@ -66,7 +66,7 @@ def list_runs(store: Store, kind: str | None = None, limit: int = 30) -> list[Ru
     with store.connect() as conn:
         rows = conn.execute(
             "SELECT id, kind, label, endpoint, model, created_utc, passed, total FROM eval_runs "
-            "WHERE (? IS NULL OR kind = ?) ORDER BY created_utc DESC LIMIT ?",
+            "WHERE (? IS NULL OR kind = ?) ORDER BY created_utc DESC, rowid DESC LIMIT ?",
             (kind, kind, limit),
         ).fetchall()
     return [RunRow(*tuple(r)) for r in rows]
