@@ -233,7 +233,7 @@ def test_ctrl_c_keeps_partial_results(tmp_path: Path) -> None:
                 "--tokens",
                 "10",
                 "--repeats",
-                "2",
+                "6",  # long enough that the interrupt lands mid-run even on a slow machine
                 "--warmups",
                 "0",
             ],
