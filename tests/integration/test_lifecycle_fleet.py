@@ -131,6 +131,7 @@ def test_ctrl_c_during_up_rolls_back(fleet4: LoopbackFleet, tmp_path: Path) -> N
     while len(leftover_processes("intr")) < 4 and time.monotonic() < deadline:  # one engine per rank
         time.sleep(0.1)
     assert len(leftover_processes("intr")) >= 4, "the ranks never started"
+    time.sleep(3)  # up is now waiting for rank 0's health: the Ctrl-C a user gives a slow start
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2, err
