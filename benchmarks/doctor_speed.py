@@ -85,23 +85,12 @@ def main() -> None:
     if args.boost:
         os.setpriority(os.PRIO_PROCESS, 0, -20)
     with tempfile.TemporaryDirectory() as tmp, loopback_fleet(args.nodes, Path(tmp) / "fleet") as fleet:
+        spec, memory, _ = _setup(fleet, Path(tmp), args.nodes)
         recipe = Path(tmp) / "r"
-        recipe.mkdir()
-        (recipe / "recipe.toml").write_text(
-            'engine = "vllm"\ndocker_image = "sparkfleet-test:latest"\nmodel = "org/tiny"\nport = 18999\n'
-            f"required_nodes = {args.nodes}\ntensor_parallel_size = {args.nodes}\n\n"
-            '[[staging]]\nkind = "copy"\nid = "engram"\nsrc = "{{hf}}/x"\n'
-            'dst = "{{state}}/engram"\nmin_free = "1M"\n'
-        )
-        for node in fleet.nodes:
-            snap = node.hf_cache / "hub" / "models--org--tiny" / "snapshots" / "rev1"
-            snap.mkdir(parents=True)
-            (snap / "config.json").write_text("{}")
         if args.boost:
             for node in fleet.nodes:
                 os.setpriority(os.PRIO_PROCESS, node.proc.pid, -20)  # type: ignore[union-attr]
         planned = build_plan(recipe, fleet.cluster_file, None, None, None)
-        spec, memory = spec_for(load_cluster(fleet.cluster_file), planned), memory_for(planned)
         cold, warm, cli = [], [], []
         for _ in range(args.repeat):
             # Cold: close every master connection first, as on a first run.
