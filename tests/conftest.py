@@ -1,4 +1,8 @@
-"""Shared fixtures: paths to the seed recipes and example clusters, golden-file updating."""
+"""Shared fixtures: paths to the seed recipes and example clusters, golden-file updating.
+
+Plugins: tests/skip_gate.py lists every test that did not run at the end of each run and, under
+``CI=true``, fails the run for any not in tests/skip-allowlist.txt; ``pytester`` is for its tests.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SEEDS = ROOT / "tests" / "data" / "seeds"
 SHARED_SEEDS = ROOT.parent / "shared" / "seeds" / "launcher" / "recipes"
 SPARK4 = ROOT / "examples" / "clusters" / "spark4.toml"
+
+pytest_plugins = ["pytester", "tests.skip_gate"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
