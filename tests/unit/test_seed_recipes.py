@@ -94,8 +94,10 @@ def test_plan_json_matches_golden(name: str, update_golden: bool) -> None:
     out["recipe"] = f"tests/data/seeds/{name}/recipe.toml"
     text = json.dumps(out, indent=2) + "\n"
     golden = ROOT / "tests" / "golden" / f"{name}.plan.json"
-    if update_golden or not golden.exists():
+    if update_golden:
         golden.write_text(text)
+    elif not golden.is_file():  # a missing golden is a failure, never a silently new baseline
+        pytest.fail(f"{golden.relative_to(ROOT)} is missing: review the plan, then rerun with --update-golden")
     assert text == golden.read_text(), "plan changed: review, then rerun with --update-golden"
     assert _plan(SEEDS / name) == _plan(SEEDS / name)
 
