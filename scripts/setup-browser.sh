@@ -22,10 +22,19 @@ else
 fi
 
 py="${PYTHON:-$root/.venv/bin/python}"
-[ -x "$py" ] || py="$(command -v python3)"
+[ -x "$py" ] || { echo "setup-browser: FAILED: $py missing (run scripts/setup.sh first, or set PYTHON)" >&2; exit 1; }
 if "$py" -c "import playwright.sync_api" 2>/dev/null; then
   echo "setup-browser: playwright present in $py"
 else
   echo "setup-browser: installing $PLAYWRIGHT_SPEC into $py"
-  "$py" -m pip install -q "$PLAYWRIGHT_SPEC" 2>&1 | grep -v '^WARNING: Running pip as' || true
+  # pip's own exit status decides (a filter on its output must not hide a failed install).
+  if ! out="$("$py" -m pip install -q "$PLAYWRIGHT_SPEC" 2>&1)"; then
+    printf '%s\n' "$out" | tail -30 >&2
+    echo "setup-browser: FAILED: pip install $PLAYWRIGHT_SPEC into $py" >&2
+    exit 1
+  fi
+  printf '%s\n' "$out" | grep -v -e '^WARNING: Running pip as' -e '^$' || :
+  "$py" -c "import playwright.sync_api" \
+    || { echo "setup-browser: FAILED: playwright installed but does not import in $py" >&2; exit 1; }
 fi
+[ -x /usr/bin/chromium ] || { echo "setup-browser: FAILED: /usr/bin/chromium missing after install" >&2; exit 1; }
