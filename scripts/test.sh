@@ -5,8 +5,9 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(dirname "$here")"
 "$here/setup.sh" all
-for extra in start-slurm.sh setup-browser.sh; do
-  if [ -x "$here/$extra" ]; then "$here/$extra"; fi
+# Each must succeed: a missing piece fails here, loudly, rather than as skipped tests later.
+for extra in start-slurm.sh setup-browser.sh setup-nfs.sh; do
+  "$here/$extra"
 done
 cd "$root"
 .venv/bin/ruff check src tests benchmarks
