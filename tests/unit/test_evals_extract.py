@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from sparkfleet.evals.extract import extract_code, extract_final_number, extract_json, strip_reasoning
+from sparkfleet.evals.extract import (
+    extract_code,
+    extract_final_number,
+    extract_json,
+    fences,
+    strip_reasoning,
+    without_code,
+)
 
 
 def test_reasoning_is_removed_closed_unclosed_and_template_opened() -> None:
@@ -42,3 +49,68 @@ def test_json_from_fence_or_braces_and_a_clear_error() -> None:
 )
 def test_final_number(text: str, value: float | None) -> None:
     assert extract_final_number(text) == value
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("The answer is 8.", 8),
+        ("**8**", 8),
+        ("Answer: 8", 8),
+        ("**Answer: 8**", 8),
+        ("**Answer:** 8", 8),
+        ("2**3 = 8", 8),
+        ("3**5 - 2**7 = 243 - 128 = 115", 115),
+        ("10**8 bytes is a lot; the answer is 8", 8),
+        ("The answer is 8.\n```python\nx = 10**9\n```", 8),
+        ("```python\nprint(17 * 23)\n```\nThe result is 391.", 391),
+    ],
+)
+def test_final_number_said_around_code(text: str, value: float) -> None:
+    assert extract_final_number(text) == value
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # The reply from issue 13: the fence-only last line, then ** read as a cue.
+        "```python\nx = []\nwhile True:\n    x.append(bytearray(10**8))\n```",
+        "x = []\nwhile True:\n    x.append(bytearray(10**8))",
+        "x = 10**8",
+        "```\n8\n```",
+        "~~~\n8\n~~~",
+        "```python\nanswer = 8",
+        "`8`",
+        "The answer is `8`.",
+        "```8```",
+        "import os\n\nn = 8\n\nwhile True:\n    os.fork()",
+    ],
+)
+def test_no_final_number_from_code(text: str) -> None:
+    assert extract_final_number(text) is None
+
+
+def test_fences_of_tildes_backticks_and_cut_off() -> None:
+    assert fences("~~~py\na = 1\n~~~\n````\nb = 2\n````\n```python\nc = 3") == [
+        ("py", "a = 1\n"),
+        ("", "b = 2\n"),
+        ("python", "c = 3"),
+    ]
+    assert extract_code("~~~python\ndef f():\n    return 1\n~~~") == "def f():\n    return 1"
+
+
+def test_without_code_keeps_the_prose() -> None:
+    assert without_code("Use `x = 8` here.").split() == ["Use", "here."]
+    assert without_code("Before\n```python\nx = 8\n```\nAfter").split() == ["Before", "After"]
+    # A bare program goes, with the assignment paragraphs around it; plain prose stays whole.
+    assert without_code("n = 8\n\nwhile True:\n    pass\n\nDone.").split() == ["Done."]
+    assert without_code("4x = 32\nx = 8") == "4x = 32\nx = 8"
+
+
+def test_json_is_not_read_out_of_a_program() -> None:
+    with pytest.raises(ValueError):
+        extract_json("```python\ndata = [3, 7, 19]\nwhile True:\n    pass\n```")
+    with pytest.raises(ValueError):
+        extract_json('cfg = {"a": 1}\nwhile True:\n    pass')
+    assert extract_json('Use `{"a": 1}`.') == {"a": 1}
+    assert extract_json("```python\n[1, 2]\n```") == [1, 2]

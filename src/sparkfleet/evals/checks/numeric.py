@@ -1,4 +1,8 @@
-"""Math and reasoning tasks: a final number within a tolerance, or one word out of options."""
+"""Math and reasoning tasks: a final number within a tolerance, or one word out of options.
+
+Both are read from what the model said: a literal in its code (fenced, inline or a bare
+program) is not an answer.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from sparkfleet.evals.extract import extract_final_number
+from sparkfleet.evals.extract import extract_final_number, without_code
 from sparkfleet.evals.verdict import Verdict
 
 
@@ -42,7 +46,7 @@ def score(spec: Mapping[str, Any], answer: str) -> Verdict:
     """A number within tol of the answer, or the last option named is the expected word."""
     if "word" in spec:
         # The last option mentioned is the conclusion; listing every option does not pass.
-        said = _last_option(answer, [str(o) for o in spec["options"]])
+        said = _last_option(without_code(answer), [str(o) for o in spec["options"]])
         if said is None:
             return Verdict.fail("none of the options named")
         if said.lower() == str(spec["word"]).lower():

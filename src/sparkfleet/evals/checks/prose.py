@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from sparkfleet.evals.extract import words
+from sparkfleet.evals.extract import without_code, words
 from sparkfleet.evals.verdict import Verdict
 
 EXOTIC_CODEPOINT = 0x2100
@@ -40,10 +40,12 @@ def repeated_ngrams(tokens: list[str], n: int) -> int:
 
 def score(spec: Mapping[str, Any], answer: str) -> Verdict:
     """Pass unless the text is out of length range, has a heading, odd glyphs or loops."""
-    text = answer.strip()
+    # Plain prose was asked for: a program (say, one that holds a story in a string) is not prose.
+    text = without_code(answer).strip()
     ws = words(text)
     if not spec["min_words"] <= len(ws) <= spec["max_words"]:
-        return Verdict.fail(f"{len(ws)} words, expected {spec['min_words']}-{spec['max_words']}")
+        outside = " outside code" if text != answer.strip() else ""
+        return Verdict.fail(f"{len(ws)} words{outside}, expected {spec['min_words']}-{spec['max_words']}")
     if re.search(r"^\s{0,3}#{1,6}\s", text, re.MULTILINE):
         return Verdict.fail("has a markdown heading")
     letters = [ch for ch in text if not ch.isspace()]
