@@ -39,7 +39,7 @@ def _image() -> str | None:
 def _nfs_unavailable() -> str | None:
     """Why this machine cannot serve and mount NFS, or None when it can."""
     if shutil.which("exportfs") is None and not os.path.exists("/usr/sbin/exportfs"):
-        return "nfs-kernel-server is not installed (no exportfs)"
+        return "nfs-kernel-server is not installed (no exportfs): run scripts/setup-nfs.sh"
     filesystems = Path("/proc/filesystems").read_text()
     if "nfsd" not in filesystems and not os.path.exists("/proc/fs/nfsd/threads"):
         probe = subprocess.run(
@@ -116,7 +116,7 @@ def test_an_export_nobody_serves_is_refused(tmp_path: Path) -> None:
     if os.path.exists("/proc/fs/nfsd/threads") and Path("/proc/fs/nfsd/threads").read_text().strip() != "0":
         pytest.skip("an NFS server is running here")
     if shutil.which("exportfs") is None and not os.path.exists("/usr/sbin/exportfs"):
-        pytest.skip("nfs-kernel-server is not installed (no exportfs)")
+        pytest.skip("nfs-kernel-server is not installed (no exportfs): run scripts/setup-nfs.sh")
     (tmp_path / "model").mkdir()
     with pytest.raises(StagingError, match=r"^node0: cannot export .*the NFS server is not running"):
         nfs.export(LocalTransport("node0"), str(tmp_path / "model"), ["127.0.0.11"], "sparkfleet-test-v")
@@ -128,6 +128,9 @@ def test_nfs_share_read_from_a_container_on_every_worker(tmp_path: Path) -> None
         pytest.skip(reason)
     if not _docker_ok() or _image() is None:
         pytest.skip("dockerd or a small local image is missing")
+    threads = Path("/proc/fs/nfsd/threads")
+    was_serving = threads.exists() and threads.read_text().strip() != "0"
+    # scripts/setup-nfs.sh leaves the server stopped; a start that fails shows in distribute() below.
     subprocess.run(["service", "nfs-kernel-server", "start"], capture_output=True, timeout=120)
     export = tmp_path / "export"
     export.mkdir()
@@ -151,6 +154,8 @@ def test_nfs_share_read_from_a_container_on_every_worker(tmp_path: Path) -> None
         subprocess.run(["docker", "volume", "rm", "-f", nfs.volume_name("nfs-test", "weights")], capture_output=True)
         Path(f"{nfs.EXPORTS_DIR}/{nfs.volume_name('nfs-test', 'weights')}.exports").unlink(missing_ok=True)
         subprocess.run(["exportfs", "-ra"], capture_output=True)
+        if not was_serving:  # as found: test_an_export_nobody_serves_is_refused needs it stopped
+            subprocess.run(["service", "nfs-kernel-server", "stop"], capture_output=True, timeout=120)
 
 
 def test_ranks_mount_the_export_on_the_server_and_the_volume_elsewhere(tmp_path: Path) -> None:
