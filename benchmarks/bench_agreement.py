@@ -35,6 +35,7 @@ from pathlib import Path
 
 import httpx
 
+from sparkfleet import caches
 from sparkfleet.bench.client import RequestSpec
 from sparkfleet.bench.corpus import load_prompts
 from sparkfleet.bench.decode import DecodeConfig, run_concurrent, run_decode
@@ -44,8 +45,8 @@ from sparkfleet.bench.stats import decode_run_stats
 from sparkfleet.bench.store import BenchStore
 from sparkfleet.state import Store
 
-CACHE = Path(os.environ.get("SPARKFLEET_CACHE", Path.home() / ".cache" / "sparkfleet"))
-HUB = Path(os.environ.get("HF_HUB_CACHE", Path.home() / ".cache" / "huggingface" / "hub"))
+CACHE = caches.engine_cache()
+HUB = caches.hub_cache()
 BAR = 0.05
 
 # Runs inside the vLLM venv: reads one JSON list of `vllm bench serve` arguments per line,

@@ -21,16 +21,16 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 
+from sparkfleet import caches
 from sparkfleet.evals.client import EvalClient
 from sparkfleet.evals.runner import run_quality
 from sparkfleet.evals.tasks import load_tasks
 
-CACHE = Path.home() / ".cache" / "sparkfleet"
-HUB = Path.home() / ".cache" / "huggingface" / "hub"
+CACHE = caches.engine_cache()
+HUB = caches.hub_cache()
 
 
 def start_llama() -> tuple[subprocess.Popen[bytes], str]:

@@ -6,7 +6,6 @@ used: this machine, one node, no SSH.
 
 from __future__ import annotations
 
-import os
 import resource
 import shutil
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sparkfleet.caches import local_hf_cache
 from sparkfleet.errors import ClusterError
 from sparkfleet.model_errors import describe
 from sparkfleet.recipe import read_toml
@@ -194,7 +194,10 @@ def local_cluster() -> Cluster:
     home = str(Path.home())
     hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
     memlock = "unlimited" if hard == resource.RLIM_INFINITY else "none"
-    hf = os.environ.get("HF_HOME") or f"{home}/.cache/huggingface"
+    try:
+        hf = str(local_hf_cache())  # the same folder scripts/prepare-model.py fills
+    except ValueError as e:
+        raise ClusterError(f"local cluster: {e}") from None
     node = Node(
         name="local",
         host="localhost",

@@ -10,20 +10,21 @@ stands in for an engine in test_dashboard_pages).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sparkfleet import caches
 from tests.dashboard.conftest import ROOT, RUN, cli, free_port, screenshot, start_dashboard
 from tests.dashboard.test_dashboard_pages import chart, rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-CACHE = Path(os.environ.get("SPARKFLEET_CACHE", Path.home() / ".cache" / "sparkfleet"))
-HUB = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
+# Where scripts/setup.sh put the engines and the model: the resolver the set-up itself uses.
+CACHE = caches.engine_cache()
+HUB = caches.hub_cache()
 TASKS = "reason_handshakes,math_percent,format_one_word"
 NAME = f"dash-gemma-{RUN}"
 

@@ -16,11 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from sparkfleet import caches
 from tests.fleet import loopback_fleet
 
 ROOT = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("SPARKFLEET_CACHE", Path.home() / ".cache" / "sparkfleet"))
-HUB = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
+# Where scripts/setup.sh put the engines and the model: the resolver the set-up itself uses.
+CACHE = caches.engine_cache()
+HUB = caches.hub_cache()
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """examples/gemma-vllm-2node, up on a 2-node loopback fleet (TP2, rank 1 headless)."""
     _require(CACHE / "venv-vllm" / "bin" / "vllm", "the vLLM CPU venv")
     _require(HUB / "models--sparkfleet--gemma3-270m", "the Gemma HF conversion")
-    with loopback_fleet(2, tmp_path_factory.mktemp("vllm-fleet"), shared_hf_cache=HUB.parent) as fleet:
+    with loopback_fleet(2, tmp_path_factory.mktemp("vllm-fleet"), shared_hf_cache=caches.local_hf_cache()) as fleet:
         yield from _up("gemma-vllm-2node", ROOT / "examples" / "gemma-vllm-2node",
                        tmp_path_factory.mktemp("vllm-state"), fleet.cluster_file, "gemma3-270m")  # fmt: skip
 

@@ -15,19 +15,19 @@ from pathlib import Path
 
 import pytest
 
+from sparkfleet import caches
 from sparkfleet.exporters.slurm import slurm_script
 from sparkfleet.recipe import load_recipe
 from tests.conftest import ROOT
 
 EXAMPLE = ROOT / "examples" / "gemma-llamacpp"
-VENV_PY = Path.home() / ".cache" / "sparkfleet" / "venv-llama" / "bin" / "python"
+VENV_PY = caches.engine_cache() / "venv-llama" / "bin" / "python"
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _gguf_present() -> bool:
-    hub = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
-    return any(hub.glob("models--sparkfleet--gemma3-270m-gguf/snapshots/*/gemma-3-270m-Q4_K_M.gguf"))
+    return any(caches.hub_cache().glob("models--sparkfleet--gemma3-270m-gguf/snapshots/*/gemma-3-270m-Q4_K_M.gguf"))
 
 
 @pytest.fixture(scope="module")
