@@ -36,6 +36,7 @@ from sparkfleet.bench.report import (
 )
 from sparkfleet.bench.store import BenchStore
 from sparkfleet.cli.console import console, err_console
+from sparkfleet.cli.extras import require_extra
 from sparkfleet.cli.int_lists import parse_int_list
 from sparkfleet.errors import BenchError
 
@@ -374,6 +375,8 @@ def export_cmd(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="File to write (default: stdout).")] = None,
 ) -> None:
     """Export a run: JSON (vLLM key names where they exist), CSV, Markdown tables, or a PNG plot."""
+    if fmt_ == "png":
+        require_extra("plots", ("matplotlib",), "--format png")
     bench = BenchStore()
     run_id = bench.resolve(run)
     stored = bench.get_run(run_id)

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from sparkfleet.bench.endpoint import resolve_endpoint
 from sparkfleet.cli.console import console, err_console
+from sparkfleet.cli.extras import require_extra
 from sparkfleet.cli.int_lists import parse_int_list
 from sparkfleet.cluster import load_cluster
 from sparkfleet.errors import EvalError
@@ -206,6 +207,8 @@ def needle(
     json_out: JsonOpt = None,
 ) -> None:
     """Needle-in-a-haystack over a length x depth grid; exact-match scoring; effective length."""
+    if png:
+        require_extra("plots", ("matplotlib",), "--png")
     endpoint = resolve_endpoint(target, model)
     client = EvalClient(endpoint.base_url, endpoint.model, timeout=timeout)
     guard = None

@@ -12,6 +12,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 from rich.markup import escape
@@ -65,6 +66,25 @@ def _crash_log() -> Path:
     return state_dir() / "crash.log"
 
 
+def _usage_error(exc: typer.TyperException) -> NoReturn:
+    """A command-line mistake: one line on stderr and exit 2 (help on stdout, exit 0, when asked
+    for nothing at all)."""
+    from sparkfleet.cli.console import console, err_console
+
+    ctx = getattr(exc, "ctx", None)
+    if type(exc).__name__ == "NoArgsIsHelpError":
+        # click >= 8.2 reports a bare group as an error carrying its help text; it is a request
+        # for help, answered the way --help is.
+        console.file.write(exc.format_message() + "\n")
+        sys.exit(0)
+    # click's own rendering is a usage block plus a hint on several lines; a mistake gets one.
+    message = " ".join(exc.format_message().split())
+    where = f"{ctx.command_path}: " if ctx is not None else ""
+    hint = f" (try '{ctx.command_path} --help')" if ctx is not None else ""
+    err_console.print(f"[bold red]error:[/] {escape(where + message + hint)}", soft_wrap=True)
+    sys.exit(EXIT_USER_ERROR)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI: user errors become one red line and exit 2; bugs go to the crash log."""
     from sparkfleet.cli.console import err_console
@@ -82,22 +102,14 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except SystemExit:
         raise
-    except Exception as exc:  # click's usage errors arrive here in non-standalone mode
-        import click
-
-        usage: tuple[type[Exception], ...] = (click.exceptions.ClickException,)
-        try:  # typer >= 0.29 raises its own vendored click's exceptions
-            from typer._click.exceptions import ClickException as VendoredClickException
-
-            usage = (*usage, VendoredClickException)
-        except ImportError:
-            pass
-        if isinstance(exc, usage):
-            exc.show()  # type: ignore[attr-defined]
-            sys.exit(EXIT_USER_ERROR)
-        if isinstance(exc, click.exceptions.Abort):
-            err_console.print("[bold red]aborted[/]")
-            sys.exit(130)
+    except typer.Abort:
+        err_console.print("[bold red]aborted[/]")
+        sys.exit(130)
+    except typer.TyperException as exc:
+        # typer >= 0.29 parses with its own copy of click (click itself may not be installed), whose
+        # usage errors all derive from TyperException; standalone_mode=False hands them to us.
+        _usage_error(exc)
+    except Exception as exc:
         log = _crash_log()
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("a") as fh:
