@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+
+from sparkfleet.secrets import MASK, is_secret
+
+_ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=")
 
 
 def key_path(loc: Sequence[int | str]) -> str:
@@ -52,6 +57,31 @@ def did_you_mean(word: str, choices: Sequence[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _under_secret(loc: Sequence[int | str]) -> bool:
+    return any(isinstance(part, str) and is_secret(part) for part in loc)
+
+
+def _masked(value: Any) -> Any:
+    """value with whatever a secret-named key holds replaced by ``***``: a mistyped ``[env]`` table
+    or list still carries the token, and an error message ends up in terminals and CI logs."""
+    if isinstance(value, dict):
+        return {k: (MASK if isinstance(k, str) and is_secret(k) else _masked(v)) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_masked(v) for v in value)
+    if isinstance(value, str):
+        match = _ASSIGNMENT.match(value)  # "HF_TOKEN=hf_…" written where a table was expected
+        if match and is_secret(match.group(1)):
+            return value[: match.end()] + MASK
+    return value
+
+
+def _got(err: Any, loc: Sequence[int | str]) -> str:
+    """`` (got …)`` for a wrongly typed value, or nothing when the value belongs to a secret."""
+    if _under_secret(loc):
+        return ""
+    return f" (got {_masked(err.get('input'))!r})"
+
+
 def describe(exc: ValidationError, root: type[BaseModel]) -> str:
     """The first validation error as ``key.path: message``."""
     errors = exc.errors(include_url=False)
@@ -66,7 +96,7 @@ def describe(exc: ValidationError, root: type[BaseModel]) -> str:
         return f"{path}: unknown key{hint}"
     if kind == "missing":
         return f"{path}: required key is missing"
-    if kind == "literal_error":
+    if kind == "literal_error" and not _under_secret(loc):
         expected = err.get("ctx", {}).get("expected", "")
         value = err.get("input")
         choices = [c.strip().strip("'") for c in str(expected).replace(" or ", ",").split(",")]
@@ -75,6 +105,9 @@ def describe(exc: ValidationError, root: type[BaseModel]) -> str:
     msg = str(err["msg"])
     for prefix in ("Value error, ", "Assertion failed, "):
         msg = msg.removeprefix(prefix)
+    value = err.get("input")
+    if _under_secret(loc) and isinstance(value, str) and value and value in msg:
+        msg = msg.replace(value, MASK)  # a validator that quotes its input
     if kind.endswith("_type") or kind.endswith("_parsing"):
-        return f"{path}: {msg.lower()} (got {err.get('input')!r})"
+        return f"{path}: {msg.lower()}{_got(err, loc)}"
     return f"{path}: {msg}"

@@ -108,3 +108,60 @@ def test_console_script_exit_code_and_no_traceback(tmp_path: Path) -> None:
     ok = subprocess.run([sys.executable, "-m", "sparkfleet.cli.main", "validate", str(SEEDS / "dsv41-flash-4x-mia")],
                         capture_output=True, text=True)  # fmt: skip
     assert ok.returncode == 0, ok.stderr
+
+
+SECRET = "hf_dontprintme123"
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        f'HF_TOKEN = ["{SECRET}"]',
+        f'MY_API_KEY = {{ value = "{SECRET}" }}',
+        f'HF_TOKEN = ["{SECRET}", 1]',
+    ],
+    ids=["list", "table", "mixed"],
+)
+def test_wrongly_typed_secret_is_named_not_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], env: str
+) -> None:
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(f'engine = "vllm"\nmodel = "org/m"\n[env]\n{env}\n')
+    code, _, err = _run(capsys, "validate", str(recipe))
+    text = " ".join(err.split())
+    assert code == 2 and SECRET not in err
+    assert "env.HF_TOKEN" in text or "env.MY_API_KEY" in text
+
+
+@pytest.mark.parametrize(
+    "body",
+    [f'env = "HF_TOKEN={SECRET}"', f'env = ["HF_TOKEN={SECRET}"]', f'env = [{{ HF_TOKEN = "{SECRET}" }}]'],
+    ids=["string", "list-of-assignments", "list-of-tables"],
+)
+def test_env_of_the_wrong_shape_hides_the_secrets_it_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str
+) -> None:
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(f'engine = "vllm"\nmodel = "org/m"\n{body}\n')
+    code, _, err = _run(capsys, "validate", str(recipe))
+    assert code == 2 and "env" in err and SECRET not in err and "***" in err
+
+
+def test_cluster_secret_and_overrides_are_not_printed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_text(f'name = "x"\n[[nodes]]\nname = "a"\nhost = "h"\n[nodes.env]\nHF_TOKEN = ["{SECRET}"]\n')
+    seed = str(SEEDS / "dsv41-flash-4x-mia")
+    code, _, err = _run(capsys, "plan", seed, "--cluster", str(cluster))
+    assert code == 2 and "nodes[0].env.HF_TOKEN: input should be a valid string" in " ".join(err.split())
+    assert SECRET not in err
+    code, _, err = _run(capsys, "plan", seed, "-c", str(SPARK4), "--set", f'env.HF_TOKEN=["{SECRET}"]')
+    assert code == 2 and "env.HF_TOKEN" in err and SECRET not in err
+    code, _, err = _run(capsys, "plan", seed, "-c", str(SPARK4), "--env", f"9X_TOKEN={SECRET}")
+    assert code == 2 and "9X_TOKEN" in err and SECRET not in err
+
+
+def test_other_wrongly_typed_values_are_still_shown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text('engine = "vllm"\nmodel = "org/m"\n[env]\nNCCL_DEBUG = ["INFO"]\n')
+    code, _, err = _run(capsys, "validate", str(recipe))
+    assert code == 2 and "env.NCCL_DEBUG: input should be a valid string (got ['INFO'])" in " ".join(err.split())

@@ -12,6 +12,7 @@ from sparkfleet.cluster import load_cluster
 from sparkfleet.errors import SparkfleetError
 from sparkfleet.plan import Overrides, Plan, plan
 from sparkfleet.recipe import deployment_name, load_recipe
+from sparkfleet.secrets import MASK, is_secret
 
 RecipeArg = Annotated[Path, typer.Argument(help="A recipe.toml file, or a folder holding one.")]
 ClusterOpt = Annotated[
@@ -31,7 +32,8 @@ def parse_env(items: list[str] | None) -> tuple[tuple[str, str], ...]:
     for item in items or []:
         key, sep, value = item.partition("=")
         if not key or not (key.replace("_", "a").isalnum()) or key[0].isdigit():
-            raise SparkfleetError(f"--env {item!r}: expected KEY=VALUE with a valid variable name")
+            shown = f"{key}={MASK}" if sep and is_secret(key) else item  # a mistyped name still holds the token
+            raise SparkfleetError(f"--env {shown!r}: expected KEY=VALUE with a valid variable name")
         if not sep:
             if key not in os.environ:
                 raise SparkfleetError(f"--env {key}: not set in this environment")
