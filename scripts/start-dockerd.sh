@@ -20,14 +20,18 @@ ensure_docker0() {
   [ -n "$sub" ] || return 0
   local pfx="${sub#*/}" base="${sub%/*}"; local gw="${base%.*}.$(( ${base##*.} + 1 ))"
   echo "start-dockerd: docker0 missing or down; recreating ($gw/$pfx)"
-  ip link show docker0 >/dev/null 2>&1 || $SUDO ip link add docker0 type bridge
-  ip addr show docker0 | grep -q "inet $gw/" || $SUDO ip addr add "$gw/$pfx" dev docker0
-  $SUDO ip link set docker0 up
+  { ip link show docker0 >/dev/null 2>&1 || $SUDO ip link add docker0 type bridge; } &&
+    { ip addr show docker0 | grep -q "inet $gw/" || $SUDO ip addr add "$gw/$pfx" dev docker0; } &&
+    $SUDO ip link set docker0 up &&
+    return 0
+  # Containers on the default bridge would all fail ("could not find bridge docker0").
+  echo "start-dockerd: FAILED to recreate docker0 ($gw/$pfx)" >&2
+  return 1
 }
 
 if docker info >/dev/null 2>&1; then
   echo "start-dockerd: docker already running ($(docker info -f '{{.Driver}}' 2>/dev/null))"
-  ensure_docker0
+  ensure_docker0 || exit 1
   exit 0
 fi
 command -v dockerd >/dev/null || { echo "start-dockerd: dockerd not installed (run scripts/setup-system.sh)" >&2; exit 1; }
@@ -40,7 +44,7 @@ try_start() {  # $@: extra dockerd flags; returns 0 when ready
     if docker info >/dev/null 2>&1; then
       echo "$*" > "$FLAGS_FILE"
       echo "start-dockerd: ready after ${t}s (pid $pid, flags: $*, driver $(docker info -f '{{.Driver}}'))"
-      ensure_docker0
+      ensure_docker0 || exit 1
       return 0
     fi
     kill -0 "$pid" 2>/dev/null || { echo "start-dockerd: dockerd exited" | tee -a "$LOG"; return 1; }

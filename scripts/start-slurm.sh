@@ -23,7 +23,15 @@ fi
 if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null; then
   [ "$(id -u)" = 0 ] || { log "slurm-wlm is not installed and this is not root"; exit 1; }
   log "installing slurm-wlm"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends slurm-wlm >/dev/null
+  stamp=/var/lib/sparkfleet/apt-updated  # as scripts/setup-system.sh: lists at most a day old
+  if [ ! -f "$stamp" ] || [ -n "$(find "$stamp" -mmin +1440 2>/dev/null)" ]; then
+    apt-get update -qq && mkdir -p /var/lib/sparkfleet && touch "$stamp"
+  fi
+  if ! out="$(DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends slurm-wlm 2>&1)"; then
+    printf '%s\n' "$out" | tail -20 >&2
+    log "FAILED: apt-get install slurm-wlm" >&2
+    exit 1
+  fi
 fi
 
 node_state() { sinfo -h -n "$NODE" -o %T 2>/dev/null | head -n1; }
