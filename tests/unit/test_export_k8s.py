@@ -159,3 +159,60 @@ def test_cli_export_k8s_writes_a_file(tmp_path: Path) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     _validate(list(yaml.safe_load_all(out.read_text())))
+
+
+def _kubelet_expand(text: str, env: dict[str, str]) -> str:
+    """kubelet's $(VAR) expansion (k8s third_party/forked/golang/expansion): $$ is one $, $(NAME)
+    of a defined NAME is its value, anything else stays as written."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "$" and i + 1 < len(text):
+            nxt = text[i + 1]
+            if nxt == "$":
+                out.append("$")
+                i += 2
+                continue
+            if nxt == "(":
+                end = text.find(")", i + 2)
+                if end != -1:
+                    name = text[i + 2 : end]
+                    out.append(env.get(name, f"$({name})"))
+                    i = end + 1
+                    continue
+        out.append(text[i])
+        i += 1
+    return "".join(out)
+
+
+def test_literal_dollar_paren_is_escaped_for_kubelet() -> None:
+    data = {
+        "engine": "vllm",
+        "model": "m/x",
+        "docker_image": "img:1",
+        "required_nodes": 2,
+        "tensor_parallel_size": 2,
+        "entrypoint": ["bash", "-c", 'echo "$(HF_TOKEN)" $$ $HOME; exec vllm serve "$@"', "vllm"],
+        "args": ["--chat-template", "$(HF_TOKEN)", "--x", "a$$(b)c$"],
+        "env": {"HF_TOKEN": "hf_secret", "WRAPPED": "pre-$(HF_TOKEN)-post", "PLAIN": "$HOME/x"},
+    }
+    text = k8s_yaml(parse_recipe(data, "r.toml"), "esc")
+    assert "\x00" not in text and "\\0" not in text
+    lws, _ = yaml.safe_load_all(text)
+    pods = {"LWS_LEADER_ADDRESS": "10.1.0.1", "LWS_WORKER_INDEX": "1", "SPARKFLEET_HOST_IP": "10.1.0.2",
+            "HF_TOKEN": "hf_secret"}  # fmt: skip
+    for role in ("leader", "worker"):
+        container = _container(lws, role)
+        argv = container["command"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert "$$(HF_TOKEN)" in argv and "a$$$$(b)c$" in argv
+        assert env["WRAPPED"] == "pre-$$(HF_TOKEN)-post" and env["PLAIN"] == "$HOME/x"
+        expanded = [_kubelet_expand(w, pods) for w in argv]
+        # What the container receives is what the recipe wrote; only sparkfleet's own references expand.
+        assert expanded[:3] == ["bash", "-c", data["entrypoint"][2]]
+        assert "$(HF_TOKEN)" in expanded and "a$$(b)c$" in expanded and "hf_secret" not in " ".join(expanded)
+        assert _kubelet_expand(env["WRAPPED"], pods) == "pre-$(HF_TOKEN)-post"
+        assert env["VLLM_HOST_IP"] == "$(SPARKFLEET_HOST_IP)"
+    leader, worker = _container(lws, "leader")["command"], _container(lws, "worker")["command"]
+    assert _flag(leader, "--master-addr") == "$(LWS_LEADER_ADDRESS)"
+    assert _flag(worker, "--node-rank") == "$(LWS_WORKER_INDEX)"
+    assert _kubelet_expand(_flag(worker, "--master-addr"), pods) == "10.1.0.1"

@@ -3,10 +3,12 @@
 One LWS group is one deployment: the leader pod is rank 0, worker pods are ranks 1..N-1
 (``size`` = required_nodes). LWS injects ``LWS_LEADER_ADDRESS`` and ``LWS_WORKER_INDEX`` into
 every pod; kubelet expands ``$(VAR)`` in command words and env values, so the engine's
-rendezvous flags carry those references (engines.md §6). Pods use the host network (RoCE and
-NCCL want the host's NICs), ``/dev/shm`` as a memory-backed emptyDir, ``/dev/infiniband`` from
-the host, the node's Hugging Face cache read-only, and ``nvidia.com/gpu``. The leader is Ready
-only when rank 0's health endpoint answers; a Service publishes it.
+rendezvous flags carry those references (engines.md §6), and a ``$(`` the recipe means literally
+is written ``$$(`` (kubelet would otherwise expand ``$(HF_TOKEN)`` to the Secret's value). Pods
+use the host network (RoCE and NCCL want the host's NICs), ``/dev/shm`` as a memory-backed
+emptyDir, ``/dev/infiniband`` from the host, the node's Hugging Face cache read-only, and
+``nvidia.com/gpu``. The leader is Ready only when rank 0's health endpoint answers; a Service
+publishes it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,28 @@ LWS_API = "leaderworkerset.x-k8s.io/v1"
 NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 HOST_IP_VAR = "SPARKFLEET_HOST_IP"
 GIB = 1024**3
+
+# The planner is given these stand-ins for the leader's address, a pod's own address and the worker
+# index; they hold no "$", so escaping the planned words for kubelet leaves them intact, and only
+# then do they become kubelet references.
+_LEADER = "\x00lws-leader\x00"
+_HOST_IP = "\x00host-ip\x00"
+_INDEX = "\x00worker-index\x00"
+_REFERENCES = {_LEADER: "$(LWS_LEADER_ADDRESS)", _HOST_IP: f"$({HOST_IP_VAR})", _INDEX: "$(LWS_WORKER_INDEX)"}
+# kubelet expands $(NAME) and reduces $$ to $: a "$" before "(" or "$" needs a second one.
+_KUBELET_SPECIAL = re.compile(r"\$(?=[($])")
+
+
+def _references(text: str) -> str:
+    for stand_in, reference in _REFERENCES.items():
+        text = text.replace(stand_in, reference)
+    return text
+
+
+def kubelet_literal(text: str) -> str:
+    """A command word or env value that kubelet hands the container exactly as planned, with the
+    stand-ins turned into the LWS/downward-API references it is meant to expand."""
+    return _references(_KUBELET_SPECIAL.sub("$$", text))
 
 
 @dataclass(frozen=True)
@@ -70,7 +94,7 @@ def _env(rank: RankPlan, secret_name: str, host_ip_keys: tuple[str, ...]) -> lis
             ref = {"name": secret_name, "key": var.key}
             env.append({"name": var.key, "valueFrom": {"secretKeyRef": ref}})
         else:
-            env.append({"name": var.key, "value": var.value})
+            env.append({"name": var.key, "value": kubelet_literal(var.value)})
     return env
 
 
@@ -85,8 +109,9 @@ def _volumes(rank: RankPlan, recipe: Recipe, rdma: bool) -> tuple[list[dict[str,
         mounts.append({"name": "infiniband", "mountPath": "/dev/infiniband"})
     for i, m in enumerate(rank.mounts):
         name = "hf-cache" if m.container == CONTAINER_HF_HOME else f"mount-{i}"
-        volumes.append({"name": name, "hostPath": {"path": m.host}})
-        mounts.append({"name": name, "mountPath": m.container, "readOnly": m.read_only})
+        # Paths are not expanded by kubelet: stand-ins ({{rank}} in a mount) resolve, "$" stays.
+        volumes.append({"name": name, "hostPath": {"path": _references(m.host)}})
+        mounts.append({"name": name, "mountPath": _references(m.container), "readOnly": m.read_only})
     return volumes, mounts
 
 
@@ -98,7 +123,7 @@ def _container(
     container: dict[str, Any] = {
         "name": role,
         "image": image,
-        "command": list(rank.argv),
+        "command": [kubelet_literal(word) for word in rank.argv],
         "env": _env(rank, secret, host_ip_keys),
         "securityContext": {"privileged": True, "capabilities": {"add": ["IPC_LOCK"]}},
         "volumeMounts": mounts,
@@ -143,9 +168,9 @@ def k8s_manifests(
     recipe = recipe.model_copy(update={"docker_image": image})
     name = k8s_name(deployment)
     markers = Markers(
-        head="$(LWS_LEADER_ADDRESS)",
-        self_addr=f"$({HOST_IP_VAR})",
-        rank="$(LWS_WORKER_INDEX)",
+        head=_LEADER,
+        self_addr=_HOST_IP,
+        rank=_INDEX,
         # Worker pods are <lws>-<group>-<index> under the LWS headless service <lws>.
         peer=lambda i: f"{name}-0-{i}.{name}",
     )
