@@ -33,7 +33,7 @@ else
     echo "setup-browser: FAILED: pip install $PLAYWRIGHT_SPEC into $py" >&2
     exit 1
   fi
-  printf '%s\n' "$out" | grep -v -e '^WARNING: Running pip as' -e '^$' || :
+  printf '%s\n' "$out" | grep -v -e '^WARNING: Running pip as' -e '^WARNING: Location' -e '^$' || :
   "$py" -c "import playwright.sync_api" \
     || { echo "setup-browser: FAILED: playwright installed but does not import in $py" >&2; exit 1; }
 fi
