@@ -13,6 +13,7 @@ from typing import Literal
 from sparkfleet.cluster import Cluster, Node
 from sparkfleet.engines import RankContext, Readiness, engine_for
 from sparkfleet.errors import PlanError
+from sparkfleet.placeholders import placeholder_keys
 from sparkfleet.recipe import Recipe, StagingSpec
 from sparkfleet.secrets import is_secret
 from sparkfleet.staging.nfs import volume_name as nfs_volume_name
@@ -132,21 +133,42 @@ def container_name(deployment: str, rank: int) -> str:
     return f"sparkfleet-{_DOCKER_NAME.sub('-', deployment).strip('-.') or 'deployment'}-r{rank}"
 
 
+def check_plannable(recipe: Recipe, cluster: Cluster | None = None) -> None:
+    """Every check plan() makes before it places ranks on nodes; ``validate`` runs it without a
+    cluster, so a recipe it accepts is refused by plan only for what the cluster adds."""
+    _refuse_placeholders(recipe, cluster)
+    problem = engine_for(recipe.engine).check_layout(recipe)
+    if problem:
+        raise PlanError(f"{recipe.source}: {problem}")
+    for spec in recipe.staging:
+        _check_staging_keys(recipe, spec)
+
+
+def _refuse_placeholders(recipe: Recipe, cluster: Cluster | None) -> None:
+    """One message naming every key, in both files, that still holds an importer's placeholder."""
+    found = [(recipe.source, placeholder_keys(recipe.model_dump(exclude={"source"})))]
+    if cluster is not None:
+        # Resolved nodes: a placeholder under [defaults] shows at every node that inherits it.
+        found.append((cluster.source, placeholder_keys({"nodes": [n.model_dump() for n in cluster.nodes]})))
+    where = [(source, ", ".join(keys)) for source, keys in found if keys]
+    if where:
+        (first, keys), rest = where[0], where[1:]
+        raise PlanError(
+            f"{first}: fill in the <SET ME: …> placeholders that sparkfleet import left: {keys}"
+            + "".join(f"; {source}: {more}" for source, more in rest)
+        )
+
+
 def plan(recipe: Recipe, cluster: Cluster, deployment: str, overrides: Overrides | None = None) -> Plan:
     """Plan recipe on the first ``required_nodes`` nodes of cluster as deployment NAME."""
     overrides = overrides or Overrides()
     name = overrides.name or deployment
     nnodes = recipe.required_nodes
+    check_plannable(recipe, cluster)
     if nnodes > len(cluster.nodes):
         raise PlanError(
             f"{recipe.source}: required_nodes = {nnodes}, but cluster {cluster.name!r} "
             f"({cluster.source}) has {len(cluster.nodes)} node(s)"
-        )
-    if recipe.tensor_parallel_size * recipe.pipeline_parallel_size < nnodes:
-        raise PlanError(
-            f"{recipe.source}: tensor_parallel_size × pipeline_parallel_size = "
-            f"{recipe.tensor_parallel_size * recipe.pipeline_parallel_size} is smaller than "
-            f"required_nodes = {nnodes}: some nodes would hold no rank"
         )
     nodes = cluster.nodes[:nnodes]
     adapter = engine_for(recipe.engine)
@@ -365,18 +387,23 @@ def _docker_run(
     return tuple(words)
 
 
+def _check_staging_keys(recipe: Recipe, spec: StagingSpec) -> None:
+    """The keys a sync/nfs/copy step needs exist."""
+    where = f"{recipe.source}: staging {spec.id!r}"
+    if spec.kind in ("sync", "nfs") and not spec.src:
+        raise PlanError(f"{where}: kind = {spec.kind!r} needs src (the folder to {spec.kind})")
+    if spec.kind == "copy" and not spec.files and not spec.src:
+        raise PlanError(f"{where}: kind = 'copy' needs files = [...] (or src, a folder of files)")
+
+
 def _check_distribution(recipe: Recipe, spec: StagingSpec, nodes: tuple[Node, ...]) -> None:
-    """The keys a sync/nfs/copy step needs, and the nodes it names, exist."""
+    """The nodes a sync/nfs step names are among the planned ones."""
     where = f"{recipe.source}: staging {spec.id!r}"
     names = [n.name for n in nodes]
     for key in ("source_node", "server_node"):
         named = getattr(spec, key)
         if named is not None and named not in names:
             raise PlanError(f"{where}: {key} = {named!r} is not one of the planned nodes ({', '.join(names)})")
-    if spec.kind in ("sync", "nfs") and not spec.src:
-        raise PlanError(f"{where}: kind = {spec.kind!r} needs src (the folder to {spec.kind})")
-    if spec.kind == "copy" and not spec.files and not spec.src:
-        raise PlanError(f"{where}: kind = 'copy' needs files = [...] (or src, a folder of files)")
 
 
 def _staging(recipe: Recipe, deployment: str, nodes: tuple[Node, ...]) -> tuple[StagingStep, ...]:

@@ -165,3 +165,46 @@ def test_other_wrongly_typed_values_are_still_shown(tmp_path: Path, capsys: pyte
     recipe.write_text('engine = "vllm"\nmodel = "org/m"\n[env]\nNCCL_DEBUG = ["INFO"]\n')
     code, _, err = _run(capsys, "validate", str(recipe))
     assert code == 2 and "env.NCCL_DEBUG: input should be a valid string (got ['INFO'])" in " ".join(err.split())
+
+
+@pytest.mark.parametrize(
+    ("body", "expect"),
+    [
+        ('[[staging]]\nkind = "sync"\nid = "w"\ndst = "/y"\n', "staging 'w': kind = 'sync' needs src"),
+        ('[[staging]]\nkind = "copy"\nid = "w"\ndst = "/y"\n', "staging 'w': kind = 'copy' needs files = [...]"),
+        ("required_nodes = 3\ntensor_parallel_size = 1\npipeline_parallel_size = 2\n",
+         "tensor_parallel_size × pipeline_parallel_size = 2 is smaller than required_nodes = 3"),
+    ],
+    ids=["sync-without-src", "copy-without-files", "tp-pp-short-of-nodes"],
+)  # fmt: skip
+def test_validate_refuses_what_plan_refuses_without_a_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, expect: str
+) -> None:
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(f'engine = "sglang"\nmodel = "org/m"\n{body}')
+    for argv in (("validate", str(recipe)), ("plan", str(recipe), "-c", str(SPARK4))):
+        code, out, err = _run(capsys, *argv)
+        assert code == 2 and out == "" and expect in " ".join(err.split()), argv
+
+
+def test_placeholders_in_recipe_and_cluster_are_one_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text('engine = "vllm"\nmodel = "org/m"\ndocker_image = "<SET ME: IMAGE>"\n')
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_text(
+        'name = "x"\n[[nodes]]\nname = "head"\nhost = "localhost"\nfabric_ip = "<SET ME: HEAD_IP>"\n'
+        '[[nodes]]\nname = "b"\nhost = "b"\nfabric_ip = "10.0.0.2"\n[nodes.env]\nNCCL_IB_HCA = "<SET ME: HCA>"\n'
+    )
+    code, _, err = _run(capsys, "plan", str(recipe), "--cluster", str(cluster))
+    text = " ".join(err.split())
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert text == (
+        f"error: {recipe}: fill in the <SET ME: …> placeholders that sparkfleet import left: docker_image; "
+        f"{cluster}: nodes[0].fabric_ip, nodes[1].env.NCCL_IB_HCA"
+    )
+    # The cluster alone, once the recipe is filled in.
+    recipe.write_text('engine = "vllm"\nmodel = "org/m"\n')
+    code, _, err = _run(capsys, "plan", str(recipe), "--cluster", str(cluster))
+    assert code == 2 and " ".join(err.split()).startswith(f"error: {cluster}: fill in the <SET ME: …> placeholders")
+    code, _, err = _run(capsys, "validate", str(recipe))
+    assert code == 0, err

@@ -127,7 +127,7 @@ def test_process_recipe_needs_an_image_and_llamacpp_workers_are_rpc_servers() ->
     _validate([lws, svc])
     leader, worker = _container(lws, "leader"), _container(lws, "worker")
     assert _flag(leader["command"], "--rpc") == "g-0-1.g:50052"
-    assert worker["command"][:5] == ["rpc-server", "-H", "$(SPARKFLEET_HOST_IP)", "-p", "50052"]
+    assert worker["command"][:5] == ["rpc-server", "--host", "$(SPARKFLEET_HOST_IP)", "--port", "50052"]
     assert worker["readinessProbe"] == {"tcpSocket": {"port": 50052}, "periodSeconds": 10}
     assert "resources" not in leader and leader["readinessProbe"]["httpGet"]["path"] == "/v1/models"
 

@@ -72,7 +72,7 @@ def test_llamacpp_head_lists_every_peer_and_workers_bind_their_own_address(tmp_p
     argv, _ = _run_rank(script, 0, tmp_path)
     assert argv[argv.index("--rpc") + 1] == "10.1.0.6:50052,10.1.0.7:50052"
     # Ranks above 0 are rpc-server (not the entrypoint): check the script line itself.
-    assert 'exec rpc-server -H "$SELF_ADDR" -p 50052' in script
+    assert 'exec rpc-server --host "$SELF_ADDR" --port 50052' in script
 
 
 def test_secrets_are_required_from_the_environment_never_written(tmp_path: Path) -> None:
@@ -128,11 +128,11 @@ def test_imported_profile_exports_with_its_cluster_nics(tmp_path: Path) -> None:
     # import mia-env puts NICs in the cluster file; export --cluster must carry them to every rank.
     from sparkfleet.importers.mia_env import import_mia_env
     from sparkfleet.importers.shell_profile import parse_profile
-    from tests.unit.test_import_mia_env import production_text
+    from tests.unit.test_import_mia_env import filled, production_text
 
     result = import_mia_env(parse_profile(production_text(), "env.tp4"))
-    (tmp_path / "recipe.toml").write_text(result.recipe_toml)
-    (tmp_path / "cluster.toml").write_text(result.cluster_toml or "")
+    (tmp_path / "recipe.toml").write_text(filled(result.recipe_toml))
+    (tmp_path / "cluster.toml").write_text(filled(result.cluster_toml or ""))
     out = tmp_path / "job.sbatch"
     cmd = [sys.executable, "-m", "sparkfleet.cli.main", "export", "slurm", str(tmp_path / "recipe.toml"),
            "--cluster", str(tmp_path / "cluster.toml"), "--out", str(out)]  # fmt: skip

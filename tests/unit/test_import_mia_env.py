@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from sparkfleet.cluster import load_cluster
+from sparkfleet.errors import PlanError
 from sparkfleet.importers.mia_env import import_mia_env
 from sparkfleet.importers.report import has_placeholders
 from sparkfleet.importers.shell_profile import parse_profile
+from sparkfleet.placeholders import PATTERN
 from sparkfleet.plan import plan
 from sparkfleet.recipe import load_recipe
 from tests.conftest import ROOT, SEEDS, SPARK4
@@ -18,6 +20,12 @@ from tests.conftest import ROOT, SEEDS, SPARK4
 PROFILE = ROOT / "tests" / "data" / "import" / "env.tp4.example"
 SHARED_PROFILE = ROOT.parent / "shared" / "seeds" / "recipes" / "docker-images" / "mia-tp4" / ".env.tp4.example"
 SEED = SEEDS / "dsv41-flash-4x-mia"
+FILLED_REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+def filled(text: str) -> str:
+    """An imported file with every placeholder given a value, as its user does before planning."""
+    return PATTERN.sub(FILLED_REVISION, text)
 
 
 def production_text() -> str:
@@ -67,7 +75,9 @@ def test_test_copy_is_the_seed_profile_unchanged() -> None:
 
 def _plans(imported: tuple[Path, Path, object]) -> tuple[object, object]:
     recipe, cluster, _ = imported
-    mine = plan(load_recipe(recipe), load_cluster(cluster), "imported")
+    ready = recipe.with_name("filled.toml")
+    ready.write_text(filled(recipe.read_text()))
+    mine = plan(load_recipe(ready), load_cluster(cluster), "imported")
     seed = plan(load_recipe(SEED), load_cluster(SPARK4), "seed")
     return mine, seed
 
@@ -135,11 +145,17 @@ def test_adapter_gates_and_env_identical_to_seed_recipe_key_by_key(imported) -> 
 
 
 def test_site_values_are_placeholders_or_cluster_values(imported) -> None:  # type: ignore[no-untyped-def]
-    recipe, _, result = imported
+    recipe, cluster, result = imported
+    assert has_placeholders(load_recipe(recipe).env["DSV41_SOURCE"])
+    with pytest.raises(PlanError) as refused:
+        plan(load_recipe(recipe), load_cluster(cluster), "imported")
+    assert str(refused.value) == (
+        f"{recipe}: fill in the <SET ME: …> placeholders that sparkfleet import left: env.DSV41_SOURCE, staging[0].src"
+    )
     mine, _ = _plans(imported)
     head = mine.ranks[0]  # type: ignore[attr-defined]
     env = {v.key: v for v in head.env}
-    assert has_placeholders(env["DSV41_SOURCE"].value)
+    assert env["DSV41_SOURCE"].value.endswith(f"/snapshots/{FILLED_REVISION}")
     for key, value in (("NCCL_SOCKET_IFNAME", "enP7s7"), ("GLOO_SOCKET_IFNAME", "enP7s7"),
                        ("NCCL_IB_HCA", "rocep1s0f0,rocep1s0f1")):  # fmt: skip
         assert (env[key].value, env[key].source) == (value, "cluster")

@@ -8,12 +8,14 @@ import typer
 
 from sparkfleet.cli.console import console
 from sparkfleet.cli.options import ClusterOpt, EnvOpt, JsonOpt, NameOpt, RecipeArg, SetOpt, build_plan
+from sparkfleet.plan import check_plannable
 from sparkfleet.recipe import load_recipe
 
 
 def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
     """Check a recipe: exit 0 when it is valid, 2 with one line naming the problem otherwise."""
     loaded = load_recipe(recipe, tuple(set_ or ()))
+    check_plannable(loaded)  # what plan checks before it needs a cluster
     console.print(f"[green]ok[/] {loaded.source}: {loaded.engine}, {loaded.required_nodes} node(s), "
                   f"tp={loaded.tensor_parallel_size} pp={loaded.pipeline_parallel_size}")  # fmt: skip
 

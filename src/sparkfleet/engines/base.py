@@ -48,6 +48,11 @@ class EngineAdapter(Protocol):
         """A problem with the recipe for this engine (e.g. a per-rank flag in args), or None."""
         ...
 
+    def check_layout(self, recipe: Recipe) -> str | None:
+        """A problem with how the recipe spreads over ``required_nodes`` (a node that would get
+        nothing to do), or None. Needs no cluster: ``validate`` asks it too."""
+        ...
+
     def rank_argv(self, recipe: Recipe, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
         """The full command of one rank: entrypoint, model, recipe args, per-rank flags."""
         ...
@@ -81,4 +86,16 @@ def conflicting_flag(args: Sequence[str], reserved: Iterable[str], engine: str) 
                 f"args: {flag} is set by sparkfleet for each rank ({engine}); "
                 "remove it from args (the recipe's tensor_parallel_size/port fields set these)"
             )
+    return None
+
+
+def gpu_ranks_cover_nodes(recipe: Recipe) -> str | None:
+    """For engines whose every node holds tensor/pipeline-parallel ranks: TP × PP must reach
+    required_nodes, or some node would hold none."""
+    ranks = recipe.tensor_parallel_size * recipe.pipeline_parallel_size
+    if ranks < recipe.required_nodes:
+        return (
+            f"tensor_parallel_size × pipeline_parallel_size = {ranks} is smaller than "
+            f"required_nodes = {recipe.required_nodes}: some nodes would hold no rank"
+        )
     return None

@@ -40,9 +40,15 @@ class LlamaCpp:
                         "folder name under {{hf}}/hub/models--ORG--NAME/snapshots/)")
         return None
 
+    def check_layout(self, recipe: Recipe) -> str | None:
+        # Ranks above 0 are rpc-server backends that rank 0 drives over --rpc: they hold no tensor
+        # or pipeline rank, so any required_nodes is a valid spread whatever TP/PP say.
+        return None
+
     def rank_argv(self, recipe: Recipe, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
         if ctx.rank > 0:
-            return ("rpc-server", "-H", ctx.fabric_ip, "-p", str(ctx.rendezvous_port))
+            # Its own fabric address, not 0.0.0.0: the RPC protocol has no authentication.
+            return ("rpc-server", "--host", ctx.fabric_ip, "--port", str(ctx.rendezvous_port))
         python = _is_python_server(entrypoint)
         path = str(PurePosixPath(ctx.model_ref) / ctx.model_file) if ctx.model_file else ctx.model_ref
         argv = (*entrypoint, "--model", path, *recipe.args, "--host", "0.0.0.0", "--port", str(ctx.port))
@@ -53,6 +59,7 @@ class LlamaCpp:
 
     def readiness(self, ctx: RankContext) -> Readiness:
         if ctx.rank > 0:
+            # rpc-server has no HTTP: it is ready once its port accepts a connection.
             return Readiness(False, None, r"Starting RPC server", tcp_port=ctx.rendezvous_port)
         # llama-server answers /health 503 while loading; llama_cpp.server has only /v1/models.
         return Readiness(True, "/v1/models", None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sparkfleet.engines.base import RankContext, Readiness, conflicting_flag
+from sparkfleet.engines.base import RankContext, Readiness, conflicting_flag, gpu_ranks_cover_nodes
 
 if TYPE_CHECKING:
     from sparkfleet.recipe import Recipe
@@ -26,6 +26,9 @@ class SGLang:
 
     def check_recipe(self, recipe: Recipe) -> str | None:
         return conflicting_flag(recipe.args, RESERVED, self.name)
+
+    def check_layout(self, recipe: Recipe) -> str | None:
+        return gpu_ranks_cover_nodes(recipe)
 
     def rank_argv(self, recipe: Recipe, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
         parallel: tuple[str, ...] = ("--tp", str(recipe.tensor_parallel_size))

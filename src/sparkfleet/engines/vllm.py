@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
-from sparkfleet.engines.base import RankContext, Readiness, conflicting_flag, flag_names
+from sparkfleet.engines.base import RankContext, Readiness, conflicting_flag, flag_names, gpu_ranks_cover_nodes
 
 if TYPE_CHECKING:
     from sparkfleet.recipe import Recipe
@@ -46,6 +46,9 @@ class VLLM:
             "--tensor-parallel-size", str(recipe.tensor_parallel_size),
             "--pipeline-parallel-size", str(recipe.pipeline_parallel_size),
         )  # fmt: skip
+
+    def check_layout(self, recipe: Recipe) -> str | None:
+        return gpu_ranks_cover_nodes(recipe)
 
     def rank_argv(self, recipe: Recipe, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
         if recipe.distributed_backend == "ray" and ctx.nnodes > 1:

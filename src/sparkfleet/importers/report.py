@@ -1,29 +1,23 @@
 """What an import produced and what it could not carry over: placeholders and skipped keys.
 
-Placeholders are strings of the form ``<SET ME: what>``. They are plain strings, so the written
-recipe still loads and plans (``sparkfleet plan`` shows them in place); ``has_placeholders``
-lets a caller refuse to launch one.
+Placeholders are strings of the form ``<SET ME: what>`` (see sparkfleet.placeholders): the
+written recipe still loads, and ``validate``/``plan`` refuse it until every one is filled in.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sparkfleet.importers.toml_text import TomlDoc
+from sparkfleet.placeholders import PATTERN, placeholder
 
-_PLACEHOLDER = re.compile(r"<SET ME: [^>]*>")
-
-
-def placeholder(what: str) -> str:
-    """A clearly marked value the user must fill in."""
-    return f"<SET ME: {what}>"
+__all__ = ["ImportResult", "Note", "comment_block", "has_placeholders", "placeholder"]
 
 
 def has_placeholders(text: str) -> list[str]:
-    """Every placeholder in text (for ``up`` or a test to refuse an unfinished recipe)."""
-    return _PLACEHOLDER.findall(text)
+    """Every placeholder in text."""
+    return PATTERN.findall(text)
 
 
 @dataclass(frozen=True)
