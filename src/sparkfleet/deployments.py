@@ -13,6 +13,7 @@ from typing import Any
 from sparkfleet.cluster import Node
 from sparkfleet.engines import Readiness
 from sparkfleet.errors import StateError
+from sparkfleet.identity import Instance
 from sparkfleet.plan import MountSpec, Plan, RankPlan
 from sparkfleet.secrets import redact
 from sparkfleet.state import Store
@@ -31,7 +32,9 @@ CREATE TABLE IF NOT EXISTS deployments (
     created REAL NOT NULL,
     updated REAL NOT NULL,
     ready_at REAL,
-    ranks_json TEXT NOT NULL
+    ranks_json TEXT NOT NULL,
+    instance TEXT,
+    owner TEXT
 );
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -60,6 +63,8 @@ class Deployment:
     updated: float
     ready_at: float | None
     ranks: tuple[RankPlan, ...]
+    instance: str | None = None  # None: recorded before instance ids (stops match by name)
+    owner: str | None = None
 
 
 def rank_to_json(rank: RankPlan) -> dict[str, Any]:
@@ -123,8 +128,10 @@ class Deployments:
     def __init__(self, store: Store | None = None) -> None:
         self.store = store or Store()
         self.store.ensure(SCHEMA)
+        # A state store written before instance ids lacks the columns.
+        self.store.add_columns("deployments", {"instance": "TEXT", "owner": "TEXT"})
 
-    def acquire(self, plan: Plan, cluster_source: str) -> None:
+    def acquire(self, plan: Plan, cluster_source: str, instance: Instance) -> None:
         """Record plan as starting, or refuse if a deployment of that name is up or starting."""
         now = time.time()
         with self.store.connect() as conn:
@@ -140,11 +147,11 @@ class Deployments:
             conn.execute("DELETE FROM deployments WHERE name = ?", (plan.name,))
             conn.execute(
                 "INSERT INTO deployments (name, engine, recipe, cluster, endpoint, served_model, status,"
-                " owner_pid, owner_host, created, updated, ranks_json)"
-                " VALUES (?, ?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?)",
+                " owner_pid, owner_host, created, updated, ranks_json, instance, owner)"
+                " VALUES (?, ?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?, ?, ?)",
                 (plan.name, plan.engine, plan.recipe_source, cluster_source, plan.endpoint, plan.served_model,
                  os.getpid(), socket.gethostname(), now, now,
-                 json.dumps([rank_to_json(r) for r in plan.ranks])),
+                 json.dumps([rank_to_json(r) for r in plan.ranks]), instance.id, instance.owner),
             )  # fmt: skip
 
     def set_status(self, name: str, status: str) -> None:
@@ -197,4 +204,6 @@ def _from_row(row: Any) -> Deployment:
         updated=row["updated"],
         ready_at=row["ready_at"],
         ranks=tuple(rank_from_json(r) for r in json.loads(row["ranks_json"])),
+        instance=row["instance"],
+        owner=row["owner"],
     )

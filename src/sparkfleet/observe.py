@@ -12,7 +12,10 @@ import httpx
 from sparkfleet.deploy import runtime_for
 from sparkfleet.deployments import Deployment
 from sparkfleet.fleet import fan_out, transport_for
+from sparkfleet.plan import RankPlan
 from sparkfleet.runtime.base import RankState
+from sparkfleet.secrets import env_file_secrets, redact
+from sparkfleet.transport.base import Transport
 
 
 @dataclass(frozen=True)
@@ -77,9 +80,18 @@ def logs(deployment: Deployment, rank: int | None = None, tail: int | None = 200
             for k, o in outcomes.items()}  # fmt: skip
 
 
+def rank_secrets(rank: RankPlan, transport: Transport) -> dict[str, str]:
+    """The secret values the rank was started with, read back from its private env file: an
+    engine that prints its own token must not show it through sparkfleet."""
+    result = transport.run(["cat", rank.env_file], check=False, timeout=30)
+    return env_file_secrets(result.stdout) if result.ok else {}
+
+
 def _one_log(deployment: Deployment, rank: int, tail: int | None) -> str:
     plan_rank = deployment.ranks[rank]
-    return runtime_for(plan_rank).logs(plan_rank, transport_for(plan_rank.node), tail=tail)
+    transport = transport_for(plan_rank.node)
+    text = runtime_for(plan_rank).logs(plan_rank, transport, tail=tail)
+    return redact(text, rank_secrets(plan_rank, transport))
 
 
 def follow(deployment: Deployment, emit: Callable[[int, str, str], None], rank: int | None = None,
@@ -88,13 +100,15 @@ def follow(deployment: Deployment, emit: Callable[[int, str, str], None], rank: 
     stop = stop or threading.Event()
     procs = []
     for r in (x for x in deployment.ranks if rank is None or x.rank == rank):
-        proc = transport_for(r.node).stream(runtime_for(r).follow_argv(r))
+        transport = transport_for(r.node)
+        secrets = rank_secrets(r, transport)
+        proc = transport.stream(runtime_for(r).follow_argv(r))
         procs.append(proc)
 
-        def pump(p=proc, rr=r) -> None:  # type: ignore[no-untyped-def]
+        def pump(p=proc, rr=r, hidden=secrets) -> None:  # type: ignore[no-untyped-def]
             assert p.stdout is not None
             for raw in p.stdout:
-                emit(rr.rank, rr.node.name, raw.decode(errors="replace").rstrip("\n"))
+                emit(rr.rank, rr.node.name, redact(raw.decode(errors="replace").rstrip("\n"), hidden))
 
         threading.Thread(target=pump, daemon=True).start()
     try:

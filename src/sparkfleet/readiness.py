@@ -13,9 +13,11 @@ import httpx
 
 from sparkfleet.errors import ReadinessError
 from sparkfleet.fleet import fan_out, raise_first
+from sparkfleet.identity import Instance
 from sparkfleet.plan import Plan, RankPlan
 from sparkfleet.recipe import Verify
 from sparkfleet.runtime.base import RankState, Runtime
+from sparkfleet.runtime.process import port_holders
 from sparkfleet.transport.base import Transport
 
 LOG_TAIL_LINES = 15
@@ -79,10 +81,26 @@ def _tcp_ok(host: str, port: int) -> bool:
         return False
 
 
+def check_answered_by(plan: Plan, transport: Transport, instance: Instance) -> None:
+    """Raise unless the process listening on rank 0's port is the rank this up started: a
+    health answer from another server (another deployment on the port) is no readiness."""
+    head = plan.head
+    holders = port_holders(transport, head.node.python, (plan.port,))
+    known = [h for h in holders if h.pid is not None]
+    if not known or any(h.instance == instance.id for h in known):
+        return  # ours, or not visible to this user (then the port preflight is what holds)
+    raise ReadinessError(
+        f"{plan.name}: port {plan.port} on {head.node.name} answers, but it is held by "
+        + ", ".join(h.describe() for h in known)
+        + " — not rank 0 of this deployment, which cannot bind it"
+    )
+
+
 def wait_ready(
     plan: Plan,
     transports: dict[str, Transport],
     runtimes: dict[int, Runtime],
+    instance: Instance,
     *,
     timeout: float,
     on_progress: Callable[[str], None] = lambda _: None,
@@ -116,8 +134,11 @@ def wait_ready(
             check_logs(plan, verify, {int(k): v[1] for k, v in probed.items()}, boot)
             next_logs = now + LOG_POLL_S
         head = plan.head
+        was_healthy = healthy
         if head.readiness.serves_http and head.readiness.health_path:
             healthy = _http_ok(plan.endpoint + head.readiness.health_path)
+            if healthy and not was_healthy:
+                check_answered_by(plan, transport(0), instance)
         else:
             healthy = True
         workers_ok = all(

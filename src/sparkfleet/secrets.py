@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 MASK = "***"
 _SECRET = re.compile(r"(^HF_TOKEN$|^HUGGING_FACE_HUB_TOKEN$|_API_KEY$|_TOKEN$|_PASSWORD$|_SECRET$|^API_KEY$)")
@@ -19,9 +19,28 @@ def masked(env: Mapping[str, str]) -> dict[str, str]:
     return {k: (MASK if is_secret(k) else v) for k, v in env.items()}
 
 
-def redact(text: str, env: Mapping[str, str]) -> str:
-    """Text with every secret value of env replaced by ``***`` (for log lines and errors)."""
-    for key, value in env.items():
+# Credentials an engine may print whatever its env is called: Hugging Face tokens and HTTP
+# bearer tokens (an API key echoed in a request log).
+_PATTERNS = (re.compile(r"\bhf_[A-Za-z0-9]{8,}"), re.compile(r"(?<=Bearer )[A-Za-z0-9._~+/=-]{4,}"))
+
+
+def redact(text: str, env: Mapping[str, str] | None = None) -> str:
+    """Text with every secret value of env, and anything shaped like a token, replaced by ``***``
+    (for log lines, errors and stored records)."""
+    # Longest first, so a secret that contains another is hidden whole.
+    for key, value in sorted((env or {}).items(), key=lambda kv: -len(kv[1])):
         if is_secret(key) and value and len(value) >= 4:
             text = text.replace(value, MASK)
+    for pattern in _PATTERNS:
+        text = pattern.sub(MASK, text)
     return text
+
+
+def secrets_of(env: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """The secret-named entries of (key, value) pairs."""
+    return {k: v for k, v in env if is_secret(k)}
+
+
+def env_file_secrets(text: str) -> dict[str, str]:
+    """The secret entries of a ``KEY=VALUE`` env file (what a rank was started with)."""
+    return secrets_of(tuple(line.split("=", 1)) for line in text.splitlines() if "=" in line)  # type: ignore[misc]

@@ -68,3 +68,15 @@ class Store:
         finally:
             conn.close()
         self._ensured.add(schema)
+
+    def add_columns(self, table: str, columns: dict[str, str]) -> None:
+        """Add the columns a newer sparkfleet needs to a table an older one created."""
+        key = f"{table}:{sorted(columns)}"
+        if key in self._ensured:
+            return
+        with self.connect() as conn:
+            have = {row["name"] for row in conn.execute(f"PRAGMA table_info({table})")}
+            for name, kind in columns.items():
+                if name not in have:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+        self._ensured.add(key)

@@ -26,6 +26,7 @@ from sparkfleet.bench.endpoint import resolve_endpoint
 from sparkfleet.bench.prefill import PrefillConfig, run_prefill
 from sparkfleet.bench.store import BenchStore
 from sparkfleet.errors import BenchError
+from sparkfleet.identity import Instance
 from tests.replay_server import ReplayServer, Script
 
 REPO = Path(__file__).resolve().parents[2]
@@ -280,7 +281,7 @@ def test_a_deployment_name_resolves_to_its_endpoint_model_and_facts(tmp_path: Pa
     recipe = load_recipe(REPO / "tests" / "data" / "seeds" / "dsv41-flash-eugr-0913-4x" / "recipe.toml")
     p = plan(recipe, load_cluster(REPO / "examples" / "clusters" / "spark4.toml"), "dsv41")
     records = Deployments(store)
-    records.acquire(p, "spark4.toml")
+    records.acquire(p, "spark4.toml", Instance.new(p.name))
     with pytest.raises(BenchError, match="'dsv41' is starting, not ready"):
         resolve_endpoint("dsv41", store=store)
     records.set_status("dsv41", "ready")

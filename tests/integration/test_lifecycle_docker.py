@@ -82,7 +82,12 @@ def test_two_nodes_over_ssh_and_down_after_state_loss(fleet2: LoopbackFleet, tmp
                            capture_output=True, text=True).stdout.split()  # fmt: skip
     assert sorted(names) == ["sparkfleet-dtwo-r0", "sparkfleet-dtwo-r1"]
     fresh = {"SPARKFLEET_STATE_DIR": str(tmp_path / "other")}
-    down = sparkfleet("down", "dtwo", "--cluster", str(fleet2.cluster_file), env=fresh)
+    assert sparkfleet("down", "dtwo", env=fresh).returncode == 2  # no record here: nothing stopped by name
+    assert len(leftover_containers("dtwo")) == 2
+    down = sparkfleet("down", "dtwo", "--sweep", "--cluster", str(fleet2.cluster_file), env=fresh)
     assert down.returncode == 0, down.stderr
-    assert "container sparkfleet-dtwo-r" in down.stdout
+    # Each node lists its own container (the shared dockerd's other node's is not counted twice).
+    assert "node0: container sparkfleet-dtwo-r0 (rank 0, running; instance" in down.stdout
+    assert "node1: container sparkfleet-dtwo-r1 (rank 1, running; instance" in down.stdout
+    assert "found 2 rank(s)" in down.stdout
     assert leftover_containers("dtwo") == []

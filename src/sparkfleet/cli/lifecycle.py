@@ -85,24 +85,40 @@ def _record(name: str):  # type: ignore[no-untyped-def]
 def down(
     name: Annotated[str, typer.Argument(help="Deployment name.")],
     cluster: Annotated[
-        str | None, typer.Option("--cluster", "-c", help="Sweep this cluster when no local record exists.")
+        str | None, typer.Option("--cluster", "-c", help="With --sweep: the cluster whose nodes to search.")
     ] = None,
+    sweep_: Annotated[
+        bool,
+        typer.Option("--sweep", help="Find the deployment's ranks by name on every node of --cluster, whoever "
+                     "started them, list them with their owner, and stop them (when the local record is lost)."),
+    ] = False,
 ) -> None:
-    """Stop every rank of a deployment (idempotent)."""
+    """Stop every rank of a deployment this controller started (idempotent)."""
     from sparkfleet.cluster import load_cluster
     from sparkfleet.deploy import down as run_down
-    from sparkfleet.deploy import sweep
+    from sparkfleet.deploy import find_by_name, sweep
     from sparkfleet.deployments import Deployments
 
-    record = Deployments().get(name)
-    if record is not None:
-        stopped = run_down(record)
-    else:
+    if sweep_:
         if cluster is None:
-            raise SparkfleetError(
-                f"no local record of {name!r}; pass --cluster FILE to find its containers and processes on the nodes"
-            )
-        stopped = sweep(load_cluster(cluster), name)
+            raise SparkfleetError("down --sweep needs --cluster FILE: the nodes to search for ranks of " + repr(name))
+        found = find_by_name(load_cluster(cluster), name)
+        if not found:
+            console.print(f"{name}: nothing of that name on any node of {cluster}")
+            return
+        console.print(f"found {len(found)} rank(s) of {name!r}:")
+        for item in found:
+            console.print(f"  {item.describe()}", highlight=False, soft_wrap=True)
+        sweep(load_cluster(cluster), found)
+        console.print(f"[green]stopped[/] {name}: {len(found)} rank(s) swept")
+        return
+    record = Deployments().get(name)
+    if record is None:
+        raise SparkfleetError(
+            f"no local record of {name!r} in this state dir; if its ranks are still running somewhere, "
+            f"`sparkfleet down {name} --sweep --cluster FILE` lists them with their owner and stops them"
+        )
+    stopped = run_down(record)
     if stopped:
         console.print(f"[green]stopped[/] {name}: " + ", ".join(stopped))
     else:

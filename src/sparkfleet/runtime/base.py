@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from sparkfleet.cluster import Node
 from sparkfleet.errors import RankRuntimeError
+from sparkfleet.identity import FoundRank, Instance
 from sparkfleet.plan import RankPlan
 from sparkfleet.transport.base import Transport
 
@@ -27,8 +29,8 @@ class RankState:
 class Runtime(Protocol):
     """Start, watch and stop one rank through its node's Transport."""
 
-    def start(self, rank: RankPlan, transport: Transport, deployment: str) -> str:
-        """Start the rank; returns its container id or pid."""
+    def start(self, rank: RankPlan, transport: Transport, instance: Instance) -> str:
+        """Start the rank, marked with instance; returns its container id or pid."""
         ...
 
     def inspect(self, rank: RankPlan, transport: Transport) -> RankState:
@@ -47,8 +49,18 @@ class Runtime(Protocol):
         """A command that prints the log and keeps following it."""
         ...
 
-    def stop(self, rank: RankPlan, transport: Transport, deployment: str, grace: float = 10.0) -> list[str]:
-        """Stop the rank (idempotent); returns what was stopped."""
+    def stop(self, rank: RankPlan, transport: Transport, deployment: str, instance: str | None,
+             grace: float = 10.0) -> list[str]:  # fmt: skip
+        """Stop the rank of that instance (idempotent; None: any instance, for records from before
+        instance ids); returns what was stopped."""
+        ...
+
+    def find(self, transport: Transport, deployment: str, node: Node) -> list[FoundRank]:
+        """Every rank of any instance of deployment on the node, with its owner."""
+        ...
+
+    def remove(self, transport: Transport, found: list[FoundRank], node: Node, grace: float = 10.0) -> None:
+        """Stop what find returned, whoever owns it (``down --sweep``)."""
         ...
 
 

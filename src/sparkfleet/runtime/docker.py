@@ -5,10 +5,18 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
+from sparkfleet.cluster import Node
 from sparkfleet.errors import RankRuntimeError
-from sparkfleet.plan import LABEL_DEPLOYMENT, RankPlan
+from sparkfleet.identity import LABEL_INSTANCE, LABEL_OWNER, LABEL_STARTED, FoundRank, Instance
+from sparkfleet.plan import LABEL_DEPLOYMENT, LABEL_RANK, RankPlan
 from sparkfleet.runtime.base import RankState, env_file_text
 from sparkfleet.transport.base import Transport
+
+# Loopback fleets put several nodes on one dockerd: the node label keeps their ranks apart.
+LABEL_NODE = "sparkfleet.node"
+_FIND_FORMAT = "\t".join(["{{.Names}}", "{{.State}}"] + [
+    f'{{{{.Label "{label}"}}}}' for label in (LABEL_RANK, LABEL_INSTANCE, LABEL_OWNER, LABEL_STARTED, LABEL_NODE)
+])
 
 
 def _epoch(stamp: str | None) -> float | None:
@@ -22,12 +30,16 @@ def _epoch(stamp: str | None) -> float | None:
 class DockerRuntime:
     """Ranks as containers; found again by their labels even when local state is lost."""
 
-    def start(self, rank: RankPlan, transport: Transport, deployment: str) -> str:
+    def start(self, rank: RankPlan, transport: Transport, instance: Instance) -> str:
         assert rank.container_argv is not None
-        transport.put_bytes(env_file_text(rank), rank.env_file, mode=0o600)
-        # A container left from an earlier failed start would block the name.
-        transport.run(["docker", "rm", "-f", rank.container_name], check=False, timeout=60)
-        result = transport.run(list(rank.container_argv), check=False, timeout=300)
+        markers = "".join(f"{k}={v}\n" for k, v in instance.container_env().items()).encode()
+        transport.put_bytes(env_file_text(rank) + markers, rank.env_file, mode=0o600)
+        # No `docker rm -f` of a same-named container first: up's preflight refused to start if
+        # one exists, since it belongs to another instance (maybe another user's).
+        argv = list(rank.container_argv)
+        at = argv.index("run") + 1
+        argv[at:at] = [*instance.labels(), "--label", f"{LABEL_NODE}={rank.node.name}"]
+        result = transport.run(argv, check=False, timeout=300)
         if not result.ok:
             raise RankRuntimeError(rank.node.name, f"docker run for rank {rank.rank} failed: {result.tail(5)}")
         return result.stdout.strip()[:12]
@@ -66,18 +78,41 @@ class DockerRuntime:
     def follow_argv(self, rank: RankPlan) -> list[str]:
         return ["docker", "logs", "--tail", "50", "-f", rank.container_name]
 
-    def stop(self, rank: RankPlan, transport: Transport, deployment: str, grace: float = 10.0) -> list[str]:
-        names = self.find(transport, deployment, rank.rank)
-        if rank.container_name not in names:
-            names.append(rank.container_name)
-        transport.run(["docker", "stop", "-t", str(int(grace)), *names], check=False, timeout=grace + 60)
-        transport.run(["docker", "rm", "-f", *names], check=False, timeout=60)
+    def stop(self, rank: RankPlan, transport: Transport, deployment: str, instance: str | None,
+             grace: float = 10.0) -> list[str]:  # fmt: skip
+        names = [f.ident for f in self.find(transport, deployment, rank.node)
+                 if f.rank == rank.rank and (instance is None or f.instance == instance)]  # fmt: skip
+        if instance is None and rank.container_name not in names:
+            names.append(rank.container_name)  # a record from before instance ids
+        _stop_and_remove(transport, names, grace)
         return names
 
-    def find(self, transport: Transport, deployment: str, rank: int | None = None) -> list[str]:
-        """Names of every container labelled with deployment (and rank) on the node."""
-        argv = ["docker", "ps", "-a", "--format", "{{.Names}}", "--filter", f"label={LABEL_DEPLOYMENT}={deployment}"]
-        if rank is not None:
-            argv += ["--filter", f"label=sparkfleet.rank={rank}"]
+    def find(self, transport: Transport, deployment: str, node: Node) -> list[FoundRank]:
+        """Every container of any instance of deployment on the node (any state)."""
+        argv = ["docker", "ps", "-a", "--no-trunc", "--format", _FIND_FORMAT,
+                "--filter", f"label={LABEL_DEPLOYMENT}={deployment}"]  # fmt: skip
         result = transport.run(argv, check=False, timeout=30)
-        return result.stdout.split() if result.ok else []
+        if not result.ok:
+            if "command not found" in result.stderr or result.exit_code == 127:
+                return []
+            raise RankRuntimeError(node.name, f"docker ps failed: {result.tail(3)}")
+        out = []
+        for line in result.stdout.splitlines():
+            name, state, rank, instance, owner, started, on_node = (line.split("\t") + [""] * 7)[:7]
+            if on_node and on_node != node.name:
+                continue
+            out.append(FoundRank(node.name, deployment, "container", name, state == "running",
+                                 int(rank) if rank.isdigit() else None, instance or None, owner or None,
+                                 float(started) if started.isdigit() else None))  # fmt: skip
+        return out
+
+    def remove(self, transport: Transport, found: list[FoundRank], node: Node, grace: float = 10.0) -> None:
+        """Stop and remove what find returned (``down --sweep``)."""
+        _stop_and_remove(transport, [f.ident for f in found if f.kind == "container"], grace)
+
+
+def _stop_and_remove(transport: Transport, names: list[str], grace: float) -> None:
+    """One round trip: stop with the grace period, then remove (also what never started)."""
+    if names:
+        script = 'g="$1"; shift; docker stop -t "$g" "$@" >/dev/null 2>&1; docker rm -f "$@" >/dev/null 2>&1; true'
+        transport.run(["sh", "-c", script, "sh", str(int(grace)), *names], check=False, timeout=grace + 90)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 from importlib.resources import files
 
+from sparkfleet.cluster import Node
 from sparkfleet.errors import RankRuntimeError
+from sparkfleet.identity import FoundRank, Instance, PortHolder
 from sparkfleet.plan import RankPlan
 from sparkfleet.runtime.base import RankState, env_file_text
 from sparkfleet.transport.base import Transport
@@ -30,28 +32,54 @@ esac
 """
 
 
-def _spec(rank: RankPlan, deployment: str, **extra: object) -> str:
-    return json.dumps({
+def node_agent(transport: Transport, python: str, command: str, payload: dict[str, object], *,
+               timeout: float = 30, stdin: bytes | None = None) -> dict:  # fmt: skip
+    """Run one agent command on the node and return its JSON answer."""
+    # -S: the agent needs only the standard library, and skipping site halves start-up.
+    result = transport.run([python, "-S", "-c", AGENT, command, json.dumps(payload)], timeout=timeout,
+                           check=False, stdin=stdin)  # fmt: skip
+    if not result.ok:
+        raise RankRuntimeError(transport.node, f"process agent {command} failed: {result.tail()}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def port_holders(transport: Transport, python: str, ports: tuple[int, ...]) -> list[PortHolder]:
+    """Who listens on these TCP ports of the node."""
+    answer = node_agent(transport, python, "holders", {"ports": list(ports)}, timeout=30)
+    return [PortHolder(**h) for h in answer["holders"]]
+
+
+def found_processes(node: str, deployment: str, entries: list[dict]) -> list[FoundRank]:
+    """The agent's per-process answer grouped into one entry per instance and rank."""
+    groups: dict[tuple[str | None, int | None], list[dict]] = {}
+    for entry in entries:
+        groups.setdefault((entry["instance"], entry["rank"]), []).append(entry)
+    out = []
+    for (instance, rank), members in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1] or 0)):
+        pids = tuple(sorted(m["pid"] for m in members))
+        out.append(FoundRank(node, deployment, "process", str(pids[0]), True, rank, instance,
+                             members[0]["owner"], members[0]["started"], pids))  # fmt: skip
+    return out
+
+
+def _spec(rank: RankPlan, deployment: str, **extra: object) -> dict[str, object]:
+    return {
         "argv": list(rank.argv), "env_file": rank.env_file, "log_path": rank.log_path,
         "pid_path": rank.pid_path, "exit_path": rank.pid_path.removesuffix(".pid") + ".exit",
         "workdir": rank.workdir, "deployment": deployment, "rank": rank.rank, "node": rank.node.name, **extra,
-    })  # fmt: skip
+    }  # fmt: skip
 
 
 class ProcessRuntime:
     """Ranks as host processes (CPU examples, tests, bare-metal engines)."""
 
-    def _agent(self, rank: RankPlan, transport: Transport, command: str, spec: str, timeout: float,
+    def _agent(self, rank: RankPlan, transport: Transport, command: str, spec: dict, timeout: float,
                stdin: bytes | None = None) -> dict:  # fmt: skip
-        # -S: the agent needs only the standard library, and skipping site halves start-up.
-        result = transport.run([rank.node.python, "-S", "-c", AGENT, command, spec], timeout=timeout,
-                               check=False, stdin=stdin)  # fmt: skip
-        if not result.ok:
-            raise RankRuntimeError(rank.node.name, f"process agent {command} failed: {result.tail()}")
-        return json.loads(result.stdout.strip().splitlines()[-1])
+        return node_agent(transport, rank.node.python, command, spec, timeout=timeout, stdin=stdin)
 
-    def start(self, rank: RankPlan, transport: Transport, deployment: str) -> str:
-        state = self._agent(rank, transport, "start", _spec(rank, deployment), 30, stdin=env_file_text(rank))
+    def start(self, rank: RankPlan, transport: Transport, instance: Instance) -> str:
+        spec = _spec(rank, instance.deployment, markers=instance.process_env())
+        state = self._agent(rank, transport, "start", spec, 30, stdin=env_file_text(rank))
         return str(state.get("pid") or "")
 
     def inspect(self, rank: RankPlan, transport: Transport) -> RankState:
@@ -83,13 +111,21 @@ class ProcessRuntime:
     def follow_argv(self, rank: RankPlan) -> list[str]:
         return ["tail", "-n", "50", "-F", rank.log_path]
 
-    def stop(self, rank: RankPlan, transport: Transport, deployment: str, grace: float = 10.0) -> list[str]:
-        out = self._agent(rank, transport, "stop", _spec(rank, deployment, grace=grace), grace + 30)
+    def stop(self, rank: RankPlan, transport: Transport, deployment: str, instance: str | None,
+             grace: float = 10.0) -> list[str]:  # fmt: skip
+        spec = _spec(rank, deployment, grace=grace, instance=instance)
+        out = self._agent(rank, transport, "stop", spec, grace + 30)
         return [str(p) for p in out["stopped"]]
 
-    def find(self, transport: Transport, deployment: str, node: str, python: str = "python3") -> list[str]:
-        """Pids of every process on the node that belongs to deployment."""
-        spec = json.dumps({"deployment": deployment, "node": node})
-        result = transport.run([python, "-S", "-c", AGENT, "find", spec], check=False, timeout=20)
-        return [str(p) for p in json.loads(result.stdout or '{"pids": []}')["pids"]] if result.ok else []
+    def find(self, transport: Transport, deployment: str, node: Node) -> list[FoundRank]:
+        """Every rank of any instance of deployment running as processes on the node."""
+        answer = node_agent(transport, node.python, "find", {"deployment": deployment, "node": node.name},
+                            timeout=30)  # fmt: skip
+        return found_processes(node.name, deployment, answer["found"])
+
+    def remove(self, transport: Transport, found: list[FoundRank], node: Node, grace: float = 10.0) -> None:
+        """Stop what find returned (``down --sweep``); the agent re-checks each pid's markers."""
+        for item in (f for f in found if f.kind == "process"):
+            payload = {"deployment": item.deployment, "node": item.node, "pids": list(item.pids), "grace": grace}
+            node_agent(transport, node.python, "kill", payload, timeout=grace + 30)
 

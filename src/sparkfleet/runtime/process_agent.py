@@ -5,7 +5,11 @@ Shipped as ``python3 -c <this source> COMMAND JSON``. Commands:
           "pgid pid starttime" in the pid file, waits, and writes the exit code file
   inspect print {"state", "pid", "exit_code", "started_at"} as JSON
   stop    SIGTERM the process group, SIGKILL after the grace period; also every process whose
-          environment says it belongs to the deployment (so a lost pid file still stops it)
+          environment says it belongs to the deployment instance (so a lost pid file still stops it)
+  find    every process of a deployment on this node, with the instance markers it carries
+  holders who listens on the given TCP ports (pid, command, sparkfleet markers)
+  preflight  find + holders in one round trip (what ``up`` checks before starting anything)
+  kill    SIGTERM, then SIGKILL, the given pids of a deployment (``down --sweep``)
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ def _env(spec: dict) -> dict[str, str]:
             key, _, value = line.rstrip("\n").partition("=")
             if key:
                 env[key] = value
+    env.update(spec.get("markers") or {})
     env["SPARKFLEET_DEPLOYMENT"] = spec["deployment"]
     env["SPARKFLEET_RANK"] = str(spec["rank"])
     env["SPARKFLEET_RANK_NODE"] = spec["node"]
@@ -147,53 +152,155 @@ def probe(spec: dict) -> dict:
     return state
 
 
-def _belongs(pid: str, deployment: str, rank: int | None, node: str | None) -> bool:
+def _environ(pid: int | str) -> dict[str, str] | None:
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
-            env = fh.read().split(b"\0")
+            raw = fh.read().split(b"\0")
     except OSError:
-        return False
-    if f"SPARKFLEET_DEPLOYMENT={deployment}".encode() not in env:
+        return None
+    out = {}
+    for item in raw:
+        key, sep, value = item.partition(b"=")
+        if sep and key.startswith(b"SPARKFLEET_"):
+            out[key.decode(errors="replace")] = value.decode(errors="replace")
+    return out
+
+
+def _belongs(pid: str, deployment: str, rank: int | None, node: str | None, instance: str | None) -> bool:
+    env = _environ(pid)
+    if env is None or env.get("SPARKFLEET_DEPLOYMENT") != deployment:
         return False
     # Several simulated nodes can share one machine: each node stops only its own ranks.
-    if node is not None and f"SPARKFLEET_RANK_NODE={node}".encode() not in env:
+    if node is not None and env.get("SPARKFLEET_RANK_NODE") != node:
         return False
-    return rank is None or f"SPARKFLEET_RANK={rank}".encode() in env
+    # Another controller's instance of the same name is not ours to stop.
+    if instance is not None and env.get("SPARKFLEET_INSTANCE") != instance:
+        return False
+    return rank is None or env.get("SPARKFLEET_RANK") == str(rank)
 
 
-def _members(deployment: str, rank: int | None, node: str | None) -> list[int]:
+def _members(deployment: str, rank: int | None, node: str | None, instance: str | None = None) -> list[int]:
     me = os.getpid()
     return [int(p) for p in os.listdir("/proc")
-            if p.isdigit() and int(p) != me and _belongs(p, deployment, rank, node)]
+            if p.isdigit() and int(p) != me and _belongs(p, deployment, rank, node, instance)]
 
 
 def stop(spec: dict) -> None:
     found = _read_pid(spec)
     groups = set()
-    if found and _starttime(found[1]) == found[2]:
+    instance = spec.get("instance")
+    # The pid file sits in a folder two controllers may share: trust it only for our instance.
+    if found and _starttime(found[1]) == found[2] and (
+        instance is None or (_environ(found[1]) or {}).get("SPARKFLEET_INSTANCE") == instance
+    ):
         groups.add(found[0])
-    members = _members(spec["deployment"], spec.get("rank"), spec.get("node"))
+    members = _members(spec["deployment"], spec.get("rank"), spec.get("node"), instance)
     for pid in members:
         with contextlib.suppress(ProcessLookupError):
             groups.add(os.getpgid(pid))
+    _terminate(groups, members, spec.get("grace", 10))
+    print(json.dumps({"stopped": sorted(set(members) | groups)}))
+
+
+def _terminate(groups: set[int], members: list[int], grace: float) -> None:
+    """SIGTERM every group and member, SIGKILL what is left after grace seconds."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pgid in groups:
-            with contextlib.suppress(ProcessLookupError):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, sig)
         for pid in members:
-            with contextlib.suppress(ProcessLookupError):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
-        deadline = time.time() + (spec.get("grace", 10) if sig == signal.SIGTERM else 5)
+        deadline = time.time() + (grace if sig == signal.SIGTERM else 5)
         while time.time() < deadline:
             alive = [p for p in members if _starttime(p) is not None]
             alive += [g for g in groups if _starttime(g) is not None]
             if not alive:
-                break
+                return
             time.sleep(0.05)
-        else:
+
+
+def find(spec: dict) -> list[dict]:
+    """Every process of the deployment on this node, with its markers (any instance)."""
+    out = []
+    for pid in _members(spec["deployment"], None, spec.get("node")):
+        env = _environ(pid) or {}
+        if _starttime(pid) is None:
             continue
-        break
-    print(json.dumps({"stopped": sorted(set(members) | groups)}))
+        rank = env.get("SPARKFLEET_RANK", "")
+        started = env.get("SPARKFLEET_STARTED", "")
+        out.append({"pid": pid, "rank": int(rank) if rank.isdigit() else None,
+                    "instance": env.get("SPARKFLEET_INSTANCE"), "owner": env.get("SPARKFLEET_OWNER"),
+                    "started": float(started) if started.isdigit() else None})
+    return out
+
+
+def _listeners(ports: set[int]) -> dict[str, tuple[int, int]]:
+    """socket inode -> (port, uid) of every listening TCP socket on one of ports."""
+    out = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as fh:
+                lines = fh.readlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            words = line.split()
+            if len(words) < 10 or words[3] != "0A":
+                continue
+            port = int(words[1].rsplit(":", 1)[1], 16)
+            if port in ports:
+                out[words[9]] = (port, int(words[7]))
+    return out
+
+
+def holders(spec: dict) -> list[dict]:
+    """Who listens on each of spec's ports: pid, command line and sparkfleet markers."""
+    sockets = _listeners({int(p) for p in spec.get("ports", [])})
+    seen = {}
+    if sockets:
+        for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if link.startswith("socket:[") and link[8:-1] in sockets and link[8:-1] not in seen:
+                    seen[link[8:-1]] = int(pid)
+    out = []
+    for inode, (port, uid) in sockets.items():
+        holder = seen.get(inode)
+        entry: dict = {"port": port, "uid": uid, "pid": holder, "command": "", "deployment": None,
+                       "instance": None, "owner": None}
+        if holder is not None:
+            try:
+                with open(f"/proc/{holder}/cmdline", "rb") as fh:
+                    entry["command"] = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()[:160]
+            except OSError:
+                pass
+            env = _environ(holder) or {}
+            entry["deployment"] = env.get("SPARKFLEET_DEPLOYMENT") or env.get("SPARKFLEET_CONTAINER_DEPLOYMENT")
+            entry["instance"] = env.get("SPARKFLEET_INSTANCE")
+            entry["owner"] = env.get("SPARKFLEET_OWNER")
+        out.append(entry)
+    return out
+
+
+def kill(spec: dict) -> None:
+    """Stop the given pids, but only those that still belong to the deployment on this node."""
+    members = [p for p in spec["pids"] if _belongs(str(p), spec["deployment"], None, spec.get("node"), None)]
+    groups = set()
+    for pid in members:
+        with contextlib.suppress(ProcessLookupError):
+            groups.add(os.getpgid(pid))
+    # A rank's monitor leads its group; never signal the group this agent runs in.
+    groups.discard(os.getpgrp())
+    _terminate(groups, members, spec.get("grace", 10))
+    print(json.dumps({"stopped": members}))
 
 
 if __name__ == "__main__":
@@ -207,4 +314,10 @@ if __name__ == "__main__":
     elif command == "stop":
         stop(payload)
     elif command == "find":
-        print(json.dumps({"pids": _members(payload["deployment"], None, payload.get("node"))}))
+        print(json.dumps({"found": find(payload)}))
+    elif command == "holders":
+        print(json.dumps({"holders": holders(payload)}))
+    elif command == "preflight":
+        print(json.dumps({"found": find(payload), "holders": holders(payload)}))
+    elif command == "kill":
+        kill(payload)

@@ -37,6 +37,9 @@ class LocalTransport:
                 words,
                 input=stdin if stdin is not None else b"",
                 capture_output=True,
+                # Ctrl-C at the terminal goes to sparkfleet only: a command in flight finishes
+                # (or times out) instead of dying half-way, and up's rollback decides what stops.
+                start_new_session=True,
                 timeout=timeout,
                 env=full_env,
                 check=False,

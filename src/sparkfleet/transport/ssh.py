@@ -108,6 +108,9 @@ class SshTransport:
                 self._command(argv, env),
                 input=stdin if stdin is not None else b"",
                 capture_output=True,
+                # Ctrl-C at the terminal goes to sparkfleet only: a command in flight finishes
+                # (or times out) instead of dying half-way, and up's rollback decides what stops.
+                start_new_session=True,
                 timeout=timeout,
                 check=False,
             )
