@@ -17,7 +17,7 @@ def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
     loaded = load_recipe(recipe, tuple(set_ or ()))
     check_plannable(loaded)  # what plan checks before it needs a cluster
     console.print(f"[green]ok[/] {loaded.source}: {loaded.engine}, {loaded.required_nodes} node(s), "
-                  f"tp={loaded.tensor_parallel_size} pp={loaded.pipeline_parallel_size}")  # fmt: skip
+                  f"tp={loaded.tensor_parallel_size} pp={loaded.pipeline_parallel_size}", soft_wrap=True)  # fmt: skip
 
 
 def plan_cmd(
