@@ -5,7 +5,8 @@ GET /health, GET /v1/models and POST /v1/completions (answer " 42"); other ranks
 Env knobs for faults: STANDIN_DELAY (seconds before serving), STANDIN_EXIT (exit with this code
 after the delay), STANDIN_LOG_LINE (an extra boot-log line), STANDIN_ANSWER, and
 STANDIN_FAULT_RANK (apply the delay, line and exit to this rank only), STANDIN_HEAD_DELAY (rank 0
-waits this long before serving, whatever the fault rank).
+waits this long before serving, whatever the fault rank), STANDIN_LEAK=NAME (print env
+NAME's value and a bearer header with it at boot, as careless engines do).
 """
 
 from __future__ import annotations
@@ -55,6 +56,11 @@ def main() -> None:
     rank = int(_arg("--node-rank", "0"))
     port = int(_arg("--port", "8000"))
     print(f"standin rank {rank}: argv {sys.argv[1:]}", flush=True)
+    if os.environ.get("STANDIN_LEAK"):
+        name = os.environ["STANDIN_LEAK"]
+        token = os.environ.get(name, "")
+        print(f"standin: using {name}={token} for downloads", flush=True)
+        print(f"standin: sending Authorization: Bearer {token}", flush=True)
     only = os.environ.get("STANDIN_FAULT_RANK")  # faults hit only this rank when set
     faulty = only is None or int(only) == rank
     if faulty:

@@ -21,7 +21,8 @@ def masked(env: Mapping[str, str]) -> dict[str, str]:
 
 # Credentials an engine may print whatever its env is called: Hugging Face tokens and HTTP
 # bearer tokens (an API key echoed in a request log).
-_PATTERNS = (re.compile(r"\bhf_[A-Za-z0-9]{8,}"), re.compile(r"(?<=Bearer )[A-Za-z0-9._~+/=-]{4,}"))
+TOKEN_PATTERNS = (r"\bhf_[A-Za-z0-9]{8,}", r"(?<=Bearer )[A-Za-z0-9._~+/=-]{4,}")
+_PATTERNS = tuple(re.compile(p) for p in TOKEN_PATTERNS)
 
 
 def redact(text: str, env: Mapping[str, str] | None = None) -> str:

@@ -14,6 +14,7 @@ from sparkfleet.errors import RankRuntimeError
 from sparkfleet.identity import FoundRank, Instance, PortHolder
 from sparkfleet.plan import RankPlan
 from sparkfleet.runtime.base import RankState, env_file_text
+from sparkfleet.secrets import TOKEN_PATTERNS
 from sparkfleet.transport.base import Transport
 
 AGENT = files("sparkfleet.runtime").joinpath("process_agent.py").read_text()
@@ -78,7 +79,9 @@ class ProcessRuntime:
         return node_agent(transport, rank.node.python, command, spec, timeout=timeout, stdin=stdin)
 
     def start(self, rank: RankPlan, transport: Transport, instance: Instance) -> str:
-        spec = _spec(rank, instance.deployment, markers=instance.process_env())
+        # Which keys are secret and what tokens look like; the values stay in the env file.
+        spec = _spec(rank, instance.deployment, markers=instance.process_env(),
+                     secret_keys=[v.key for v in rank.env if v.secret], secret_patterns=TOKEN_PATTERNS)  # fmt: skip
         state = self._agent(rank, transport, "start", spec, 30, stdin=env_file_text(rank))
         return str(state.get("pid") or "")
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import select
 import signal
 import subprocess
 import sys
@@ -97,7 +99,7 @@ def start(spec: dict) -> None:
     with open(spec["log_path"], "ab") as log:
         try:
             proc = subprocess.Popen(
-                spec["argv"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                spec["argv"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 env=env, cwd=spec["workdir"],
                 preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL),
             )
@@ -105,10 +107,53 @@ def start(spec: dict) -> None:
             log.write(f"sparkfleet: cannot start {spec['argv'][0]}: {exc}\n".encode())
             _write(spec["exit_path"], "127")
             os._exit(0)
-    _write(spec["pid_path"], f"{os.getpgrp()} {proc.pid} {_starttime(proc.pid)}")
+        _write(spec["pid_path"], f"{os.getpgrp()} {proc.pid} {_starttime(proc.pid)}")
+        _copy_redacted(proc, log, _redactor(spec, env))
     code = proc.wait()
     _write(spec["exit_path"], str(code))
     os._exit(0)
+
+
+def _redactor(spec: dict, env: dict[str, str]):  # type: ignore[no-untyped-def]
+    """bytes -> bytes hiding the rank's secret values and token-shaped words (the controller
+    sends which keys are secret and the patterns; the values stay in the env file)."""
+    values = sorted({env[k].encode() for k in spec.get("secret_keys", []) if len(env.get(k, "")) >= 4}, key=len,
+                    reverse=True)  # fmt: skip
+    patterns = [re.compile(p.encode()) for p in spec.get("secret_patterns", [])]
+
+    def redact(data: bytes) -> bytes:
+        for value in values:
+            data = data.replace(value, b"***")
+        for pattern in patterns:
+            data = pattern.sub(b"***", data)
+        return data
+
+    return redact
+
+
+def _copy_redacted(proc: subprocess.Popen, log, redact) -> None:  # type: ignore[no-untyped-def]
+    """Copy the engine's output to its log file with secrets hidden, whole lines at a time (a
+    secret never straddles two writes), until the engine exits."""
+    fd = proc.stdout.fileno()  # type: ignore[union-attr]
+    pending = b""
+    while True:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        data = os.read(fd, 65536) if ready else b""
+        if ready and not data:
+            break  # every writer closed the pipe
+        pending += data
+        cut = max(pending.rfind(b"\n"), pending.rfind(b"\r")) + 1
+        if cut == 0 and len(pending) > 1 << 16:
+            cut = len(pending)  # a huge line without end: write it rather than hold it
+        if cut:
+            log.write(redact(pending[:cut]))
+            log.flush()
+            pending = pending[cut:]
+        if not ready and proc.poll() is not None:
+            break  # the engine is gone; its children may hold the pipe, but the rank is over
+    if pending:
+        log.write(redact(pending))
+        log.flush()
 
 
 def _write(path: str, text: str) -> None:
