@@ -35,7 +35,6 @@ from pathlib import Path
 
 import httpx
 
-from sparkfleet import caches
 from sparkfleet.bench.client import RequestSpec
 from sparkfleet.bench.corpus import load_prompts
 from sparkfleet.bench.decode import DecodeConfig, run_concurrent, run_decode
@@ -43,7 +42,8 @@ from sparkfleet.bench.endpoint import Endpoint, resolve_endpoint
 from sparkfleet.bench.report import compare, summarize
 from sparkfleet.bench.stats import decode_run_stats
 from sparkfleet.bench.store import BenchStore
-from sparkfleet.state import Store
+from sparkfleet.spec import caches
+from sparkfleet.state.store import Store
 
 CACHE = caches.engine_cache()
 HUB = caches.hub_cache()

@@ -24,10 +24,10 @@ sys.path.insert(0, str(ROOT))
 from tests.fleet import loopback_fleet  # noqa: E402
 
 from sparkfleet.cli.options import build_plan  # noqa: E402
-from sparkfleet.cluster import load_cluster  # noqa: E402
-from sparkfleet.doctor import memory_for, run_doctor, spec_for  # noqa: E402
-from sparkfleet.fleet import transport_for  # noqa: E402
-from sparkfleet.transport.ssh import control_dir  # noqa: E402
+from sparkfleet.doctor.run import memory_for, run_doctor, spec_for  # noqa: E402
+from sparkfleet.nodes.fanout import transport_for  # noqa: E402
+from sparkfleet.nodes.transport.ssh import control_dir  # noqa: E402
+from sparkfleet.spec.cluster import load_cluster  # noqa: E402
 
 
 def _cpu() -> float:

@@ -32,11 +32,11 @@ import sys
 import time
 from pathlib import Path
 
-from sparkfleet.plan import StagingStep
-from sparkfleet.recipe import StagingSpec
-from sparkfleet.staging.runner import stage_all
-from sparkfleet.staging.synthetic import write_engram_checkpoint
-from sparkfleet.transport.local import LocalTransport
+from sparkfleet.apply.staging.runner import stage_all
+from sparkfleet.apply.staging.synthetic import write_engram_checkpoint
+from sparkfleet.nodes.transport.local import LocalTransport
+from sparkfleet.plan.build import StagingStep
+from sparkfleet.spec.recipe import StagingSpec
 
 GIB = 1 << 30
 

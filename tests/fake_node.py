@@ -16,11 +16,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from sparkfleet.cluster import Cluster, parse_cluster
-from sparkfleet.identity import ENV_INSTANCE
-from sparkfleet.plan import Plan, plan
-from sparkfleet.recipe import load_recipe
-from sparkfleet.transport.mock import Answer, Call, MockTransport
+from sparkfleet.nodes.identity import ENV_INSTANCE
+from sparkfleet.nodes.transport.mock import Answer, Call, MockTransport
+from sparkfleet.plan.build import Plan, plan
+from sparkfleet.spec.cluster import Cluster, parse_cluster
+from sparkfleet.spec.recipe import load_recipe
 
 
 @dataclass

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sparkfleet.transport.base import Result
+    from sparkfleet.nodes.transport.base import Result
 
 
 class SparkfleetError(Exception):

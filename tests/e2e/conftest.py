@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet import caches
+from sparkfleet.spec import caches
 from tests.fleet import loopback_fleet
 
 ROOT = Path(__file__).resolve().parents[2]

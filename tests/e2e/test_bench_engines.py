@@ -20,7 +20,7 @@ import pytest
 
 from sparkfleet.bench.client import RequestSpec, stream_request
 from sparkfleet.bench.store import BenchStore
-from sparkfleet.state import Store
+from sparkfleet.state.store import Store
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -18,7 +18,7 @@ from sparkfleet.evals.results import QualityRun
 from sparkfleet.evals.runner import run_quality
 from sparkfleet.evals.store import load_run
 from sparkfleet.evals.tasks import load_tasks
-from sparkfleet.state import Store
+from sparkfleet.state.store import Store
 
 pytestmark = pytest.mark.e2e
 

@@ -26,7 +26,7 @@ from sparkfleet.bench.endpoint import resolve_endpoint
 from sparkfleet.bench.prefill import PrefillConfig, run_prefill
 from sparkfleet.bench.store import BenchStore
 from sparkfleet.errors import BenchError
-from sparkfleet.identity import Instance
+from sparkfleet.nodes.identity import Instance
 from tests.replay_server import ReplayServer, Script
 
 REPO = Path(__file__).resolve().parents[2]
@@ -198,7 +198,7 @@ def test_a_server_that_fails_mid_run_keeps_the_earlier_tiers(tmp_path: Path) -> 
     assert proc.returncode == 2
     assert "every request of prose/c2 failed: HTTP 503" in proc.stderr
     assert "kept as run 1 (partial)" in proc.stderr
-    from sparkfleet.state import Store
+    from sparkfleet.state.store import Store
 
     bench = BenchStore(Store(tmp_path / "state.db"))
     run = bench.get_run(1)
@@ -243,7 +243,7 @@ def test_ctrl_c_keeps_partial_results(tmp_path: Path) -> None:
             text=True,
             env=env,
         )
-        from sparkfleet.state import Store
+        from sparkfleet.state.store import Store
 
         bench = BenchStore(Store(tmp_path / "state.db"))
         deadline = time.monotonic() + 30
@@ -271,11 +271,11 @@ def test_ctrl_c_keeps_partial_results(tmp_path: Path) -> None:
 def test_a_deployment_name_resolves_to_its_endpoint_model_and_facts(tmp_path: Path) -> None:
     # The seed vLLM TP4 recipe planned on the 4-Spark example cluster and recorded as `up` does;
     # its endpoint is then pointed at the replay server, which plays the deployment's head.
-    from sparkfleet.cluster import load_cluster
-    from sparkfleet.deployments import Deployments
-    from sparkfleet.plan import plan
-    from sparkfleet.recipe import load_recipe
-    from sparkfleet.state import Store
+    from sparkfleet.plan.build import plan
+    from sparkfleet.spec.cluster import load_cluster
+    from sparkfleet.spec.recipe import load_recipe
+    from sparkfleet.state.deployments import Deployments
+    from sparkfleet.state.store import Store
 
     store = Store(tmp_path / "state.db")
     recipe = load_recipe(REPO / "tests" / "data" / "seeds" / "dsv41-flash-eugr-0913-4x" / "recipe.toml")

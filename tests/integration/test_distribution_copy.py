@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.distribute import distribute
+from sparkfleet.apply.distribute import distribute
 from sparkfleet.errors import StagingError
 from tests.fleet.loopback import LoopbackFleet
 from tests.integration.test_distribution_sync import (

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.cluster import load_cluster
-from sparkfleet.distribute import distribute
+from sparkfleet.apply.distribute import distribute
+from sparkfleet.apply.staging import nfs
 from sparkfleet.errors import StagingError
-from sparkfleet.plan import plan
-from sparkfleet.recipe import load_recipe
-from sparkfleet.staging import nfs
-from sparkfleet.transport.local import LocalTransport
-from sparkfleet.transport.ssh import SshTransport
+from sparkfleet.nodes.transport.local import LocalTransport
+from sparkfleet.nodes.transport.ssh import SshTransport
+from sparkfleet.plan.build import plan
+from sparkfleet.spec.cluster import load_cluster
+from sparkfleet.spec.recipe import load_recipe
 from tests.fleet.loopback import LoopbackFleet
 
 pytestmark = pytest.mark.integration

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.cluster import load_cluster
-from sparkfleet.distribute import distribute, verify_snapshots
+from sparkfleet.apply.distribute import distribute, verify_snapshots
 from sparkfleet.errors import StagingError
-from sparkfleet.plan import Plan, plan
-from sparkfleet.recipe import load_recipe
-from sparkfleet.transport.ssh import SshTransport
+from sparkfleet.nodes.transport.ssh import SshTransport
+from sparkfleet.plan.build import Plan, plan
+from sparkfleet.spec.cluster import load_cluster
+from sparkfleet.spec.recipe import load_recipe
 from tests.fleet.loopback import LoopbackFleet
 
 pytestmark = [

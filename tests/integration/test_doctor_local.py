@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from sparkfleet.doctor import DoctorSpec, NodeTarget, run_doctor
-from sparkfleet.memory import GIB, MemoryInputs, plan_memory
-from sparkfleet.transport.local import LocalTransport
+from sparkfleet.doctor.run import DoctorSpec, NodeTarget, run_doctor
+from sparkfleet.nodes.transport.local import LocalTransport
+from sparkfleet.plan.memory import GIB, MemoryInputs, plan_memory
 
 pytestmark = pytest.mark.integration
 

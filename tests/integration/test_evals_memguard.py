@@ -12,7 +12,7 @@ from typing import ClassVar
 import pytest
 
 from sparkfleet.evals.memguard import MemGuard, parse_mem_available, read_mem_available, sglang_abort
-from sparkfleet.transport.local import LocalTransport
+from sparkfleet.nodes.transport.local import LocalTransport
 
 
 class _AbortRecorder(BaseHTTPRequestHandler):

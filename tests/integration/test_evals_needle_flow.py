@@ -19,7 +19,7 @@ from sparkfleet.evals.client import EvalClient
 from sparkfleet.evals.heatmap import write_heatmap
 from sparkfleet.evals.memguard import MemGuard, read_mem_available, sglang_abort
 from sparkfleet.evals.needle import run_needle
-from sparkfleet.transport.local import LocalTransport
+from sparkfleet.nodes.transport.local import LocalTransport
 
 
 @contextmanager

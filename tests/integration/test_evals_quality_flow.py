@@ -22,7 +22,7 @@ from sparkfleet.evals.results import QualityRun
 from sparkfleet.evals.runner import run_quality
 from sparkfleet.evals.store import load_run
 from sparkfleet.evals.tasks import Task, load_tasks
-from sparkfleet.state import Store
+from sparkfleet.state.store import Store
 
 TASKS = load_tasks(categories=["math", "reasoning"])
 BY_PROMPT = {t.prompt: t for t in TASKS}

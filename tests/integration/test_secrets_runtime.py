@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sparkfleet.dashboard import data as dashboard_data
-from sparkfleet.state import Store
+from sparkfleet.state.store import Store
 from tests.integration.conftest import STANDIN, docker_ok, leftover_containers, leftover_processes, sparkfleet
 
 pytestmark = pytest.mark.integration

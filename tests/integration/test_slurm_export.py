@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet import caches
 from sparkfleet.exporters.slurm import slurm_script
-from sparkfleet.recipe import load_recipe
+from sparkfleet.spec import caches
+from sparkfleet.spec.recipe import load_recipe
 from tests.conftest import ROOT
 
 EXAMPLE = ROOT / "examples" / "gemma-llamacpp"

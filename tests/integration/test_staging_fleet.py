@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.staging.synthetic import write_engram_checkpoint
+from sparkfleet.apply.staging.synthetic import write_engram_checkpoint
 from tests.fleet.loopback import LoopbackFleet
 from tests.integration.test_staging_pack import expected_packed
 

@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 import xxhash
 
+from sparkfleet.apply.staging.bundle import worker_source
+from sparkfleet.apply.staging.runner import StageReport, stage_all, stage_rank
+from sparkfleet.apply.staging.synthetic import write_engram_checkpoint
 from sparkfleet.errors import StagingError
-from sparkfleet.plan import StagingStep
-from sparkfleet.recipe import StagingSpec
-from sparkfleet.staging.bundle import worker_source
-from sparkfleet.staging.runner import StageReport, stage_all, stage_rank
-from sparkfleet.staging.synthetic import write_engram_checkpoint
-from sparkfleet.transport.local import LocalTransport
+from sparkfleet.nodes.transport.local import LocalTransport
+from sparkfleet.plan.build import StagingStep
+from sparkfleet.spec.recipe import StagingSpec
 
 ROWS = {1: 300_007, 14: 250_003}
 CHUNK = 1 << 20

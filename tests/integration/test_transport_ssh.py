@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.cluster import load_cluster
 from sparkfleet.errors import CommandError, TransportError
-from sparkfleet.fleet import fan_out, transport_for
+from sparkfleet.nodes.fanout import fan_out, transport_for
+from sparkfleet.spec.cluster import load_cluster
 from tests.fleet.loopback import LoopbackFleet
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ from sparkfleet.bench.report import compare, markdown, summarize, to_csv, to_jso
 from sparkfleet.bench.stats import decode_run_stats
 from sparkfleet.bench.store import BenchStore
 from sparkfleet.errors import BenchError
-from sparkfleet.state import Store
+from sparkfleet.state.store import Store
 
 
 def stream(start: float, gap: float, n: int = 11) -> RequestRecord:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet import caches
-from sparkfleet.cluster import local_cluster
 from sparkfleet.errors import ClusterError
+from sparkfleet.spec import caches
+from sparkfleet.spec.cluster import local_cluster
 from tests.conftest import ROOT
 
 HOME = {"HOME": "/home/u"}

@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from sparkfleet.checks import DoctorSpec, NodeTarget, evaluate
-from sparkfleet.doctor import Report
-from sparkfleet.memory import GIB, MemoryInputs, plan_memory
-from sparkfleet.probes import docker, gpu, limits, meminfo, netif, rdma, reach
-from sparkfleet.probes.clock import Skew
-from sparkfleet.probes.facts import NodeFacts
-from sparkfleet.probes.reach import Reach
-from sparkfleet.probes.snapshot import Snapshot
-from sparkfleet.transport.local import LocalTransport
+from sparkfleet.doctor.checks import DoctorSpec, NodeTarget, evaluate
+from sparkfleet.doctor.probes import docker, gpu, limits, meminfo, netif, rdma, reach
+from sparkfleet.doctor.probes.clock import Skew
+from sparkfleet.doctor.probes.facts import NodeFacts
+from sparkfleet.doctor.probes.reach import Reach
+from sparkfleet.doctor.probes.snapshot import Snapshot
+from sparkfleet.doctor.run import Report
+from sparkfleet.nodes.transport.local import LocalTransport
+from sparkfleet.plan.memory import GIB, MemoryInputs, plan_memory
 from tests.unit._captures import h200_section, vm
 from tests.unit.test_probes_net import _connectx_tree
 

@@ -6,10 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sparkfleet.cluster import load_cluster
-from sparkfleet.doctor import spec_for
-from sparkfleet.plan import plan
-from sparkfleet.recipe import load_recipe
+from sparkfleet.doctor.run import spec_for
+from sparkfleet.plan.build import plan
+from sparkfleet.spec.cluster import load_cluster
+from sparkfleet.spec.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = ROOT / "tests" / "data" / "seeds"

@@ -15,7 +15,7 @@ import yaml
 
 from sparkfleet.errors import RecipeError
 from sparkfleet.exporters.k8s_lws import K8sOptions, k8s_manifests, k8s_name, k8s_yaml
-from sparkfleet.recipe import load_recipe, parse_recipe
+from sparkfleet.spec.recipe import load_recipe, parse_recipe
 from tests.conftest import ROOT, SEEDS
 
 SCHEMAS = ROOT / "tests" / "data" / "schemas"

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.cluster import load_cluster
 from sparkfleet.errors import PlanError
 from sparkfleet.importers.mia_env import import_mia_env
 from sparkfleet.importers.report import has_placeholders
 from sparkfleet.importers.shell_profile import parse_profile
-from sparkfleet.placeholders import PATTERN
-from sparkfleet.plan import plan
-from sparkfleet.recipe import load_recipe
+from sparkfleet.plan.build import plan
+from sparkfleet.spec.cluster import load_cluster
+from sparkfleet.spec.placeholders import PATTERN
+from sparkfleet.spec.recipe import load_recipe
 from tests.conftest import ROOT, SEEDS, SPARK4
 
 PROFILE = ROOT / "tests" / "data" / "import" / "env.tp4.example"

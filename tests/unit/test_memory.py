@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from sparkfleet.cluster import load_cluster
-from sparkfleet.memory import (
+from sparkfleet.plan.build import plan
+from sparkfleet.plan.memory import (
     GIB,
     MIB,
     MemoryInputs,
@@ -23,9 +23,9 @@ from sparkfleet.memory import (
     safetensors_tensor_bytes,
     weights_per_rank,
 )
-from sparkfleet.plan import plan
-from sparkfleet.recipe import Recipe, load_recipe
-from sparkfleet.sizes import parse_size
+from sparkfleet.spec.cluster import load_cluster
+from sparkfleet.spec.recipe import Recipe, load_recipe
+from sparkfleet.spec.sizes import parse_size
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = ROOT / "tests" / "data" / "seeds"

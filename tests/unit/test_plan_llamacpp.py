@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from sparkfleet.cluster import load_cluster
 from sparkfleet.errors import PlanError
-from sparkfleet.plan import check_plannable, plan
-from sparkfleet.recipe import parse_recipe
+from sparkfleet.plan.build import check_plannable, plan
+from sparkfleet.spec.cluster import load_cluster
+from sparkfleet.spec.recipe import parse_recipe
 from tests.conftest import SPARK4
 
 

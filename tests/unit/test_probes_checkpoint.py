@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from sparkfleet.memory import kv_bytes_per_token, weights_per_rank
-from sparkfleet.probes.facts import checkpoint_command, parse_checkpoint
-from sparkfleet.transport.local import LocalTransport
+from sparkfleet.doctor.probes.facts import checkpoint_command, parse_checkpoint
+from sparkfleet.nodes.transport.local import LocalTransport
+from sparkfleet.plan.memory import kv_bytes_per_token, weights_per_rank
 
 
 def test_headers_of_every_shard_and_the_config_come_back(tmp_path: Path) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sparkfleet.probes import docker, snapshot
-from sparkfleet.transport.local import LocalTransport
+from sparkfleet.doctor.probes import docker, snapshot
+from sparkfleet.nodes.transport.local import LocalTransport
 from tests.unit._captures import vm
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparkfleet.probes import gpu, meminfo
+from sparkfleet.doctor.probes import gpu, meminfo
 from tests.unit._captures import h200_section
 
 

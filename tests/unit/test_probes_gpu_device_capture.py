@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sparkfleet.probes import gpu
+from sparkfleet.doctor.probes import gpu
 
 CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "h200-device"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sparkfleet.probes import bundle, clock, disk, meminfo, user
-from sparkfleet.transport.local import LocalTransport
+from sparkfleet.doctor.probes import bundle, clock, disk, meminfo, user
+from sparkfleet.nodes.transport.local import LocalTransport
 from tests.unit._captures import h200_section, vm
 
 

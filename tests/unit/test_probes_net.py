@@ -5,8 +5,8 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from sparkfleet.probes import netif, ports, rdma, reach
-from sparkfleet.transport.local import LocalTransport
+from sparkfleet.doctor.probes import netif, ports, rdma, reach
+from sparkfleet.nodes.transport.local import LocalTransport
 from tests.unit._captures import h200_section, vm
 
 

@@ -7,9 +7,9 @@ import shlex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkfleet.cluster import load_cluster
-from sparkfleet.plan import Overrides, plan
-from sparkfleet.recipe import parse_recipe, unquote_arg
+from sparkfleet.plan.build import Overrides, plan
+from sparkfleet.spec.cluster import load_cluster
+from sparkfleet.spec.recipe import parse_recipe, unquote_arg
 from tests.conftest import SPARK4
 
 # Any printable text without NUL (argv cannot carry NUL); flags starting with '-' are excluded so

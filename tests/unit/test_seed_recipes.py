@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.cluster import load_cluster
-from sparkfleet.plan import plan
-from sparkfleet.recipe import deployment_name, load_recipe
-from sparkfleet.render import plan_json
+from sparkfleet.plan.build import plan
+from sparkfleet.plan.render import plan_json
+from sparkfleet.spec.cluster import load_cluster
+from sparkfleet.spec.recipe import deployment_name, load_recipe
 from tests.conftest import ROOT, SEEDS, SHARED_SEEDS, SPARK4
 
 MIA = SEEDS / "dsv41-flash-4x-mia"
@@ -103,7 +103,7 @@ def test_plan_json_matches_golden(name: str, update_golden: bool) -> None:
 
 
 def test_secrets_are_masked_in_plan_json() -> None:
-    from sparkfleet.plan import Overrides
+    from sparkfleet.plan.build import Overrides
 
     recipe = load_recipe(EUGR)
     out = plan_json(

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.errors import StagingError
-from sparkfleet.staging.snapshot_identity import (
+from sparkfleet.apply.staging.snapshot_identity import (
     HASH_LIMIT,
     HASHED,
     FileFact,
@@ -26,7 +25,8 @@ from sparkfleet.staging.snapshot_identity import (
     scan_snapshot,
     select,
 )
-from sparkfleet.transport.local import LocalTransport
+from sparkfleet.errors import StagingError
+from sparkfleet.nodes.transport.local import LocalTransport
 
 REV1, REV2 = "1" * 40, "2" * 40
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.staging.disk import allocated_bytes, check_room, existing_ancestor, free_bytes, human
-from sparkfleet.staging.failure import StageFailure
+from sparkfleet.nodes.shipped.disk import allocated_bytes, check_room, existing_ancestor, free_bytes, human
+from sparkfleet.nodes.shipped.failure import StageFailure
 
 
 def test_a_destination_that_does_not_exist_yet_is_measured_on_its_parent(tmp_path: Path) -> None:

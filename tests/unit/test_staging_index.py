@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sparkfleet.staging.bundle import worker_source
-from sparkfleet.staging.failure import StageFailure
-from sparkfleet.staging.layouts import owned_range
-from sparkfleet.staging.safetensors_index import find_tables, layer_of, read_header
-from sparkfleet.staging.synthetic import write_engram_checkpoint, write_shard
+from sparkfleet.apply.staging.bundle import worker_source
+from sparkfleet.apply.staging.synthetic import write_engram_checkpoint, write_shard
+from sparkfleet.nodes.shipped.failure import StageFailure
+from sparkfleet.nodes.shipped.layouts import owned_range
+from sparkfleet.nodes.shipped.safetensors_index import find_tables, layer_of, read_header
 
 
 def test_header_offsets_point_at_the_tensor_bytes(tmp_path: Path) -> None:

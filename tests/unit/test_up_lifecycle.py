@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.deploy import down, up
-from sparkfleet.deployments import Deployments
+from sparkfleet.apply.up import down, up
 from sparkfleet.errors import ReadinessError, SparkfleetError, StateError
-from sparkfleet.transport.mock import Call
+from sparkfleet.nodes.transport.mock import Call
+from sparkfleet.state.deployments import Deployments
 from tests.fake_node import FakeFleet, fake_fleet, head_server
 
 STAGED = """
@@ -96,8 +96,8 @@ def test_signal_in_each_phase_rolls_back(tmp_path: Path, phase: str, sig: int) -
 
 
 def _replan(tmp: Path, fleet: FakeFleet):  # type: ignore[no-untyped-def]
-    from sparkfleet.plan import plan
-    from sparkfleet.recipe import load_recipe
+    from sparkfleet.plan.build import plan
+    from sparkfleet.spec.recipe import load_recipe
 
     return plan(load_recipe(tmp / "recipe.toml"), fleet.cluster, "fake")
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx
 
-from sparkfleet.deployments import Deployments
 from sparkfleet.errors import BenchError
-from sparkfleet.state import Store
+from sparkfleet.state.deployments import Deployments
+from sparkfleet.state.store import Store
 
 _HOST_PORT = re.compile(r"^[\w.\-]+:\d+(/.*)?$")
 ENGINES = ("vllm", "sglang", "llama-cpp", "llama-cpp-python", "unknown")

@@ -16,7 +16,7 @@ from typing import Any
 
 from sparkfleet.bench.client import RequestRecord
 from sparkfleet.errors import BenchError
-from sparkfleet.state import Store
+from sparkfleet.state.store import Store
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS bench_runs (

@@ -70,7 +70,7 @@ def dashboard(
         raise SparkfleetError(
             f"the dashboard needs its extras ({exc.name} is missing): pip install 'sparkfleet[dashboard]'"
         ) from None
-    from sparkfleet.state import Store
+    from sparkfleet.state.store import Store
 
     loopback = is_loopback(host)
     if not loopback and not token:

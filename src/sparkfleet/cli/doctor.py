@@ -37,12 +37,12 @@ def doctor(
     ports, clocks. Exit 0 when nothing failed, 1 otherwise."""
     # The library (threads, probes, plan) is imported here so other commands start fast.
     from sparkfleet.cli.options import build_plan
-    from sparkfleet.cluster import load_cluster
     from sparkfleet.dashboard.doctor_history import record_doctor
-    from sparkfleet.doctor import memory_for, run_doctor, sort_for_display, spec_for
-    from sparkfleet.fleet import transport_for
-    from sparkfleet.memory import render_memory_plans
-    from sparkfleet.state import Store
+    from sparkfleet.doctor.run import memory_for, run_doctor, sort_for_display, spec_for
+    from sparkfleet.nodes.fanout import transport_for
+    from sparkfleet.plan.memory import render_memory_plans
+    from sparkfleet.spec.cluster import load_cluster
+    from sparkfleet.state.store import Store
 
     if recipe is not None:
         planned = build_plan(recipe, cluster, set_, env, name)

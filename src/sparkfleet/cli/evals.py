@@ -13,7 +13,6 @@ from sparkfleet.bench.endpoint import resolve_endpoint
 from sparkfleet.cli.console import console, err_console
 from sparkfleet.cli.extras import require_extra
 from sparkfleet.cli.int_lists import parse_int_list
-from sparkfleet.cluster import load_cluster
 from sparkfleet.errors import EvalError
 from sparkfleet.evals.checks import CATEGORIES
 from sparkfleet.evals.client import EvalClient
@@ -25,8 +24,9 @@ from sparkfleet.evals.runner import ApiChoice, run_quality
 from sparkfleet.evals.sandbox import SandboxLimits
 from sparkfleet.evals.store import RunRow, list_runs, load_run, save_run
 from sparkfleet.evals.tasks import load_tasks
-from sparkfleet.fleet import transport_for
-from sparkfleet.state import Store
+from sparkfleet.nodes.fanout import transport_for
+from sparkfleet.spec.cluster import load_cluster
+from sparkfleet.state.store import Store
 
 eval_app = typer.Typer(help="Quality gate, paired comparison and long-context needle checks.", no_args_is_help=True)
 

@@ -9,9 +9,9 @@ import typer
 
 from sparkfleet.cli.console import err_console
 from sparkfleet.cli.options import NameOpt, RecipeArg, SetOpt
-from sparkfleet.cluster import Node, load_cluster
 from sparkfleet.errors import SparkfleetError
-from sparkfleet.recipe import deployment_name, load_recipe
+from sparkfleet.spec.cluster import Node, load_cluster
+from sparkfleet.spec.recipe import deployment_name, load_recipe
 
 export_app = typer.Typer(help="Write a recipe as a Kubernetes manifest or an sbatch script.", no_args_is_help=True)
 

@@ -12,9 +12,9 @@ from sparkfleet.cli.console import console, err_console
 from sparkfleet.cli.options import ClusterOpt, RecipeArg, SetOpt
 
 if TYPE_CHECKING:
-    from sparkfleet.images import ImageAction
-    from sparkfleet.plan import Plan
-    from sparkfleet.transport.base import Transport
+    from sparkfleet.apply.images import ImageAction
+    from sparkfleet.nodes.transport.base import Transport
+    from sparkfleet.plan.build import Plan
 
 image_app = typer.Typer(
     help="Build the recipe's image and give every node the same image ID.", no_args_is_help=True
@@ -55,7 +55,7 @@ def _setup(
     # Imported per command so `sparkfleet --help` stays fast.
     from sparkfleet.cli.options import build_plan
     from sparkfleet.errors import RecipeError
-    from sparkfleet.fleet import transport_for
+    from sparkfleet.nodes.fanout import transport_for
 
     planned = build_plan(recipe, cluster, set_, None, None)
     ref = planned.recipe.docker_image
@@ -75,8 +75,8 @@ def build_cmd(
     accept_new: AcceptNewOpt = False,
 ) -> None:
     """Build from docker_image_dir (context shipped over SSH) and stream to nodes that differ."""
+    from sparkfleet.apply.images import build, resolve_context
     from sparkfleet.errors import RecipeError
-    from sparkfleet.images import build, resolve_context
 
     planned, ref, transports = _setup(recipe, cluster, set_, accept_new)
     if not planned.recipe.docker_image_dir:
@@ -100,8 +100,8 @@ def push_cmd(
     accept_new: AcceptNewOpt = False,
 ) -> None:
     """Stream the image from the head (or --from NODE) to every node whose image ID differs."""
+    from sparkfleet.apply.images import distribute
     from sparkfleet.errors import ClusterError
-    from sparkfleet.images import distribute
 
     planned, ref, transports = _setup(recipe, cluster, set_, accept_new)
     src = source or planned.ranks[0].node.name

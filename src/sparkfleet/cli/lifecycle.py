@@ -60,8 +60,8 @@ def up(
     ] = False,
 ) -> None:
     """Start a deployment on every node; done only when it really serves (else everything is stopped)."""
-    from sparkfleet.cluster import load_cluster  # deploy pulls in httpx: load it only for up
-    from sparkfleet.deploy import up as run_up
+    from sparkfleet.apply.up import up as run_up
+    from sparkfleet.spec.cluster import load_cluster  # deploy pulls in httpx: load it only for up
 
     planned = build_plan(recipe, cluster, set_, env, name)
     progress = _Progress([(r.rank, r.node.name) for r in planned.ranks])
@@ -74,7 +74,7 @@ def up(
 
 
 def _record(name: str):  # type: ignore[no-untyped-def]
-    from sparkfleet.deployments import Deployments
+    from sparkfleet.state.deployments import Deployments
 
     found = Deployments().get(name)
     if found is None:
@@ -94,10 +94,10 @@ def down(
     ] = False,
 ) -> None:
     """Stop every rank of a deployment this controller started (idempotent)."""
-    from sparkfleet.cluster import load_cluster
-    from sparkfleet.deploy import down as run_down
-    from sparkfleet.deploy import find_by_name, sweep
-    from sparkfleet.deployments import Deployments
+    from sparkfleet.apply.up import down as run_down
+    from sparkfleet.apply.up import find_by_name, sweep
+    from sparkfleet.spec.cluster import load_cluster
+    from sparkfleet.state.deployments import Deployments
 
     if sweep_:
         if cluster is None:
@@ -136,8 +136,8 @@ def _uptime(seconds: float | None) -> str:
 def status(name: Annotated[str | None, typer.Argument(help="Deployment name (all when left out).")] = None,
            as_json: JsonOpt = False) -> None:  # fmt: skip
     """Per rank: node, state, uptime, health."""
-    from sparkfleet.deployments import Deployments
-    from sparkfleet.observe import status as live_status
+    from sparkfleet.apply.observe import status as live_status
+    from sparkfleet.state.deployments import Deployments
 
     records = [_record(name)] if name else Deployments().all()
     out = []
@@ -171,8 +171,8 @@ def logs(
     tail: Annotated[int, typer.Option("--tail", "-n", help="Lines per rank.")] = 100,
 ) -> None:
     """Every rank's log, each line prefixed by rank and node."""
-    from sparkfleet.observe import follow as follow_logs
-    from sparkfleet.observe import logs as read_logs
+    from sparkfleet.apply.observe import follow as follow_logs
+    from sparkfleet.apply.observe import logs as read_logs
 
     record = _record(name)
     if rank is not None and not 0 <= rank < len(record.ranks):

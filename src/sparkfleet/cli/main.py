@@ -18,7 +18,7 @@ import typer
 from rich.markup import escape
 
 from sparkfleet.errors import SparkfleetError
-from sparkfleet.state import state_dir
+from sparkfleet.state.store import state_dir
 
 # Each module exposes register(app); the order here is the order of `sparkfleet --help`.
 # Keyed by the command names each one adds, so a run imports only the module it needs.
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         # Without standalone mode click returns a command's exit code (e.g. 130 after Ctrl-C).
         code = build_app(args)(args=args, standalone_mode=False)
     except SparkfleetError as exc:
-        from sparkfleet.secrets import redact  # a last net: token-shaped words in any message
+        from sparkfleet.spec.secrets import redact  # a last net: token-shaped words in any message
 
         err_console.print(f"[bold red]error:[/] {escape(redact(exc.message))}", soft_wrap=True)
         sys.exit(EXIT_USER_ERROR)

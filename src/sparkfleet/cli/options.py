@@ -8,11 +8,11 @@ from typing import Annotated
 
 import typer
 
-from sparkfleet.cluster import load_cluster
 from sparkfleet.errors import SparkfleetError
-from sparkfleet.plan import Overrides, Plan, plan
-from sparkfleet.recipe import deployment_name, load_recipe
-from sparkfleet.secrets import MASK, is_secret
+from sparkfleet.plan.build import Overrides, Plan, plan
+from sparkfleet.spec.cluster import load_cluster
+from sparkfleet.spec.recipe import deployment_name, load_recipe
+from sparkfleet.spec.secrets import MASK, is_secret
 
 RecipeArg = Annotated[Path, typer.Argument(help="A recipe.toml file, or a folder holding one.")]
 ClusterOpt = Annotated[

@@ -8,8 +8,8 @@ import typer
 
 from sparkfleet.cli.console import console
 from sparkfleet.cli.options import ClusterOpt, EnvOpt, JsonOpt, NameOpt, RecipeArg, SetOpt, build_plan
-from sparkfleet.plan import check_plannable
-from sparkfleet.recipe import load_recipe
+from sparkfleet.plan.build import check_plannable
+from sparkfleet.spec.recipe import load_recipe
 
 
 def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
@@ -29,7 +29,7 @@ def plan_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Show what `up` will do on every node: commands, env (with sources), mounts, staging."""
-    from sparkfleet.render import plan_json, print_plan  # rich tables only when printing
+    from sparkfleet.plan.render import plan_json, print_plan  # rich tables only when printing
 
     planned = build_plan(recipe, cluster, set_, env, name)
     if as_json:

@@ -38,9 +38,9 @@ def stage(
     # `sparkfleet --help` should not pay for them.
     from rich.table import Table
 
-    from sparkfleet.distribute import distribute, rich_progress
-    from sparkfleet.fleet import transport_for
-    from sparkfleet.staging.runner import stage_all
+    from sparkfleet.apply.distribute import distribute, rich_progress
+    from sparkfleet.apply.staging.runner import stage_all
+    from sparkfleet.nodes.fanout import transport_for
 
     planned = build_plan(recipe, cluster, set_, None, name)
     nodes = {r.node.name: r.node for r in planned.ranks}

@@ -25,7 +25,7 @@ from starlette.staticfiles import StaticFiles
 
 from sparkfleet.dashboard import data
 from sparkfleet.errors import SparkfleetError
-from sparkfleet.state import Store
+from sparkfleet.state.store import Store
 
 STATIC = Path(__file__).resolve().parent / "static"
 COOKIE = "sparkfleet_token"

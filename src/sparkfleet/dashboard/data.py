@@ -13,21 +13,21 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from sparkfleet import observe
+from sparkfleet.apply import observe
+from sparkfleet.apply.up import down, up
 from sparkfleet.bench.report import TierSummary, summarize
 from sparkfleet.bench.store import BenchStore, StoredRun
-from sparkfleet.cluster import load_cluster
 from sparkfleet.dashboard.doctor_history import last_doctor
-from sparkfleet.deploy import down, up
-from sparkfleet.deployments import Deployment, Deployments
 from sparkfleet.errors import SparkfleetError
 from sparkfleet.evals.compare import compare_runs
 from sparkfleet.evals.needle import NeedleRun
 from sparkfleet.evals.results import QualityRun
 from sparkfleet.evals.store import list_runs, load_run
-from sparkfleet.plan import plan
-from sparkfleet.recipe import load_recipe
-from sparkfleet.state import Store
+from sparkfleet.plan.build import plan
+from sparkfleet.spec.cluster import load_cluster
+from sparkfleet.spec.recipe import load_recipe
+from sparkfleet.state.deployments import Deployment, Deployments
+from sparkfleet.state.store import Store
 
 LOG_TAIL = 8  # log lines per rank on the deployments page
 LIVE = ("starting", "ready", "failed", "stopping")  # statuses worth asking the nodes about

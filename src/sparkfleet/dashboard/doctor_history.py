@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sparkfleet.checks import Check
-from sparkfleet.state import Store
+from sparkfleet.doctor.checks import Check
+from sparkfleet.state.store import Store
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS doctor_last (

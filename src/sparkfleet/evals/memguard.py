@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import httpx
 
 from sparkfleet.errors import EvalError, SparkfleetError
-from sparkfleet.transport.base import Transport
+from sparkfleet.nodes.transport.base import Transport
 
 AbortAction = Callable[[], str]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkfleet.errors import EvalError
-from sparkfleet.state import Store
+from sparkfleet.state.store import Store
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS eval_runs (

@@ -20,14 +20,14 @@ from typing import Any
 
 import yaml
 
-from sparkfleet.cluster import Node
-from sparkfleet.engines import engine_for
 from sparkfleet.errors import RecipeError
 from sparkfleet.exporters.rank_templates import Markers, NodeShape, rank_templates
-from sparkfleet.plan import CONTAINER_HF_HOME, RankPlan
-from sparkfleet.recipe import Recipe
-from sparkfleet.secrets import is_secret
-from sparkfleet.sizes import parse_size
+from sparkfleet.plan.build import CONTAINER_HF_HOME, RankPlan
+from sparkfleet.plan.engines import engine_for
+from sparkfleet.spec.cluster import Node
+from sparkfleet.spec.recipe import Recipe
+from sparkfleet.spec.secrets import is_secret
+from sparkfleet.spec.sizes import parse_size
 
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"

@@ -12,9 +12,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from sparkfleet.cluster import Cluster, Node
-from sparkfleet.plan import Plan, RankPlan, plan
-from sparkfleet.recipe import Recipe
+from sparkfleet.plan.build import Plan, RankPlan, plan
+from sparkfleet.spec.cluster import Cluster, Node
+from sparkfleet.spec.recipe import Recipe
 
 _RANK_TEMPLATE = re.compile(r"\{\{\s*rank\s*\}\}")
 

@@ -17,10 +17,10 @@ import shlex
 from dataclasses import dataclass
 from typing import Literal
 
-from sparkfleet.cluster import Node
 from sparkfleet.exporters.rank_templates import Markers, NodeShape, rank_templates
-from sparkfleet.plan import EnvVar, RankPlan
-from sparkfleet.recipe import Recipe
+from sparkfleet.plan.build import EnvVar, RankPlan
+from sparkfleet.spec.cluster import Node
+from sparkfleet.spec.recipe import Recipe
 
 ContainerTool = Literal["docker", "pyxis"]
 

@@ -1,6 +1,6 @@
 """What an import produced and what it could not carry over: placeholders and skipped keys.
 
-Placeholders are strings of the form ``<SET ME: what>`` (see sparkfleet.placeholders): the
+Placeholders are strings of the form ``<SET ME: what>`` (see sparkfleet.spec.placeholders): the
 written recipe still loads, and ``validate``/``plan`` refuse it until every one is filled in.
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sparkfleet.importers.toml_text import TomlDoc
-from sparkfleet.placeholders import PATTERN, placeholder
+from sparkfleet.spec.placeholders import PATTERN, placeholder
 
 __all__ = ["ImportResult", "Note", "comment_block", "has_placeholders", "placeholder"]
 

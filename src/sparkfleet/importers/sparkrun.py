@@ -18,11 +18,11 @@ from typing import Any
 
 import yaml
 
-from sparkfleet.engines.base import is_number
 from sparkfleet.errors import RecipeError
 from sparkfleet.importers.report import ImportResult, Note, comment_block, placeholder
 from sparkfleet.importers.toml_text import TomlDoc
-from sparkfleet.secrets import is_secret
+from sparkfleet.plan.engines.base import is_number
+from sparkfleet.spec.secrets import is_secret
 
 SPARKRUN_INIT_PORT = 25000
 SPARKRUN_RAY_PORT = 46379

@@ -1,0 +1,119 @@
+"""``status`` and ``logs``: what each rank of a deployment is doing, read live from its node."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from sparkfleet.apply.up import runtime_for
+from sparkfleet.nodes.fanout import fan_out, transport_for
+from sparkfleet.nodes.runtime.base import RankState
+from sparkfleet.nodes.transport.base import Transport
+from sparkfleet.plan.build import RankPlan
+from sparkfleet.spec.secrets import env_file_secrets, redact
+from sparkfleet.state.deployments import Deployment
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    """One rank's live status."""
+
+    rank: int
+    node: str
+    host: str
+    runtime: str
+    state: str
+    uptime: float | None
+    health: str
+    detail: str = ""
+
+
+def _health(deployment: Deployment) -> str:
+    head = deployment.ranks[0]
+    path = head.readiness.health_path
+    if not head.readiness.serves_http or not path:
+        return "-"
+    try:
+        code = httpx.get(deployment.endpoint + path, timeout=2.0).status_code
+    except httpx.HTTPError:
+        return "unreachable"
+    return "healthy" if code == 200 else f"HTTP {code}"
+
+
+def status(deployment: Deployment) -> list[RankStatus]:
+    """Inspect every rank in parallel, and rank 0's health endpoint."""
+    ranks = {str(r.rank): r for r in deployment.ranks}
+
+    def inspect(key: str) -> RankState:
+        rank = ranks[key]
+        return runtime_for(rank).inspect(rank, transport_for(rank.node))
+
+    outcomes = fan_out(list(ranks), inspect)
+    head_health = _health(deployment)
+    now = time.time()
+    out = []
+    for key, outcome in outcomes.items():
+        rank = ranks[key]
+        if outcome.error is not None:
+            out.append(RankStatus(rank.rank, rank.node.name, rank.node.host, rank.runtime, "unknown", None, "-",
+                                  str(outcome.error)))  # fmt: skip
+            continue
+        st = outcome.value
+        assert st is not None
+        uptime = now - st.started_at if st.started_at and st.state == "running" else None
+        detail = f"exit code {st.exit_code}" if st.exit_code is not None else ""
+        health = head_health if rank.rank == 0 else ("alive" if st.state == "running" else "-")
+        out.append(RankStatus(rank.rank, rank.node.name, rank.node.host, rank.runtime, st.state, uptime, health,
+                              detail))  # fmt: skip
+    return sorted(out, key=lambda s: s.rank)
+
+
+def logs(deployment: Deployment, rank: int | None = None, tail: int | None = 200) -> dict[int, str]:
+    """Every rank's recent log (or one rank's), fetched in parallel."""
+    chosen = [r for r in deployment.ranks if rank is None or r.rank == rank]
+    outcomes = fan_out([str(r.rank) for r in chosen], lambda k: _one_log(deployment, int(k), tail))
+    return {int(k): (o.value if o.ok and o.value is not None else f"(could not read: {o.error})")
+            for k, o in outcomes.items()}  # fmt: skip
+
+
+def rank_secrets(rank: RankPlan, transport: Transport) -> dict[str, str]:
+    """The secret values the rank was started with, read back from its private env file: an
+    engine that prints its own token must not show it through sparkfleet."""
+    result = transport.run(["cat", rank.env_file], check=False, timeout=30)
+    return env_file_secrets(result.stdout) if result.ok else {}
+
+
+def _one_log(deployment: Deployment, rank: int, tail: int | None) -> str:
+    plan_rank = deployment.ranks[rank]
+    transport = transport_for(plan_rank.node)
+    text = runtime_for(plan_rank).logs(plan_rank, transport, tail=tail)
+    return redact(text, rank_secrets(plan_rank, transport))
+
+
+def follow(deployment: Deployment, emit: Callable[[int, str, str], None], rank: int | None = None,
+           stop: threading.Event | None = None) -> None:  # fmt: skip
+    """Stream every chosen rank's log lines to emit(rank, node, line) until stop is set."""
+    stop = stop or threading.Event()
+    procs = []
+    for r in (x for x in deployment.ranks if rank is None or x.rank == rank):
+        transport = transport_for(r.node)
+        secrets = rank_secrets(r, transport)
+        proc = transport.stream(runtime_for(r).follow_argv(r))
+        procs.append(proc)
+
+        def pump(p=proc, rr=r, hidden=secrets) -> None:  # type: ignore[no-untyped-def]
+            assert p.stdout is not None
+            for raw in p.stdout:
+                emit(rr.rank, rr.node.name, redact(raw.decode(errors="replace").rstrip("\n"), hidden))
+
+        threading.Thread(target=pump, daemon=True).start()
+    try:
+        while not stop.is_set() and any(p.poll() is None for p in procs):
+            stop.wait(0.2)
+    finally:
+        for p in procs:
+            p.terminate()

@@ -1,0 +1,191 @@
+"""Is the deployment really serving? Liveness of every rank, rank 0's health, the boot-log
+lines that must (and must not) appear, and a smoke completion with a checked answer."""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from sparkfleet.errors import ReadinessError
+from sparkfleet.nodes.fanout import fan_out, raise_first
+from sparkfleet.nodes.identity import Instance
+from sparkfleet.nodes.runtime.base import RankState, Runtime
+from sparkfleet.nodes.runtime.process import port_holders
+from sparkfleet.nodes.transport.base import Transport
+from sparkfleet.plan.build import Plan, RankPlan
+from sparkfleet.spec.recipe import Verify
+
+LOG_TAIL_LINES = 15
+POLL_S = 0.5
+LOG_POLL_S = 2.0
+
+
+@dataclass
+class BootLog:
+    """What has been seen in the ranks' logs so far."""
+
+    expected: dict[str, str | None] = field(default_factory=dict)  # pattern -> "node rank N" where seen
+
+    def missing(self) -> list[str]:
+        return [p for p, where in self.expected.items() if where is None]
+
+
+def tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
+    """The last lines of a log, indented for an error message."""
+    return "\n".join("    " + line for line in text.rstrip().splitlines()[-lines:])
+
+
+def check_logs(plan: Plan, verify: Verify, logs: dict[int, str], boot: BootLog) -> None:
+    """Raise on a forbidden line; note where each expected line appeared."""
+    for r, text in logs.items():
+        rank = plan.rank(r)
+        for pattern in verify.forbid:
+            match = re.search(pattern, text, re.MULTILINE)
+            if match:
+                line = text[text.rfind("\n", 0, match.start()) + 1 : text.find("\n", match.end())]
+                raise ReadinessError(
+                    f"rank {r} on {rank.node.name}: forbidden boot-log line {pattern!r} appeared:\n"
+                    f"    {line.strip()}\nlast log lines:\n{tail(text)}"
+                )
+        for pattern, where in boot.expected.items():
+            if where is None and re.search(pattern, text, re.MULTILINE):
+                boot.expected[pattern] = f"{rank.node.name} rank {r}"
+
+
+def rank_exited(rank: RankPlan, state: RankState, log: str) -> ReadinessError:
+    """The error for a rank that stopped during start-up."""
+    code = f" with code {state.exit_code}" if state.exit_code is not None else ""
+    what = "is gone" if state.state == "absent" else f"exited{code}"
+    return ReadinessError(
+        f"rank {rank.rank} on {rank.node.name} {what} during start-up; last log lines:\n{tail(log)}"
+    )
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=5.0).status_code == 200
+    except httpx.HTTPError:
+        return False  # refused or reset while loading is normal
+
+
+def _tcp_ok(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def check_answered_by(plan: Plan, transport: Transport, instance: Instance) -> None:
+    """Raise unless the process listening on rank 0's port is the rank this up started: a
+    health answer from another server (another deployment on the port) is no readiness."""
+    head = plan.head
+    holders = port_holders(transport, head.node.python, (plan.port,))
+    known = [h for h in holders if h.pid is not None]
+    if not known or any(h.instance == instance.id for h in known):
+        return  # ours, or not visible to this user (then the port preflight is what holds)
+    raise ReadinessError(
+        f"{plan.name}: port {plan.port} on {head.node.name} answers, but it is held by "
+        + ", ".join(h.describe() for h in known)
+        + " — not rank 0 of this deployment, which cannot bind it"
+    )
+
+
+def wait_ready(
+    plan: Plan,
+    transports: dict[str, Transport],
+    runtimes: dict[int, Runtime],
+    instance: Instance,
+    *,
+    timeout: float,
+    on_progress: Callable[[str], None] = lambda _: None,
+) -> BootLog:
+    """Poll until every rank lives, rank 0 is healthy and every expected line appeared."""
+    verify = plan.recipe.verify
+    boot = BootLog({p: None for p in verify.expect})
+    deadline = time.monotonic() + timeout
+    next_logs = 0.0
+    healthy = False
+    ranks = {r.rank: r for r in plan.ranks}
+
+    def transport(r: int) -> Transport:
+        return transports[ranks[r].node.name]
+
+    while True:
+        now = time.monotonic()
+        want_logs = now >= next_logs or healthy
+        keys = [str(r) for r in ranks]
+        if want_logs:
+            probed = raise_first(fan_out(keys, lambda r: runtimes[int(r)].probe(ranks[int(r)], transport(int(r)))))
+            states = {k: v[0] for k, v in probed.items()}
+        else:
+            states = raise_first(fan_out(keys, lambda r: runtimes[int(r)].inspect(ranks[int(r)], transport(int(r)))))
+        for key, state in states.items():
+            if state.state != "running":
+                rank = ranks[int(key)]
+                log = probed[key][1] if want_logs else runtimes[rank.rank].logs(rank, transport(rank.rank))
+                raise rank_exited(rank, state, log)
+        if want_logs:
+            check_logs(plan, verify, {int(k): v[1] for k, v in probed.items()}, boot)
+            next_logs = now + LOG_POLL_S
+        head = plan.head
+        was_healthy = healthy
+        if head.readiness.serves_http and head.readiness.health_path:
+            healthy = _http_ok(plan.endpoint + head.readiness.health_path)
+            if healthy and not was_healthy:
+                check_answered_by(plan, transport(0), instance)
+        else:
+            healthy = True
+        workers_ok = all(
+            _tcp_ok(r.node.fabric_ip, r.readiness.tcp_port) for r in plan.ranks if r.readiness.tcp_port
+        )
+        missing = boot.missing()
+        if healthy and workers_ok and not missing:
+            return boot
+        waiting = "rank 0 health" if not healthy else ("worker ports" if not workers_ok else
+                                                       f"log lines {missing}")  # fmt: skip
+        on_progress(f"waiting for {waiting}")
+        if time.monotonic() > deadline:
+            log = runtimes[0].logs(head, transport(0))
+            raise ReadinessError(
+                f"{plan.name} not ready after {timeout:.0f}s: still waiting for {waiting}; "
+                f"rank 0 on {head.node.name}, last log lines:\n{tail(log)}"
+            )
+        time.sleep(POLL_S)
+
+
+def served_model_id(endpoint: str, fallback: str) -> str:
+    """The model id the server answers to (its first /v1/models entry), else fallback."""
+    try:
+        data = httpx.get(f"{endpoint}/v1/models", timeout=10.0).json().get("data") or []
+        return str(data[0]["id"]) if data else fallback
+    except (httpx.HTTPError, ValueError, KeyError, IndexError):
+        return fallback
+
+
+def smoke(plan: Plan) -> str:
+    """Send the smoke prompt (greedy) and check the answer; returns the completion text."""
+    verify = plan.recipe.verify
+    model = served_model_id(plan.endpoint, plan.served_model)
+    body = {"model": model, "prompt": verify.smoke_prompt, "max_tokens": verify.smoke_max_tokens,
+            "temperature": 0}  # fmt: skip
+    try:
+        response = httpx.post(f"{plan.endpoint}/v1/completions", json=body, timeout=300.0)
+    except httpx.HTTPError as exc:
+        raise ReadinessError(f"smoke completion to {plan.endpoint} failed: {exc}") from exc
+    if response.status_code != 200:
+        raise ReadinessError(f"smoke completion answered HTTP {response.status_code}: {response.text[:300]}")
+    try:
+        text = str(response.json()["choices"][0]["text"])
+    except (ValueError, KeyError, IndexError) as exc:
+        raise ReadinessError(f"smoke completion returned no text: {response.text[:300]}") from exc
+    if verify.smoke_expect not in text:
+        raise ReadinessError(
+            f"smoke test failed: {verify.smoke_prompt!r} → {text!r}, which lacks {verify.smoke_expect!r}"
+        )
+    return text

@@ -1,0 +1,100 @@
+"""``copy`` staging: push small files (tuning tables, chat templates) to a folder on every node.
+
+Every rank must read the same bytes: ranks whose DSpark tables differ build different verify
+shapes and the collective hangs. So each file is written atomically, then hashed ON the node
+(``sha256sum`` after the write) and compared with the controller's hash; any difference or
+failure is a StagingError naming the node and the file, which aborts ``up``. A file the node
+already holds with the right hash is not sent again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparkfleet.errors import StagingError, TransportError
+from sparkfleet.nodes.transport.base import Transport
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    """A controller file to push, with its hash."""
+
+    path: Path
+    name: str
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class CopyReport:
+    """What one copy step did on one node."""
+
+    node: str
+    dst: str
+    sent: tuple[str, ...]
+    unchanged: tuple[str, ...]
+    bytes_sent: int
+
+
+def local_files(paths: Sequence[str], base: Path, step_id: str) -> tuple[LocalFile, ...]:
+    """Read and hash the files a copy step names (relative paths are relative to base, the
+    recipe's folder); a missing file is a StagingError naming it."""
+    out = []
+    for raw in paths:
+        path = Path(raw) if Path(raw).is_absolute() else base / raw
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise StagingError("controller", f"staging {step_id!r}: cannot read {path}: {exc.strerror}") from None
+        out.append(LocalFile(path, path.name, hashlib.sha256(data).hexdigest(), len(data)))
+    names = [f.name for f in out]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise StagingError("controller", f"staging {step_id!r}: two files are both named {twice[0]!r}")
+    return tuple(out)
+
+
+def remote_hashes(transport: Transport, paths: Sequence[str]) -> dict[str, str]:
+    """sha256 of each path that exists on the node (missing paths are left out)."""
+    script = 'for p; do [ -f "$p" ] && sha256sum -- "$p"; done; true'
+    result = transport.run(["sh", "-c", script, "sh", *paths], check=False, timeout=300)
+    if not result.ok:
+        raise StagingError(transport.node, f"cannot hash files on the node: {result.tail()}")
+    hashes = {}
+    for line in result.stdout.splitlines():
+        digest, _, path = line.partition("  ")
+        hashes[path.lstrip("*")] = digest
+    return hashes
+
+
+def copy_files(transport: Transport, files: Sequence[LocalFile], dst: str, step_id: str) -> CopyReport:
+    """Push files into the folder dst on the node; verify every one by hash on the node."""
+    targets = {f.name: f"{dst.rstrip('/')}/{f.name}" for f in files}
+    before = remote_hashes(transport, list(targets.values()))
+    todo = [f for f in files if before.get(targets[f.name]) != f.sha256]
+    for f in todo:
+        try:
+            transport.put(f.path, targets[f.name], mode=0o644)
+        except (TransportError, OSError) as exc:
+            raise StagingError(
+                transport.node, f"staging {step_id!r}: could not write {targets[f.name]}: {exc}"
+            ) from None
+    after = remote_hashes(transport, [targets[f.name] for f in todo]) if todo else {}
+    for f in todo:
+        got = after.get(targets[f.name])
+        if got != f.sha256:
+            seen = "is missing after the write" if got is None else f"has sha256 {got[:12]}…"
+            raise StagingError(
+                transport.node,
+                f"staging {step_id!r}: {targets[f.name]} {seen}, expected {f.sha256[:12]}… ({f.path})",
+            )
+    return CopyReport(
+        node=transport.node,
+        dst=dst,
+        sent=tuple(f.name for f in todo),
+        unchanged=tuple(f.name for f in files if f not in todo),
+        bytes_sent=sum(f.size for f in todo),
+    )

@@ -1,0 +1,143 @@
+"""``nfs`` staging: export a folder read-only from one node; mount it on the others as a Docker
+NFS volume, the way the seed's ``share`` does (``.env.tp4.example``: NFS_VOLUME, NFS_SERVER_IPS).
+
+The server node exports ``src`` with the kernel NFS server (an ``/etc/exports.d`` file and
+``exportfs -ra``); each other node gets ``docker volume create --driver local --opt type=nfs
+--opt o=addr=<server fabric IP>,nfsvers=4.2,ro,... --opt device=:<src> <volume>``. Docker mounts
+the share when a container first uses the volume, so a wrong address or a missing export only
+shows at launch; that is why every worker reads ``check_file`` from a container before launch.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sparkfleet.errors import StagingError
+from sparkfleet.nodes.transport.base import Transport
+
+# The seed's worker volume options (files/nfs-share.sh): NFSv4.2, read-only, 8 TCP connections,
+# 1 MiB reads, hard mounts with a 60 s retransmit timeout.
+DEFAULT_OPTIONS = "nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600"
+# The seed's export options; fsid is added per export (overlay and some other filesystems
+# cannot be exported without one).
+EXPORT_OPTIONS = "ro,sync,no_subtree_check,no_root_squash,insecure"
+EXPORTS_DIR = "/etc/exports.d"
+_NAME = re.compile(r"[^a-zA-Z0-9_.-]+")
+
+
+@dataclass(frozen=True)
+class NfsReport:
+    """What an nfs step did on one node."""
+
+    node: str
+    role: str  # server | client
+    volume: str
+    detail: str
+
+
+def volume_name(deployment: str, step_id: str) -> str:
+    """The Docker volume a deployment's nfs step creates on every worker."""
+    return _NAME.sub("-", f"sparkfleet-{deployment}-{step_id}").strip("-.")
+
+
+def mount_options(server_ip: str, options: str | None) -> str:
+    """The ``o=`` value: the server address, then the step's options (or the seed's); read-only
+    is forced, since ranks must never write into the shared checkpoint."""
+    opts = [o for o in (options or DEFAULT_OPTIONS).split(",") if o and not o.startswith("addr=")]
+    if "ro" not in opts:
+        opts = [o for o in opts if o != "rw"] + ["ro"]
+    return ",".join([f"addr={server_ip}", *opts])
+
+
+def volume_create_argv(volume: str, server_ip: str, path: str, options: str | None) -> list[str]:
+    """The ``docker volume create`` words for a worker."""
+    return [
+        "docker", "volume", "create", "--driver", "local",
+        "--opt", "type=nfs",
+        "--opt", f"o={mount_options(server_ip, options)}",
+        "--opt", f"device=:{path}",
+        volume,
+    ]  # fmt: skip
+
+
+def exports_line(path: str, clients: Sequence[str], volume: str) -> str:
+    """One /etc/exports line giving every client read-only access to path."""
+    fsid = zlib.crc32(volume.encode()) % 2_000_000_000 + 1
+    return f"{path} " + " ".join(f"{c}({EXPORT_OPTIONS},fsid={fsid})" for c in clients) + "\n"
+
+
+def _as_root(argv: Sequence[str]) -> list[str]:
+    # Exports are root's; use sudo -n (never a password prompt) when not already root.
+    return ["sh", "-c", 'if [ "$(id -u)" = 0 ]; then exec "$@"; else exec sudo -n "$@"; fi', "sh", *argv]
+
+
+def export(server: Transport, path: str, clients: Sequence[str], volume: str) -> NfsReport:
+    """Export path read-only from the server node to clients; reload the kernel's export table."""
+    has = server.run(["test", "-d", path], check=False, timeout=60)
+    if not has.ok:
+        raise StagingError(server.node, f"cannot export {path}: no such folder on the NFS server node")
+    probe = server.run(["sh", "-c", "command -v exportfs || ls /usr/sbin/exportfs"], check=False, timeout=60)
+    if not probe.ok:
+        raise StagingError(
+            server.node, "no NFS server here (exportfs not found): install nfs-kernel-server on this node"
+        )
+    # exportfs only edits the export table; without nfsd threads nothing answers the clients.
+    serving = server.run(["sh", "-c", "cat /proc/fs/nfsd/threads"], check=False, timeout=60)
+    if not serving.ok or not serving.stdout.strip().isdigit() or int(serving.stdout) == 0:
+        why = "no nfsd threads" if serving.ok else "/proc/fs/nfsd is not mounted: no kernel NFS server"
+        raise StagingError(
+            server.node,
+            f"cannot export {path}: the NFS server is not running ({why}); start nfs-kernel-server",
+        )
+    line = exports_line(path, clients, volume)
+    target = f"{EXPORTS_DIR}/{volume}.exports"
+    write = server.run(
+        _as_root(["sh", "-c", f"mkdir -p {EXPORTS_DIR} && cat > {shlex.quote(target)}"]),
+        stdin=line.encode(), check=False, timeout=60,
+    )  # fmt: skip
+    if not write.ok:
+        raise StagingError(server.node, f"cannot write {target} (needs root or sudo -n): {write.tail()}")
+    reload = server.run(_as_root(["exportfs", "-ra"]), check=False, timeout=120)
+    listed = server.run(_as_root(["exportfs", "-v"]), check=False, timeout=60)
+    if not reload.ok or path not in listed.stdout:
+        detail = (reload.tail() or listed.tail() or "the export is not listed by exportfs -v").strip()
+        raise StagingError(server.node, f"exporting {path} over NFS failed: {detail}")
+    return NfsReport(server.node, "server", volume, f"exported {path} to {', '.join(clients)}")
+
+
+def ensure_volume(client: Transport, volume: str, server_ip: str, path: str, options: str | None) -> NfsReport:
+    """Create (or recreate, when its options changed) the worker's NFS volume."""
+    argv = volume_create_argv(volume, server_ip, path, options)
+    wanted = {"type": "nfs", "o": mount_options(server_ip, options), "device": f":{path}"}
+    seen = client.run(["docker", "volume", "inspect", "--format", "{{json .Options}}", volume], check=False, timeout=60)
+    if seen.ok:
+        if all(f'"{k}":"{v}"' in seen.stdout.replace(" ", "") for k, v in wanted.items()):
+            return NfsReport(client.node, "client", volume, "volume already points at the export")
+        removed = client.run(["docker", "volume", "rm", volume], check=False, timeout=60)
+        if not removed.ok:
+            raise StagingError(
+                client.node, f"volume {volume} points elsewhere and cannot be replaced: {removed.tail()}"
+            )
+    made = client.run(argv, check=False, timeout=60)
+    if not made.ok:
+        raise StagingError(client.node, f"docker volume create {volume} failed: {made.tail()}")
+    return NfsReport(client.node, "client", volume, f"volume {volume} → {server_ip}:{path}")
+
+
+def check_volume(client: Transport, volume: str, image: str, check_file: str) -> None:
+    """Read check_file through the volume from a container on the node; a StagingError if not."""
+    inside = f"/sparkfleet-nfs/{check_file.lstrip('/')}"
+    result = client.run(
+        ["docker", "run", "--rm", "--network", "none", "--entrypoint", "head",
+         "-v", f"{volume}:/sparkfleet-nfs:ro", image, "-c", "1", inside],
+        check=False, timeout=300,
+    )  # fmt: skip
+    if not result.ok:
+        raise StagingError(
+            client.node,
+            f"cannot read {check_file} through NFS volume {volume} from a container: {result.tail()}",
+        )

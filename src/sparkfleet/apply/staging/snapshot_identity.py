@@ -1,0 +1,291 @@
+"""Snapshot identity: is the model every node will load the same model?
+
+A node-side scanner lists one snapshot (a Hugging Face cache repo at one revision, or any folder):
+every file's path, size and, for the small files that decide how a checkpoint is read (config,
+safetensors index, tokenizer, chat template), its sha256. Before launch the controller compares
+every node's listing with the reference one and refuses the nodes that differ, naming the files:
+ranks that load different shards or configs hang or answer garbage, far from the cause.
+
+Hashing only metadata keeps the check at seconds for a 150 GB checkpoint; the shards are covered
+by their sizes and, in a hub cache, by their blob names, which are the files' sha256.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import inspect
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from sparkfleet.errors import StagingError
+from sparkfleet.nodes.transport.base import Transport
+from sparkfleet.nodes.transport.local import LocalTransport
+
+# Small files whose content decides how the checkpoint is read; hashed on every node.
+HASHED = ("*.json", "*.jinja", "*.model", "*.txt", "*.py", "*.tiktoken")
+HASH_LIMIT = 64 * 1024 * 1024
+_SHOWN = 8
+
+
+# ---- node side: standard library only (shipped to the node by node_script) ----
+
+
+def scan_snapshot(root: str, revision: str | None, hashed: Sequence[str], hash_limit: int) -> dict:
+    """List a snapshot. In a hub cache repo (``models--org--name`` with ``snapshots/``), the one
+    revision (a commit, or a ref like ``main``; ``None`` is ``main``); otherwise the folder itself.
+
+    Returns ``{"layout", "revision", "refs", "files": [[path, kind, size, link, blob, sha256]],
+    "error"}``; paths are relative to the snapshot, ``blob`` to ``root``.
+    """
+    if not os.path.isdir(root):
+        return {"error": f"{root} does not exist or is not a folder"}
+    out: dict = {"layout": "dir", "revision": None, "refs": {}, "files": [], "error": None}
+    base = root
+    snapshots = os.path.join(root, "snapshots")
+    if os.path.basename(root.rstrip("/")).startswith(("models--", "datasets--")) and os.path.isdir(snapshots):
+        out["layout"] = "hf"
+        refs_dir = os.path.join(root, "refs")
+        refs: dict[str, str] = {}
+        for dirpath, _dirs, names in os.walk(refs_dir):
+            for name in names:
+                path = os.path.join(dirpath, name)
+                with open(path) as fh:
+                    refs[os.path.relpath(path, refs_dir)] = fh.read().strip()
+        wanted = revision or "main"
+        commit = wanted if os.path.isdir(os.path.join(snapshots, wanted)) else refs.get(wanted)
+        if commit is None or not os.path.isdir(os.path.join(snapshots, commit)):
+            have = ", ".join(sorted(os.listdir(snapshots))) or "none"
+            return {"error": f"{root}: revision {wanted!r} is not in the cache (snapshots: {have})"}
+        out["revision"] = commit
+        out["refs"] = {name: sha for name, sha in refs.items() if sha == commit}
+        base = os.path.join(snapshots, commit)
+    files = []
+    for dirpath, dirs, names in os.walk(base):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".sparkfleet-partial"))
+        for name in sorted(names):
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, base)
+            link = os.readlink(path) if os.path.islink(path) else None
+            blob = None
+            if link is not None:
+                real = os.path.realpath(path)
+                inside = os.path.relpath(real, root)
+                blob = None if inside.startswith("..") else inside
+                if not os.path.isfile(real):
+                    files.append([rel, "dangling", -1, link, blob, None])
+                    continue
+            size = os.path.getsize(path)
+            digest = None
+            if size <= hash_limit and any(fnmatch.fnmatch(name, p) for p in hashed):
+                h = hashlib.sha256()
+                with open(path, "rb") as fh:
+                    for chunk in iter(lambda: fh.read(1 << 20), b""):
+                        h.update(chunk)
+                digest = h.hexdigest()
+            files.append([rel, "link" if link is not None else "file", size, link, blob, digest])
+    out["files"] = files
+    return out
+
+
+# ---- controller side ----
+
+
+def node_script(root: str, revision: str | None, hashed: Sequence[str] = HASHED) -> bytes:
+    """A stdlib-only script that prints ``scan_snapshot(root, revision)`` as JSON (``python3 -``)."""
+    call = f"print(json.dumps(scan_snapshot({root!r}, {revision!r}, {tuple(hashed)!r}, {HASH_LIMIT})))"
+    return "\n".join(
+        [
+            "from __future__ import annotations",
+            "import fnmatch, hashlib, json, os",
+            inspect.getsource(scan_snapshot),
+            call,
+            "",
+        ]
+    ).encode()
+
+
+@dataclass(frozen=True)
+class FileFact:
+    """One file of a snapshot, as a node has it."""
+
+    path: str
+    kind: str  # file | link | dangling
+    size: int
+    link: str | None
+    blob: str | None
+    sha256: str | None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One node's copy of a snapshot."""
+
+    node: str
+    root: str
+    layout: str  # hf | dir
+    revision: str | None
+    refs: tuple[tuple[str, str], ...]
+    files: tuple[FileFact, ...]
+
+    def by_path(self) -> dict[str, FileFact]:
+        return {f.path: f for f in self.files}
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(max(f.size, 0) for f in self.files)
+
+
+def parse_scan(node: str, root: str, data: Mapping[str, object]) -> Snapshot:
+    """A Snapshot from the scanner's JSON; a scanner error becomes a StagingError naming node."""
+    if data.get("error"):
+        raise StagingError(node, str(data["error"]))
+    files = tuple(FileFact(*row) for row in data["files"])  # type: ignore[attr-defined]
+    refs = tuple(sorted(dict(data.get("refs") or {}).items()))  # type: ignore[call-overload]
+    return Snapshot(node, root, str(data["layout"]), data.get("revision"), refs, files)  # type: ignore[arg-type]
+
+
+def scan_node(transport: Transport, root: str, revision: str | None, *, python: str = "python3") -> Snapshot:
+    """Scan the snapshot at root on the transport's node."""
+    if isinstance(transport, LocalTransport):  # this machine: no interpreter to start
+        return parse_scan(transport.node, root, scan_snapshot(root, revision, HASHED, HASH_LIMIT))
+    result = transport.run([python, "-"], stdin=node_script(root, revision), check=False, timeout=600)
+    if not result.ok:
+        raise StagingError(transport.node, f"cannot list {root}: {result.tail() or 'scanner failed'}")
+    try:
+        data = json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise StagingError(transport.node, f"cannot list {root}: unreadable scanner output") from None
+    return parse_scan(transport.node, root, data)
+
+
+def _check_script() -> str:
+    names = " -o ".join(f"-name '{p}'" for p in HASHED)
+    return (
+        'cd "$1" || { echo "cannot enter $1" >&2; exit 4; }; shift; '
+        "stat -L -c 'S\t%n\t%s' -- \"$@\" 2>/dev/null; "
+        "find \"$@\" -maxdepth 0 -type l -printf 'L\\t%p\\t%l\\n' 2>/dev/null; "
+        f'find -L "$@" -maxdepth 0 -type f \\( {names} \\) -size -{HASH_LIMIT // 1024 + 1}k -print0 '
+        "2>/dev/null | xargs -0 -r sha256sum -- | sed 's/^/H\t/'; true"
+    )
+
+
+def check_copy(transport: Transport, root: str, reference: Snapshot, paths: Sequence[str]) -> Snapshot:
+    """A node's copy of reference at root, read with stat, find and sha256sum (no interpreter to
+    start, so it is cheap after every sync): sizes and link targets of paths (snapshot-relative)
+    and sha256 of the ``HASHED`` names. ``scan_node`` also finds files the reference lacks."""
+    # "./" so that no path can read as an option of find or stat
+    base = f"./snapshots/{reference.revision}/" if reference.layout == "hf" else "./"
+    argv = ["sh", "-c", _check_script(), "sh", root, *[base + p for p in paths]]
+    result = transport.run(argv, check=False, timeout=300)
+    if result.exit_code == 4:
+        raise StagingError(transport.node, f"{root}: {result.tail()}")
+    sizes: dict[str, int] = {}
+    links: dict[str, str] = {}
+    digests: dict[str, str] = {}
+    for line in result.stdout.splitlines():
+        tag, _, rest = line.partition("\t")
+        if tag == "S":
+            path, _, size = rest.rpartition("\t")
+            sizes[path.removeprefix(base)] = int(size)
+        elif tag == "L":
+            path, _, link = rest.partition("\t")
+            links[path.removeprefix(base)] = link
+        elif tag == "H":
+            digest, _, path = rest.partition("  ")
+            digests[path.removeprefix(base)] = digest
+    files = []
+    for p in paths:
+        text = links.get(p)
+        blob = None
+        if text is not None:
+            joined = os.path.normpath(os.path.join(os.path.dirname(base + p), text))
+            blob = None if joined.startswith("..") else joined
+        if p in sizes:
+            files.append(FileFact(p, "link" if text else "file", sizes[p], text, blob, digests.get(p)))
+        elif text is not None:
+            files.append(FileFact(p, "dangling", -1, text, blob, None))
+    return Snapshot(transport.node, root, reference.layout, reference.revision, reference.refs, tuple(files))
+
+
+def select(files: Sequence[FileFact], include: Sequence[str], exclude: Sequence[str]) -> tuple[FileFact, ...]:
+    """The files an include/exclude glob pair keeps (globs match snapshot-relative paths; an empty
+    include keeps everything; exclude wins)."""
+
+    def hit(path: str, patterns: Sequence[str]) -> bool:
+        name = path.rsplit("/", 1)[-1]
+        return any(fnmatch.fnmatch(path, p) or ("/" not in p and fnmatch.fnmatch(name, p)) for p in patterns)
+
+    return tuple(f for f in files if (not include or hit(f.path, include)) and not hit(f.path, exclude))
+
+
+@dataclass(frozen=True)
+class Difference:
+    """How one node's snapshot differs from the reference."""
+
+    node: str
+    revision: tuple[str | None, str | None] | None
+    files: tuple[tuple[str, str], ...]  # (path, what differs)
+
+    def message(self, reference: str) -> str:
+        parts = []
+        if self.revision is not None:
+            parts.append(f"revision {self.revision[1]} (reference {reference} has {self.revision[0]})")
+        shown = [f"{path}: {what}" for path, what in self.files[:_SHOWN]]
+        if len(self.files) > _SHOWN:
+            shown.append(f"and {len(self.files) - _SHOWN} more")
+        parts.extend(shown)
+        return f"snapshot differs from {reference}'s: " + "; ".join(parts)
+
+
+def compare(
+    reference: Snapshot, other: Snapshot, *, include: Sequence[str] = (), exclude: Sequence[str] = ()
+) -> Difference | None:
+    """None when other has the same files (paths, sizes, metadata hashes) as reference."""
+    ref = {f.path: f for f in select(reference.files, include, exclude)}
+    mine = {f.path: f for f in select(other.files, include, exclude)}
+    diffs: list[tuple[str, str]] = []
+    for path in sorted(ref.keys() | mine.keys()):
+        a, b = ref.get(path), mine.get(path)
+        if b is None:
+            diffs.append((path, "missing"))
+        elif a is None:
+            diffs.append((path, "not in the reference"))
+        elif b.kind == "dangling":
+            diffs.append((path, f"broken link to {b.link}"))
+        elif a.size != b.size:
+            diffs.append((path, f"size {b.size} ≠ {a.size}"))
+        elif a.sha256 and b.sha256 and a.sha256 != b.sha256:
+            diffs.append((path, "content differs (sha256)"))
+        elif a.blob and b.blob and a.blob != b.blob:
+            diffs.append((path, f"points to {b.blob}, not {a.blob}"))
+    revision = None
+    if reference.revision != other.revision:
+        revision = (reference.revision, other.revision)
+    if revision is None and not diffs:
+        return None
+    return Difference(other.node, revision, tuple(diffs))
+
+
+def check_identity(
+    snapshots: Sequence[Snapshot],
+    *,
+    reference: Snapshot | None = None,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+) -> None:
+    """Raise a StagingError naming every node whose snapshot differs from the reference (the first
+    snapshot unless given) and the files that differ; return when all agree."""
+    if not snapshots:
+        return
+    ref = reference or snapshots[0]
+    found = [d for s in snapshots if (d := compare(ref, s, include=include, exclude=exclude)) is not None]
+    if not found:
+        return
+    first, *rest = found
+    message = first.message(ref.node)
+    for d in rest:
+        message += f"\n{d.node}: {d.message(ref.node)}"
+    raise StagingError(first.node, message)

@@ -1,0 +1,310 @@
+"""The lifecycle: ``up`` executes a Plan on every node and is done only when the deployment
+really serves; any failure, or Ctrl-C, stops every rank again. ``down`` stops a deployment,
+even one whose local record was lost."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import FrameType
+
+from sparkfleet.apply.distribute import distribute
+from sparkfleet.apply.images import ensure_same_image
+from sparkfleet.apply.readiness import smoke, wait_ready
+from sparkfleet.apply.staging.runner import stage_all
+from sparkfleet.errors import NodeError, ReadinessError, SparkfleetError, StateError
+from sparkfleet.nodes.fanout import fan_out, raise_first, transport_for
+from sparkfleet.nodes.identity import FoundRank, Instance, PortHolder
+from sparkfleet.nodes.runtime.base import Runtime
+from sparkfleet.nodes.runtime.docker import DockerRuntime
+from sparkfleet.nodes.runtime.process import ProcessRuntime, found_processes, node_agent
+from sparkfleet.nodes.transport.base import Transport
+from sparkfleet.plan.build import Plan, RankPlan
+from sparkfleet.spec.cluster import Cluster, Node
+from sparkfleet.spec.secrets import redact, secrets_of
+from sparkfleet.state.deployments import Deployment, Deployments
+
+# Called with (node or None, rank or None, message) as up progresses.
+Reporter = Callable[[str | None, int | None, str], None]
+NODE_STAGED_KINDS = ("sparse-rows", "composed")
+DISTRIBUTED_KINDS = ("sync", "copy", "nfs")
+
+
+def runtime_for(rank: RankPlan) -> Runtime:
+    """The runtime that runs this rank."""
+    return DockerRuntime() if rank.runtime == "docker" else ProcessRuntime()
+
+
+@dataclass(frozen=True)
+class UpResult:
+    """A ready deployment."""
+
+    name: str
+    endpoint: str
+    smoke_answer: str
+    seconds: float
+
+
+def _quiet(_node: str | None, _rank: int | None, _msg: str) -> None:
+    return None
+
+
+Connector = Callable[[Node], Transport]
+
+
+def _connect(plan: Plan, connect: Connector) -> dict[str, Transport]:
+    transports = {r.node.name: connect(r.node) for r in plan.ranks}
+    # One cheap command per node opens each master connection and fails fast on a dead node.
+    raise_first(fan_out(transports, lambda n: transports[n].run(["true"], timeout=30)))
+    return transports
+
+
+def _port_roles(rank: RankPlan, plan: Plan) -> dict[int, str]:
+    roles = {p: f"rank {rank.rank} rendezvous/RPC" for p in rank.ports}
+    if rank.rank == 0:
+        roles[plan.port] = "rank 0 HTTP"
+    return roles
+
+
+def _preflight(plan: Plan, transports: dict[str, Transport], instance: Instance) -> None:
+    """Before anything is written or started: no other instance of this name on any of its
+    nodes, and every port a rank needs free. One agent call per node (two with docker ranks)."""
+
+    def check(node_name: str) -> tuple[list[FoundRank], list[tuple[PortHolder, str]]]:
+        ranks = [r for r in plan.ranks if r.node.name == node_name]
+        node = ranks[0].node
+        roles = {p: role for r in ranks for p, role in _port_roles(r, plan).items()}
+        answer = node_agent(transports[node_name], node.python, "preflight",
+                            {"deployment": plan.name, "node": node_name, "ports": sorted(roles)})  # fmt: skip
+        found = found_processes(node_name, plan.name, answer["found"])
+        if any(r.runtime == "docker" for r in ranks):
+            found += DockerRuntime().find(transports[node_name], plan.name, node)
+        held = [(PortHolder(**h), roles[h["port"]]) for h in answer["holders"]]
+        return [f for f in found if f.instance != instance.id], held
+
+    results = raise_first(fan_out(transports, check))
+    others = [f for found, _ in results.values() for f in found]
+    if others:
+        owners = sorted({f.owner or "an older sparkfleet" for f in others})
+        raise StateError(
+            f"deployment {plan.name!r} is already on its nodes under another instance (owner "
+            + ", ".join(owners) + "):\n  " + "\n  ".join(f.describe() for f in others)
+            + f"\nstop it from where it was started (`sparkfleet down {plan.name}`), pick another name "
+            f"(`up --name`), or, if it is abandoned, `sparkfleet down {plan.name} --sweep --cluster FILE`"
+        )
+    taken = [(node, holder, role) for node, (_, held) in results.items() for holder, role in held]
+    if taken:
+        raise StateError(
+            f"{plan.name}: port(s) needed by the deployment are taken; nothing was started:\n  "
+            + "\n  ".join(f"{node}: port {h.port} ({role}) is held by {h.describe()}" for node, h, role in taken)
+        )
+
+
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM during up behaves like Ctrl-C: everything started is rolled back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(_signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+@contextmanager
+def _shielded() -> Iterator[None]:
+    """A second Ctrl-C or SIGTERM must not cut a rollback short and leave ranks running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _ensure_images(plan: Plan, transports: dict[str, Transport], report: Reporter) -> None:
+    docker_ranks = [r for r in plan.ranks if r.runtime == "docker" and r.image]
+    if docker_ranks:
+        report(None, None, "checking images")
+
+    def ensure(node: str) -> None:
+        rank = next(r for r in docker_ranks if r.node.name == node)
+        image = rank.image or ""
+        have = transports[node].run(["docker", "image", "inspect", "--format", "{{.Id}}", image],
+                                    check=False, timeout=60)  # fmt: skip
+        if have.ok:
+            report(node, rank.rank, f"image {image} present ({have.stdout.strip()[:19]})")
+            return
+        if "Cannot connect" in have.stderr or "permission denied" in have.stderr.lower():
+            raise NodeError(node, f"docker is not reachable: {have.tail(2)}")
+        report(node, rank.rank, f"pulling {image}")
+        pulled = transports[node].run(["docker", "pull", image], check=False, timeout=3600)
+        if not pulled.ok:
+            raise NodeError(node, f"image {image} is not on the node and could not be pulled: {pulled.tail(2)} "
+                                  "(build it with `sparkfleet image build`)")  # fmt: skip
+
+    raise_first(fan_out({r.node.name for r in docker_ranks}, ensure))
+
+
+def _start_rank(plan: Plan, r: int, runtimes: dict[int, Runtime], transports: dict[str, Transport],
+                records: Deployments, report: Reporter, instance: Instance) -> None:  # fmt: skip
+    rank = plan.rank(r)
+    transport = transports[rank.node.name]
+    ident = runtimes[r].start(rank, transport, instance)
+    report(rank.node.name, r, f"started ({rank.runtime} {ident})")
+    records.event(plan.name, "start", f"rank {r} started ({ident})", rank.node.name)
+
+
+def rollback(plan_ranks: tuple[RankPlan, ...], name: str, instance: str, transports: dict[str, Transport]) -> list[str]:
+    """Stop every rank of this instance on every reachable node; returns the nodes that failed."""
+
+    def stop(node: str) -> None:
+        for rank in (r for r in plan_ranks if r.node.name == node):
+            runtime_for(rank).stop(rank, transports[node], name, instance, grace=5.0)
+
+    outcomes = fan_out({r.node.name for r in plan_ranks if r.node.name in transports}, stop)
+    return [f"{node}: {o.error}" for node, o in outcomes.items() if not o.ok]
+
+
+def up(
+    plan: Plan,
+    cluster: Cluster,
+    *,
+    deployments: Deployments | None = None,
+    report: Reporter = _quiet,
+    timeout: float | None = None,
+    accept_new_host_keys: bool = False,
+    allow_image_mismatch: bool = False,
+    connect: Connector | None = None,
+) -> UpResult:
+    """Execute plan: stage, start ranks in launch order, wait until it really serves.
+
+    connect makes each node's Transport (ssh or local by default; tests pass a scripted one)."""
+    records = deployments or Deployments()
+    start = time.monotonic()
+    instance = Instance.new(plan.name)
+    records.acquire(plan, cluster.source, instance)
+    records.event(plan.name, "up", f"up on {len(plan.ranks)} node(s) of {cluster.name} (instance {instance.id})")
+    transports: dict[str, Transport] = {}
+    secrets = secrets_of((v.key, v.value) for r in plan.ranks for v in r.env)
+    try:
+        with _signals_interrupt():
+            answer = _run_up(plan, instance, records, report, timeout, allow_image_mismatch, transports,
+                             connect or (lambda n: transport_for(n, accept_new_host_keys=accept_new_host_keys)))
+    except BaseException as exc:
+        with _shielded():
+            report(None, None, "rolling back")
+            failed = rollback(plan.ranks, plan.name, instance.id, transports) if transports else []
+            records.set_status(plan.name, "failed")
+            why = redact("interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc), secrets)
+            records.event(plan.name, "failed", why)
+        if failed:
+            raise SparkfleetError(f"{why}\nrollback could not reach: " + "; ".join(failed)) from exc
+        if isinstance(exc, KeyboardInterrupt):
+            raise ReadinessError(f"{plan.name}: interrupted; every started rank was stopped") from exc
+        if isinstance(exc, SparkfleetError):
+            # Same error type, its text with the deployment's secrets hidden (log tails in it).
+            exc.message, exc.args = why, (why,)
+        raise
+    records.set_status(plan.name, "ready")
+    records.event(plan.name, "ready", f"ready at {plan.endpoint}; smoke answer {answer.strip()[:60]!r}")
+    return UpResult(plan.name, plan.endpoint, answer, time.monotonic() - start)
+
+
+def _run_up(plan: Plan, instance: Instance, records: Deployments, report: Reporter, timeout: float | None,
+            allow_image_mismatch: bool, transports: dict[str, Transport], connect: Connector) -> str:  # fmt: skip
+    """The phases of up in order; fills transports as it connects, so rollback can reach them."""
+    report(None, None, "connecting")
+    transports.update(_connect(plan, connect))
+    report(None, None, "checking names and ports")
+    _preflight(plan, transports, instance)
+    _ensure_images(plan, transports, report)
+    ensure_same_image(plan, transports, allow_mismatch=allow_image_mismatch)
+    # Synced snapshots first (each node's copy is read back and compared with the source, and
+    # a node that differs is refused): composed model directories link into them.
+    if any(s.kind in DISTRIBUTED_KINDS for s in plan.staging):
+        report(None, None, "distributing model files")
+        for note in distribute(plan, transports).notes:
+            report(None, None, note)
+    staged = [s for s in plan.staging if s.kind in NODE_STAGED_KINDS]
+    if staged:
+        report(None, None, f"staging {len(staged)} step(s)")
+        stage_all(staged, transports, pythons={r.node.name: r.node.python for r in plan.ranks})
+    runtimes = {r.rank: runtime_for(r) for r in plan.ranks}
+    # Workers first, all at once; the head last, once every worker runs (the seeds' order).
+    workers = [r for r in plan.launch_order if r != 0]
+    for batch in ([str(r) for r in workers], ["0"]):
+        raise_first(fan_out(batch, lambda r: _start_rank(plan, int(r), runtimes, transports, records, report,
+                                                         instance)))  # fmt: skip
+    wait_ready(
+        plan, transports, runtimes, instance, timeout=timeout or plan.recipe.verify.timeout,
+        on_progress=lambda msg: report(plan.head.node.name, 0, msg),
+    )  # fmt: skip
+    report(plan.head.node.name, 0, "healthy; smoke test")
+    return smoke(plan)
+
+
+def down(deployment: Deployment, *, deployments: Deployments | None = None,
+         accept_new_host_keys: bool = False, connect: Connector | None = None) -> list[str]:  # fmt: skip
+    """Stop every rank of a recorded deployment's own instance (idempotent); returns what was stopped."""
+    records = deployments or Deployments()
+    connect = connect or (lambda n: transport_for(n, accept_new_host_keys=accept_new_host_keys))
+    transports = {r.node.name: connect(r.node) for r in deployment.ranks}
+    records.set_status(deployment.name, "stopping")
+    stopped: list[str] = []
+
+    def stop(node: str) -> list[str]:
+        out: list[str] = []
+        for rank in (r for r in deployment.ranks if r.node.name == node):
+            stopped_here = runtime_for(rank).stop(rank, transports[node], deployment.name, deployment.instance)
+            out += [f"{node} rank {rank.rank}: {x}" for x in stopped_here]
+        return out
+
+    outcomes = fan_out(transports, stop)
+    errors = [f"{n}: {o.error}" for n, o in outcomes.items() if not o.ok]
+    for o in outcomes.values():
+        stopped += o.value or []
+    if errors:
+        records.event(deployment.name, "down-failed", "; ".join(errors))
+        raise SparkfleetError(f"{deployment.name}: could not stop every rank: " + "; ".join(errors))
+    records.set_status(deployment.name, "stopped")
+    records.event(deployment.name, "down", f"stopped {len(stopped)} container(s)/process(es)")
+    return stopped
+
+
+def find_by_name(cluster: Cluster, name: str) -> list[FoundRank]:
+    """Every rank of any instance of deployment name on every node of cluster, with its owner
+    (what ``down --sweep`` lists before it stops anything)."""
+
+    def look(node_name: str) -> list[FoundRank]:
+        node = cluster.node(node_name)
+        transport = transport_for(node)
+        return DockerRuntime().find(transport, name, node) + ProcessRuntime().find(transport, name, node)
+
+    return [f for found in raise_first(fan_out([n.name for n in cluster.nodes], look)).values() for f in found]
+
+
+def sweep(cluster: Cluster, found: list[FoundRank]) -> None:
+    """Stop what find_by_name found, whoever started it."""
+
+    def clean(node_name: str) -> None:
+        node = cluster.node(node_name)
+        transport = transport_for(node)
+        mine = [f for f in found if f.node == node_name]
+        DockerRuntime().remove(transport, mine, node)
+        ProcessRuntime().remove(transport, mine, node)
+
+    raise_first(fan_out(sorted({f.node for f in found}), clean))

@@ -1,0 +1,187 @@
+"""doctor: is every node ready for this recipe?
+
+Facts are gathered on all nodes at once (one bundled round trip per node, in threads); the
+checks (sparkfleet.doctor.checks) are a pure function of those facts, so the whole runs end to end
+against the loopback fleet and each check is tested on captured outputs.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
+from sparkfleet.doctor.checks import Check, DoctorSpec, MemoryFn, NodeTarget, evaluate
+from sparkfleet.doctor.probes.facts import FactsRequest, NodeFacts, collect
+from sparkfleet.nodes.transport.base import Transport
+from sparkfleet.plan.build import Plan
+from sparkfleet.plan.memory import MemoryPlan, memory_plan
+from sparkfleet.spec.cluster import Cluster
+
+__all__ = [
+    "Check",
+    "DoctorSpec",
+    "NodeTarget",
+    "Report",
+    "evaluate",
+    "gather",
+    "memory_for",
+    "run_doctor",
+    "spec_for",
+]
+
+_REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class Report:
+    """Every check, in a stable order, and how long the run took."""
+
+    checks: tuple[Check, ...]
+    seconds: float
+    memory: tuple[tuple[str, MemoryPlan], ...] = ()
+
+    @property
+    def failed(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if c.status == "fail")
+
+    def counts(self) -> dict[str, int]:
+        """How many checks ended in each status."""
+        return {s: sum(1 for c in self.checks if c.status == s) for s in ("pass", "warn", "fail")}
+
+    def to_json(self) -> dict[str, object]:
+        """The report as JSON-ready data (for `doctor --json`)."""
+        return {
+            "ok": not self.failed,
+            "seconds": round(self.seconds, 3),
+            "counts": self.counts(),
+            "checks": [asdict(c) for c in self.checks],
+            "memory": {node: asdict(mp) for node, mp in self.memory},
+        }
+
+
+def request_for(spec: DoctorSpec, target: NodeTarget) -> FactsRequest:
+    """What to probe on one node: the head also tries every node's fabric address."""
+    return FactsRequest(
+        image=spec.image,
+        disk_paths=tuple(dst for _, dst, _ in target.staging),
+        hf_cache=target.hf_cache,
+        model_repo=spec.model_repo,
+        reach_targets=tuple((n.fabric_ip, n.ssh_port) for n in spec.nodes) if target.head else (),
+        checkpoint_headers=target.head,
+    )
+
+
+def gather(spec: DoctorSpec, transports: Mapping[str, Transport], *, timeout: float = 15.0) -> dict[str, NodeFacts]:
+    """Facts of every node, probed in parallel (one thread and one round trip per node)."""
+    names = [n.name for n in spec.nodes]
+    by_name = {n.name: n for n in spec.nodes}
+    with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+        facts = pool.map(
+            lambda name: collect(transports[name], request_for(spec, by_name[name]), timeout=timeout), names
+        )
+        return dict(zip(names, facts, strict=True))
+
+
+def run_doctor(
+    spec: DoctorSpec,
+    transports: Mapping[str, Transport],
+    memory: MemoryFn | None = None,
+    *,
+    timeout: float = 15.0,
+) -> Report:
+    """Gather facts on every node in parallel and evaluate every check."""
+    start = time.monotonic()
+    facts = gather(spec, transports, timeout=timeout)
+    plans: dict[str, MemoryPlan | None] = {}
+    if memory is not None:
+        plans = {t.name: memory(t, facts) for t in spec.nodes if facts[t.name].reachable}
+    checks = evaluate(spec, facts, (lambda t, _f: plans.get(t.name)) if memory else None)
+    kept = tuple((name, mp) for name, mp in plans.items() if mp is not None)
+    return Report(checks=checks, seconds=time.monotonic() - start, memory=kept)
+
+
+def sort_for_display(checks: Sequence[Check]) -> list[Check]:
+    """Failures first, then warnings, then passes; stable within each."""
+    order = {"fail": 0, "warn": 1, "pass": 2}
+    return sorted(checks, key=lambda c: order[c.status])
+
+
+def _model_repo(p: Plan) -> str | None:
+    recipe = p.recipe
+    if recipe.composed_model is not None:
+        return recipe.composed_model.sources[0].repo
+    return recipe.model if _REPO_ID.match(recipe.model) else None
+
+
+def spec_for(cluster: Cluster, p: Plan | None = None) -> DoctorSpec:
+    """What to check: the plan's nodes, image, staging, ports and model, or (without a
+    recipe) only the cluster's nodes."""
+    if p is None:
+        targets = tuple(
+            NodeTarget(
+                name=n.name,
+                fabric_ip=n.fabric_ip,
+                ssh_port=n.ssh_port or 22,
+                user=n.user,
+                gpus=n.gpus,
+                rdma=n.rdma,
+                ib_gid_index=n.ib_gid_index,
+                hf_cache=n.hf_cache,
+                head=i == 0,
+            )
+            for i, n in enumerate(cluster.nodes)
+        )
+        return DoctorSpec(nodes=targets)
+    targets_list = []
+    for rank in p.ranks:
+        n = rank.node
+        env = {e.key: e.value for e in rank.env}
+        uses_ib = env.get("NCCL_NET", "").upper() == "IB" or bool(env.get("NCCL_IB_HCA"))
+        targets_list.append(
+            NodeTarget(
+                name=n.name,
+                fabric_ip=n.fabric_ip,
+                ssh_port=n.ssh_port or 22,
+                user=n.user,
+                gpus=n.gpus,
+                rdma=n.rdma and len(p.ranks) > 1,
+                rdma_required=uses_ib and env.get("NCCL_IB_DISABLE") != "1" and len(p.ranks) > 1,
+                ib_gid_index=n.ib_gid_index,
+                hf_cache=n.hf_cache,
+                staging=tuple((s.id, s.dst, s.min_free) for s in p.staging if s.node == n.name and s.min_free),
+                ports=rank.ports,
+                memlock=n.memlock,
+                head=rank.rank == 0,
+            )
+        )
+    return DoctorSpec(
+        nodes=tuple(targets_list),
+        image=p.recipe.docker_image,
+        model_repo=_model_repo(p),
+        needs_docker=p.recipe.docker_image is not None,
+    )
+
+
+def memory_for(p: Plan) -> MemoryFn:
+    """The memory check's plan maker: each node's rank, its GPU and meminfo facts, and the
+    checkpoint headers and config the head read."""
+    ranks = {r.node.name: r for r in p.ranks}
+    head = p.ranks[0].node.name
+
+    def make(t: NodeTarget, facts: Mapping[str, NodeFacts]) -> MemoryPlan | None:
+        if t.gpus == "none":
+            return None  # CPU ranks size their KV by engine-specific settings, not a GPU pool
+        f, h = facts[t.name], facts.get(head)
+        return memory_plan(
+            ranks[t.name],
+            p.recipe,
+            gpu=f.gpu,
+            meminfo=f.meminfo,
+            tensors=h.tensors if h else None,
+            model_config=h.model_config if h else None,
+        )
+
+    return make

@@ -1,0 +1,134 @@
+"""The process runtime: a rank is a host process group, watched by a small monitor.
+
+The node needs only ``python3``: the agent (``process_agent.py``, stdlib only) is sent as the
+``-c`` program, and the environment travels in a private env file, never in argv.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+
+from sparkfleet.errors import RankRuntimeError
+from sparkfleet.nodes.identity import FoundRank, Instance, PortHolder
+from sparkfleet.nodes.runtime.base import RankState, env_file_text
+from sparkfleet.nodes.transport.base import Transport
+from sparkfleet.plan.build import RankPlan
+from sparkfleet.spec.cluster import Node
+from sparkfleet.spec.secrets import TOKEN_PATTERNS
+
+AGENT = files("sparkfleet.nodes.shipped").joinpath("process_agent.py").read_text()
+# Prints "running PID STARTTICKS BTIME HZ", "exited CODE" or "absent". The pid file holds
+# "PGID PID STARTTICKS"; a pid whose start time differs was reused by another process.
+_INSPECT_SH = r"""
+if [ -f "$2" ]; then echo exited "$(cat "$2")"; exit 0; fi
+[ -r "$1" ] || { echo absent; exit 0; }
+read pgid pid start < "$1"
+now=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1,20)
+case "$now" in
+  "Z "*|"") echo exited unknown ;;
+  *) [ "${now#* }" = "$start" ] && echo running "$pid" "$start" "$(sed -n 's/^btime //p' /proc/stat)" \
+       "$(getconf CLK_TCK)" || echo exited unknown ;;
+esac
+"""
+
+
+def node_agent(transport: Transport, python: str, command: str, payload: dict[str, object], *,
+               timeout: float = 30, stdin: bytes | None = None) -> dict:  # fmt: skip
+    """Run one agent command on the node and return its JSON answer."""
+    # -S: the agent needs only the standard library, and skipping site halves start-up.
+    result = transport.run([python, "-S", "-c", AGENT, command, json.dumps(payload)], timeout=timeout,
+                           check=False, stdin=stdin)  # fmt: skip
+    if not result.ok:
+        raise RankRuntimeError(transport.node, f"process agent {command} failed: {result.tail()}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def port_holders(transport: Transport, python: str, ports: tuple[int, ...]) -> list[PortHolder]:
+    """Who listens on these TCP ports of the node."""
+    answer = node_agent(transport, python, "holders", {"ports": list(ports)}, timeout=30)
+    return [PortHolder(**h) for h in answer["holders"]]
+
+
+def found_processes(node: str, deployment: str, entries: list[dict]) -> list[FoundRank]:
+    """The agent's per-process answer grouped into one entry per instance and rank."""
+    groups: dict[tuple[str | None, int | None], list[dict]] = {}
+    for entry in entries:
+        groups.setdefault((entry["instance"], entry["rank"]), []).append(entry)
+    out = []
+    for (instance, rank), members in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1] or 0)):
+        pids = tuple(sorted(m["pid"] for m in members))
+        out.append(FoundRank(node, deployment, "process", str(pids[0]), True, rank, instance,
+                             members[0]["owner"], members[0]["started"], pids))  # fmt: skip
+    return out
+
+
+def _spec(rank: RankPlan, deployment: str, **extra: object) -> dict[str, object]:
+    return {
+        "argv": list(rank.argv), "env_file": rank.env_file, "log_path": rank.log_path,
+        "pid_path": rank.pid_path, "exit_path": rank.pid_path.removesuffix(".pid") + ".exit",
+        "workdir": rank.workdir, "deployment": deployment, "rank": rank.rank, "node": rank.node.name, **extra,
+    }  # fmt: skip
+
+
+class ProcessRuntime:
+    """Ranks as host processes (CPU examples, tests, bare-metal engines)."""
+
+    def _agent(self, rank: RankPlan, transport: Transport, command: str, spec: dict, timeout: float,
+               stdin: bytes | None = None) -> dict:  # fmt: skip
+        return node_agent(transport, rank.node.python, command, spec, timeout=timeout, stdin=stdin)
+
+    def start(self, rank: RankPlan, transport: Transport, instance: Instance) -> str:
+        # Which keys are secret and what tokens look like; the values stay in the env file.
+        spec = _spec(rank, instance.deployment, markers=instance.process_env(),
+                     secret_keys=[v.key for v in rank.env if v.secret], secret_patterns=TOKEN_PATTERNS)  # fmt: skip
+        state = self._agent(rank, transport, "start", spec, 30, stdin=env_file_text(rank))
+        return str(state.get("pid") or "")
+
+    def inspect(self, rank: RankPlan, transport: Transport) -> RankState:
+        # Plain sh, not the Python agent: status polls this, and a shell starts 10x faster.
+        exit_path = rank.pid_path.removesuffix(".pid") + ".exit"
+        result = transport.run(["sh", "-c", _INSPECT_SH, "sh", rank.pid_path, exit_path], timeout=20, check=False)
+        words = result.stdout.split()
+        if not result.ok or not words:
+            raise RankRuntimeError(rank.node.name, f"cannot inspect rank {rank.rank}: {result.tail(3)}")
+        if words[0] == "running":
+            pid, ticks, btime, hz = words[1:5]
+            return RankState(rank.rank, rank.node.name, "running", None, int(btime) + int(ticks) / int(hz), pid)
+        if words[0] == "exited":
+            code = int(words[1]) if len(words) > 1 and words[1].lstrip("-").isdigit() else None
+            return RankState(rank.rank, rank.node.name, "exited", code, None, None)
+        return RankState(rank.rank, rank.node.name, "absent")
+
+    def probe(self, rank: RankPlan, transport: Transport) -> tuple[RankState, str]:
+        s = self._agent(rank, transport, "probe", _spec(rank, ""), 20)
+        state = RankState(rank.rank, rank.node.name, s["state"], s["exit_code"], s["started_at"],
+                          str(s["pid"]) if s["pid"] else None)  # fmt: skip
+        return state, s["log"]
+
+    def logs(self, rank: RankPlan, transport: Transport, tail: int | None = 200) -> str:
+        argv = ["tail", "-n", str(tail), rank.log_path] if tail else ["cat", rank.log_path]
+        result = transport.run(argv, check=False, timeout=30)
+        return result.stdout if result.ok else ""
+
+    def follow_argv(self, rank: RankPlan) -> list[str]:
+        return ["tail", "-n", "50", "-F", rank.log_path]
+
+    def stop(self, rank: RankPlan, transport: Transport, deployment: str, instance: str | None,
+             grace: float = 10.0) -> list[str]:  # fmt: skip
+        spec = _spec(rank, deployment, grace=grace, instance=instance)
+        out = self._agent(rank, transport, "stop", spec, grace + 30)
+        return [str(p) for p in out["stopped"]]
+
+    def find(self, transport: Transport, deployment: str, node: Node) -> list[FoundRank]:
+        """Every rank of any instance of deployment running as processes on the node."""
+        answer = node_agent(transport, node.python, "find", {"deployment": deployment, "node": node.name},
+                            timeout=30)  # fmt: skip
+        return found_processes(node.name, deployment, answer["found"])
+
+    def remove(self, transport: Transport, found: list[FoundRank], node: Node, grace: float = 10.0) -> None:
+        """Stop what find returned (``down --sweep``); the agent re-checks each pid's markers."""
+        for item in (f for f in found if f.kind == "process"):
+            payload = {"deployment": item.deployment, "node": item.node, "pids": list(item.pids), "grace": grace}
+            node_agent(transport, node.python, "kill", payload, timeout=grace + 30)
+

@@ -1,0 +1,175 @@
+"""Run commands on a node over the system OpenSSH client.
+
+One multiplexed master connection per node (ControlMaster/ControlPersist), so a fan-out over
+four nodes costs one handshake each and later commands ride the open connection. The user's
+``~/.ssh/config``, keys and known_hosts apply; host keys are checked unless the user asked for
+``accept-new``. The remote command is quoted once, here, with ``shlex.join``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from sparkfleet.errors import TransportError
+from sparkfleet.nodes.transport.base import Result
+from sparkfleet.spec.cluster import Node
+
+SSH_FAILED = 255
+# Lines ssh itself prints when it could not get a session (as opposed to the remote command's).
+_SSH_ERROR = re.compile(
+    r"(ssh: |Connection (refused|timed out|closed)|Permission denied|Host key verification failed|"
+    r"Could not resolve|No route to host|kex_exchange|Connection reset|banner exchange)"
+)
+PERSIST_S = 300
+
+
+def control_dir() -> Path:
+    """A short, private directory for master sockets (unix socket paths max out at 108 bytes)."""
+    path = Path(tempfile.gettempdir()) / f"sparkfleet-ssh-{os.getuid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
+class SshTransport:
+    """The node is reached with ``ssh``; every call reuses the node's master connection."""
+
+    def __init__(self, node: Node, *, accept_new_host_keys: bool = False, connect_timeout: int = 10) -> None:
+        self.node = node.name
+        self._node = node
+        self._accept_new = accept_new_host_keys
+        self._connect_timeout = connect_timeout
+
+    def control_path(self) -> str:
+        """This node's master socket: ssh's %C (host, port, user) plus a digest of how we reach it.
+
+        %C alone would hand a command to a master opened for another inventory that once used
+        the same address (a re-imaged node, a re-created test fleet): a stale session on the
+        wrong machine, whose host key was never checked against this cluster's known_hosts.
+        """
+        n = self._node
+        how = "\0".join(str(x) for x in (n.ssh_config, n.ssh_key, n.user, n.ssh_port, n.host, self._accept_new))
+        return f"{control_dir()}/{hashlib.sha256(how.encode()).hexdigest()[:12]}-%C"
+
+    @property
+    def destination(self) -> str:
+        """``user@host:port`` for messages."""
+        user = f"{self._node.user}@" if self._node.user else ""
+        port = f":{self._node.ssh_port}" if self._node.ssh_port else ""
+        return f"{user}{self._node.host}{port}"
+
+    def ssh_argv(self) -> list[str]:
+        """The ssh words up to and including the destination (also used for rsync's -e)."""
+        n = self._node
+        words = ["ssh"]
+        if n.ssh_config:
+            words += ["-F", n.ssh_config]
+        words += [
+            "-o", "BatchMode=yes",
+            "-o", f"ConnectTimeout={self._connect_timeout}",
+            "-o", "ControlMaster=auto",
+            "-o", f"ControlPath={self.control_path()}",
+            "-o", f"ControlPersist={PERSIST_S}",
+            "-o", "ServerAliveInterval=10",
+            "-o", "ServerAliveCountMax=3",
+        ]  # fmt: skip
+        if self._accept_new:
+            words += ["-o", "StrictHostKeyChecking=accept-new"]
+        if n.ssh_port:
+            words += ["-p", str(n.ssh_port)]
+        if n.ssh_key:
+            words += ["-i", n.ssh_key, "-o", "IdentitiesOnly=yes"]
+        if n.user:
+            words += ["-l", n.user]
+        words.append(n.host)
+        return words
+
+    def _command(self, argv: Sequence[str], env: dict[str, str] | None) -> list[str]:
+        remote = shlex.join(argv)
+        if env:
+            remote = shlex.join(["env", *(f"{k}={v}" for k, v in env.items())]) + " " + remote
+        return [*self.ssh_argv(), "--", remote]
+
+    def _exec(
+        self, argv: Sequence[str], stdin: bytes | None, timeout: float | None, env: dict[str, str] | None
+    ) -> tuple[int, bytes, bytes, float]:
+        if not argv:
+            raise ValueError("empty command")
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(
+                self._command(argv, env),
+                input=stdin if stdin is not None else b"",
+                capture_output=True,
+                # Ctrl-C at the terminal goes to sparkfleet only: a command in flight finishes
+                # (or times out) instead of dying half-way, and up's rollback decides what stops.
+                start_new_session=True,
+                timeout=timeout,
+                check=False,
+            )
+        except FileNotFoundError as exc:
+            raise TransportError(self.node, "the ssh client is not installed on this machine") from exc
+        except subprocess.TimeoutExpired as exc:
+            raise TransportError(
+                self.node, f"{shlex.join(argv)[:120]} timed out after {timeout:.0f}s on {self.destination}"
+            ) from exc
+        if proc.returncode == SSH_FAILED and _SSH_ERROR.search(proc.stderr.decode(errors="replace")):
+            last = proc.stderr.decode(errors="replace").strip().splitlines()[-1]
+            raise TransportError(self.node, f"cannot reach {self.destination} over SSH: {last}")
+        return proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+        check: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> Result:
+        code, out, err, duration = self._exec(argv, stdin, timeout, env)
+        result = Result(
+            node=self.node,
+            argv=tuple(argv),
+            exit_code=code,
+            stdout=out.decode(errors="replace"),
+            stderr=err.decode(errors="replace"),
+            duration=duration,
+        )
+        return result.check() if check else result
+
+    def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
+        self.put_bytes(Path(local).read_bytes(), remote, mode=mode)
+
+    def put_bytes(self, data: bytes, remote: str, *, mode: int | None = None) -> None:
+        # umask 077 first: a secret env file is never readable by others, not even briefly.
+        script = (
+            'umask 077; d=$(dirname "$1"); mkdir -p "$d" && t="$1.partial.$$" && cat > "$t" && '
+            + (f'chmod {mode:o} "$t" && ' if mode is not None else "")
+            + 'mv -f "$t" "$1"'
+        )
+        self.run(["sh", "-c", script, "sh", remote], stdin=data)
+
+    def get(self, remote: str, local: Path) -> None:
+        code, out, err, _ = self._exec(["cat", remote], None, None, None)
+        if code != 0:
+            raise TransportError(self.node, f"cannot read {remote}: {err.decode(errors='replace').strip()}")
+        Path(local).write_bytes(out)
+
+    def stream(self, argv: Sequence[str]) -> subprocess.Popen[bytes]:
+        """Start argv and return the process, its stdout a pipe (for following logs)."""
+        return subprocess.Popen(
+            self._command(argv, None), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        """Leave the master running: the next sparkfleet command reuses it (ControlPersist)."""
+        return None

@@ -1,0 +1,451 @@
+"""plan(recipe, cluster, overrides) -> Plan: exactly what ``up`` will do on every node.
+
+Pure: no network, no disk writes, no clock. ``up`` executes the Plan object it is given and
+never recomputes it, so what ``sparkfleet plan`` prints is what runs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from sparkfleet.apply.staging.nfs import volume_name as nfs_volume_name
+from sparkfleet.errors import PlanError
+from sparkfleet.plan.engines import RankContext, Readiness, engine_for
+from sparkfleet.spec.cluster import Cluster, Node
+from sparkfleet.spec.placeholders import placeholder_keys
+from sparkfleet.spec.recipe import Recipe, StagingSpec
+from sparkfleet.spec.secrets import is_secret
+from sparkfleet.spec.templates import render
+
+EnvSource = Literal["engine", "cluster", "recipe", "cli"]
+CONTAINER_HF_HOME = "/root/.cache/huggingface"
+LABEL_DEPLOYMENT = "sparkfleet.deployment"
+LABEL_RANK = "sparkfleet.rank"
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """What the command line adds on top of the recipe (``--set`` is applied when loading)."""
+
+    env: tuple[tuple[str, str], ...] = ()
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class MountSpec:
+    """A bind mount of one rank's container."""
+
+    host: str
+    container: str
+    read_only: bool
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One environment value and the layer it came from."""
+
+    key: str
+    value: str
+    source: EnvSource
+
+    @property
+    def secret(self) -> bool:
+        return is_secret(self.key)
+
+
+@dataclass(frozen=True)
+class StagingStep:
+    """One staging action on one node, templates resolved."""
+
+    id: str
+    kind: str
+    rank: int
+    node: str
+    src: str | None
+    dst: str
+    tp: int
+    min_free: int
+    spec: StagingSpec | None = None
+    local_files: tuple[str, ...] = ()
+    repo: str | None = None
+    revision: str | None = None
+    hf_cache: str | None = None
+    primary: bool = True  # composed: the source the model path points at
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """Everything needed to start, watch and stop one rank."""
+
+    rank: int
+    node: Node
+    runtime: Literal["docker", "process"]
+    image: str | None
+    argv: tuple[str, ...]
+    env: tuple[EnvVar, ...]
+    mounts: tuple[MountSpec, ...]
+    container_name: str
+    container_argv: tuple[str, ...] | None
+    workdir: str
+    env_file: str
+    log_path: str
+    pid_path: str
+    readiness: Readiness
+    ports: tuple[int, ...]
+
+    def env_dict(self) -> dict[str, str]:
+        """The real environment (secrets included): only for the runtime that starts the rank."""
+        return {v.key: v.value for v in self.env}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A whole deployment, per rank, in launch order."""
+
+    name: str
+    title: str | None
+    engine: str
+    recipe_source: str
+    cluster_name: str
+    endpoint: str
+    port: int
+    served_model: str
+    launch_order: tuple[int, ...]
+    ranks: tuple[RankPlan, ...]
+    staging: tuple[StagingStep, ...]
+    recipe: Recipe = field(repr=False)
+
+    @property
+    def head(self) -> RankPlan:
+        return self.ranks[0]
+
+    def rank(self, r: int) -> RankPlan:
+        return self.ranks[r]
+
+
+_DOCKER_NAME = re.compile(r"[^a-zA-Z0-9_.-]+")
+
+
+def container_name(deployment: str, rank: int) -> str:
+    """The deterministic container name of a rank (Docker's allowed characters only)."""
+    return f"sparkfleet-{_DOCKER_NAME.sub('-', deployment).strip('-.') or 'deployment'}-r{rank}"
+
+
+def check_plannable(recipe: Recipe, cluster: Cluster | None = None) -> None:
+    """Every check plan() makes before it places ranks on nodes; ``validate`` runs it without a
+    cluster, so a recipe it accepts is refused by plan only for what the cluster adds."""
+    _refuse_placeholders(recipe, cluster)
+    problem = engine_for(recipe.engine).check_layout(recipe)
+    if problem:
+        raise PlanError(f"{recipe.source}: {problem}")
+    for spec in recipe.staging:
+        _check_staging_keys(recipe, spec)
+
+
+def _refuse_placeholders(recipe: Recipe, cluster: Cluster | None) -> None:
+    """One message naming every key, in both files, that still holds an importer's placeholder."""
+    found = [(recipe.source, placeholder_keys(recipe.model_dump(exclude={"source"})))]
+    if cluster is not None:
+        # Resolved nodes: a placeholder under [defaults] shows at every node that inherits it.
+        found.append((cluster.source, placeholder_keys({"nodes": [n.model_dump() for n in cluster.nodes]})))
+    where = [(source, ", ".join(keys)) for source, keys in found if keys]
+    if where:
+        (first, keys), rest = where[0], where[1:]
+        raise PlanError(
+            f"{first}: fill in the <SET ME: …> placeholders that sparkfleet import left: {keys}"
+            + "".join(f"; {source}: {more}" for source, more in rest)
+        )
+
+
+def plan(recipe: Recipe, cluster: Cluster, deployment: str, overrides: Overrides | None = None) -> Plan:
+    """Plan recipe on the first ``required_nodes`` nodes of cluster as deployment NAME."""
+    overrides = overrides or Overrides()
+    name = overrides.name or deployment
+    nnodes = recipe.required_nodes
+    check_plannable(recipe, cluster)
+    if nnodes > len(cluster.nodes):
+        raise PlanError(
+            f"{recipe.source}: required_nodes = {nnodes}, but cluster {cluster.name!r} "
+            f"({cluster.source}) has {len(cluster.nodes)} node(s)"
+        )
+    nodes = cluster.nodes[:nnodes]
+    adapter = engine_for(recipe.engine)
+    port = recipe.port or adapter.default_port
+    rdv_port = recipe.rendezvous_port or adapter.default_rendezvous_port
+    head = nodes[0]
+    ranks = tuple(
+        _rank_plan(recipe, name, r, node, nodes, port, rdv_port, overrides) for r, node in enumerate(nodes)
+    )
+    endpoint_host = "127.0.0.1" if head.host in ("localhost", "local") else head.host
+    return Plan(
+        name=name,
+        title=recipe.name,
+        engine=recipe.engine,
+        recipe_source=recipe.source,
+        cluster_name=cluster.name,
+        endpoint=f"http://{endpoint_host}:{port}",
+        port=port,
+        served_model=_served_model(recipe),
+        launch_order=(*range(1, nnodes), 0),
+        ranks=ranks,
+        staging=_staging(recipe, name, nodes),
+        recipe=recipe,
+    )
+
+
+def _template_values(node: Node, rank: int, deployment: str) -> dict[str, str]:
+    return {
+        "hf": node.hf_cache.rstrip("/"),
+        "node": node.name,
+        "rank": str(rank),
+        "home": node.home,
+        "state": node.state_dir,
+        "name": deployment,
+    }
+
+
+def _served_model(recipe: Recipe) -> str:
+    args = list(recipe.args)
+    for flag in ("--served-model-name", "--model_alias", "--alias", "-a"):
+        if flag in args and args.index(flag) + 1 < len(args):
+            return args[args.index(flag) + 1]
+    return recipe.served_model_name or recipe.model
+
+
+def composed_dir(recipe: Recipe, node: Node, deployment: str) -> str:
+    """Where a rank's composed model directory lives on its node."""
+    assert recipe.composed_model is not None
+    if recipe.composed_model.dir:
+        return render(recipe.composed_model.dir, _template_values(node, 0, deployment))
+    return f"{node.state_dir}/composed/{deployment}"
+
+
+def _model_ref_and_mounts(
+    recipe: Recipe, node: Node, deployment: str, docker: bool
+) -> tuple[str, list[MountSpec]]:
+    mounts: list[MountSpec] = []
+    if recipe.composed_model is not None:
+        # The composer links `<dir>/model` to the first source's snapshot folder inside it.
+        host_dir = composed_dir(recipe, node, deployment) + "/model"
+        if not docker:
+            return host_dir, mounts
+        mounts.append(MountSpec(host_dir, recipe.composed_model.mount, True))
+        # The composed files are symlinks into the node's cache: mount it at the same path.
+        mounts.append(MountSpec(node.hf_cache, node.hf_cache, True))
+        return recipe.composed_model.mount, mounts
+    if recipe.model.startswith("/"):
+        if docker:
+            mounts.append(MountSpec(recipe.model, recipe.model, True))
+        return recipe.model, mounts
+    if docker:
+        mounts.append(MountSpec(node.hf_cache, CONTAINER_HF_HOME, True))
+    if recipe.engine == "llama-cpp":
+        # llama.cpp opens a file: point it at the pinned snapshot in the Hugging Face cache.
+        root = CONTAINER_HF_HOME if docker else node.hf_cache.rstrip("/")
+        repo_dir = "models--" + recipe.model.replace("/", "--")
+        return f"{root}/hub/{repo_dir}/snapshots/{recipe.revision}", mounts
+    return recipe.model, mounts
+
+
+def _nfs_mounts(
+    recipe: Recipe, deployment: str, node: Node, nodes: tuple[Node, ...], mounts: list[MountSpec]
+) -> list[MountSpec]:
+    """An ``nfs`` staging's dst, read-only in every container: the exported folder itself on the
+    server node, the worker's NFS volume elsewhere (replacing any other mount at that path)."""
+    for spec in recipe.staging:
+        if spec.kind != "nfs" or not spec.src:
+            continue
+        server = next((n for n in nodes if n.name == spec.server_node), nodes[0])
+        host = (
+            render(spec.src, _template_values(server, nodes.index(server), deployment))
+            if node.name == server.name
+            else nfs_volume_name(deployment, spec.id)
+        )
+        mounts = [m for m in mounts if m.container != spec.dst] + [MountSpec(host, spec.dst, True)]
+    return mounts
+
+
+def _env(
+    recipe: Recipe, node: Node, rank: int, deployment: str, docker: bool, overrides: Overrides
+) -> tuple[EnvVar, ...]:
+    adapter = engine_for(recipe.engine)
+    values = _template_values(node, rank, deployment)
+    layers: list[tuple[EnvSource, dict[str, str]]] = []
+    engine_env = {"HF_HUB_OFFLINE": "1", "HF_HOME": CONTAINER_HF_HOME if docker else node.hf_cache}
+    layers.append(("engine", engine_env))
+    cluster_env: dict[str, str] = {key: node.fabric_ip for key in adapter.host_ip_env}
+    if node.fabric_ifname:
+        cluster_env["NCCL_SOCKET_IFNAME"] = node.fabric_ifname
+        cluster_env["GLOO_SOCKET_IFNAME"] = node.fabric_ifname
+    if node.ib_hca:
+        cluster_env["NCCL_IB_HCA"] = node.ib_hca
+    if node.ib_gid_index is not None:
+        cluster_env["NCCL_IB_GID_INDEX"] = str(node.ib_gid_index)
+    cluster_env.update(node.env)
+    layers.append(("cluster", cluster_env))
+    layers.append(("recipe", {k: render(v, values) for k, v in recipe.env.items()}))
+    layers.append(("cli", dict(overrides.env)))
+    merged: dict[str, EnvVar] = {}
+    for source, env in layers:
+        for key, value in env.items():
+            merged[key] = EnvVar(key, value, source)
+    return tuple(merged[k] for k in sorted(merged))
+
+
+def _rank_plan(
+    recipe: Recipe,
+    deployment: str,
+    rank: int,
+    node: Node,
+    nodes: tuple[Node, ...],
+    port: int,
+    rdv_port: int,
+    overrides: Overrides,
+) -> RankPlan:
+    adapter = engine_for(recipe.engine)
+    docker = recipe.docker_image is not None
+    values = _template_values(node, rank, deployment)
+    model_ref, mounts = _model_ref_and_mounts(recipe, node, deployment, docker)
+    ctx = RankContext(
+        rank=rank,
+        nnodes=len(nodes),
+        fabric_ip=node.fabric_ip,
+        head_fabric_ip=nodes[0].fabric_ip,
+        peer_fabric_ips=tuple(n.fabric_ip for n in nodes),
+        port=port,
+        rendezvous_port=rdv_port,
+        model_ref=model_ref,
+        model_file=recipe.model_file,
+    )
+    entrypoint = tuple(render(w, values) for w in (recipe.entrypoint or adapter.default_entrypoint))
+    templated = recipe.model_copy(update={"args": tuple(render(a, values) for a in recipe.args)})
+    argv = adapter.rank_argv(templated, entrypoint, ctx)
+    for m in recipe.extra_mounts:
+        mounts.append(MountSpec(render(m.host, values), render(m.container, values), m.read_only))
+    if docker:
+        mounts = _nfs_mounts(recipe, deployment, node, nodes, mounts)
+    workdir = f"{node.state_dir}/deployments/{deployment}"
+    name = container_name(deployment, rank)
+    env = _env(recipe, node, rank, deployment, docker, overrides)
+    env_file = f"{workdir}/r{rank}.env"
+    container_argv = (
+        _docker_run(recipe, node, deployment, rank, name, env_file, tuple(mounts), argv) if docker else None
+    )
+    readiness = adapter.readiness(ctx)
+    ports = (port, rdv_port) if rank == 0 else ((rdv_port,) if readiness.tcp_port else ())
+    return RankPlan(
+        rank=rank,
+        node=node,
+        runtime="docker" if docker else "process",
+        image=recipe.docker_image,
+        argv=argv,
+        env=env,
+        mounts=tuple(mounts),
+        container_name=name,
+        container_argv=container_argv,
+        workdir=workdir,
+        env_file=env_file,
+        log_path=f"{workdir}/r{rank}.log",
+        pid_path=f"{workdir}/r{rank}.pid",
+        readiness=readiness,
+        ports=ports,
+    )
+
+
+def _docker_run(
+    recipe: Recipe,
+    node: Node,
+    deployment: str,
+    rank: int,
+    name: str,
+    env_file: str,
+    mounts: tuple[MountSpec, ...],
+    argv: tuple[str, ...],
+) -> tuple[str, ...]:
+    assert recipe.docker_image is not None
+    words = [
+        "docker", "run", "-d", "--name", name,
+        "--label", f"{LABEL_DEPLOYMENT}={deployment}", "--label", f"{LABEL_RANK}={rank}",
+        "--network", "host", "--ipc", "host",
+    ]  # fmt: skip
+    if node.gpus != "none":
+        words += ["--gpus", node.gpus]
+    if recipe.shm_size:
+        words += ["--shm-size", recipe.shm_size]
+    if node.memlock == "unlimited":
+        words += ["--ulimit", "memlock=-1"]
+    elif node.memlock not in (None, "none"):
+        words += ["--ulimit", f"memlock={node.memlock}"]
+    if node.rdma:
+        words += ["--device", "/dev/infiniband"]
+    words += ["--env-file", env_file]
+    for m in mounts:
+        words += ["-v", f"{m.host}:{m.container}" + (":ro" if m.read_only else "")]
+    words += ["--entrypoint", argv[0], recipe.docker_image, *argv[1:]]
+    return tuple(words)
+
+
+def _check_staging_keys(recipe: Recipe, spec: StagingSpec) -> None:
+    """The keys a sync/nfs/copy step needs exist."""
+    where = f"{recipe.source}: staging {spec.id!r}"
+    if spec.kind in ("sync", "nfs") and not spec.src:
+        raise PlanError(f"{where}: kind = {spec.kind!r} needs src (the folder to {spec.kind})")
+    if spec.kind == "copy" and not spec.files and not spec.src:
+        raise PlanError(f"{where}: kind = 'copy' needs files = [...] (or src, a folder of files)")
+
+
+def _check_distribution(recipe: Recipe, spec: StagingSpec, nodes: tuple[Node, ...]) -> None:
+    """The nodes a sync/nfs step names are among the planned ones."""
+    where = f"{recipe.source}: staging {spec.id!r}"
+    names = [n.name for n in nodes]
+    for key in ("source_node", "server_node"):
+        named = getattr(spec, key)
+        if named is not None and named not in names:
+            raise PlanError(f"{where}: {key} = {named!r} is not one of the planned nodes ({', '.join(names)})")
+
+
+def _staging(recipe: Recipe, deployment: str, nodes: tuple[Node, ...]) -> tuple[StagingStep, ...]:
+    steps: list[StagingStep] = []
+    tp = recipe.tensor_parallel_size
+    for spec in recipe.staging:
+        _check_distribution(recipe, spec, nodes)
+        for rank, node in enumerate(nodes):
+            values = _template_values(node, rank, deployment)
+            steps.append(
+                StagingStep(
+                    id=spec.id,
+                    kind=spec.kind,
+                    rank=rank,
+                    node=node.name,
+                    src=render(spec.src, values) if spec.src else None,
+                    dst=render(spec.dst, values),
+                    tp=tp,
+                    min_free=spec.min_free,
+                    spec=spec,
+                    hf_cache=node.hf_cache,
+                )
+            )
+    if recipe.composed_model is not None:
+        for rank, node in enumerate(nodes):
+            values = _template_values(node, rank, deployment)
+            for index, source in enumerate(recipe.composed_model.sources):
+                steps.append(
+                    StagingStep(
+                        id="composed_model",
+                        kind="composed",
+                        rank=rank,
+                        node=node.name,
+                        src=f"{node.hf_cache}/hub/models--{source.repo.replace('/', '--')}",
+                        dst=composed_dir(recipe, node, deployment),
+                        tp=tp,
+                        min_free=0,
+                        local_files=tuple(render(f.host, values) for f in recipe.composed_model.local_files),
+                        repo=source.repo,
+                        revision=source.revision or recipe.revision,
+                        hf_cache=node.hf_cache,
+                        primary=index == 0,
+                    )
+                )
+    return tuple(steps)

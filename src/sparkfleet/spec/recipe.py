@@ -1,0 +1,306 @@
+"""The recipe: what to serve, with which engine, image, flags, env, mounts and staging.
+
+A recipe is a ``recipe.toml`` file, or a folder holding one. Loading is pure apart from reading
+that file: every mistake becomes a RecipeError naming the file and the key path.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+
+from sparkfleet.errors import RecipeError
+from sparkfleet.plan.engines import engine_for
+from sparkfleet.spec.sizes import parse_size
+from sparkfleet.spec.templates import KNOWN, unknown_templates
+from sparkfleet.spec.validation import describe
+
+RECIPE_FILE = "recipe.toml"
+Engine = Literal["sglang", "vllm", "llama-cpp"]
+StagingKind = Literal["sparse-rows", "sync", "nfs", "copy"]
+
+
+def _size(value: Any) -> int:
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
+
+
+Size = Annotated[int, BeforeValidator(_size)]
+
+
+def _unquote(item: str) -> str:
+    return unquote_arg(item)
+
+
+# An args item: a word, or a shell-quoted string that becomes one word (see unquote_arg).
+ArgWord = Annotated[str, AfterValidator(_unquote)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
+
+
+class Mount(_Strict):
+    """A host path bind-mounted into the container."""
+
+    host: str
+    container: str
+    read_only: bool = False
+
+
+class StagingSpec(_Strict):
+    """One ``[[staging]]`` entry; which keys matter depends on ``kind``."""
+
+    kind: StagingKind
+    id: str
+    src: str | None = None
+    dst: str
+    min_free: Size = 0
+    # sparse-rows
+    layout: Literal["packed", "sparse-file"] = "packed"
+    tables: tuple[str, ...] = ("*.engram.embed.weight",)
+    # sync
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    source_node: str | None = None
+    # nfs
+    server_node: str | None = None
+    options: str | None = None
+    check_file: str | None = None
+    # copy
+    files: tuple[str, ...] = ()
+
+    @field_validator("src", "dst")
+    @classmethod
+    def _absolute_or_template(cls, value: str | None) -> str | None:
+        if value is not None and not (value.startswith("/") or value.startswith("{{")):
+            raise ValueError(f"{value!r} must be an absolute path (or start with a template like {{{{hf}}}})")
+        return value
+
+
+class ComposedSource(_Strict):
+    """A Hugging Face repo whose snapshot is symlinked into the composed directory."""
+
+    repo: str
+    revision: str | None = None
+
+
+class ComposedLocalFile(_Strict):
+    """A node-local file hard-linked over the snapshot (it wins at the same name)."""
+
+    host: str
+    name: str | None = None
+
+
+class ComposedModel(_Strict):
+    """``[composed_model]``: a per-node model directory built from snapshots plus local files."""
+
+    mount: str
+    dir: str | None = None
+    sources: tuple[ComposedSource, ...] = Field(min_length=1)
+    local_files: tuple[ComposedLocalFile, ...] = ()
+
+
+class Verify(_Strict):
+    """``[verify]``: what must (and must not) appear in the boot logs, and the smoke test."""
+
+    expect: tuple[str, ...] = ()
+    forbid: tuple[str, ...] = ("Traceback (most recent call last)",)
+    smoke_prompt: str = "Question: What is 19+23?\nAnswer:"
+    smoke_expect: str = "42"
+    smoke_max_tokens: int = Field(default=16, ge=1)
+    timeout: float = Field(default=1800.0, gt=0)
+
+    @field_validator("expect", "forbid")
+    @classmethod
+    def _regexes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in value:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"{pattern!r} is not a valid regular expression: {exc}") from None
+        return value
+
+
+class Memory(_Strict):
+    """``[memory]``: figures the memory plan cannot read from the model or the node."""
+
+    kv_bytes_per_token: float | None = Field(default=None, gt=0)
+    weights_per_rank: Size | None = None
+    weights_exclude: tuple[str, ...] = ()
+    cuda_graph: Size | None = None
+    prefill_bytes_per_token2: float | None = Field(default=None, ge=0)
+    head_overhead: Size | None = None
+    device_memory: Size | None = None
+
+
+class Recipe(_Strict):
+    """A deployment recipe (see DESIGN.md "Recipe")."""
+
+    engine: Engine
+    name: str | None = None
+    model: str
+    parent_model: str | None = None
+    revision: str | None = None
+    model_file: str | None = None
+    served_model_name: str | None = None
+    docker_image: str | None = None
+    docker_image_dir: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    rendezvous_port: int | None = Field(default=None, ge=1, le=65535)
+    required_nodes: int = Field(default=1, ge=1)
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    pipeline_parallel_size: int = Field(default=1, ge=1)
+    distributed_backend: Literal["mp", "ray"] = "mp"
+    shm_size: str | None = None
+    entrypoint: tuple[str, ...] | None = None
+    args: tuple[ArgWord, ...] = ()
+    env: dict[str, str] = Field(default_factory=dict)
+    extra_mounts: tuple[Mount, ...] = ()
+    staging: tuple[StagingSpec, ...] = ()
+    composed_model: ComposedModel | None = None
+    verify: Verify = Field(default_factory=Verify)
+    memory: Memory = Field(default_factory=Memory)
+    source: str = Field(default="", exclude=True)
+
+    @field_validator("shm_size")
+    @classmethod
+    def _shm(cls, value: str | None) -> str | None:
+        if value is not None:
+            _size(value)
+        return value
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is not None and not value:
+            raise ValueError("must name a program (or be left out)")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not key.replace("_", "a").isalnum() or key[0].isdigit():
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+        return value
+
+
+def unquote_arg(item: str) -> str:
+    """An ``args`` item as the engine must receive it.
+
+    Items written as shell-quoted strings (seed 002: a JSON flag wrapped in single quotes, on
+    its own line in a multi-line TOML string) reach the engine exactly as a shell would pass
+    them: one word, quotes removed. Other items are already words and pass unchanged.
+    """
+    stripped = item.strip()
+    if not stripped or stripped[0] not in "'\"":
+        return item
+    try:
+        words = shlex.split(stripped)
+    except ValueError as exc:
+        raise ValueError(f"<{stripped}> is not a complete shell-quoted word: {exc}") from None
+    if len(words) != 1:
+        raise ValueError(f"<{stripped}> holds {len(words)} shell words; write one word per item")
+    return words[0]
+
+
+def recipe_file(path: Path) -> Path:
+    """The recipe.toml behind a path that names the file or its folder."""
+    path = Path(path)
+    if path.is_dir():
+        candidate = path / RECIPE_FILE
+        if not candidate.is_file():
+            raise RecipeError(f"{path}: no {RECIPE_FILE} in this folder")
+        return candidate
+    if not path.exists():
+        raise RecipeError(f"{path}: no such recipe file or folder")
+    return path
+
+
+def deployment_name(path: Path) -> str:
+    """The default deployment name: the recipe's folder name, or the file's stem."""
+    path = Path(path)
+    if path.is_dir():
+        return path.resolve().name
+    return path.resolve().parent.name if path.name == RECIPE_FILE else path.stem
+
+
+def read_toml(path: Path, error: type[RecipeError] | Any = RecipeError) -> dict[str, Any]:
+    """Parse a TOML file; a syntax error names the file and the line."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise error(f"{path}: is not a UTF-8 text file") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"{path}: invalid TOML: {exc}") from None
+
+
+def _check_templates(data: Any, path: str = "") -> None:
+    if isinstance(data, str):
+        bad = unknown_templates(data)
+        if bad:
+            known = ", ".join("{{" + k + "}}" for k in KNOWN)
+            raise ValueError(f"{path}: unknown template {{{{{bad[0]}}}}} (known: {known})")
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            _check_templates(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            _check_templates(value, f"{path}[{i}]")
+
+
+def parse_recipe(data: dict[str, Any], source: str) -> Recipe:
+    """Validate recipe data already read from TOML; errors name ``source`` and the key path."""
+    try:
+        _check_templates(data)
+    except ValueError as exc:
+        raise RecipeError(f"{source}: {exc}") from None
+    try:
+        recipe = Recipe.model_validate({**data, "source": source})
+    except ValidationError as exc:
+        raise RecipeError(f"{source}: {describe(exc, Recipe)}") from None
+    problem = engine_for(recipe.engine).check_recipe(recipe)
+    if problem:
+        raise RecipeError(f"{source}: {problem}")
+    return recipe
+
+
+def apply_sets(data: dict[str, Any], sets: tuple[str, ...], source: str) -> dict[str, Any]:
+    """Apply ``--set key.path=value`` overrides; values are read as TOML when they parse."""
+    data = {**data}
+    for item in sets:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise RecipeError(f"--set {item!r}: expected key=value (e.g. port=31000)")
+        try:
+            value: Any = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        parts = key.strip().split(".")
+        target = data
+        for part in parts[:-1]:
+            child = target.get(part)
+            child = {**child} if isinstance(child, dict) else {}
+            target[part] = child
+            target = child
+        target[parts[-1]] = value
+    return data
+
+
+def load_recipe(path: Path | str, sets: tuple[str, ...] = ()) -> Recipe:
+    """Load and validate a recipe file or folder, with optional ``--set`` overrides."""
+    file = recipe_file(Path(path))
+    data = apply_sets(read_toml(file), sets, str(file)) if sets else read_toml(file)
+    return parse_recipe(data, str(file))

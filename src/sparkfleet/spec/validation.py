@@ -1,0 +1,113 @@
+"""Turn pydantic validation errors into one user-facing line: file, key path, what is wrong."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from sparkfleet.spec.secrets import MASK, is_secret
+
+_ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=")
+
+
+def key_path(loc: Sequence[int | str]) -> str:
+    """``("staging", 0, "min_free")`` → ``staging[0].min_free``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def _model_at(model: type[BaseModel], loc: Sequence[int | str]) -> type[BaseModel] | None:
+    """The pydantic model class that owns the key at loc's parent, for 'did you mean'."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        is_model = isinstance(current, type) and issubclass(current, BaseModel)
+        field = current.model_fields.get(part) if is_model else None
+        if field is None:
+            return None
+        current = _inner_model(field.annotation)
+        if current is None:
+            return None
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _inner_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    """`` (did you mean 'x'?)`` or an empty string."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _under_secret(loc: Sequence[int | str]) -> bool:
+    return any(isinstance(part, str) and is_secret(part) for part in loc)
+
+
+def _masked(value: Any) -> Any:
+    """value with whatever a secret-named key holds replaced by ``***``: a mistyped ``[env]`` table
+    or list still carries the token, and an error message ends up in terminals and CI logs."""
+    if isinstance(value, dict):
+        return {k: (MASK if isinstance(k, str) and is_secret(k) else _masked(v)) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_masked(v) for v in value)
+    if isinstance(value, str):
+        match = _ASSIGNMENT.match(value)  # "HF_TOKEN=hf_…" written where a table was expected
+        if match and is_secret(match.group(1)):
+            return value[: match.end()] + MASK
+    return value
+
+
+def _got(err: Any, loc: Sequence[int | str]) -> str:
+    """`` (got …)`` for a wrongly typed value, or nothing when the value belongs to a secret."""
+    if _under_secret(loc):
+        return ""
+    return f" (got {_masked(err.get('input'))!r})"
+
+
+def describe(exc: ValidationError, root: type[BaseModel]) -> str:
+    """The first validation error as ``key.path: message``."""
+    errors = exc.errors(include_url=False)
+    # A misspelt key also makes the real key "missing": the typo is the error to show.
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    loc = tuple(err["loc"])
+    path = key_path(loc)
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        owner = _model_at(root, loc)
+        hint = did_you_mean(str(loc[-1]), list(owner.model_fields)) if owner else ""
+        return f"{path}: unknown key{hint}"
+    if kind == "missing":
+        return f"{path}: required key is missing"
+    if kind == "literal_error" and not _under_secret(loc):
+        expected = err.get("ctx", {}).get("expected", "")
+        value = err.get("input")
+        choices = [c.strip().strip("'") for c in str(expected).replace(" or ", ",").split(",")]
+        hint = did_you_mean(str(value), choices) if isinstance(value, str) else ""
+        return f"{path}: {value!r} is not one of {expected}{hint}"
+    msg = str(err["msg"])
+    for prefix in ("Value error, ", "Assertion failed, "):
+        msg = msg.removeprefix(prefix)
+    value = err.get("input")
+    if _under_secret(loc) and isinstance(value, str) and value and value in msg:
+        msg = msg.replace(value, MASK)  # a validator that quotes its input
+    if kind.endswith("_type") or kind.endswith("_parsing"):
+        return f"{path}: {msg.lower()}{_got(err, loc)}"
+    return f"{path}: {msg}"
