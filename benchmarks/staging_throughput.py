@@ -35,7 +35,7 @@ from pathlib import Path
 from sparkfleet.apply.staging.runner import stage_all
 from sparkfleet.apply.staging.synthetic import write_engram_checkpoint
 from sparkfleet.nodes.transport.local import LocalTransport
-from sparkfleet.plan.build import StagingStep
+from sparkfleet.plan.model import StagingStep
 from sparkfleet.spec.recipe import StagingSpec
 
 GIB = 1 << 30

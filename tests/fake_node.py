@@ -18,7 +18,8 @@ from typing import Any
 
 from sparkfleet.nodes.identity import ENV_INSTANCE
 from sparkfleet.nodes.transport.mock import Answer, Call, MockTransport
-from sparkfleet.plan.build import Plan, plan
+from sparkfleet.plan.build import plan
+from sparkfleet.plan.model import Plan
 from sparkfleet.spec.cluster import Cluster, parse_cluster
 from sparkfleet.spec.recipe import load_recipe
 

@@ -13,7 +13,7 @@ import pytest
 
 from sparkfleet.apply.images import build, distribute, image_id, verify_same_id
 from sparkfleet.errors import NodeError
-from sparkfleet.nodes.fanout import transport_for
+from sparkfleet.nodes.transport import transport_for
 from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.spec.cluster import load_cluster
 from tests.fleet import loopback_fleet

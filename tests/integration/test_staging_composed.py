@@ -10,7 +10,7 @@ import pytest
 from sparkfleet.apply.staging.runner import stage_rank
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes.transport.local import LocalTransport
-from sparkfleet.plan.build import StagingStep
+from sparkfleet.plan.model import StagingStep
 
 REV = "0123456789abcdef0123456789abcdef01234567"
 FILES = {"config.json": b'{"a": 1}', "model-00001-of-00002.safetensors": b"remote shard 1",

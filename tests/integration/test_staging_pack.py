@@ -24,7 +24,7 @@ from sparkfleet.apply.staging.runner import StageReport, stage_all, stage_rank
 from sparkfleet.apply.staging.synthetic import write_engram_checkpoint
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes.transport.local import LocalTransport
-from sparkfleet.plan.build import StagingStep
+from sparkfleet.plan.model import StagingStep
 from sparkfleet.spec.recipe import StagingSpec
 
 ROWS = {1: 300_007, 14: 250_003}

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from sparkfleet.errors import CommandError, TransportError
-from sparkfleet.nodes.fanout import fan_out, transport_for
+from sparkfleet.nodes.fanout import fan_out
+from sparkfleet.nodes.transport import transport_for
 from sparkfleet.spec.cluster import load_cluster
 from tests.fleet.loopback import LoopbackFleet
 

@@ -7,7 +7,8 @@ import shlex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkfleet.plan.build import Overrides, plan
+from sparkfleet.plan.build import plan
+from sparkfleet.plan.model import Overrides
 from sparkfleet.spec.cluster import load_cluster
 from sparkfleet.spec.recipe import parse_recipe, unquote_arg
 from tests.conftest import SPARK4

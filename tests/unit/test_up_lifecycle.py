@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.apply.up import down, up
+from sparkfleet.apply.down import down
+from sparkfleet.apply.up import up
 from sparkfleet.errors import ReadinessError, SparkfleetError, StateError
 from sparkfleet.nodes.transport.mock import Call
 from sparkfleet.state.deployments import Deployments

@@ -36,7 +36,7 @@ from sparkfleet.apply.staging.sync import Endpoint, Method, SyncReport, sync_nod
 from sparkfleet.errors import SparkfleetError, StagingError
 from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.nodes.transport.local import LocalTransport
-from sparkfleet.plan.build import Plan, StagingStep
+from sparkfleet.plan.model import Plan, StagingStep
 from sparkfleet.spec.cluster import Node
 
 ProgressFn = Callable[[StagingStep, int, int], None]

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 
 import httpx
 
-from sparkfleet.apply.up import runtime_for
-from sparkfleet.nodes.fanout import fan_out, transport_for
+from sparkfleet.nodes.fanout import fan_out
+from sparkfleet.nodes.runtime import runtime_for
 from sparkfleet.nodes.runtime.base import RankState
+from sparkfleet.nodes.transport import transport_for
 from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.plan.build import RankPlan
+from sparkfleet.plan.model import RankPlan
 from sparkfleet.spec.secrets import env_file_secrets, redact
 from sparkfleet.state.deployments import Deployment
 

@@ -17,7 +17,7 @@ from sparkfleet.nodes.identity import Instance
 from sparkfleet.nodes.runtime.base import RankState, Runtime
 from sparkfleet.nodes.runtime.process import port_holders
 from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.plan.build import Plan, RankPlan
+from sparkfleet.plan.model import Plan, RankPlan
 from sparkfleet.spec.recipe import Verify
 
 LOG_TAIL_LINES = 15

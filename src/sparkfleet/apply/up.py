@@ -17,26 +17,24 @@ from sparkfleet.apply.images import ensure_same_image
 from sparkfleet.apply.readiness import smoke, wait_ready
 from sparkfleet.apply.staging.runner import stage_all
 from sparkfleet.errors import NodeError, ReadinessError, SparkfleetError, StateError
-from sparkfleet.nodes.fanout import fan_out, raise_first, transport_for
+from sparkfleet.nodes.fanout import fan_out, raise_first
 from sparkfleet.nodes.identity import FoundRank, Instance, PortHolder
+from sparkfleet.nodes.runtime import runtime_for
 from sparkfleet.nodes.runtime.base import Runtime
 from sparkfleet.nodes.runtime.docker import DockerRuntime
-from sparkfleet.nodes.runtime.process import ProcessRuntime, found_processes, node_agent
+from sparkfleet.nodes.runtime.process import found_processes, node_agent
+from sparkfleet.nodes.transport import Connector, transport_for
 from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.plan.build import Plan, RankPlan
-from sparkfleet.spec.cluster import Cluster, Node
+from sparkfleet.plan.model import Plan, RankPlan
+from sparkfleet.spec.cluster import Cluster
 from sparkfleet.spec.secrets import redact, secrets_of
-from sparkfleet.state.deployments import Deployment, Deployments
+from sparkfleet.state.deployments import Deployments
 
 # Called with (node or None, rank or None, message) as up progresses.
 Reporter = Callable[[str | None, int | None, str], None]
 NODE_STAGED_KINDS = ("sparse-rows", "composed")
 DISTRIBUTED_KINDS = ("sync", "copy", "nfs")
 
-
-def runtime_for(rank: RankPlan) -> Runtime:
-    """The runtime that runs this rank."""
-    return DockerRuntime() if rank.runtime == "docker" else ProcessRuntime()
 
 
 @dataclass(frozen=True)
@@ -51,9 +49,6 @@ class UpResult:
 
 def _quiet(_node: str | None, _rank: int | None, _msg: str) -> None:
     return None
-
-
-Connector = Callable[[Node], Transport]
 
 
 def _connect(plan: Plan, connect: Connector) -> dict[str, Transport]:
@@ -255,56 +250,3 @@ def _run_up(plan: Plan, instance: Instance, records: Deployments, report: Report
     )  # fmt: skip
     report(plan.head.node.name, 0, "healthy; smoke test")
     return smoke(plan)
-
-
-def down(deployment: Deployment, *, deployments: Deployments | None = None,
-         accept_new_host_keys: bool = False, connect: Connector | None = None) -> list[str]:  # fmt: skip
-    """Stop every rank of a recorded deployment's own instance (idempotent); returns what was stopped."""
-    records = deployments or Deployments()
-    connect = connect or (lambda n: transport_for(n, accept_new_host_keys=accept_new_host_keys))
-    transports = {r.node.name: connect(r.node) for r in deployment.ranks}
-    records.set_status(deployment.name, "stopping")
-    stopped: list[str] = []
-
-    def stop(node: str) -> list[str]:
-        out: list[str] = []
-        for rank in (r for r in deployment.ranks if r.node.name == node):
-            stopped_here = runtime_for(rank).stop(rank, transports[node], deployment.name, deployment.instance)
-            out += [f"{node} rank {rank.rank}: {x}" for x in stopped_here]
-        return out
-
-    outcomes = fan_out(transports, stop)
-    errors = [f"{n}: {o.error}" for n, o in outcomes.items() if not o.ok]
-    for o in outcomes.values():
-        stopped += o.value or []
-    if errors:
-        records.event(deployment.name, "down-failed", "; ".join(errors))
-        raise SparkfleetError(f"{deployment.name}: could not stop every rank: " + "; ".join(errors))
-    records.set_status(deployment.name, "stopped")
-    records.event(deployment.name, "down", f"stopped {len(stopped)} container(s)/process(es)")
-    return stopped
-
-
-def find_by_name(cluster: Cluster, name: str) -> list[FoundRank]:
-    """Every rank of any instance of deployment name on every node of cluster, with its owner
-    (what ``down --sweep`` lists before it stops anything)."""
-
-    def look(node_name: str) -> list[FoundRank]:
-        node = cluster.node(node_name)
-        transport = transport_for(node)
-        return DockerRuntime().find(transport, name, node) + ProcessRuntime().find(transport, name, node)
-
-    return [f for found in raise_first(fan_out([n.name for n in cluster.nodes], look)).values() for f in found]
-
-
-def sweep(cluster: Cluster, found: list[FoundRank]) -> None:
-    """Stop what find_by_name found, whoever started it."""
-
-    def clean(node_name: str) -> None:
-        node = cluster.node(node_name)
-        transport = transport_for(node)
-        mine = [f for f in found if f.node == node_name]
-        DockerRuntime().remove(transport, mine, node)
-        ProcessRuntime().remove(transport, mine, node)
-
-    raise_first(fan_out(sorted({f.node for f in found}), clean))

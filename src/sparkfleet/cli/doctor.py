@@ -39,7 +39,7 @@ def doctor(
     from sparkfleet.cli.options import build_plan
     from sparkfleet.dashboard.doctor_history import record_doctor
     from sparkfleet.doctor.run import memory_for, run_doctor, sort_for_display, spec_for
-    from sparkfleet.nodes.fanout import transport_for
+    from sparkfleet.nodes.transport import transport_for
     from sparkfleet.plan.memory import render_memory_plans
     from sparkfleet.spec.cluster import load_cluster
     from sparkfleet.state.store import Store

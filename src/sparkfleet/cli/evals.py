@@ -24,7 +24,7 @@ from sparkfleet.evals.runner import ApiChoice, run_quality
 from sparkfleet.evals.sandbox import SandboxLimits
 from sparkfleet.evals.store import RunRow, list_runs, load_run, save_run
 from sparkfleet.evals.tasks import load_tasks
-from sparkfleet.nodes.fanout import transport_for
+from sparkfleet.nodes.transport import transport_for
 from sparkfleet.spec.cluster import load_cluster
 from sparkfleet.state.store import Store
 

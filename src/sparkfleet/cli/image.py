@@ -55,7 +55,7 @@ def _setup(
     # Imported per command so `sparkfleet --help` stays fast.
     from sparkfleet.cli.options import build_plan
     from sparkfleet.errors import RecipeError
-    from sparkfleet.nodes.fanout import transport_for
+    from sparkfleet.nodes.transport import transport_for
 
     planned = build_plan(recipe, cluster, set_, None, None)
     ref = planned.recipe.docker_image

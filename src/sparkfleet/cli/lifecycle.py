@@ -94,8 +94,8 @@ def down(
     ] = False,
 ) -> None:
     """Stop every rank of a deployment this controller started (idempotent)."""
-    from sparkfleet.apply.up import down as run_down
-    from sparkfleet.apply.up import find_by_name, sweep
+    from sparkfleet.apply.down import down as run_down
+    from sparkfleet.apply.down import find_by_name, sweep
     from sparkfleet.spec.cluster import load_cluster
     from sparkfleet.state.deployments import Deployments
 

@@ -9,7 +9,8 @@ from typing import Annotated
 import typer
 
 from sparkfleet.errors import SparkfleetError
-from sparkfleet.plan.build import Overrides, Plan, plan
+from sparkfleet.plan.build import plan
+from sparkfleet.plan.model import Overrides, Plan
 from sparkfleet.spec.cluster import load_cluster
 from sparkfleet.spec.recipe import deployment_name, load_recipe
 from sparkfleet.spec.secrets import MASK, is_secret

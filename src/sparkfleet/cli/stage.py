@@ -40,7 +40,7 @@ def stage(
 
     from sparkfleet.apply.distribute import distribute, rich_progress
     from sparkfleet.apply.staging.runner import stage_all
-    from sparkfleet.nodes.fanout import transport_for
+    from sparkfleet.nodes.transport import transport_for
 
     planned = build_plan(recipe, cluster, set_, None, name)
     nodes = {r.node.name: r.node for r in planned.ranks}

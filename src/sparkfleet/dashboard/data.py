@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from sparkfleet.apply import observe
-from sparkfleet.apply.up import down, up
+from sparkfleet.apply.down import down
+from sparkfleet.apply.up import up
 from sparkfleet.bench.report import TierSummary, summarize
 from sparkfleet.bench.store import BenchStore, StoredRun
 from sparkfleet.dashboard.doctor_history import last_doctor

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass
 from sparkfleet.doctor.checks import Check, DoctorSpec, MemoryFn, NodeTarget, evaluate
 from sparkfleet.doctor.probes.facts import FactsRequest, NodeFacts, collect
 from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.plan.build import Plan
 from sparkfleet.plan.memory import MemoryPlan, memory_plan
+from sparkfleet.plan.model import Plan
 from sparkfleet.spec.cluster import Cluster
 
 __all__ = [

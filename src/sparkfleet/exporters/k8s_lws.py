@@ -22,8 +22,8 @@ import yaml
 
 from sparkfleet.errors import RecipeError
 from sparkfleet.exporters.rank_templates import Markers, NodeShape, rank_templates
-from sparkfleet.plan.build import CONTAINER_HF_HOME, RankPlan
 from sparkfleet.plan.engines import engine_for
+from sparkfleet.plan.model import CONTAINER_HF_HOME, RankPlan
 from sparkfleet.spec.cluster import Node
 from sparkfleet.spec.recipe import Recipe
 from sparkfleet.spec.secrets import is_secret

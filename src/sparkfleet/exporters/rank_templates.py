@@ -12,7 +12,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from sparkfleet.plan.build import Plan, RankPlan, plan
+from sparkfleet.plan.build import plan
+from sparkfleet.plan.model import Plan, RankPlan
 from sparkfleet.spec.cluster import Cluster, Node
 from sparkfleet.spec.recipe import Recipe
 

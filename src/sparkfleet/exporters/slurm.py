@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sparkfleet.exporters.rank_templates import Markers, NodeShape, rank_templates
-from sparkfleet.plan.build import EnvVar, RankPlan
+from sparkfleet.plan.model import EnvVar, RankPlan
 from sparkfleet.spec.cluster import Node
 from sparkfleet.spec.recipe import Recipe
 

@@ -18,7 +18,7 @@ from pathlib import PurePosixPath
 from sparkfleet.importers.report import ImportResult, Note, comment_block, placeholder
 from sparkfleet.importers.shell_profile import Profile
 from sparkfleet.importers.toml_text import TomlDoc
-from sparkfleet.plan.build import CONTAINER_HF_HOME
+from sparkfleet.plan.model import CONTAINER_HF_HOME
 from sparkfleet.spec.secrets import is_secret
 
 DEFAULT_REPO = "deepseek-ai/DeepSeek-V4.1-Flash"

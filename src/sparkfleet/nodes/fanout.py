@@ -1,4 +1,4 @@
-"""The nodes of a deployment as Transports, and running one function on all of them at once."""
+"""Running one function on every node at once, keeping every node's outcome."""
 
 from __future__ import annotations
 
@@ -11,10 +11,6 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from sparkfleet.errors import SparkfleetError
-from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.nodes.transport.local import LocalTransport
-from sparkfleet.nodes.transport.ssh import SshTransport
-from sparkfleet.spec.cluster import Node
 
 T = TypeVar("T")
 _INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
@@ -39,12 +35,6 @@ def _interrupts_deferred() -> Iterator[None]:
         for signum in dict.fromkeys(arrived):
             signal.raise_signal(signum)
 
-
-def transport_for(node: Node, *, accept_new_host_keys: bool = False) -> Transport:
-    """The Transport that reaches node: local for this machine, ssh otherwise."""
-    if node.transport == "local":
-        return LocalTransport(node.name)
-    return SshTransport(node, accept_new_host_keys=accept_new_host_keys)
 
 
 @dataclass(frozen=True)

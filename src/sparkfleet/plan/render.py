@@ -9,8 +9,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from sparkfleet.plan.build import Plan, RankPlan, StagingStep
 from sparkfleet.plan.memory import plan_memory_lines
+from sparkfleet.plan.model import Plan, RankPlan, StagingStep
 from sparkfleet.spec.secrets import MASK
 from sparkfleet.spec.sizes import format_size
 

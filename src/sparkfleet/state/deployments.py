@@ -12,8 +12,8 @@ from typing import Any
 
 from sparkfleet.errors import StateError
 from sparkfleet.nodes.identity import Instance
-from sparkfleet.plan.build import MountSpec, Plan, RankPlan
 from sparkfleet.plan.engines import Readiness
+from sparkfleet.plan.model import MountSpec, Plan, RankPlan
 from sparkfleet.spec.cluster import Node
 from sparkfleet.spec.secrets import redact
 from sparkfleet.state.store import Store

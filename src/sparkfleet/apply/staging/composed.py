@@ -9,7 +9,7 @@ from pathlib import Path
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes.shipped import composed_worker
 from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.plan.build import StagingStep
+from sparkfleet.plan.model import StagingStep
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from sparkfleet.apply.staging.composed import ComposedModel, compose_model
 from sparkfleet.errors import NodeError, SparkfleetError, StagingError
 from sparkfleet.nodes.shipped.sparse_rows import RESULT_MARKER
 from sparkfleet.nodes.transport.base import Result, Transport
-from sparkfleet.plan.build import StagingStep
+from sparkfleet.plan.model import StagingStep
 
 ProgressFn = Callable[[StagingStep, int, int], None]
 _POLL_SECONDS = 0.5

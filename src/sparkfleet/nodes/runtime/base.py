@@ -8,7 +8,7 @@ from typing import Literal, Protocol
 from sparkfleet.errors import RankRuntimeError
 from sparkfleet.nodes.identity import FoundRank, Instance
 from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.plan.build import RankPlan
+from sparkfleet.plan.model import RankPlan
 from sparkfleet.spec.cluster import Node
 
 State = Literal["running", "exited", "absent"]

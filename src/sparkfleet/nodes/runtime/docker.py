@@ -9,7 +9,7 @@ from sparkfleet.errors import RankRuntimeError
 from sparkfleet.nodes.identity import LABEL_INSTANCE, LABEL_OWNER, LABEL_STARTED, FoundRank, Instance
 from sparkfleet.nodes.runtime.base import RankState, env_file_text
 from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.plan.build import LABEL_DEPLOYMENT, LABEL_RANK, RankPlan
+from sparkfleet.plan.model import LABEL_DEPLOYMENT, LABEL_RANK, RankPlan
 from sparkfleet.spec.cluster import Node
 
 # Loopback fleets put several nodes on one dockerd: the node label keeps their ranks apart.

@@ -13,7 +13,7 @@ from sparkfleet.errors import RankRuntimeError
 from sparkfleet.nodes.identity import FoundRank, Instance, PortHolder
 from sparkfleet.nodes.runtime.base import RankState, env_file_text
 from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.plan.build import RankPlan
+from sparkfleet.plan.model import RankPlan
 from sparkfleet.spec.cluster import Node
 from sparkfleet.spec.secrets import TOKEN_PATTERNS
 

@@ -1,1 +1,19 @@
-"""Ways to run commands and move files on a node: ``local`` and ``ssh``."""
+"""Ways to run commands and move files on a node: ``local``, ``ssh``, and ``mock`` for tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sparkfleet.nodes.transport.base import Transport
+from sparkfleet.nodes.transport.local import LocalTransport
+from sparkfleet.nodes.transport.ssh import SshTransport
+from sparkfleet.spec.cluster import Node
+
+# Makes the Transport of a node: transport_for by default; tests pass MockTransports.
+Connector = Callable[[Node], Transport]
+
+def transport_for(node: Node, *, accept_new_host_keys: bool = False) -> Transport:
+    """The Transport that reaches node: local for this machine, ssh otherwise."""
+    if node.transport == "local":
+        return LocalTransport(node.name)
+    return SshTransport(node, accept_new_host_keys=accept_new_host_keys)
