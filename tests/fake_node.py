@@ -217,7 +217,7 @@ def head_server(answer: str = " 42", on_completion: Callable[[], None] | None = 
     handler = type("Head", (_Head,), {"answer": answer, "on_completion": staticmethod(on_completion)
                                       if on_completion else None})  # fmt: skip
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     try:
         yield int(server.server_address[1])

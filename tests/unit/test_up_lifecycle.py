@@ -134,7 +134,7 @@ def test_signal_while_a_rank_start_is_in_flight_still_stops_that_rank(tmp_path: 
         def slow_start(call: Call) -> None:
             if call.node == "node2" and "start" in call.argv[3:5]:
                 _signal_soon(sig)
-                time.sleep(0.5)
+                time.sleep(0.2)
 
         fleet.nodes["node2"].on_call = slow_start
         with pytest.raises(ReadinessError, match="interrupted"):
