@@ -122,17 +122,24 @@ def test_missing_expected_line_is_named(fleet4: LoopbackFleet, tmp_path: Path) -
     assert leftover_processes("quiet") == []
 
 
-def test_ctrl_c_during_up_rolls_back(fleet4: LoopbackFleet, tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["ctrl-c-to-the-terminal-group", "sigterm"])
+def test_interrupt_during_up_rolls_back(fleet4: LoopbackFleet, tmp_path: Path, how: str) -> None:
     recipe = standin_recipe(tmp_path / "intr", nodes=4, port=free_port(),
                             env={"STANDIN_FAULT_RANK": "0", "STANDIN_DELAY": "300"})
+    # Its own process group, like a shell job: Ctrl-C at a terminal reaches the whole group
+    # (sparkfleet and every ssh it runs), SIGTERM only sparkfleet.
     proc = subprocess.Popen([sys.executable, "-m", "sparkfleet.cli.main", "up", str(recipe), "--cluster",
-                             str(fleet4.cluster_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             str(fleet4.cluster_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            process_group=0)  # fmt: skip
     deadline = time.monotonic() + 90
     while len(leftover_processes("intr")) < 4 and time.monotonic() < deadline:  # one engine per rank
         time.sleep(0.1)
     assert len(leftover_processes("intr")) >= 4, "the ranks never started"
     time.sleep(3)  # up is now waiting for rank 0's health: the Ctrl-C a user gives a slow start
-    proc.send_signal(signal.SIGINT)
+    if how == "sigterm":
+        proc.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2, err
     assert "interrupted; every started rank was stopped" in err
