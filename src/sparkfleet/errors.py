@@ -9,6 +9,7 @@ red line and exits with code 2. Anything else is a bug and gets a traceback in t
      ├── PlanError          recipe and cluster together cannot be planned
      ├── NodeError          something on one node failed (carries the node name)
      │    ├── TransportError   the node could not be reached or a command could not run
+     │    │    ├── TransportTimeout  a command did not finish within its timeout
      │    │    └── CommandError   a command ran and failed (carries the Result)
      │    ├── RuntimeError_    a rank could not be started, inspected or stopped
      │    └── StagingError     staging could not run or would not fit on the node
@@ -60,6 +61,16 @@ class NodeError(SparkfleetError):
 
 class TransportError(NodeError):
     """A node could not be reached, or a command could not be run there."""
+
+
+class TransportTimeout(TransportError):
+    """A command on a node did not finish within its timeout (it was killed)."""
+
+    def __init__(self, node: str, command: str, timeout: float, where: str | None = None) -> None:
+        super().__init__(node, f"{command} timed out after {timeout:.0f}s" + (f" on {where}" if where else ""))
+        self.command = command
+        self.timeout = timeout
+        self.where = where or node
 
 
 class CommandError(TransportError):

@@ -13,7 +13,7 @@ from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.runtime import runtime_for
 from sparkfleet.nodes.runtime.base import RankState
 from sparkfleet.nodes.transport import transport_for
-from sparkfleet.nodes.transport.base import Transport
+from sparkfleet.nodes.transport.base import Stream, Transport
 from sparkfleet.plan.model import RankPlan
 from sparkfleet.spec.secrets import env_file_secrets, redact
 from sparkfleet.state.deployments import Deployment
@@ -99,22 +99,21 @@ def follow(deployment: Deployment, emit: Callable[[int, str, str], None], rank: 
            stop: threading.Event | None = None) -> None:  # fmt: skip
     """Stream every chosen rank's log lines to emit(rank, node, line) until stop is set."""
     stop = stop or threading.Event()
-    procs = []
+    streams: list[Stream] = []
     for r in (x for x in deployment.ranks if rank is None or x.rank == rank):
         transport = transport_for(r.node)
         secrets = rank_secrets(r, transport)
-        proc = transport.stream(runtime_for(r).follow_argv(r))
-        procs.append(proc)
+        stream = transport.stream(runtime_for(r).follow_argv(r))
+        streams.append(stream)
 
-        def pump(p=proc, rr=r, hidden=secrets) -> None:  # type: ignore[no-untyped-def]
-            assert p.stdout is not None
-            for raw in p.stdout:
-                emit(rr.rank, rr.node.name, redact(raw.decode(errors="replace").rstrip("\n"), hidden))
+        def pump(s: Stream = stream, rr: RankPlan = r, hidden: dict[str, str] = secrets) -> None:
+            for line in s:
+                emit(rr.rank, rr.node.name, redact(line, hidden))
 
         threading.Thread(target=pump, daemon=True).start()
     try:
-        while not stop.is_set() and any(p.poll() is None for p in procs):
+        while not stop.is_set() and any(s.exit_code is None for s in streams):
             stop.wait(0.2)
     finally:
-        for p in procs:
-            p.terminate()
+        for s in streams:
+            s.close()

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sparkfleet.nodes.transport.base import Transport
+from sparkfleet.nodes.transport.base import Capabilities, Stream, Transport
 from sparkfleet.nodes.transport.local import LocalTransport
 from sparkfleet.nodes.transport.ssh import SshTransport
 from sparkfleet.spec.cluster import Node
 
 # Makes the Transport of a node: transport_for by default; tests pass MockTransports.
 Connector = Callable[[Node], Transport]
+
+__all__ = ["Capabilities", "Connector", "Stream", "Transport", "controller", "transport_for"]
+
+
+def controller() -> Transport:
+    """This machine, the controller, as a node (where a sync from a controller path reads)."""
+    return LocalTransport("controller")
+
 
 def transport_for(node: Node, *, accept_new_host_keys: bool = False) -> Transport:
     """The Transport that reaches node: local for this machine, ssh otherwise."""

@@ -1,21 +1,51 @@
-"""The Transport interface: run a command on one node, put and get files.
+"""The Transport interface: run a command on one node, put and get files, stream a command.
 
 Commands are data (a list of words) until the edge: a transport quotes them once, with
-``shlex.join``, if it needs a shell at all.
+``shlex.join``, if it needs a shell at all. What a transport can do beyond that is declared in
+its ``capabilities`` (pyinfra's connector style), so code above the seam never asks which class
+it holds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import subprocess
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Protocol, runtime_checkable
 
-from sparkfleet.errors import CommandError
+from sparkfleet.errors import CommandError, TransportError, TransportTimeout
 
 _TAIL_LINES = 20
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a transport offers beyond run/put/get/stream.
+
+    local: the node is this machine: its paths are the controller's paths, and code can read
+        them directly (no interpreter to start there).
+    ssh: the ssh words up to and including the destination, for tools that take an ssh command
+        of their own (``rsync -e``, a node that pushes to this one); None when the node is not
+        reached over SSH.
+    """
+
+    local: bool = False
+    ssh: tuple[str, ...] | None = None
+
+    @property
+    def address(self) -> str | None:
+        """The ssh destination (the last ssh word), or None."""
+        return self.ssh[-1] if self.ssh else None
+
+    def ssh_options(self) -> tuple[str, ...]:
+        """The ssh words without the destination (``rsync -e``'s command)."""
+        return self.ssh[:-1] if self.ssh else ()
 
 
 @dataclass(frozen=True)
@@ -49,11 +79,143 @@ class Result:
         return self
 
 
+class Stream(Protocol):
+    """A command running on a node, read as it goes (a handle, never the process itself).
+
+    Output is stdout, with stderr merged in unless the stream was opened with
+    ``merge_stderr=False`` (then ``errors()`` has it once the command ended). With
+    ``stdin=True``, ``write`` feeds the command and ``close_stdin`` ends its input.
+    """
+
+    node: str
+
+    def __iter__(self) -> Iterator[str]:
+        """The output's lines as they come (decoded, without the line break)."""
+        ...
+
+    def read(self, size: int = CHUNK) -> bytes:
+        """The next chunk of output, as soon as any is there (b"" at the end)."""
+        ...
+
+    def write(self, data: bytes) -> None:
+        """Feed the command's stdin (BrokenPipeError when it stopped reading)."""
+        ...
+
+    def close_stdin(self) -> None:
+        """End the command's input."""
+        ...
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the command to end; its exit code (TransportTimeout after timeout)."""
+        ...
+
+    @property
+    def exit_code(self) -> int | None:
+        """The exit code, or None while it runs."""
+        ...
+
+    def errors(self) -> str:
+        """What the command wrote to stderr (separate stderr only; after it ended)."""
+        ...
+
+    def close(self) -> None:
+        """Stop the command if it still runs, and release the pipes."""
+        ...
+
+    def __enter__(self) -> Stream: ...
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None: ...  # fmt: skip
+
+
+class ProcessStream:
+    """A Stream over a process started on this machine (a local command, or ssh to the node)."""
+
+    def __init__(self, node: str, argv: Sequence[str], *, stdin: bool = False, merge_stderr: bool = True,
+                 shown: str | None = None) -> None:  # fmt: skip
+        self.node = node
+        self._shown = shown or shlex.join(argv)[:120]
+        try:
+            self._proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+            )
+        except FileNotFoundError as exc:
+            raise TransportError(node, f"{argv[0]}: command not found") from exc
+        self._err: list[bytes] = []
+        self._err_reader: threading.Thread | None = None
+        if not merge_stderr:
+            # Read stderr all along: a command that fills its stderr pipe would block otherwise.
+            err = self._proc.stderr
+            assert err is not None
+            self._err_reader = threading.Thread(target=lambda: self._err.append(err.read()), daemon=True)
+            self._err_reader.start()
+
+    def __iter__(self) -> Iterator[str]:
+        assert self._proc.stdout is not None
+        for raw in self._proc.stdout:
+            yield raw.decode(errors="replace").rstrip("\n")
+
+    def read(self, size: int = CHUNK) -> bytes:
+        assert self._proc.stdout is not None
+        return self._proc.stdout.read1(size)  # type: ignore[attr-defined]
+
+    def write(self, data: bytes) -> None:
+        if self._proc.stdin is None:
+            raise TransportError(self.node, f"{self._shown}: opened without stdin")
+        self._proc.stdin.write(data)
+
+    def close_stdin(self) -> None:
+        if self._proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self._proc.stdin.close()
+
+    def wait(self, timeout: float | None = None) -> int:
+        try:
+            return self._proc.wait(timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise TransportTimeout(self.node, self._shown, timeout or 0) from exc
+
+    @property
+    def exit_code(self) -> int | None:
+        return self._proc.poll()
+
+    def errors(self) -> str:
+        if self._err_reader is not None:
+            self._err_reader.join()
+        return b"".join(self._err).decode(errors="replace")
+
+    def close(self) -> None:
+        self.close_stdin()
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        # stdout stays open: a reader thread drains what is left and sees the end.
+
+    def __enter__(self) -> ProcessStream:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:  # fmt: skip
+        self.close()
+
+
 @runtime_checkable
 class Transport(Protocol):
     """Runs commands on, and moves files to and from, one node."""
 
     node: str
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this transport offers beyond the calls below."""
+        ...
 
     def run(
         self,
@@ -79,8 +241,9 @@ class Transport(Protocol):
         """Copy a file from the node to a local path."""
         ...
 
-    def stream(self, argv: Sequence[str]) -> subprocess.Popen[bytes]:
-        """Start argv and return the process, stdout and stderr merged into one pipe."""
+    def stream(self, argv: Sequence[str], *, stdin: bool = False, merge_stderr: bool = True) -> Stream:
+        """Start argv and return a handle on it: its output as it comes, its stdin with
+        ``stdin=True`` (following logs, piping an image or a tar stream through this machine)."""
         ...
 
     def close(self) -> None:

@@ -10,12 +10,16 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from sparkfleet.errors import TransportError
-from sparkfleet.nodes.transport.base import Result
+from sparkfleet.errors import TransportError, TransportTimeout
+from sparkfleet.nodes.transport.base import Capabilities, ProcessStream, Result
+
+LOCAL = Capabilities(local=True)
 
 
 class LocalTransport:
     """The node is this machine."""
+
+    capabilities = LOCAL
 
     def __init__(self, node: str = "local") -> None:
         self.node = node
@@ -47,7 +51,7 @@ class LocalTransport:
         except FileNotFoundError as exc:
             raise TransportError(self.node, f"{words[0]}: command not found") from exc
         except subprocess.TimeoutExpired as exc:
-            raise TransportError(self.node, f"{words[0]} timed out after {timeout:.0f}s") from exc
+            raise TransportTimeout(self.node, words[0], timeout or 0) from exc
         result = Result(
             node=self.node,
             argv=words,
@@ -81,11 +85,9 @@ class LocalTransport:
         except OSError as exc:
             raise TransportError(self.node, f"cannot read {remote}: {exc.strerror}") from exc
 
-    def stream(self, argv: Sequence[str]) -> subprocess.Popen[bytes]:
-        """Start argv and return the process, its stdout a pipe (for following logs)."""
-        return subprocess.Popen(
-            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
+    def stream(self, argv: Sequence[str], *, stdin: bool = False, merge_stderr: bool = True) -> ProcessStream:
+        """Start argv here; a handle on its output (and its stdin with ``stdin=True``)."""
+        return ProcessStream(self.node, argv, stdin=stdin, merge_stderr=merge_stderr)
 
     def close(self) -> None:
         return None

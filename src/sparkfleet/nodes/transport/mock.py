@@ -9,17 +9,20 @@ without sshd or dockerd. The real-fleet tests stay for the real paths.
         return 1, "", "no such command"
 
     transport = MockTransport("node0", node)
+
+A streamed command is answered the same way, when it starts: its output is the answer's stdout
+(then stderr, when merged), and what is written to its stdin is kept in ``stream.written``.
 """
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 
 from sparkfleet.errors import TransportError
-from sparkfleet.nodes.transport.base import Result
+from sparkfleet.nodes.transport.base import CHUNK, Capabilities, Result
 
 
 @dataclass(frozen=True)
@@ -39,11 +42,17 @@ Handler = Callable[[Call], Answer]
 class MockTransport:
     """Answers every command with handler(call); keeps the calls and the files put."""
 
-    def __init__(self, node: str, handler: Handler) -> None:
+    def __init__(self, node: str, handler: Handler, capabilities: Capabilities | None = None) -> None:
         self.node = node
         self.handler = handler
+        # A scripted node is neither this machine nor reached over SSH, unless a test says so.
+        self._capabilities = capabilities or Capabilities()
         self.calls: list[Call] = []
         self.files: dict[str, bytes] = {}
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
 
     def run(
         self,
@@ -74,11 +83,65 @@ class MockTransport:
             raise TransportError(self.node, f"cannot read {remote}: no such file")
         Path(local).write_bytes(self.files[remote])
 
-    def stream(self, argv: Sequence[str]) -> subprocess.Popen[bytes]:
-        raise TransportError(self.node, "MockTransport does not stream; answer the command with run()")
+    def stream(self, argv: Sequence[str], *, stdin: bool = False, merge_stderr: bool = True) -> ScriptedStream:
+        call = Call(self.node, tuple(argv), None)
+        self.calls.append(call)
+        result = _result(self.node, call.argv, self.handler(call))
+        return ScriptedStream(self.node, result, merge_stderr=merge_stderr)
 
     def close(self) -> None:
         return None
+
+
+class ScriptedStream:
+    """A streamed command whose whole output was known when it started."""
+
+    def __init__(self, node: str, result: Result, *, merge_stderr: bool = True) -> None:
+        self.node = node
+        self.result = result
+        out = result.stdout + (result.stderr if merge_stderr else "")
+        self._out = out.encode()
+        self._err = "" if merge_stderr else result.stderr
+        self._done = False
+        self.written = bytearray()
+        self.closed = False
+
+    def __iter__(self) -> Iterator[str]:
+        data, self._out = self._out, b""
+        self._done = True
+        yield from data.decode(errors="replace").splitlines()
+
+    def read(self, size: int = CHUNK) -> bytes:
+        chunk, self._out = self._out[:size], self._out[size:]
+        self._done = not self._out
+        return chunk
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def close_stdin(self) -> None:
+        return None
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._done = True
+        return self.result.exit_code
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.result.exit_code if self._done else None
+
+    def errors(self) -> str:
+        return self._err
+
+    def close(self) -> None:
+        self.closed = self._done = True
+
+    def __enter__(self) -> ScriptedStream:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:  # fmt: skip
+        self.close()
 
 
 def _result(node: str, argv: tuple[str, ...], answer: Answer) -> Result:

@@ -18,8 +18,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from sparkfleet.errors import TransportError
-from sparkfleet.nodes.transport.base import Result
+from sparkfleet.errors import TransportError, TransportTimeout
+from sparkfleet.nodes.transport.base import Capabilities, ProcessStream, Result
 from sparkfleet.spec.cluster import Node
 
 SSH_FAILED = 255
@@ -46,6 +46,11 @@ class SshTransport:
         self._node = node
         self._accept_new = accept_new_host_keys
         self._connect_timeout = connect_timeout
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Another machine, reached with the ssh words of ``ssh_argv``."""
+        return Capabilities(local=False, ssh=tuple(self.ssh_argv()))
 
     def control_path(self) -> str:
         """This node's master socket: ssh's %C (host, port, user) plus a digest of how we reach it.
@@ -117,9 +122,7 @@ class SshTransport:
         except FileNotFoundError as exc:
             raise TransportError(self.node, "the ssh client is not installed on this machine") from exc
         except subprocess.TimeoutExpired as exc:
-            raise TransportError(
-                self.node, f"{shlex.join(argv)[:120]} timed out after {timeout:.0f}s on {self.destination}"
-            ) from exc
+            raise TransportTimeout(self.node, shlex.join(argv)[:120], timeout or 0, self.destination) from exc
         if proc.returncode == SSH_FAILED and _SSH_ERROR.search(proc.stderr.decode(errors="replace")):
             last = proc.stderr.decode(errors="replace").strip().splitlines()[-1]
             raise TransportError(self.node, f"cannot reach {self.destination} over SSH: {last}")
@@ -163,12 +166,14 @@ class SshTransport:
             raise TransportError(self.node, f"cannot read {remote}: {err.decode(errors='replace').strip()}")
         Path(local).write_bytes(out)
 
-    def stream(self, argv: Sequence[str]) -> subprocess.Popen[bytes]:
-        """Start argv and return the process, its stdout a pipe (for following logs)."""
-        return subprocess.Popen(
-            self._command(argv, None), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    def stream(self, argv: Sequence[str], *, stdin: bool = False, merge_stderr: bool = True) -> ProcessStream:
+        """Start argv on the node over the master connection; a handle on its output (and its
+        stdin with ``stdin=True``), the bytes flowing through this machine's ssh process."""
+        try:
+            return ProcessStream(self.node, self._command(argv, None), stdin=stdin, merge_stderr=merge_stderr,
+                                 shown=shlex.join(argv)[:120])  # fmt: skip
+        except TransportError as exc:
+            raise TransportError(self.node, "the ssh client is not installed on this machine") from exc
 
     def close(self) -> None:
         """Leave the master running: the next sparkfleet command reuses it (ControlPersist)."""

@@ -1,0 +1,113 @@
+"""The nodes seam: transports declare what they can do, stream through a handle, and name a
+timeout as such; the fan-out keeps every node's outcome; rank handles survive the state store."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from sparkfleet.errors import TransportError, TransportTimeout
+from sparkfleet.nodes.transport import controller, transport_for
+from sparkfleet.nodes.transport.base import Capabilities, Result
+from sparkfleet.nodes.transport.local import LocalTransport
+from sparkfleet.nodes.transport.mock import Call, MockTransport
+from sparkfleet.nodes.transport.ssh import SshTransport
+from sparkfleet.spec.cluster import parse_cluster
+
+
+def _ssh_node():  # type: ignore[no-untyped-def]
+    cluster = parse_cluster({"name": "c", "defaults": {"user": "ops", "ssh_port": 2222},
+                             "nodes": [{"name": "n1", "host": "10.0.0.7"}]}, "c.toml")  # fmt: skip
+    return cluster.nodes[0]
+
+
+# ---- capabilities
+
+
+def test_local_transport_is_this_machine_and_has_no_ssh() -> None:
+    caps = LocalTransport("here").capabilities
+    assert caps.local and caps.ssh is None and caps.address is None and caps.ssh_options() == ()
+    assert controller().capabilities.local and controller().node == "controller"
+
+
+def test_ssh_transport_declares_its_ssh_words_without_connecting() -> None:
+    transport = transport_for(_ssh_node())
+    caps = transport.capabilities
+    assert not caps.local
+    assert isinstance(transport, SshTransport) and caps.ssh == tuple(transport.ssh_argv())
+    assert caps.address == "10.0.0.7" and caps.ssh_options()[0] == "ssh"
+    assert "-p" in caps.ssh_options() and "2222" in caps.ssh_options() and "ops" in caps.ssh_options()
+
+
+def test_mock_transport_declares_capabilities_too() -> None:
+    assert MockTransport("m", lambda _c: 0).capabilities == Capabilities()
+    claimed = Capabilities(local=True)
+    assert MockTransport("m", lambda _c: 0, claimed).capabilities is claimed
+
+
+# ---- timeouts
+
+
+def test_a_local_timeout_is_a_transport_timeout() -> None:
+    with pytest.raises(TransportTimeout) as err:
+        LocalTransport("n0").run(["sleep", "5"], timeout=0.2)
+    assert isinstance(err.value, TransportError) and err.value.node == "n0"
+    assert err.value.timeout == 0.2 and err.value.where == "n0" and err.value.command == "sleep"
+
+
+def test_a_missing_command_is_not_a_timeout() -> None:
+    with pytest.raises(TransportError) as err:
+        LocalTransport("n0").run(["sparkfleet-no-such-command"], timeout=5)
+    assert not isinstance(err.value, TransportTimeout) and "command not found" in str(err.value)
+
+
+# ---- streams
+
+
+def test_a_stream_yields_lines_and_its_exit_code() -> None:
+    with LocalTransport("n0").stream(["sh", "-c", "echo one; echo two >&2; exit 3"]) as stream:
+        lines = list(stream)
+        assert stream.wait(5) == 3 and stream.exit_code == 3
+    assert sorted(lines) == ["one", "two"]  # stderr merged by default
+
+
+def test_a_stream_with_stdin_and_separate_stderr() -> None:
+    stream = LocalTransport("n0").stream(["sh", "-c", "cat; echo oops >&2"], stdin=True, merge_stderr=False)
+    stream.write(b"x" * 30_000)  # under a pipe buffer: cat can write it all before we read
+    stream.close_stdin()
+    got = b""
+    while chunk := stream.read():
+        got += chunk
+    assert got == b"x" * 30_000 and stream.wait(10) == 0 and stream.errors() == "oops\n"
+    stream.close()
+
+
+def test_closing_a_stream_stops_the_command() -> None:
+    stream = LocalTransport("n0").stream([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"])
+    assert next(iter(stream)) == "up" and stream.exit_code is None
+    stream.close()
+    assert stream.exit_code is not None
+
+
+def test_a_stream_wait_past_its_timeout_is_a_transport_timeout() -> None:
+    with LocalTransport("n0").stream(["sleep", "5"]) as stream, pytest.raises(TransportTimeout):
+        stream.wait(0.1)
+
+
+def test_a_missing_command_cannot_stream() -> None:
+    with pytest.raises(TransportError, match="command not found"):
+        LocalTransport("n0").stream(["sparkfleet-no-such-command"])
+
+
+def test_a_mock_stream_is_answered_by_the_handler() -> None:
+    def node(call: Call) -> Result:
+        return Result("m", call.argv, 1, "a\nb\n", "bad\n", 0.0)
+
+    transport = MockTransport("m", node)
+    stream = transport.stream(["tail", "-F", "log"])
+    assert list(stream) == ["a", "b", "bad"] and stream.wait() == 1 and stream.exit_code == 1
+    piped = transport.stream(["docker", "load"], stdin=True, merge_stderr=False)
+    piped.write(b"image")
+    assert piped.read() == b"a\nb\n" and piped.errors() == "bad\n" and piped.written == b"image"  # type: ignore[attr-defined]
+    assert [c.argv for c in transport.calls] == [("tail", "-F", "log"), ("docker", "load")]
