@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from sparkfleet.errors import TransportError, TransportTimeout
+from sparkfleet.errors import NodeError, SparkfleetError, StagingError, TransportError, TransportTimeout
+from sparkfleet.nodes.fanout import GroupResult, Outcome, fan_out, raise_first
 from sparkfleet.nodes.transport import controller, transport_for
 from sparkfleet.nodes.transport.base import Capabilities, Result
 from sparkfleet.nodes.transport.local import LocalTransport
@@ -111,3 +112,57 @@ def test_a_mock_stream_is_answered_by_the_handler() -> None:
     piped.write(b"image")
     assert piped.read() == b"a\nb\n" and piped.errors() == "bad\n" and piped.written == b"image"  # type: ignore[attr-defined]
     assert [c.argv for c in transport.calls] == [("tail", "-F", "log"), ("docker", "load")]
+
+
+# ---- the fan-out's group result
+
+
+def _work(name: str) -> int:
+    if name == "n1":
+        raise StagingError("n1", "disk full")
+    if name == "n3":
+        raise OSError("connection reset")
+    return int(name[1:])
+
+
+def test_fan_out_keeps_every_outcome_in_node_order() -> None:
+    group = fan_out(["n3", "n0", "n1", "n2"], _work)
+    assert isinstance(group, GroupResult) and list(group) == ["n3", "n0", "n1", "n2"] and len(group) == 4
+    assert not group.ok and group["n0"] == Outcome("n0", 0, None)
+    assert group.succeeded == {"n0": 0, "n2": 2}
+    assert list(group.failures) == ["n3", "n1"] and isinstance(group.failures["n1"], StagingError)
+    assert group.messages() == ["n3: connection reset", "n1: disk full"]
+    assert fan_out([], _work).ok and fan_out(["n0", "n2"], _work).raise_all() == {"n0": 0, "n2": 2}
+
+
+def test_raise_first_gives_the_first_error_as_it_is() -> None:
+    group = fan_out(["n0", "n1", "n3"], _work)
+    with pytest.raises(StagingError) as err:
+        group.raise_first()
+    assert err.value is group.failures["n1"]
+    with pytest.raises(SparkfleetError, match=r"^n3: connection reset$") as wrapped:
+        fan_out(["n3"], _work).raise_first()
+    assert isinstance(wrapped.value.__cause__, OSError)
+    assert raise_first(fan_out(["n0"], _work)) == {"n0": 0}
+
+
+def test_raise_all_names_every_failed_node_and_keeps_every_error() -> None:
+    group = fan_out(["n0", "n1", "n2", "n3"], _work)
+    with pytest.raises(StagingError) as err:
+        group.raise_all(StagingError)
+    assert err.value.node == "n1" and str(err.value) == "n1: disk full\nn3: connection reset"
+    cause = err.value.__cause__
+    assert isinstance(cause, ExceptionGroup) and list(cause.exceptions) == list(group.failures.values())
+    with pytest.raises(NodeError) as one:
+        fan_out(["n1"], _work).raise_all()
+    assert str(one.value) == "n1: disk full" and isinstance(one.value.__cause__, StagingError)
+
+
+def test_raise_all_lets_a_bug_through_with_its_traceback() -> None:
+    def buggy(name: str) -> int:
+        if name == "b":
+            raise KeyError("oops")
+        raise StagingError(name, "fine")
+
+    with pytest.raises(KeyError):
+        fan_out(["a", "b"], buggy).raise_all(StagingError)

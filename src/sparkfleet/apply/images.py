@@ -11,31 +11,31 @@
   built or streamed: nodes that lack it pull it, and anything else is refused.
 
 Bytes flow source → this machine → targets through pipes, one chunk at a time, so an image
-of tens of GB never sits in memory.
+of tens of GB never sits in memory. This module decides which node gets what; every docker
+command it needs is the docker runtime's (``sparkfleet.nodes.runtime.docker``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
-import shlex
-import subprocess
 import tarfile
 import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparkfleet.errors import NodeError, RecipeError
+from sparkfleet.nodes.fanout import fan_out
+from sparkfleet.nodes.runtime.docker import build_image, image_id, pull, stream_image
 from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.nodes.transport.ssh import SshTransport
 
 if TYPE_CHECKING:
     from sparkfleet.plan.build import Plan
 
-CHUNK = 1 << 20
+__all__ = ["ImageAction", "build", "build_on", "distribute", "ensure_same_image", "image_id", "image_ids",
+           "is_pinned", "resolve_context", "stream_image", "verify_same_id"]  # fmt: skip
+
 Progress = Callable[[str, str], None]
 
 
@@ -59,21 +59,9 @@ def is_pinned(ref: str) -> bool:
     return "@sha256:" in ref
 
 
-def image_id(transport: Transport, ref: str) -> str | None:
-    """The image ID `ref` resolves to on the node, or None when it is not there."""
-    res = transport.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], check=False, timeout=60)
-    if res.ok:
-        return res.stdout.strip()
-    if "no such image" in res.stderr.lower():
-        return None
-    raise NodeError(transport.node, f"docker is not usable: {res.tail(2)}")
-
-
 def image_ids(transports: Mapping[str, Transport], ref: str) -> dict[str, str | None]:
-    """image_id on every node, in parallel."""
-    names = list(transports)
-    with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
-        return dict(zip(names, pool.map(lambda n: image_id(transports[n], ref), names), strict=True))
+    """image_id on every node, in parallel (the first node's error when one cannot tell)."""
+    return fan_out(transports, lambda n: image_id(transports[n], ref)).raise_first()
 
 
 def verify_same_id(
@@ -141,66 +129,7 @@ def build_on(
     transport: Transport, ref: str, context: bytes, dockerfile: str = "Dockerfile", *, no_cache: bool = False
 ) -> str:
     """`docker build -t ref -f dockerfile -` on the node with the context on stdin; the new ID."""
-    # `-f Dockerfile` with a context on stdin is refused as ambiguous; the default needs no flag.
-    file_flag = [] if dockerfile == "Dockerfile" else ["-f", dockerfile]
-    argv = ["docker", "build", "-q", *file_flag, "-t", ref, *(["--no-cache"] if no_cache else []), "-"]
-    res = transport.run(argv, stdin=context, check=False, timeout=None)
-    if not res.ok:
-        raise NodeError(transport.node, f"docker build of {ref} failed: {res.tail(5)}")
-    return res.stdout.strip().splitlines()[-1]
-
-
-def _local_argv(transport: Transport, argv: Sequence[str]) -> list[str]:
-    """The command to run here that runs argv on the transport's node with plain pipes."""
-    if isinstance(transport, SshTransport):
-        return [*transport.ssh_argv(), "--", shlex.join(argv)]
-    return list(argv)
-
-
-def stream_image(source: Transport, ref: str, targets: Mapping[str, Transport]) -> dict[str, str]:
-    """`docker save ref` on source, fed chunk by chunk to `docker load` on every target at
-    once; returns an error message per target that failed (empty when all loaded)."""
-    if not targets:
-        return {}
-    save = subprocess.Popen(
-        _local_argv(source, ["docker", "save", ref]), stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    sinks = {
-        name: subprocess.Popen(
-            _local_argv(t, ["docker", "load", "-q"]),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for name, t in targets.items()
-    }
-    broken: dict[str, str] = {}
-    assert save.stdout is not None
-    while chunk := save.stdout.read(CHUNK):
-        for name, sink in sinks.items():
-            if name in broken:
-                continue
-            try:
-                sink.stdin.write(chunk)  # type: ignore[union-attr]
-            except (BrokenPipeError, OSError):
-                broken[name] = "docker load stopped reading"
-    save_err = save.stderr.read().decode(errors="replace") if save.stderr else ""
-    save_rc = save.wait()
-    errors: dict[str, str] = {}
-    for name, sink in sinks.items():
-        with contextlib.suppress(OSError):
-            sink.stdin.close()  # type: ignore[union-attr]
-        # docker load -q prints a line or two: reading one stream after the other cannot block.
-        sink.stdout.read()  # type: ignore[union-attr]
-        err = sink.stderr.read()  # type: ignore[union-attr]
-        sink.wait()
-        if save_rc != 0:
-            errors[name] = f"docker save on {source.node} failed: {save_err.strip()[-300:]}"
-        elif sink.returncode != 0 or name in broken:
-            errors[name] = (
-                f"docker load failed: {err.decode(errors='replace').strip()[-300:] or broken.get(name)}"
-            )
-    return errors
+    return build_image(transport, ref, context, dockerfile, no_cache=no_cache)
 
 
 def _timed(node: str, fn: Callable[[], tuple[str, str | None, str]]) -> ImageAction:
@@ -235,8 +164,8 @@ def distribute(
         for name in todo:
             say(name, f"pulling pinned {ref}")
 
-        def pull(name: str) -> ImageAction:
-            res = todo[name].run(["docker", "pull", ref], check=False, timeout=None)
+        def pull_one(name: str) -> ImageAction:
+            res = pull(todo[name], ref)
             if not res.ok:
                 return ImageAction(name, "failed", None, f"docker pull {ref}: {res.tail(2)}", 0.0)
             got = image_id(todo[name], ref)
@@ -244,8 +173,7 @@ def distribute(
             detail = "pulled" if ok else f"pulled {got}, but {source} has {want}"
             return ImageAction(name, "pulled" if ok else "failed", got, detail, 0.0)
 
-        with ThreadPoolExecutor(max_workers=len(todo)) as pool:
-            return actions + list(pool.map(pull, todo))
+        return actions + list(fan_out(todo, pull_one, workers=len(todo)).raise_first().values())
     say(",".join(todo), f"streaming {ref} from {source}")
     errors = stream_image(transports[source], ref, todo)
     elapsed = time.monotonic() - start
@@ -296,8 +224,7 @@ def build(
                 ),
             )
 
-        with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
-            return list(pool.map(one, names))
+        return list(fan_out(names, one, workers=max(1, len(names))).raise_first().values())
     say(head, f"building {ref} ({len(tar) / 1e6:.1f} MB context)")
     built = _timed(
         head,

@@ -1,16 +1,26 @@
-"""Running one function on every node at once, keeping every node's outcome."""
+"""Running one function on every node at once, keeping every node's outcome.
+
+``fan_out(nodes, fn)`` is the one way sparkfleet works on several nodes in parallel. It returns a
+``GroupResult`` (fabric's name): every node's outcome in node order, with the error policies the
+callers need on it, so none of them keeps a pool of its own:
+
+    group = fan_out(transports, lambda n: transports[n].run(["true"]))
+    group.raise_first()      # the values, or the first node's error as it is
+    group.raise_all(StagingError)   # the values, or one error naming every node that failed
+    group.failures           # {node: error} of the nodes that failed, to report per node
+"""
 
 from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from sparkfleet.errors import SparkfleetError
+from sparkfleet.errors import NodeError, SparkfleetError
 
 T = TypeVar("T")
 _INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
@@ -50,9 +60,79 @@ class Outcome(Generic[T]):
         return self.error is None
 
 
-def fan_out(nodes: Iterable[str], fn: Callable[[str], T], *, workers: int = 16) -> dict[str, Outcome[T]]:
-    """Call fn(node) for every node in parallel; a per-node map of results or errors."""
-    names = list(nodes)
+def _user_facing(error: BaseException) -> bool:
+    """An error to show as a message (a node's failure), not a bug to show with its traceback."""
+    return isinstance(error, SparkfleetError | OSError)
+
+
+class GroupResult(Mapping[str, Outcome[T]]):
+    """Every node's outcome of one fan-out, in the order the nodes were given; all errors kept."""
+
+    def __init__(self, outcomes: Mapping[str, Outcome[T]] | Iterable[Outcome[T]] = ()) -> None:
+        items = outcomes.values() if isinstance(outcomes, Mapping) else outcomes
+        self._outcomes: dict[str, Outcome[T]] = {o.node: o for o in items}
+
+    def __getitem__(self, node: str) -> Outcome[T]:
+        return self._outcomes[node]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._outcomes)
+
+    def __len__(self) -> int:
+        return len(self._outcomes)
+
+    def __repr__(self) -> str:
+        return f"GroupResult(ok={sorted(self.succeeded)}, failed={sorted(self.failures)})"
+
+    @property
+    def ok(self) -> bool:
+        """Every node succeeded."""
+        return all(o.ok for o in self._outcomes.values())
+
+    @property
+    def failures(self) -> dict[str, BaseException]:
+        """The error of every node that failed, in node order."""
+        return {n: o.error for n, o in self._outcomes.items() if o.error is not None}
+
+    @property
+    def succeeded(self) -> dict[str, T]:
+        """The value of every node that succeeded, in node order."""
+        return {n: o.value for n, o in self._outcomes.items() if o.error is None}  # type: ignore[misc]
+
+    def messages(self) -> list[str]:
+        """One ``node: what failed`` line per failed node (a node's own error names its node)."""
+        return [str(e) if isinstance(e, NodeError) else f"{n}: {e}" for n, e in self.failures.items()]
+
+    def raise_first(self) -> dict[str, T]:
+        """The values, or the first failed node's error (user-facing ones as they are; anything
+        else as a SparkfleetError naming the node, caused by the original)."""
+        for node, error in self.failures.items():
+            if isinstance(error, SparkfleetError):
+                raise error
+            raise SparkfleetError(f"{node}: {error}") from error
+        return self.succeeded
+
+    def raise_all(self, error: Callable[[str, str], SparkfleetError] = NodeError) -> dict[str, T]:
+        """The values, or one error(node, detail) naming every node that failed: the first
+        node's, then one line per other node. Every original error is kept as its cause (an
+        ExceptionGroup when several failed). A bug (not a user-facing error) is raised as it is."""
+        failures = self.failures
+        if not failures:
+            return self.succeeded
+        bug = next((e for e in failures.values() if not _user_facing(e)), None)
+        if bug is not None:
+            raise bug
+        key, first = next(iter(failures.items()))
+        node, detail = (first.node, first.detail) if isinstance(first, NodeError) else (key, str(first))
+        text = "\n".join([detail, *self.messages()[1:]])
+        errors = [e for e in failures.values() if isinstance(e, Exception)]
+        cause: BaseException = first if len(failures) == 1 else ExceptionGroup("every failed node's error", errors)
+        raise error(node, text) from cause
+
+
+def fan_out(nodes: Iterable[str], fn: Callable[[str], T], *, workers: int = 16) -> GroupResult[T]:
+    """Call fn(node) for every node in parallel; every node's outcome (value or error)."""
+    names = list(dict.fromkeys(nodes))
 
     def call(name: str) -> Outcome[T]:
         try:
@@ -61,13 +141,13 @@ def fan_out(nodes: Iterable[str], fn: Callable[[str], T], *, workers: int = 16) 
             return Outcome(name, None, exc)
 
     if not names:
-        return {}
+        return GroupResult()
     # Even one node's call runs in a worker: an interrupt then never cuts a command half-way.
     with ThreadPoolExecutor(max_workers=min(workers, len(names))) as pool:
         try:
             with _interrupts_deferred():
                 futures = [pool.submit(call, name) for name in names]
-            return {n: f.result() for n, f in zip(names, futures, strict=True)}
+            return GroupResult(f.result() for f in futures)
         except KeyboardInterrupt:
             # Ctrl-C reaches only this thread. Calls already running finish first (each is
             # bounded by its timeout), so a rank whose start was in flight exists before the
@@ -81,11 +161,6 @@ def fan_out(nodes: Iterable[str], fn: Callable[[str], T], *, workers: int = 16) 
             raise
 
 
-def raise_first(outcomes: dict[str, Outcome[T]]) -> dict[str, T]:
-    """The values, or the first node's error (user-facing ones as they are)."""
-    for outcome in outcomes.values():
-        if outcome.error is not None:
-            if isinstance(outcome.error, SparkfleetError):
-                raise outcome.error
-            raise SparkfleetError(f"{outcome.node}: {outcome.error}") from outcome.error
-    return {name: o.value for name, o in outcomes.items()}  # type: ignore[misc]
+def raise_first(outcomes: Mapping[str, Outcome[T]]) -> dict[str, T]:
+    """``GroupResult(outcomes).raise_first()``."""
+    return GroupResult(outcomes).raise_first()

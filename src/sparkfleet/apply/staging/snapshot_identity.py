@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.nodes.transport.local import LocalTransport
 
 # Small files whose content decides how the checkpoint is read; hashed on every node.
 HASHED = ("*.json", "*.jinja", "*.model", "*.txt", "*.py", "*.tiktoken")
@@ -149,7 +148,7 @@ def parse_scan(node: str, root: str, data: Mapping[str, object]) -> Snapshot:
 
 def scan_node(transport: Transport, root: str, revision: str | None, *, python: str = "python3") -> Snapshot:
     """Scan the snapshot at root on the transport's node."""
-    if isinstance(transport, LocalTransport):  # this machine: no interpreter to start
+    if transport.capabilities.local:  # this machine: no interpreter to start
         return parse_scan(transport.node, root, scan_snapshot(root, revision, HASHED, HASH_LIMIT))
     result = transport.run([python, "-"], stdin=node_script(root, revision), check=False, timeout=600)
     if not result.ok:

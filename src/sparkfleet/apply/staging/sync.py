@@ -22,11 +22,11 @@ with tar over SSH through the controller, and the report says that rsync was mis
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -34,9 +34,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sparkfleet.apply.staging.snapshot_identity import Snapshot, select
-from sparkfleet.errors import StagingError
-from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.nodes.transport.local import LocalTransport
+from sparkfleet.errors import StagingError, TransportError
+from sparkfleet.nodes.transport.base import Stream, Transport
 
 PARTIAL_DIR = ".sparkfleet-partial"
 Method = Literal["auto", "rsync", "tar"]
@@ -68,7 +67,8 @@ class Endpoint:
 
     @property
     def local(self) -> bool:
-        return isinstance(self.transport, LocalTransport)
+        """The path is on this machine (the transport says so)."""
+        return self.transport.capabilities.local
 
 
 class RsyncMissing(Exception):
@@ -133,8 +133,8 @@ def _fallback_note(node: str) -> str:
 
 def _ssh_words(transport: Transport) -> list[str] | None:
     """The ssh words of an SSH transport, ending with the host; None for other transports."""
-    argv = getattr(transport, "ssh_argv", None)
-    return list(argv()) if callable(argv) else None
+    words = transport.capabilities.ssh
+    return list(words) if words is not None else None
 
 
 def _node_side_ssh(target: Endpoint, source_files: set[str]) -> str:
@@ -194,10 +194,9 @@ def parse_stats(text: str) -> dict[str, int]:
     return out
 
 
-def _pump(proc: subprocess.Popen[bytes], on_bytes: BytesFn | None, sink: list[bytes]) -> None:
-    assert proc.stdout is not None
+def _pump(stream: Stream, on_bytes: BytesFn | None, sink: list[bytes]) -> None:
     buf = b""
-    while chunk := proc.stdout.read1(65536):  # type: ignore[attr-defined]
+    while chunk := stream.read(65536):
         sink.append(chunk)
         buf += chunk
         *lines, buf = re.split(rb"[\r\n]", buf)
@@ -207,27 +206,23 @@ def _pump(proc: subprocess.Popen[bytes], on_bytes: BytesFn | None, sink: list[by
                 on_bytes(int(m.group(1).replace(b",", b"")))
 
 
-def _run_streaming(argv: list[str], stdin: bytes, on_bytes: BytesFn | None) -> tuple[int, str, str]:
+def _run_streaming(runner: Transport, argv: list[str], stdin: bytes, on_bytes: BytesFn | None) -> tuple[int, str, str]:
+    """Run argv on the runner's node, stdin fed, stdout read for progress as it comes."""
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    except FileNotFoundError as exc:
-        raise StagingError("controller", f"{argv[0]} is not installed on this machine") from exc
+        stream = runner.stream(argv, stdin=True, merge_stderr=False)
+    except TransportError as exc:
+        if runner.capabilities.local:
+            raise StagingError("controller", f"{argv[0]} is not installed on this machine") from exc
+        raise StagingError(runner.node, exc.detail) from exc
     out: list[bytes] = []
-    err: list[bytes] = []
-    reader = threading.Thread(target=_pump, args=(proc, on_bytes, out), daemon=True)
+    reader = threading.Thread(target=_pump, args=(stream, on_bytes, out), daemon=True)
     reader.start()
-    err_reader = threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)  # type: ignore[union-attr]
-    err_reader.start()
-    assert proc.stdin is not None
-    try:
-        proc.stdin.write(stdin)
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass  # rsync died early; its exit code and stderr say why
-    code = proc.wait()
+    with contextlib.suppress(BrokenPipeError):  # rsync died early: its exit code and stderr say why
+        stream.write(stdin)
+    stream.close_stdin()
+    code = stream.wait()
     reader.join()
-    err_reader.join()
-    return code, b"".join(out).decode(errors="replace"), b"".join(err).decode(errors="replace")
+    return code, b"".join(out).decode(errors="replace"), stream.errors()
 
 
 def _rsync(source: Endpoint, target: Endpoint, files: list[str], on_bytes: BytesFn | None) -> dict[str, int]:
@@ -243,9 +238,6 @@ def _rsync(source: Endpoint, target: Endpoint, files: list[str], on_bytes: Bytes
             argv = rsync_argv(source.path, f"{words[-1]}:{target.path}", shlex.join(words[:-1]), make_dest=target.path)
         where = "controller"
     else:
-        src_words = _ssh_words(source.transport)
-        if src_words is None:
-            raise StagingError(source.node, "sync from a source node needs an SSH transport to it")
         if same_node:
             inner = ["sh", "-c", 'mkdir -p "$1" && shift && exec "$@"', "sh", target.path]
             inner += rsync_argv(source.path, target.path, None)
@@ -260,12 +252,13 @@ def _rsync(source: Endpoint, target: Endpoint, files: list[str], on_bytes: Bytes
                 _node_side_ssh(target, present),
                 make_dest=target.path,
             )
-        argv = [*src_words, "--", shlex.join(inner)]
+        argv = inner
         where = source.node
     payload = b"\0".join(p.encode() for p in files) + b"\0"
     if source.local and target.local:
         os.makedirs(target.path, exist_ok=True)
-    code, out, err = _run_streaming(argv, payload, on_bytes)
+    # rsync runs where the source is: here for a controller path, on the source node otherwise.
+    code, out, err = _run_streaming(source.transport, argv, payload, on_bytes)
     if code != 0 and _NOT_FOUND.search(err):
         # 127 from the shell that ssh started on the runner: the runner lacks rsync; otherwise the
         # receiving side's shell said so.
@@ -327,15 +320,6 @@ def _stat(end: Endpoint, paths: list[str]) -> dict[str, tuple[int, int, str | No
     return out
 
 
-def _command(end: Endpoint, argv: list[str]) -> list[str]:
-    if end.local:
-        return argv
-    words = _ssh_words(end.transport)
-    if words is None:
-        raise StagingError(end.node, "a tar stream needs an SSH (or local) transport to this node")
-    return [*words, "--", shlex.join(argv)]
-
-
 def _tar(source: Endpoint, target: Endpoint, files: list[str], on_bytes: BytesFn | None) -> tuple[int, int]:
     """Stream the files whose size, mtime or link differ; return (files sent, bytes sent)."""
     have = _stat(target, files)
@@ -347,32 +331,26 @@ def _tar(source: Endpoint, target: Endpoint, files: list[str], on_bytes: BytesFn
     if not todo:
         return 0, 0
     payload = sum(want[p][0] for p in todo if want[p][2] is None)
-    reader = subprocess.Popen(
-        _command(source, ["tar", "-C", source.path, "--null", "-T", "-", "-cf", "-"]),
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    writer = subprocess.Popen(
-        _command(target, ["tar", "-C", target.path, "-xpf", "-"]),
-        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    assert reader.stdin and reader.stdout and writer.stdin
-    reader.stdin.write(b"\0".join(p.encode() for p in todo) + b"\0")
-    reader.stdin.close()
+    # Both ends through this machine: tar -c on the source, tar -x on the target, chunk by chunk.
+    reader = source.transport.stream(["tar", "-C", source.path, "--null", "-T", "-", "-cf", "-"], stdin=True,
+                                     merge_stderr=False)  # fmt: skip
+    writer = target.transport.stream(["tar", "-C", target.path, "-xpf", "-"], stdin=True, merge_stderr=False)
+    reader.write(b"\0".join(p.encode() for p in todo) + b"\0")
+    reader.close_stdin()
     moved = 0
     try:
-        while chunk := reader.stdout.read1(1 << 20):  # type: ignore[attr-defined]
-            writer.stdin.write(chunk)
+        while chunk := reader.read(1 << 20):
+            writer.write(chunk)
             moved += len(chunk)
             if on_bytes is not None:
                 on_bytes(min(moved, payload))
     except BrokenPipeError:
         pass
     finally:
-        writer.stdin.close()
+        writer.close_stdin()
     rcode, wcode = reader.wait(), writer.wait()
     if rcode != 0 or wcode != 0:
-        err = (reader.stderr.read() if reader.stderr else b"") + (writer.stderr.read() if writer.stderr else b"")
-        tail = err.decode(errors="replace").strip()[-800:]
+        tail = (reader.errors() + writer.errors()).strip()[-800:]
         raise StagingError(target.node, f"tar stream from {source.node}:{source.path} failed: {tail}")
     return sum(1 for p in todo if want[p][2] is None), payload
 

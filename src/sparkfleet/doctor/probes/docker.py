@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-VERSION_COMMAND = ["docker", "version", "--format", "{{json .}}"]
+from sparkfleet.nodes.runtime.docker import VERSION_ARGV, image_inspect_argv
+
+# The commands are the docker runtime's; the parsers below are this probe's.
+VERSION_COMMAND = list(VERSION_ARGV)
 
 
 def image_command(ref: str) -> list[str]:
     """The argv that prints the image's JSON record (exit 1 when absent)."""
-    return ["docker", "image", "inspect", ref]
+    return image_inspect_argv(ref)
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,20 @@
-"""The docker runtime: a rank is a labelled container started with the plan's ``docker run``."""
+"""The docker runtime: a rank is a labelled container started with the plan's ``docker run``.
+
+Every docker command sparkfleet runs on a node is built here: the ranks' containers, the
+images (inspect, pull, build, ``docker save | docker load`` through this machine), the nfs
+staging kind's volumes, and the argv doctor probes with.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
-from sparkfleet.errors import RankRuntimeError
+from sparkfleet.errors import NodeError, RankRuntimeError
 from sparkfleet.nodes.identity import LABEL_INSTANCE, LABEL_OWNER, LABEL_STARTED, FoundRank, Instance
 from sparkfleet.nodes.runtime.base import RankState, env_file_text
-from sparkfleet.nodes.transport.base import Transport
+from sparkfleet.nodes.transport.base import CHUNK, Result, Transport
 from sparkfleet.plan.model import LABEL_DEPLOYMENT, LABEL_RANK, RankPlan
 from sparkfleet.spec.cluster import Node
 
@@ -116,3 +122,133 @@ def _stop_and_remove(transport: Transport, names: list[str], grace: float) -> No
     if names:
         script = 'g="$1"; shift; docker stop -t "$g" "$@" >/dev/null 2>&1; docker rm -f "$@" >/dev/null 2>&1; true'
         transport.run(["sh", "-c", script, "sh", str(int(grace)), *names], check=False, timeout=grace + 90)
+
+
+# ---- what doctor probes: argv only (the probe bundle runs every probe in one round trip)
+
+VERSION_ARGV = ("docker", "version", "--format", "{{json .}}")
+
+
+def image_inspect_argv(ref: str, fmt: str | None = None) -> list[str]:
+    """``docker image inspect`` of ref: its JSON record, or the fmt template (exit 1 when absent)."""
+    return ["docker", "image", "inspect", *(["--format", fmt] if fmt else []), ref]
+
+
+# ---- images on a node: inspect, pull, build, and save | load through this machine
+
+
+def image_id(transport: Transport, ref: str) -> str | None:
+    """The image ID ref resolves to on the node, or None when it is not there."""
+    res = transport.run(image_inspect_argv(ref, "{{.Id}}"), check=False, timeout=60)
+    if res.ok:
+        return res.stdout.strip()
+    if "no such image" in res.stderr.lower():
+        return None
+    raise NodeError(transport.node, f"docker is not usable: {res.tail(2)}")
+
+
+def pull(transport: Transport, ref: str, *, timeout: float | None = None) -> Result:
+    """``docker pull ref`` on the node (the caller reads the result)."""
+    return transport.run(["docker", "pull", ref], check=False, timeout=timeout)
+
+
+def ensure_image(transport: Transport, ref: str, *, on_pull: Callable[[], None] = lambda: None,
+                 timeout: float = 3600) -> str | None:  # fmt: skip
+    """The image ID when the node holds ref; otherwise pull it and return None. NodeError when the
+    daemon cannot be reached or the pull fails."""
+    have = transport.run(image_inspect_argv(ref, "{{.Id}}"), check=False, timeout=60)
+    if have.ok:
+        return have.stdout.strip()
+    if "Cannot connect" in have.stderr or "permission denied" in have.stderr.lower():
+        raise NodeError(transport.node, f"docker is not reachable: {have.tail(2)}")
+    on_pull()
+    pulled = pull(transport, ref, timeout=timeout)
+    if not pulled.ok:
+        raise NodeError(transport.node, f"image {ref} is not on the node and could not be pulled: "
+                                        f"{pulled.tail(2)} (build it with `sparkfleet image build`)")  # fmt: skip
+    return None
+
+
+def build_image(transport: Transport, ref: str, context: bytes, dockerfile: str = "Dockerfile", *,
+                no_cache: bool = False) -> str:  # fmt: skip
+    """``docker build -t ref -f dockerfile -`` on the node with the context tar on stdin; the new ID."""
+    # `-f Dockerfile` with a context on stdin is refused as ambiguous; the default needs no flag.
+    file_flag = [] if dockerfile == "Dockerfile" else ["-f", dockerfile]
+    argv = ["docker", "build", "-q", *file_flag, "-t", ref, *(["--no-cache"] if no_cache else []), "-"]
+    res = transport.run(argv, stdin=context, check=False, timeout=None)
+    if not res.ok:
+        raise NodeError(transport.node, f"docker build of {ref} failed: {res.tail(5)}")
+    return res.stdout.strip().splitlines()[-1]
+
+
+def stream_image(source: Transport, ref: str, targets: Mapping[str, Transport]) -> dict[str, str]:
+    """``docker save ref`` on source, fed chunk by chunk to ``docker load`` on every target at
+    once (through this machine, so an image of tens of GB never sits in memory); an error message
+    per target that failed (empty when all loaded)."""
+    if not targets:
+        return {}
+    save = source.stream(["docker", "save", ref], merge_stderr=False)
+    sinks = {name: t.stream(["docker", "load", "-q"], stdin=True, merge_stderr=False) for name, t in targets.items()}
+    broken: dict[str, str] = {}
+    while chunk := save.read(CHUNK):
+        for name, sink in sinks.items():
+            if name in broken:
+                continue
+            try:
+                sink.write(chunk)
+            except OSError:  # BrokenPipeError included
+                broken[name] = "docker load stopped reading"
+    save_rc = save.wait()
+    save_err = save.errors()
+    errors: dict[str, str] = {}
+    for name, sink in sinks.items():
+        sink.close_stdin()
+        while sink.read():  # docker load -q prints a line or two
+            pass
+        code = sink.wait()
+        if save_rc != 0:
+            errors[name] = f"docker save on {source.node} failed: {save_err.strip()[-300:]}"
+        elif code != 0 or name in broken:
+            errors[name] = f"docker load failed: {sink.errors().strip()[-300:] or broken.get(name)}"
+    return errors
+
+
+# ---- volumes (the nfs staging kind's workers)
+
+
+def volume_create_argv(volume: str, options: Sequence[tuple[str, str]], driver: str = "local") -> list[str]:
+    """``docker volume create`` words: the driver, then one ``--opt key=value`` per option."""
+    opts = [w for key, value in options for w in ("--opt", f"{key}={value}")]
+    return ["docker", "volume", "create", "--driver", driver, *opts, volume]
+
+
+def volume_options(transport: Transport, volume: str) -> dict[str, str] | None:
+    """The driver options of a volume on the node, or None when there is no such volume."""
+    seen = transport.run(["docker", "volume", "inspect", "--format", "{{json .Options}}", volume],
+                         check=False, timeout=60)  # fmt: skip
+    if not seen.ok:
+        return None
+    try:
+        found = json.loads(seen.stdout)
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+
+
+def create_volume(transport: Transport, volume: str, options: Sequence[tuple[str, str]]) -> Result:
+    """Create the volume on the node (the caller reads the result)."""
+    return transport.run(volume_create_argv(volume, options), check=False, timeout=60)
+
+
+def remove_volume(transport: Transport, volume: str) -> Result:
+    """Remove the volume from the node (the caller reads the result)."""
+    return transport.run(["docker", "volume", "rm", volume], check=False, timeout=60)
+
+
+def run_once(transport: Transport, image: str, entrypoint: str, args: Sequence[str], *,
+             volumes: Sequence[tuple[str, str]] = (), timeout: float = 300) -> Result:  # fmt: skip
+    """A throw-away container without network: entrypoint args in image, volumes (``name``,
+    ``/path:ro``) mounted; for reading a file the ranks will see."""
+    mounts = [w for name, where in volumes for w in ("-v", f"{name}:{where}")]
+    argv = ["docker", "run", "--rm", "--network", "none", "--entrypoint", entrypoint, *mounts, image, *args]
+    return transport.run(argv, check=False, timeout=timeout)
