@@ -9,7 +9,6 @@ exactly like ``sparkfleet down`` / ``sparkfleet up``.
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from sparkfleet.evals.compare import compare_runs
 from sparkfleet.evals.needle import NeedleRun
 from sparkfleet.evals.results import QualityRun
 from sparkfleet.evals.store import list_runs, load_run
+from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.plan.build import plan
 from sparkfleet.spec.cluster import load_cluster
 from sparkfleet.spec.recipe import load_recipe
@@ -64,8 +64,9 @@ def deployments(store: Store) -> list[dict[str, Any]]:
     records = Deployments(store)
     found = records.all()
     # Each deployment's nodes answer in their own time: ask them all at once.
-    with ThreadPoolExecutor(max_workers=max(1, min(8, len(found)))) as pool:
-        ranks = list(pool.map(_ranks, found))
+    by_name = {d.name: d for d in found}
+    live = fan_out(by_name, lambda name: _ranks(by_name[name]), workers=8).raise_first()
+    ranks = [live[d.name] for d in found]
     return [
         {**_deployment_head(d), "ranks": r, "events": records.events(d.name, limit=5)}
         for d, r in zip(found, ranks, strict=True)

@@ -11,13 +11,13 @@ import json
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from sparkfleet.apply.staging.bundle import worker_source
 from sparkfleet.apply.staging.composed import ComposedModel, compose_model
-from sparkfleet.errors import NodeError, SparkfleetError, StagingError
+from sparkfleet.errors import StagingError
+from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.shipped.sparse_rows import RESULT_MARKER
 from sparkfleet.nodes.transport.base import Result, Transport
 from sparkfleet.plan.model import StagingStep
@@ -210,19 +210,5 @@ def stage_all(
                 done.append(stage_rank(transports[node], step, verify=verify, progress=progress, python=python))
         return done
 
-    reports: list[StageReport] = []
-    failures: list[SparkfleetError] = []
-    with ThreadPoolExecutor(max_workers=max(1, len(by_node))) as pool:
-        futures = {node: pool.submit(one_node, node) for node in by_node}
-        for _node, future in futures.items():
-            try:
-                reports += future.result()
-            except SparkfleetError as exc:
-                failures.append(exc)
-    if failures:
-        first = failures[0]
-        node = first.node if isinstance(first, NodeError) else "fleet"
-        detail = first.detail if isinstance(first, NodeError) else str(first)
-        more = "".join(f"\n{f}" for f in failures[1:])
-        raise StagingError(node, detail + more)
-    return reports
+    done = fan_out(by_node, one_node, workers=max(1, len(by_node))).raise_all(StagingError)
+    return [report for node_reports in done.values() for report in node_reports]
