@@ -3,12 +3,27 @@ timeout as such; the fan-out keeps every node's outcome; rank handles survive th
 
 from __future__ import annotations
 
+import ast
+import json
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from sparkfleet.errors import NodeError, SparkfleetError, StagingError, TransportError, TransportTimeout
 from sparkfleet.nodes.fanout import GroupResult, Outcome, fan_out, raise_first
+from sparkfleet.nodes.ship import (
+    COMPOSE_WORKER,
+    PROCESS_AGENT,
+    PROGRAMS,
+    SNAPSHOT_SCAN,
+    STAGE_WORKER,
+    program_text,
+    run_shipped,
+    shipped_argv,
+    standalone,
+)
 from sparkfleet.nodes.transport import controller, transport_for
 from sparkfleet.nodes.transport.base import Capabilities, Result
 from sparkfleet.nodes.transport.local import LocalTransport
@@ -166,3 +181,47 @@ def test_raise_all_lets_a_bug_through_with_its_traceback() -> None:
 
     with pytest.raises(KeyError):
         fan_out(["a", "b"], buggy).raise_all(StagingError)
+
+
+# ---- one way to ship code to a node
+
+
+@pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.name)
+def test_every_shipped_program_is_one_stdlib_script(program) -> None:  # type: ignore[no-untyped-def]
+    text = program_text(program)
+    tree = ast.parse(text)
+    imported = {(a.name if isinstance(n, ast.Import) else n.module or "").split(".")[0]
+                for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom) for a in n.names}  # fmt: skip
+    assert imported <= sys.stdlib_module_names | {"__future__"}, imported
+    assert text.startswith("from __future__ import annotations\n") and text.count("from __future__") == 1
+    assert text.count('if __name__ == "__main__":') == 1
+
+
+def test_shipped_argv_is_python_c_program_then_args() -> None:
+    argv = shipped_argv("/opt/py", PROCESS_AGENT, ["find", "{}"])
+    assert argv[:3] == ["/opt/py", "-S", "-c"] and argv[3] == program_text(PROCESS_AGENT) and argv[4:] == ["find", "{}"]
+    # The staging worker keeps site-packages: numpy and xxhash are optional speed-ups there.
+    assert shipped_argv("python3", STAGE_WORKER, ["{}"])[:2] == ["python3", "-c"]
+
+
+def test_run_shipped_runs_the_program_with_args_and_stdin_free_for_data(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    args = json.dumps({"root": str(tmp_path), "revision": None, "hashed": ["*.json"], "hash_limit": 1 << 20})
+    result = run_shipped(LocalTransport("n0"), sys.executable, SNAPSHOT_SCAN, [args], timeout=60)
+    listing = json.loads(result.stdout)
+    assert result.ok and listing["layout"] == "dir" and [f[0] for f in listing["files"]] == ["config.json"]
+    seen: list[Call] = []
+
+    def node(call: Call) -> str:
+        seen.append(call)
+        return "ok"
+
+    run_shipped(MockTransport("m", node), "python3", COMPOSE_WORKER, ["{}"], stdin=b"data")
+    assert seen[0].argv[1:3] == ("-S", "-c") and seen[0].argv[4:] == ("{}",) and seen[0].stdin == b"data"
+
+
+def test_a_standalone_script_has_its_arguments_written_in(tmp_path: Path) -> None:
+    args = json.dumps({"root": str(tmp_path / "absent"), "revision": None, "hashed": [], "hash_limit": 1})
+    out = subprocess.run([sys.executable, "-I", "-"], input=standalone(SNAPSHOT_SCAN, [args]), capture_output=True,
+                         check=True)  # fmt: skip
+    assert "does not exist" in json.loads(out.stdout)["error"]

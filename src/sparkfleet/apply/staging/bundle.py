@@ -1,31 +1,19 @@
-"""Join the node-side staging modules into one stdlib-only script to ship to a node.
+"""The staging worker: the node-side staging modules as one stdlib-only script.
 
-Nodes do not have sparkfleet installed. The node-side modules import each other only through
-``from sparkfleet.apply.staging.<module> import …`` lines; dropping those lines and concatenating the
-modules in dependency order gives one script whose names are the same as in the package.
+Nodes do not have sparkfleet installed. ``sparkfleet.nodes.ship`` joins the modules of
+``STAGE_WORKER`` (``nodes/shipped/``) in dependency order, dropping their imports of each other,
+so the names are the same as in the package; this module names that script for staging.
 """
 
 from __future__ import annotations
 
-import functools
-import re
-from pathlib import Path
+from sparkfleet.nodes.ship import STAGE_WORKER, program_text
 
 # Dependency order: each module uses only names from the ones before it.
-NODE_MODULES = ("failure", "safetensors_index", "ledger", "disk", "layouts", "sparse_rows")
-_INTERNAL_IMPORT = re.compile(r"^from sparkfleet\.nodes\.shipped\.\w+ import (\([^)]*\)|[^\n]*)\n", re.M)
-_FUTURE = "from __future__ import annotations\n"
+NODE_MODULES = STAGE_WORKER.modules
 
 
-@functools.cache
 def worker_source() -> bytes:
-    """The staging worker script (``python3 - '<json>'`` runs it with the script on stdin)."""
-    here = Path(__file__).resolve().parents[2] / "nodes" / "shipped"
-    parts = [_FUTURE]
-    for name in NODE_MODULES:
-        text = (here / f"{name}.py").read_text(encoding="utf-8")
-        text = _INTERNAL_IMPORT.sub("", text.replace(_FUTURE, "", 1))
-        if "sparkfleet" in re.sub(r"#.*|\"\"\"[\s\S]*?\"\"\"", "", text).replace("sparkfleet-", ""):
-            raise AssertionError(f"nodes/shipped/{name}.py refers to sparkfleet outside its imports")
-        parts.append(f"# ---- {name}.py ----\n{text}")
-    return "\n".join(parts).encode()
+    """The staging worker script (what ``run_shipped`` sends; ``python3 - '<json>'`` with it on
+    stdin runs it too)."""
+    return program_text(STAGE_WORKER).encode()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 from sparkfleet.errors import StagingError
+from sparkfleet.nodes.ship import COMPOSE_WORKER, run_shipped
 from sparkfleet.nodes.shipped import composed_worker
 from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.plan.model import StagingStep
@@ -41,8 +41,7 @@ def compose_model(
         "repo_dir": step.src, "dst": step.dst, "revision": step.revision,
         "local_files": list(step.local_files), "verify": verify, "primary": step.primary,
     }  # fmt: skip
-    source = Path(composed_worker.__file__).read_bytes()
-    result = transport.run([python, "-", json.dumps(args)], stdin=source, check=False)
+    result = run_shipped(transport, python, COMPOSE_WORKER, [json.dumps(args)])
     for line in reversed(result.stdout.splitlines()):
         if line.startswith(composed_worker.RESULT_MARKER):
             data = json.loads(line[len(composed_worker.RESULT_MARKER) :])

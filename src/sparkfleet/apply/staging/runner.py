@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sparkfleet.apply.staging.bundle import worker_source
 from sparkfleet.apply.staging.composed import ComposedModel, compose_model
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes.fanout import fan_out
+from sparkfleet.nodes.ship import STAGE_WORKER, run_shipped
 from sparkfleet.nodes.shipped.sparse_rows import RESULT_MARKER
 from sparkfleet.nodes.transport.base import Result, Transport
 from sparkfleet.plan.model import StagingStep
@@ -128,7 +128,7 @@ def _sparse_rows(
         )
         poller.start()
     try:
-        result = transport.run([python, "-", json.dumps(args)], stdin=worker_source(), check=False)
+        result = run_shipped(transport, python, STAGE_WORKER, [json.dumps(args)])
     finally:
         finished.set()
         if poller is not None:

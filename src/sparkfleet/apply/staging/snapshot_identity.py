@@ -13,14 +13,14 @@ by their sizes and, in a hub cache, by their blob names, which are the files' sh
 from __future__ import annotations
 
 import fnmatch
-import hashlib
-import inspect
 import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sparkfleet.errors import StagingError
+from sparkfleet.nodes.ship import SNAPSHOT_SCAN, run_shipped, standalone
+from sparkfleet.nodes.shipped.snapshot_scan import scan_snapshot
 from sparkfleet.nodes.transport.base import Transport
 
 # Small files whose content decides how the checkpoint is read; hashed on every node.
@@ -29,81 +29,17 @@ HASH_LIMIT = 64 * 1024 * 1024
 _SHOWN = 8
 
 
-# ---- node side: standard library only (shipped to the node by node_script) ----
+# ---- controller side (the node side is nodes/shipped/snapshot_scan.py, shipped as SNAPSHOT_SCAN) ----
 
 
-def scan_snapshot(root: str, revision: str | None, hashed: Sequence[str], hash_limit: int) -> dict:
-    """List a snapshot. In a hub cache repo (``models--org--name`` with ``snapshots/``), the one
-    revision (a commit, or a ref like ``main``; ``None`` is ``main``); otherwise the folder itself.
-
-    Returns ``{"layout", "revision", "refs", "files": [[path, kind, size, link, blob, sha256]],
-    "error"}``; paths are relative to the snapshot, ``blob`` to ``root``.
-    """
-    if not os.path.isdir(root):
-        return {"error": f"{root} does not exist or is not a folder"}
-    out: dict = {"layout": "dir", "revision": None, "refs": {}, "files": [], "error": None}
-    base = root
-    snapshots = os.path.join(root, "snapshots")
-    if os.path.basename(root.rstrip("/")).startswith(("models--", "datasets--")) and os.path.isdir(snapshots):
-        out["layout"] = "hf"
-        refs_dir = os.path.join(root, "refs")
-        refs: dict[str, str] = {}
-        for dirpath, _dirs, names in os.walk(refs_dir):
-            for name in names:
-                path = os.path.join(dirpath, name)
-                with open(path) as fh:
-                    refs[os.path.relpath(path, refs_dir)] = fh.read().strip()
-        wanted = revision or "main"
-        commit = wanted if os.path.isdir(os.path.join(snapshots, wanted)) else refs.get(wanted)
-        if commit is None or not os.path.isdir(os.path.join(snapshots, commit)):
-            have = ", ".join(sorted(os.listdir(snapshots))) or "none"
-            return {"error": f"{root}: revision {wanted!r} is not in the cache (snapshots: {have})"}
-        out["revision"] = commit
-        out["refs"] = {name: sha for name, sha in refs.items() if sha == commit}
-        base = os.path.join(snapshots, commit)
-    files = []
-    for dirpath, dirs, names in os.walk(base):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".sparkfleet-partial"))
-        for name in sorted(names):
-            path = os.path.join(dirpath, name)
-            rel = os.path.relpath(path, base)
-            link = os.readlink(path) if os.path.islink(path) else None
-            blob = None
-            if link is not None:
-                real = os.path.realpath(path)
-                inside = os.path.relpath(real, root)
-                blob = None if inside.startswith("..") else inside
-                if not os.path.isfile(real):
-                    files.append([rel, "dangling", -1, link, blob, None])
-                    continue
-            size = os.path.getsize(path)
-            digest = None
-            if size <= hash_limit and any(fnmatch.fnmatch(name, p) for p in hashed):
-                h = hashlib.sha256()
-                with open(path, "rb") as fh:
-                    for chunk in iter(lambda: fh.read(1 << 20), b""):
-                        h.update(chunk)
-                digest = h.hexdigest()
-            files.append([rel, "link" if link is not None else "file", size, link, blob, digest])
-    out["files"] = files
-    return out
-
-
-# ---- controller side ----
+def _scan_args(root: str, revision: str | None, hashed: Sequence[str] = HASHED) -> list[str]:
+    return [json.dumps({"root": root, "revision": revision, "hashed": list(hashed), "hash_limit": HASH_LIMIT})]
 
 
 def node_script(root: str, revision: str | None, hashed: Sequence[str] = HASHED) -> bytes:
-    """A stdlib-only script that prints ``scan_snapshot(root, revision)`` as JSON (``python3 -``)."""
-    call = f"print(json.dumps(scan_snapshot({root!r}, {revision!r}, {tuple(hashed)!r}, {HASH_LIMIT})))"
-    return "\n".join(
-        [
-            "from __future__ import annotations",
-            "import fnmatch, hashlib, json, os",
-            inspect.getsource(scan_snapshot),
-            call,
-            "",
-        ]
-    ).encode()
+    """The node-side scanner with its arguments written in: prints ``scan_snapshot(root, revision)``
+    as JSON when run by hand (``python3 - < script``)."""
+    return standalone(SNAPSHOT_SCAN, _scan_args(root, revision, hashed))
 
 
 @dataclass(frozen=True)
@@ -150,7 +86,7 @@ def scan_node(transport: Transport, root: str, revision: str | None, *, python: 
     """Scan the snapshot at root on the transport's node."""
     if transport.capabilities.local:  # this machine: no interpreter to start
         return parse_scan(transport.node, root, scan_snapshot(root, revision, HASHED, HASH_LIMIT))
-    result = transport.run([python, "-"], stdin=node_script(root, revision), check=False, timeout=600)
+    result = run_shipped(transport, python, SNAPSHOT_SCAN, _scan_args(root, revision), timeout=600)
     if not result.ok:
         raise StagingError(transport.node, f"cannot list {root}: {result.tail() or 'scanner failed'}")
     try:

@@ -1,23 +1,22 @@
 """The process runtime: a rank is a host process group, watched by a small monitor.
 
-The node needs only ``python3``: the agent (``process_agent.py``, stdlib only) is sent as the
-``-c`` program, and the environment travels in a private env file, never in argv.
+The node needs only ``python3``: the agent (``process_agent.py``, stdlib only) is shipped with
+``run_shipped``, and the environment travels in a private env file, never in argv.
 """
 
 from __future__ import annotations
 
 import json
-from importlib.resources import files
 
 from sparkfleet.errors import RankRuntimeError
 from sparkfleet.nodes.identity import FoundRank, Instance, PortHolder
 from sparkfleet.nodes.runtime.base import RankState, env_file_text
+from sparkfleet.nodes.ship import PROCESS_AGENT, run_shipped
 from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.plan.model import RankPlan
 from sparkfleet.spec.cluster import Node
 from sparkfleet.spec.secrets import TOKEN_PATTERNS
 
-AGENT = files("sparkfleet.nodes.shipped").joinpath("process_agent.py").read_text()
 # Prints "running PID STARTTICKS BTIME HZ", "exited CODE" or "absent". The pid file holds
 # "PGID PID STARTTICKS"; a pid whose start time differs was reused by another process.
 _INSPECT_SH = r"""
@@ -36,9 +35,8 @@ esac
 def node_agent(transport: Transport, python: str, command: str, payload: dict[str, object], *,
                timeout: float = 30, stdin: bytes | None = None) -> dict:  # fmt: skip
     """Run one agent command on the node and return its JSON answer."""
-    # -S: the agent needs only the standard library, and skipping site halves start-up.
-    result = transport.run([python, "-S", "-c", AGENT, command, json.dumps(payload)], timeout=timeout,
-                           check=False, stdin=stdin)  # fmt: skip
+    result = run_shipped(transport, python, PROCESS_AGENT, [command, json.dumps(payload)], stdin=stdin,
+                         timeout=timeout)  # fmt: skip
     if not result.ok:
         raise RankRuntimeError(transport.node, f"process agent {command} failed: {result.tail()}")
     return json.loads(result.stdout.strip().splitlines()[-1])

@@ -1,6 +1,8 @@
 """Code that runs on the nodes, which have no sparkfleet installed: standard library only.
 
-``process_agent`` is sent as a ``python3 -c`` program; the staging modules (``failure``,
-``safetensors_index``, ``ledger``, ``disk``, ``layouts``, ``sparse_rows``) are joined into one
-script by ``sparkfleet.apply.staging.bundle``; ``composed_worker`` is sent as it is.
+Every program here travels one way, ``sparkfleet.nodes.ship.run_shipped`` (``python3 [-S] -c
+PROGRAM ARGS…``): ``process_agent`` (the process runtime), the staging worker (``failure``,
+``safetensors_index``, ``ledger``, ``disk``, ``layouts``, ``sparse_rows`` joined in that order),
+``composed_worker`` and ``snapshot_scan``. Modules import each other only with
+``from sparkfleet.nodes.shipped.<module> import …`` lines, which the joining drops.
 """
