@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from sparkfleet.errors import BenchError
+from sparkfleet.plan.flags import flag_value, has_flag
 from sparkfleet.state.deployments import Deployments
 from sparkfleet.state.store import Store
 
@@ -63,14 +64,12 @@ PARALLEL_FLAGS = {
 def parallelism(argv: tuple[str, ...] | list[str]) -> dict[str, str]:
     """``{"tp": "4", "nodes": "4", …}`` from an engine command line."""
     out: dict[str, str] = {}
-    for i, word in enumerate(argv):
-        flag, eq, value = word.partition("=")
-        if flag in PARALLEL_FLAGS:
-            if not eq:
-                value = argv[i + 1] if i + 1 < len(argv) else ""
-            out[PARALLEL_FLAGS[flag]] = value
-        elif word == "--enable-expert-parallel":
-            out["ep"] = "on"
+    for key in dict.fromkeys(PARALLEL_FLAGS.values()):
+        value = flag_value(argv, *(flag for flag, k in PARALLEL_FLAGS.items() if k == key))
+        if value is not None:
+            out[key] = value
+    if "ep" not in out and has_flag(argv, "--enable-expert-parallel"):
+        out["ep"] = "on"
     return out
 
 

@@ -18,6 +18,7 @@ from pathlib import PurePosixPath
 from sparkfleet.importers.report import ImportResult, Note, comment_block, placeholder
 from sparkfleet.importers.shell_profile import Profile
 from sparkfleet.importers.toml_text import TomlDoc
+from sparkfleet.plan.flags import flag_name
 from sparkfleet.plan.model import CONTAINER_HF_HOME
 from sparkfleet.spec.secrets import is_secret
 
@@ -167,7 +168,7 @@ def _args(b: _Build) -> list[tuple[list[str], str | None]]:
     if extra:
         # boot.py appends EXTRA_SGLANG_ARGS.split(): a later flag wins, so replace in place.
         for group in _flag_groups(extra.split()):
-            flag = group[0].split("=", 1)[0]
+            flag = flag_name(group[0])
             if flag in PER_RANK:
                 b.not_carried.append(Note("EXTRA_SGLANG_ARGS", f"{' '.join(group)}: set by sparkfleet per rank"))
                 continue

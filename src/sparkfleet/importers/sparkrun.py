@@ -21,7 +21,7 @@ import yaml
 from sparkfleet.errors import RecipeError
 from sparkfleet.importers.report import ImportResult, Note, comment_block, placeholder
 from sparkfleet.importers.toml_text import TomlDoc
-from sparkfleet.plan.engines.base import is_number
+from sparkfleet.plan.flags import is_flag
 from sparkfleet.spec.secrets import is_secret
 
 SPARKRUN_INIT_PORT = 25000
@@ -170,7 +170,7 @@ def _split(engine: str, words: list[str]) -> tuple[list[str], list[list[str]], s
         head, positional = head[:2], head[2]
     groups: list[list[str]] = []
     for word in rest:
-        if word.startswith("-") and not is_number(word):
+        if is_flag(word):
             flag, sep, value = word.partition("=")
             groups.append([flag, value] if sep and word.startswith("--") else [word])
         elif groups:
