@@ -42,6 +42,7 @@ from sparkfleet.doctor.probes.rdma import RdmaFacts
 from sparkfleet.doctor.probes.reach import Reach
 from sparkfleet.doctor.probes.snapshot import Snapshot
 from sparkfleet.errors import SparkfleetError
+from sparkfleet.nodes.shipped.safetensors_index import header_tensors, tensor_nbytes
 from sparkfleet.nodes.transport.base import Transport
 
 
@@ -106,11 +107,7 @@ def parse_checkpoint(stdout: str) -> tuple[dict[str, Any] | None, dict[str, int]
         if head == "config" and body.strip():
             config = json.loads(body)
         elif head.startswith("header "):
-            meta = json.loads(body)
-            for name, info in meta.items():
-                if name != "__metadata__":
-                    start, end = info["data_offsets"]
-                    tensors[name] = int(end) - int(start)
+            tensors.update(tensor_nbytes(header_tensors(body)))
     return config, (tensors or None)
 
 

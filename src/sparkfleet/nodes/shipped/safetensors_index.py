@@ -2,6 +2,9 @@
 
 The format: an 8-byte little-endian header length, a JSON header mapping each tensor name to
 ``{dtype, shape, data_offsets}`` (offsets relative to the end of the header), then the data.
+
+This is sparkfleet's one safetensors header reader: the controller's memory model and doctor's
+checkpoint probe use ``header_tensors`` / ``tensor_sizes`` from here too.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import json
 import os
 import re
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sparkfleet.nodes.shipped.failure import StageFailure
@@ -64,6 +68,40 @@ class RowTable:
     layer: int | None
 
 
+def header_tensors(raw: bytes | str) -> dict[str, dict[str, object]]:
+    """The tensor entries of a safetensors JSON header (``__metadata__`` left out); ValueError
+    when it is not a JSON object."""
+    try:
+        header = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"safetensors header is not JSON ({exc})") from exc
+    if not isinstance(header, dict):
+        raise ValueError("safetensors header is not a JSON object")
+    return {k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+
+
+def tensor_nbytes(tensors: Mapping[str, Mapping[str, object]]) -> dict[str, int]:
+    """Tensor name → bytes of data, from header entries' ``data_offsets``."""
+    out: dict[str, int] = {}
+    for name, entry in tensors.items():
+        offsets = entry.get("data_offsets")
+        if not (isinstance(offsets, list) and len(offsets) == 2):
+            raise ValueError(f"safetensors header: tensor {name} has no data_offsets [start, end]")
+        out[name] = int(offsets[1]) - int(offsets[0])
+    return out
+
+
+def tensor_sizes(data: bytes) -> dict[str, int]:
+    """Tensor name → bytes from a safetensors file's first bytes (length, then JSON header);
+    ValueError when they do not hold the whole header."""
+    if len(data) < 8:
+        raise ValueError(f"safetensors header needs at least 8 bytes, got {len(data)}")
+    (length,) = struct.unpack("<Q", data[:8])
+    if len(data) < 8 + length:
+        raise ValueError(f"safetensors header needs {8 + length} bytes, got {len(data)}")
+    return tensor_nbytes(header_tensors(data[8 : 8 + length]))
+
+
 def read_header(path: str) -> ShardHeader:
     """Parse one shard's header; StageFailure if the file is not a safetensors file."""
     try:
@@ -79,12 +117,9 @@ def read_header(path: str) -> ShardHeader:
     except OSError as exc:
         raise StageFailure(f"cannot read {path}: {exc.strerror}") from exc
     try:
-        header = json.loads(raw)
+        tensors = header_tensors(raw)
     except ValueError as exc:
-        raise StageFailure(f"{path}: safetensors header is not JSON ({exc})") from exc
-    if not isinstance(header, dict):
-        raise StageFailure(f"{path}: safetensors header is not a JSON object")
-    tensors = {k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+        raise StageFailure(f"{path}: {exc}") from exc
     return ShardHeader(
         path=path,
         size=st.st_size,
