@@ -34,7 +34,7 @@ def main() -> None:
             update={"kv_bytes_per_token": 1670.75, "device_memory": parse_size("121.7GiB")})}
     )  # fmt: skip
     p = plan(recipe, load_cluster(ROOT / "examples" / "clusters" / "spark4.toml"), "mia")
-    mp = memory_plan(p.ranks[1], recipe)
+    mp = memory_plan(p.ranks[1], p.memory)
     env = {e.key: e.value for e in p.ranks[1].env}
     default, reduced = nccl_pinned({}), nccl_pinned(env)
     print("seed dsv41-flash-4x-mia (flags and env read from the planned rank-1 argv/env):")

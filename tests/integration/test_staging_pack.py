@@ -24,8 +24,7 @@ from sparkfleet.apply.staging.runner import StageReport, stage_all, stage_rank
 from sparkfleet.apply.staging.synthetic import write_engram_checkpoint
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes.transport.local import LocalTransport
-from sparkfleet.plan.model import StagingStep
-from sparkfleet.spec.recipe import StagingSpec
+from sparkfleet.plan.model import StagingOptions, StagingStep
 
 ROWS = {1: 300_007, 14: 250_003}
 CHUNK = 1 << 20
@@ -42,7 +41,7 @@ def make_step(
     min_free: int = 0,
     node: str = "local",
 ) -> StagingStep:
-    spec = StagingSpec(kind="sparse-rows", id="engram", src=str(src), dst=str(dst), layout=layout)
+    spec = StagingOptions(layout=layout)
     return StagingStep(
         id="engram", kind="sparse-rows", rank=rank, node=node, src=str(src), dst=str(dst), tp=tp,
         min_free=min_free, spec=spec,

@@ -8,21 +8,22 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from sparkfleet.nodes.shipped.safetensors_index import tensor_sizes as safetensors_tensor_bytes
 from sparkfleet.plan.build import plan
+from sparkfleet.plan.flags import flag_value
 from sparkfleet.plan.memory import (
     GIB,
     MIB,
     MemoryInputs,
-    flag_value,
     kv_bytes_per_token,
     memory_plan,
     nccl_pinned,
     plan_memory,
     prefill_transient,
     render_memory_plan,
-    safetensors_tensor_bytes,
     weights_per_rank,
 )
+from sparkfleet.plan.model import Plan
 from sparkfleet.spec.cluster import load_cluster
 from sparkfleet.spec.recipe import Recipe, load_recipe
 from sparkfleet.spec.sizes import parse_size
@@ -42,22 +43,22 @@ def _seed(name: str, **memory: object) -> Recipe:
     return recipe.model_copy(update={"memory": recipe.memory.model_copy(update=memory)})
 
 
-def _mia_plan(**memory: object):  # type: ignore[no-untyped-def]
+def _mia_plan(**memory: object) -> Plan:
     recipe = _seed("dsv41-flash-4x-mia", device_memory=GB10, kv_bytes_per_token=1670.75, **memory)
-    return recipe, plan(recipe, load_cluster(SPARK4), "mia")
+    return plan(recipe, load_cluster(SPARK4), "mia")
 
 
 def test_static_pool_is_the_fraction_from_the_planned_argv_times_121_7_gib() -> None:
-    recipe, p = _mia_plan()
-    mp = memory_plan(p.ranks[1], recipe)
+    p = _mia_plan()
+    mp = memory_plan(p.ranks[1], p.memory)
     assert mp.fraction == 0.80  # read from --mem-fraction-static in the rank's argv
     assert within(mp.static_pool, 0.80 * 121.7 * GIB)  # type: ignore[arg-type]
     assert within(mp.static_pool / GIB, 97.36)  # type: ignore[operator]
 
 
 def test_pinned_kv_is_8m_tokens_times_1670_75_bytes_13_4_gb() -> None:
-    recipe, p = _mia_plan()
-    kv = memory_plan(p.ranks[2], recipe).item("kv_cache").bytes
+    p = _mia_plan()
+    kv = memory_plan(p.ranks[2], p.memory).item("kv_cache").bytes
     assert kv == int(8_000_000 * 1670.75)
     assert within(kv / 1e9, 13.4)  # type: ignore[operator]
 
@@ -74,7 +75,7 @@ def test_nccl_defaults_512_connections_of_9_19_mib() -> None:
 
 
 def test_seed_nccl_settings_cut_the_pinned_buffers_estimate_beside_the_measurement() -> None:
-    recipe, p = _mia_plan()
+    p = _mia_plan()
     env = {e.key: e.value for e in p.ranks[0].env}
     reduced = nccl_pinned(env)
     assert reduced.protocols == ("Simple", "LL")  # NCCL_PROTO=^LL128
@@ -84,7 +85,7 @@ def test_seed_nccl_settings_cut_the_pinned_buffers_estimate_beside_the_measureme
     print(f"NCCL pinned, seed env: estimate {reduced.bytes / 1e9:.2f} GB, measured {measured / 1e9:.2f} GB")
     assert nccl_pinned({}).bytes / reduced.bytes > 20  # a large reduction, as measured (36×)
     assert reduced.bytes < 2 * measured
-    item = memory_plan(p.ranks[0], recipe).item("nccl_buffers")
+    item = memory_plan(p.ranks[0], p.memory).item("nccl_buffers")
     assert item.bytes == reduced.bytes and "128 connections" in item.detail
 
 
@@ -95,36 +96,36 @@ def test_dsv4_indexer_transient_at_1m_context(chunk: int, expected_gb: float) ->
 
 
 def test_seed_recipe_transient_comes_from_its_flags_and_the_chunked_indexer_bounds_it() -> None:
-    recipe, p = _mia_plan()
-    bounded = memory_plan(p.ranks[0], recipe).item("prefill_transient")
+    p = _mia_plan()
+    bounded = memory_plan(p.ranks[0], p.memory).item("prefill_transient")
     assert "chunk 4096 × prefix 1048576 = 60.1 GB" in bounded.detail
     assert bounded.bytes == 7 * GIB  # 14/4 × the 2 GiB logits budget
     unbounded = _seed("dsv41-flash-4x-mia", device_memory=GB10, kv_bytes_per_token=1670.75)
     unbounded = unbounded.model_copy(update={"env": {**unbounded.env, "DSV41_INDEXER_CHUNKED": "0"}})
     p2 = plan(unbounded, load_cluster(SPARK4), "mia")
-    mp = memory_plan(p2.ranks[0], unbounded)
+    mp = memory_plan(p2.ranks[0], p2.memory)
     assert within(mp.item("prefill_transient").bytes / 1e9, 60.0)  # type: ignore[operator]
     assert mp.fits is False and mp.outside_headroom is not None and mp.outside_headroom < 0
 
 
 def test_seed_tp4_fits_and_a_tp2_split_of_the_same_weights_does_not() -> None:
     # The seed: ~77 GiB of weights + ~2.5 GiB draft per rank at TP4 (145 GiB at TP2).
-    recipe, p = _mia_plan(weights_per_rank=parse_size("79.5GiB"))
-    head = memory_plan(p.ranks[0], recipe)
+    p = _mia_plan(weights_per_rank=parse_size("79.5GiB"))
+    head = memory_plan(p.ranks[0], p.memory)
     assert head.fits is True and head.headroom is not None and head.headroom >= 0
     assert head.item("head_overhead").bytes == int(1.3 * GIB)
-    assert memory_plan(p.ranks[1], recipe).item("head_overhead").bytes == 0
+    assert memory_plan(p.ranks[1], p.memory).item("head_overhead").bytes == 0
     text = "\n".join(render_memory_plan(head))
     assert "verdict: fits" in text and "13.37 GB" in text
-    tp2, p_tp2 = _mia_plan(weights_per_rank=parse_size("145GiB"))
-    worker = memory_plan(p_tp2.ranks[1], tp2)
+    p_tp2 = _mia_plan(weights_per_rank=parse_size("145GiB"))
+    worker = memory_plan(p_tp2.ranks[1], p_tp2.memory)
     assert worker.fits is False and worker.pool_headroom is not None and worker.pool_headroom < 0
     assert "does NOT fit" in "\n".join(render_memory_plan(worker))
 
 
 def test_unknown_weights_give_no_verdict_rather_than_a_guess() -> None:
-    recipe, p = _mia_plan()
-    mp = memory_plan(p.ranks[0], recipe)
+    p = _mia_plan()
+    mp = memory_plan(p.ranks[0], p.memory)
     assert mp.fits is None and "unknown" in mp.item("weights").detail
 
 
@@ -136,7 +137,7 @@ def test_unpinned_vllm_pool_gets_what_is_left() -> None:
         weights_per_rank=parse_size("79.5GiB"),
     )
     p = plan(recipe, load_cluster(SPARK4), "eugr")
-    mp = memory_plan(p.ranks[1], recipe)
+    mp = memory_plan(p.ranks[1], p.memory)
     assert mp.fraction == 0.88  # --gpu-memory-utilization
     kv = mp.item("kv_cache")
     assert kv.bytes == mp.static_pool - parse_size("79.5GiB") - mp.item("cuda_graphs").bytes  # type: ignore[operator]

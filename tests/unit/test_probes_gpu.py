@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sparkfleet.doctor.probes import gpu, meminfo
+from sparkfleet.plan.memory import usable_memory
 from tests.unit._captures import h200_section
 
 
@@ -44,12 +45,12 @@ def test_unified_memory_gpu_falls_back_to_memavailable() -> None:
     facts = gpu.parse(", ".join(line) + "\n", 0, "")
     assert facts.gpus[0].unified_memory
     mem = meminfo.parse(h200_section("meminfo"))
-    assert gpu.usable_memory_bytes(facts, mem) == mem.available == 131470044 * 1024
+    assert usable_memory(facts, mem)[0] == mem.available == 131470044 * 1024
 
 
 def test_discrete_gpu_uses_its_framebuffer() -> None:
     facts = gpu.parse(h200_section("query-gpu csv", "nvidia-smi-h200.txt"), 0, "")
-    assert gpu.usable_memory_bytes(facts, None) == 143771 * 1024 * 1024
+    assert usable_memory(facts, None)[0] == 143771 * 1024 * 1024
 
 
 def test_missing_nvidia_smi_is_reported_not_raised() -> None:

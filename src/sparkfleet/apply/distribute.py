@@ -30,13 +30,13 @@ from rich.progress import (
 )
 
 from sparkfleet.apply.staging.copy import CopyReport, copy_files, local_files
-from sparkfleet.apply.staging.nfs import NfsReport, check_volume, ensure_volume, export, volume_name
+from sparkfleet.apply.staging.nfs import NfsReport, check_volume, ensure_volume, export
 from sparkfleet.apply.staging.snapshot_identity import Snapshot, check_copy, check_identity, scan_node, select
 from sparkfleet.apply.staging.sync import Endpoint, Method, SyncReport, sync_node, transfer_list
 from sparkfleet.errors import SparkfleetError, StagingError
 from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.nodes.transport.local import LocalTransport
-from sparkfleet.plan.model import Plan, StagingStep
+from sparkfleet.plan.model import Plan, StagingStep, volume_name
 from sparkfleet.spec.cluster import Node
 
 ProgressFn = Callable[[StagingStep, int, int], None]
@@ -109,21 +109,22 @@ def _sync(
     spec = steps[0].spec
     assert spec is not None
     nodes = _nodes(plan)
-    revision = steps[0].revision or plan.recipe.revision
+    step_id = steps[0].id
+    revision = steps[0].revision or plan.revision
     if spec.source_node is not None:
         if spec.source_node not in nodes:
             raise StagingError(
                 spec.source_node,
-                f"staging {spec.id!r}: source_node {spec.source_node!r} is not one of this deployment's "
+                f"staging {step_id!r}: source_node {spec.source_node!r} is not one of this deployment's "
                 f"nodes ({', '.join(nodes)})",
             )
         src_step = next(s for s in steps if s.node == spec.source_node)
         if not src_step.src:
-            raise StagingError(spec.source_node, f"staging {spec.id!r}: sync needs a src")
+            raise StagingError(spec.source_node, f"staging {step_id!r}: sync needs a src")
         source = _endpoint(transports, nodes, spec.source_node, src_step.src)
     else:
         if not steps[0].src:
-            raise StagingError("controller", f"staging {spec.id!r}: sync needs a src")
+            raise StagingError("controller", f"staging {step_id!r}: sync needs a src")
         source = Endpoint(LocalTransport("controller"), steps[0].src)
     python = nodes[spec.source_node].python if spec.source_node else "python3"
     snapshot = scan_node(source.transport, source.path, revision, python=python)
@@ -208,7 +209,7 @@ def verify_snapshots(plan: Plan, transports: Mapping[str, Transport]) -> tuple[S
     for _step_id, steps in _grouped(plan.staging, ("sync",)):
         spec = steps[0].spec
         assert spec is not None
-        revision = steps[0].revision or plan.recipe.revision
+        revision = steps[0].revision or plan.revision
         found = _parallel({s.node: partial(_scan, transports, nodes, s, revision) for s in steps})
         check_identity(found, include=spec.include, exclude=spec.exclude)
         out.extend(found)
@@ -218,31 +219,33 @@ def verify_snapshots(plan: Plan, transports: Mapping[str, Transport]) -> tuple[S
 def _copy(plan: Plan, steps: Sequence[StagingStep], transports: Mapping[str, Transport]) -> list[CopyReport]:
     spec = steps[0].spec
     assert spec is not None
+    step_id = steps[0].id
     base = Path(plan.recipe_source).parent if plan.recipe_source else Path.cwd()
     names = list(spec.files)
     if not names and steps[0].src:
         folder = Path(steps[0].src)
         names = sorted(str(p) for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
     if not names:
-        raise StagingError("controller", f"staging {spec.id!r}: copy names no files (files = [...] or src)")
-    files = local_files(names, base, spec.id)
+        raise StagingError("controller", f"staging {step_id!r}: copy names no files (files = [...] or src)")
+    files = local_files(names, base, step_id)
     return _parallel(
-        {s.node: partial(copy_files, _transport(transports, s.node), files, s.dst, spec.id) for s in steps}
+        {s.node: partial(copy_files, _transport(transports, s.node), files, s.dst, step_id) for s in steps}
     )
 
 
 def _nfs(plan: Plan, steps: Sequence[StagingStep], transports: Mapping[str, Transport]) -> list[NfsReport]:
     spec = steps[0].spec
     assert spec is not None
+    step_id = steps[0].id
     nodes = _nodes(plan)
     server_name = spec.server_node or plan.head.node.name
     if server_name not in nodes:
-        raise StagingError(server_name, f"staging {spec.id!r}: server_node is not one of this deployment's nodes")
+        raise StagingError(server_name, f"staging {step_id!r}: server_node is not one of this deployment's nodes")
     server_step = next(s for s in steps if s.node == server_name)
     if not server_step.src:
-        raise StagingError(server_name, f"staging {spec.id!r}: nfs needs src (the folder to export)")
+        raise StagingError(server_name, f"staging {step_id!r}: nfs needs src (the folder to export)")
     path = server_step.src
-    volume = volume_name(plan.name, spec.id)
+    volume = volume_name(plan.name, step_id)
     clients = [s for s in steps if s.node != server_name]
     server_ip = nodes[server_name].fabric_ip
     reports = [export(_transport(transports, server_name), path, [nodes[s.node].fabric_ip for s in clients], volume)]

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from sparkfleet.plan.build import Plan
 
 __all__ = ["ImageAction", "build", "build_on", "distribute", "ensure_same_image", "image_id", "image_ids",
-           "is_pinned", "resolve_context", "stream_image", "verify_same_id"]  # fmt: skip
+           "is_pinned", "stream_image", "verify_same_id"]  # fmt: skip
 
 Progress = Callable[[str, str], None]
 
@@ -83,25 +83,6 @@ def verify_same_id(
             "run `sparkfleet image push` to give every node the head's image",
         )
     return {n: i for n, i in ids.items() if i is not None}
-
-
-def resolve_context(recipe_source: str, image_dir: str) -> Path:
-    """The build context `docker_image_dir` names: absolute, or relative to the recipe's
-    folder, to a `docker-images/` folder beside it or above it, or to the working directory."""
-    given = Path(image_dir).expanduser()
-    if given.is_absolute():
-        candidates = [given]
-    else:
-        base = Path(recipe_source).resolve()
-        base = base.parent if base.is_file() or base.suffix == ".toml" else base
-        candidates = [base / given] + [p / "docker-images" / given for p in (base, *base.parents)]
-        candidates.append(Path.cwd() / given)
-    for path in candidates:
-        if path.is_dir():
-            return path
-    raise RecipeError(
-        f"{recipe_source}: docker_image_dir = {image_dir!r}: no such folder (looked in {candidates[0]})"
-    )
 
 
 def context_tar(context: Path) -> bytes:

@@ -17,8 +17,7 @@ from sparkfleet.nodes.identity import Instance
 from sparkfleet.nodes.runtime.base import RankState, Runtime
 from sparkfleet.nodes.runtime.process import port_holders
 from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.plan.model import Plan, RankPlan
-from sparkfleet.spec.recipe import Verify
+from sparkfleet.plan.model import Plan, RankPlan, VerifySpec
 
 LOG_TAIL_LINES = 15
 POLL_S = 0.5
@@ -40,7 +39,7 @@ def tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join("    " + line for line in text.rstrip().splitlines()[-lines:])
 
 
-def check_logs(plan: Plan, verify: Verify, logs: dict[int, str], boot: BootLog) -> None:
+def check_logs(plan: Plan, verify: VerifySpec, logs: dict[int, str], boot: BootLog) -> None:
     """Raise on a forbidden line; note where each expected line appeared."""
     for r, text in logs.items():
         rank = plan.rank(r)
@@ -106,7 +105,7 @@ def wait_ready(
     on_progress: Callable[[str], None] = lambda _: None,
 ) -> BootLog:
     """Poll until every rank lives, rank 0 is healthy and every expected line appeared."""
-    verify = plan.recipe.verify
+    verify = plan.verify
     boot = BootLog({p: None for p in verify.expect})
     deadline = time.monotonic() + timeout
     next_logs = 0.0
@@ -170,7 +169,7 @@ def served_model_id(endpoint: str, fallback: str) -> str:
 
 def smoke(plan: Plan) -> str:
     """Send the smoke prompt (greedy) and check the answer; returns the completion text."""
-    verify = plan.recipe.verify
+    verify = plan.verify
     model = served_model_id(plan.endpoint, plan.served_model)
     body = {"model": model, "prompt": verify.smoke_prompt, "max_tokens": verify.smoke_max_tokens,
             "temperature": 0}  # fmt: skip

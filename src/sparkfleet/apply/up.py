@@ -176,7 +176,7 @@ def rollback(plan_ranks: tuple[RankPlan, ...], name: str, instance: str, transpo
 
 def up(
     plan: Plan,
-    cluster: Cluster,
+    cluster: Cluster | None = None,
     *,
     deployments: Deployments | None = None,
     report: Reporter = _quiet,
@@ -187,12 +187,13 @@ def up(
 ) -> UpResult:
     """Execute plan: stage, start ranks in launch order, wait until it really serves.
 
-    connect makes each node's Transport (ssh or local by default; tests pass a scripted one)."""
+    connect makes each node's Transport (ssh or local by default; tests pass a scripted one).
+    The Plan carries its cluster's identity; ``cluster`` is accepted for older callers only."""
     records = deployments or Deployments()
     start = time.monotonic()
     instance = Instance.new(plan.name)
-    records.acquire(plan, cluster.source, instance)
-    records.event(plan.name, "up", f"up on {len(plan.ranks)} node(s) of {cluster.name} (instance {instance.id})")
+    records.acquire(plan, plan.cluster_source, instance)
+    records.event(plan.name, "up", f"up on {len(plan.ranks)} node(s) of {plan.cluster_name} (instance {instance.id})")
     transports: dict[str, Transport] = {}
     secrets = secrets_of((v.key, v.value) for r in plan.ranks for v in r.env)
     try:
@@ -245,7 +246,7 @@ def _run_up(plan: Plan, instance: Instance, records: Deployments, report: Report
         raise_first(fan_out(batch, lambda r: _start_rank(plan, int(r), runtimes, transports, records, report,
                                                          instance)))  # fmt: skip
     wait_ready(
-        plan, transports, runtimes, instance, timeout=timeout or plan.recipe.verify.timeout,
+        plan, transports, runtimes, instance, timeout=timeout or plan.verify.timeout,
         on_progress=lambda msg: report(plan.head.node.name, 0, msg),
     )  # fmt: skip
     report(plan.head.node.name, 0, "healthy; smoke test")

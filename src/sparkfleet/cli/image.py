@@ -58,11 +58,10 @@ def _setup(
     from sparkfleet.nodes.transport import transport_for
 
     planned = build_plan(recipe, cluster, set_, None, None)
-    ref = planned.recipe.docker_image
-    if not ref:
-        raise RecipeError(f"{planned.recipe.source}: no docker_image: this recipe runs host processes")
+    if planned.image is None:
+        raise RecipeError(f"{planned.recipe_source}: no docker_image: this recipe runs host processes")
     transports = {r.node.name: transport_for(r.node, accept_new_host_keys=accept_new) for r in planned.ranks}
-    return planned, ref, transports
+    return planned, planned.image.ref, transports
 
 
 def build_cmd(
@@ -75,17 +74,21 @@ def build_cmd(
     accept_new: AcceptNewOpt = False,
 ) -> None:
     """Build from docker_image_dir (context shipped over SSH) and stream to nodes that differ."""
-    from sparkfleet.apply.images import build, resolve_context
+    from sparkfleet.apply.images import build
     from sparkfleet.errors import RecipeError
 
     planned, ref, transports = _setup(recipe, cluster, set_, accept_new)
-    if not planned.recipe.docker_image_dir:
+    image, source = planned.image, planned.recipe_source
+    assert image is not None  # _setup refused a recipe without an image
+    if not image.build_dir:
+        raise RecipeError(f"{source}: no docker_image_dir to build {ref} from (use `image push`)")
+    if image.context is None:
         raise RecipeError(
-            f"{planned.recipe.source}: no docker_image_dir to build {ref} from (use `image push`)"
+            f"{source}: docker_image_dir = {image.build_dir!r}: no such folder (looked in {image.looked_in[0]})"
         )
-    context = resolve_context(planned.recipe.source, planned.recipe.docker_image_dir)
+    context = Path(image.context)
     if not (context / dockerfile).is_file():
-        raise RecipeError(f"{planned.recipe.source}: docker_image_dir {context} has no {dockerfile}")
+        raise RecipeError(f"{source}: docker_image_dir {context} has no {dockerfile}")
     head = planned.ranks[0].node.name
     actions = build(ref, context, transports, head, dockerfile=dockerfile, on_each_node=on_each_node,
                     no_cache=no_cache, progress=_progress)  # fmt: skip

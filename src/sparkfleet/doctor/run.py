@@ -7,7 +7,6 @@ against the loopback fleet and each check is tested on captured outputs.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -31,9 +30,6 @@ __all__ = [
     "run_doctor",
     "spec_for",
 ]
-
-_REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
-
 
 @dataclass(frozen=True)
 class Report:
@@ -109,13 +105,6 @@ def sort_for_display(checks: Sequence[Check]) -> list[Check]:
     return sorted(checks, key=lambda c: order[c.status])
 
 
-def _model_repo(p: Plan) -> str | None:
-    recipe = p.recipe
-    if recipe.composed_model is not None:
-        return recipe.composed_model.sources[0].repo
-    return recipe.model if _REPO_ID.match(recipe.model) else None
-
-
 def spec_for(cluster: Cluster, p: Plan | None = None) -> DoctorSpec:
     """What to check: the plan's nodes, image, staging, ports and model, or (without a
     recipe) only the cluster's nodes."""
@@ -159,9 +148,9 @@ def spec_for(cluster: Cluster, p: Plan | None = None) -> DoctorSpec:
         )
     return DoctorSpec(
         nodes=tuple(targets_list),
-        image=p.recipe.docker_image,
-        model_repo=_model_repo(p),
-        needs_docker=p.recipe.docker_image is not None,
+        image=p.image.ref if p.image else None,
+        model_repo=p.model_repo,
+        needs_docker=p.image is not None,
     )
 
 
@@ -177,7 +166,7 @@ def memory_for(p: Plan) -> MemoryFn:
         f, h = facts[t.name], facts.get(head)
         return memory_plan(
             ranks[t.name],
-            p.recipe,
+            p.memory,
             gpu=f.gpu,
             meminfo=f.meminfo,
             tensors=h.tensors if h else None,

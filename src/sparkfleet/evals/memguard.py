@@ -3,7 +3,8 @@
 On unified-memory machines (DGX Spark) the KV cache, activations and the page cache share one
 pool; a long prefill can push a node into the OOM killer, which takes the whole deployment down.
 The guard samples ``/proc/meminfo`` on every node over its Transport, keeps the low-water mark
-per node, and when any node drops below the floor it aborts the server's requests once:
+per node, and when any node drops below the floor it aborts the server's requests once, the way
+the engine's adapter says (``abort_route``, ``aborts_on_disconnect``):
 
 - SGLang: ``POST /abort_request {"abort_all": true}`` (the route the seeds' memguard.py uses);
 - vLLM, llama.cpp and others without an abort route: the client's connections are closed — vLLM
@@ -22,6 +23,7 @@ import httpx
 
 from sparkfleet.errors import EvalError, SparkfleetError
 from sparkfleet.nodes.transport.base import Transport
+from sparkfleet.plan.engines import ENGINES, AbortRoute, engine_for
 
 AbortAction = Callable[[], str]
 
@@ -46,37 +48,49 @@ def read_mem_available(transport: Transport) -> int:
         raise EvalError(f"{transport.node}: {exc}") from exc
 
 
-def sglang_abort(base_url: str, api_key: str | None = None) -> AbortAction:
-    """An action that asks an SGLang server to abort every running request."""
+def route_abort(base_url: str, route: AbortRoute, api_key: str | None = None) -> AbortAction:
+    """An action that asks a server to abort every running request through its abort route."""
 
     def abort() -> str:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         try:
             response = httpx.post(
-                f"{base_url.rstrip('/')}/abort_request", json={"abort_all": True}, headers=headers, timeout=10
+                f"{base_url.rstrip('/')}{route.path}", json=dict(route.body), headers=headers, timeout=10
             )
         except httpx.HTTPError as exc:
-            return f"POST {base_url}/abort_request failed: {exc}"
-        return f"POST {base_url}/abort_request -> HTTP {response.status_code}"
+            return f"POST {base_url}{route.path} failed: {exc}"
+        return f"POST {base_url}{route.path} -> HTTP {response.status_code}"
 
     return abort
 
 
+def sglang_abort(base_url: str, api_key: str | None = None) -> AbortAction:
+    """An action that asks an SGLang server to abort every running request."""
+    route = engine_for("sglang").abort_route
+    assert route is not None
+    return route_abort(base_url, route, api_key)
+
+
 def close_connections(client: httpx.Client, engine: str) -> AbortAction:
-    """An action that closes the client's connections (vLLM aborts on disconnect)."""
+    """An action that closes the client's connections (an engine that aborts on disconnect
+    stops the request; others may run a non-streaming request to its end)."""
+    adapter = ENGINES.get(engine)
+    aborts = adapter is not None and adapter.aborts_on_disconnect
 
     def abort() -> str:
         client.close()
-        note = "" if engine == "vllm" else " (a non-streaming request may still run to its end)"
+        note = "" if aborts else " (a non-streaming request may still run to its end)"
         return f"closed the client's connections to the {engine} server{note}"
 
     return abort
 
 
 def abort_action_for(engine: str, base_url: str, client: httpx.Client | None) -> AbortAction | None:
-    """The abort action for an engine; None when there is no route and no client to close."""
-    if engine == "sglang":
-        return sglang_abort(base_url)
+    """The abort action for an engine (a name the endpoint reported: maybe none sparkfleet
+    plans); None when there is no route and no client to close."""
+    adapter = ENGINES.get(engine)
+    if adapter is not None and adapter.abort_route is not None:
+        return route_abort(base_url, adapter.abort_route)
     if client is not None:
         return close_connections(client, engine)
     return None

@@ -6,7 +6,9 @@ never recomputes it, so what ``sparkfleet plan`` prints is what runs.
 
 from __future__ import annotations
 
-from sparkfleet.apply.staging.nfs import volume_name as nfs_volume_name
+import re
+from pathlib import Path
+
 from sparkfleet.errors import PlanError
 from sparkfleet.plan.engines import RankContext, engine_for
 from sparkfleet.plan.model import (
@@ -15,12 +17,17 @@ from sparkfleet.plan.model import (
     LABEL_RANK,
     EnvSource,
     EnvVar,
+    ImageSpec,
+    MemorySpec,
     MountSpec,
     Overrides,
     Plan,
     RankPlan,
+    StagingOptions,
     StagingStep,
+    VerifySpec,
     container_name,
+    volume_name,
 )
 from sparkfleet.spec.cluster import Cluster, Node
 from sparkfleet.spec.placeholders import placeholder_keys
@@ -32,7 +39,7 @@ def check_plannable(recipe: Recipe, cluster: Cluster | None = None) -> None:
     """Every check plan() makes before it places ranks on nodes; ``validate`` runs it without a
     cluster, so a recipe it accepts is refused by plan only for what the cluster adds."""
     _refuse_placeholders(recipe, cluster)
-    problem = engine_for(recipe.engine).check_layout(recipe)
+    problem = engine_for(recipe.engine).check_layout(recipe.launch_spec())
     if problem:
         raise PlanError(f"{recipe.source}: {problem}")
     for spec in recipe.staging:
@@ -80,13 +87,87 @@ def plan(recipe: Recipe, cluster: Cluster, deployment: str, overrides: Overrides
         engine=recipe.engine,
         recipe_source=recipe.source,
         cluster_name=cluster.name,
+        cluster_source=cluster.source,
         endpoint=f"http://{endpoint_host}:{port}",
         port=port,
-        served_model=_served_model(recipe),
+        served_model=adapter.served_model(recipe.launch_spec()),
         launch_order=(*range(1, nnodes), 0),
         ranks=ranks,
         staging=_staging(recipe, name, nodes),
-        recipe=recipe,
+        verify=_verify(recipe),
+        memory=_memory(recipe),
+        image=_image(recipe),
+        revision=recipe.revision,
+        model_repo=_model_repo(recipe),
+    )
+
+
+_REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+def _model_repo(recipe: Recipe) -> str | None:
+    """The Hugging Face repo whose snapshot the ranks serve (a composed model's first source),
+    or None when the model is a path."""
+    if recipe.composed_model is not None:
+        return recipe.composed_model.sources[0].repo
+    return recipe.model if _REPO_ID.match(recipe.model) else None
+
+
+def _verify(recipe: Recipe) -> VerifySpec:
+    v = recipe.verify
+    return VerifySpec(
+        expect=v.expect,
+        forbid=v.forbid,
+        smoke_prompt=v.smoke_prompt,
+        smoke_expect=v.smoke_expect,
+        smoke_max_tokens=v.smoke_max_tokens,
+        timeout=v.timeout,
+    )
+
+
+def _memory(recipe: Recipe) -> MemorySpec:
+    mem = recipe.memory
+    coefficient = mem.prefill_bytes_per_token2
+    if coefficient is None:
+        coefficient = engine_for(recipe.engine).prefill_bytes_per_token2(recipe.model, recipe.parent_model)
+    return MemorySpec(
+        engine=recipe.engine,
+        tp=recipe.tensor_parallel_size,
+        nnodes=recipe.required_nodes,
+        kv_bytes_per_token=mem.kv_bytes_per_token,
+        weights_per_rank=mem.weights_per_rank,
+        weights_exclude=mem.weights_exclude,
+        cuda_graph=mem.cuda_graph,
+        prefill_bytes_per_token2=coefficient,
+        head_overhead=mem.head_overhead,
+        device_memory=mem.device_memory,
+    )
+
+
+def build_context_candidates(recipe_source: str, image_dir: str) -> tuple[Path, ...]:
+    """Where the build context ``docker_image_dir`` names may be, in order: the path itself when
+    absolute; else beside the recipe, in a ``docker-images/`` folder beside it or above it, or
+    in the working directory."""
+    given = Path(image_dir).expanduser()
+    if given.is_absolute():
+        return (given,)
+    base = Path(recipe_source).resolve()
+    base = base.parent if base.is_file() or base.suffix == ".toml" else base
+    return (base / given, *(p / "docker-images" / given for p in (base, *base.parents)), Path.cwd() / given)
+
+
+def _image(recipe: Recipe) -> ImageSpec | None:
+    if recipe.docker_image is None:
+        return None
+    if not recipe.docker_image_dir:
+        return ImageSpec(recipe.docker_image)
+    candidates = build_context_candidates(recipe.source, recipe.docker_image_dir)
+    found = next((p for p in candidates if p.is_dir()), None)
+    return ImageSpec(
+        ref=recipe.docker_image,
+        build_dir=recipe.docker_image_dir,
+        context=str(found) if found is not None else None,
+        looked_in=tuple(str(p) for p in candidates),
     )
 
 
@@ -99,14 +180,6 @@ def _template_values(node: Node, rank: int, deployment: str) -> dict[str, str]:
         "state": node.state_dir,
         "name": deployment,
     }
-
-
-def _served_model(recipe: Recipe) -> str:
-    args = list(recipe.args)
-    for flag in ("--served-model-name", "--model_alias", "--alias", "-a"):
-        if flag in args and args.index(flag) + 1 < len(args):
-            return args[args.index(flag) + 1]
-    return recipe.served_model_name or recipe.model
 
 
 def composed_dir(recipe: Recipe, node: Node, deployment: str) -> str:
@@ -136,12 +209,8 @@ def _model_ref_and_mounts(
         return recipe.model, mounts
     if docker:
         mounts.append(MountSpec(node.hf_cache, CONTAINER_HF_HOME, True))
-    if recipe.engine == "llama-cpp":
-        # llama.cpp opens a file: point it at the pinned snapshot in the Hugging Face cache.
-        root = CONTAINER_HF_HOME if docker else node.hf_cache.rstrip("/")
-        repo_dir = "models--" + recipe.model.replace("/", "--")
-        return f"{root}/hub/{repo_dir}/snapshots/{recipe.revision}", mounts
-    return recipe.model, mounts
+    root = CONTAINER_HF_HOME if docker else node.hf_cache
+    return engine_for(recipe.engine).hub_model_ref(recipe.model, recipe.revision, root), mounts
 
 
 def _nfs_mounts(
@@ -156,7 +225,7 @@ def _nfs_mounts(
         host = (
             render(spec.src, _template_values(server, nodes.index(server), deployment))
             if node.name == server.name
-            else nfs_volume_name(deployment, spec.id)
+            else volume_name(deployment, spec.id)
         )
         mounts = [m for m in mounts if m.container != spec.dst] + [MountSpec(host, spec.dst, True)]
     return mounts
@@ -215,8 +284,8 @@ def _rank_plan(
         model_file=recipe.model_file,
     )
     entrypoint = tuple(render(w, values) for w in (recipe.entrypoint or adapter.default_entrypoint))
-    templated = recipe.model_copy(update={"args": tuple(render(a, values) for a in recipe.args)})
-    argv = adapter.rank_argv(templated, entrypoint, ctx)
+    launch = recipe.launch_spec(tuple(render(a, values) for a in recipe.args))
+    argv = adapter.rank_argv(launch, entrypoint, ctx)
     for m in recipe.extra_mounts:
         mounts.append(MountSpec(render(m.host, values), render(m.container, values), m.read_only))
     if docker:
@@ -301,6 +370,20 @@ def _check_distribution(recipe: Recipe, spec: StagingSpec, nodes: tuple[Node, ..
             raise PlanError(f"{where}: {key} = {named!r} is not one of the planned nodes ({', '.join(names)})")
 
 
+def _staging_options(spec: StagingSpec) -> StagingOptions:
+    return StagingOptions(
+        layout=spec.layout,
+        tables=spec.tables,
+        include=spec.include,
+        exclude=spec.exclude,
+        source_node=spec.source_node,
+        server_node=spec.server_node,
+        options=spec.options,
+        check_file=spec.check_file,
+        files=spec.files,
+    )
+
+
 def _staging(recipe: Recipe, deployment: str, nodes: tuple[Node, ...]) -> tuple[StagingStep, ...]:
     steps: list[StagingStep] = []
     tp = recipe.tensor_parallel_size
@@ -318,7 +401,7 @@ def _staging(recipe: Recipe, deployment: str, nodes: tuple[Node, ...]) -> tuple[
                     dst=render(spec.dst, values),
                     tp=tp,
                     min_free=spec.min_free,
-                    spec=spec,
+                    spec=_staging_options(spec),
                     hf_cache=node.hf_cache,
                 )
             )

@@ -1,9 +1,11 @@
 """The per-rank memory model: will this rank fit, and with how much headroom?
 
-Pure: every figure comes from the planned argv and env, the recipe's ``[memory]`` table, the
-model config or checkpoint headers, and the node's facts. The layout follows the engines:
+Pure: every figure comes from the planned argv and env, the Plan's ``MemorySpec`` (the
+recipe's ``[memory]`` table), the model config or checkpoint headers, and the node's facts. The
+engine's own flags and estimates come from its adapter (``MemoryRules``, ``cuda_graphs``). The
+layout follows the engines:
 
-    device memory  = the GPU's framebuffer, or on unified memory (DGX Spark) the node's RAM
+    device memory  = the GPU's framebuffer, or on unified memory (DGX Spark) MemAvailable
     static pool    = memory fraction × device memory      (engine flag)
         weights per rank + KV pool + CUDA graphs          must fit inside it
     outside pool   = device memory − static pool
@@ -16,17 +18,17 @@ where it comes from.
 from __future__ import annotations
 
 import fnmatch
-import json
-import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sparkfleet.plan.engines import engine_for
+from sparkfleet.plan.flags import flag_value
+
 if TYPE_CHECKING:
     from sparkfleet.doctor.probes.gpu import GpuFacts
     from sparkfleet.doctor.probes.meminfo import MemInfo
-    from sparkfleet.plan.build import Plan, RankPlan
-    from sparkfleet.spec.recipe import Recipe
+    from sparkfleet.plan.model import MemorySpec, Plan, RankPlan
 
 GIB = 1024**3
 MIB = 1024**2
@@ -42,40 +44,13 @@ NCCL_MAX_CHANNELS = 32
 # (TP3/TP4); that is 16 per channel, and the count scales with the channel cap.
 NCCL_CONNECTIONS_PER_CHANNEL = 16
 
-# SGLang's DeepSeek-V4 indexer scores each prefill chunk against the whole compressed prefix:
-# peak ≈ 14 B × chunk × prefix (measured, MiaAI docs/chunked-prefill-memory.md).
-DSV4_INDEXER_BYTES_PER_TOKEN2 = 14.0
 # With DSV41_INDEXER_CHUNKED=1 (sglang#39187 backport) the fp32 logits (4 of the 14 B) are
 # scored in row chunks of at most DSV41_INDEXER_LOGITS_BUDGET_BYTES, which bounds the peak.
 DSV4_INDEXER_LOGITS_BUDGET_DEFAULT = 2 * GIB
 
 # Rank 0 runs the HTTP server, tokenizer and detokenizer: ~1.3 GiB measured on SGLang TP3.
 HEAD_OVERHEAD_DEFAULT = int(1.3 * GIB)
-# CUDA graphs: knapcio measured ~5.6 GB for SGLang decode graphs up to batch 16.
-SGLANG_GRAPH_BYTES_PER_BS = 5.6e9 / 16
-VLLM_GRAPH_DEFAULT = 2 * GIB
-
-_FRACTION_FLAGS = {"sglang": "--mem-fraction-static", "vllm": "--gpu-memory-utilization"}
-_FRACTION_DEFAULTS = {"sglang": 0.88, "vllm": 0.9}
-_CHUNK_FLAGS = {"sglang": "--chunked-prefill-size", "vllm": "--max-num-batched-tokens"}
-_CHUNK_DEFAULTS = {"sglang": 8192, "vllm": 8192}
-_CONTEXT_FLAGS = {"sglang": "--context-length", "vllm": "--max-model-len"}
 _DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "bf16": 2, "bfloat16": 2, "float16": 2, "auto": 2}
-
-
-def flag_value(argv: Sequence[str], flag: str) -> str | None:
-    """The value of `--flag V` or `--flag=V` (the last one wins); `_` and `-` are the same."""
-    want = flag.replace("_", "-")
-    value = None
-    for i, word in enumerate(argv):
-        name, eq, inline = word.partition("=")
-        if name.replace("_", "-") != want:
-            continue
-        if eq:
-            value = inline
-        elif i + 1 < len(argv):
-            value = argv[i + 1]
-    return value
 
 
 @dataclass(frozen=True)
@@ -163,19 +138,6 @@ def kv_bytes_per_token(config: Mapping[str, Any], tp: int, dtype_bytes: float) -
     return 2 * layers * per_rank * head_dim * dtype_bytes
 
 
-def safetensors_tensor_bytes(header: bytes) -> dict[str, int]:
-    """Tensor name → bytes from a safetensors file's start (8-byte LE length + JSON header)."""
-    (length,) = struct.unpack("<Q", header[:8])
-    if len(header) < 8 + length:
-        raise ValueError(f"safetensors header needs {8 + length} bytes, got {len(header)}")
-    meta = json.loads(header[8 : 8 + length])
-    return {
-        name: int(info["data_offsets"][1]) - int(info["data_offsets"][0])
-        for name, info in meta.items()
-        if name != "__metadata__"
-    }
-
-
 def weights_per_rank(tensors: Mapping[str, int], tp: int, exclude: Sequence[str] = ()) -> int:
     """Resident weight bytes per rank: every tensor not matched by `exclude` (e.g. tables
     served from disk), split evenly over TP ranks. Expert parallelism moves experts between
@@ -260,48 +222,35 @@ def plan_memory(inp: MemoryInputs) -> MemoryPlan:
     argv, env = inp.argv, dict(inp.env)
     notes: list[str] = []
     items: list[MemoryItem] = []
-    engine = inp.engine
+    adapter = engine_for(inp.engine)
+    rules = adapter.memory
 
-    frac_flag = _FRACTION_FLAGS.get(engine)
     fraction: float | None = None
-    if frac_flag:
-        text = flag_value(argv, frac_flag)
-        fraction = float(text) if text else _FRACTION_DEFAULTS[engine]
+    if rules:
+        text = flag_value(argv, rules.fraction_flag)
+        fraction = float(text) if text else rules.fraction_default
         if not text:
-            notes.append(f"{frac_flag} not set: assumed the engine default {fraction}")
+            notes.append(f"{rules.fraction_flag} not set: assumed the engine default {fraction}")
     pool = int(fraction * inp.device_memory) if fraction is not None and inp.device_memory else None
 
     weights = inp.weights_per_rank
     wdetail = inp.weights_source or "unknown: no checkpoint headers and no [memory] weights_per_rank"
     items.append(MemoryItem("weights", weights, "pool", wdetail))
 
-    graphs = inp.cuda_graph
-    graph_detail = "[memory] cuda_graph"
-    if graphs is None and engine == "sglang":
-        bs = (
-            _int_flag(argv, "--cuda-graph-max-bs-decode")
-            or _int_flag(argv, "--cuda-graph-max-bs")
-            or _int_flag(argv, "--max-running-requests")
-            or 16
-        )
-        graphs = int(SGLANG_GRAPH_BYTES_PER_BS * bs)
-        graph_detail = f"estimate: 5.6 GB per 16 decode batch sizes (knapcio), max bs {bs}"
-    elif graphs is None and engine == "vllm":
-        graphs = 0 if "--enforce-eager" in argv else VLLM_GRAPH_DEFAULT
-        graph_detail = "estimate: vLLM graph pool" if graphs else "--enforce-eager: no graphs"
-    elif graphs is None:
-        graphs = 0
-        graph_detail = "none for this engine"
+    if inp.cuda_graph is not None:
+        graphs, graph_detail = inp.cuda_graph, "[memory] cuda_graph"
+    else:
+        graphs, graph_detail = adapter.cuda_graphs(argv)
     items.append(MemoryItem("cuda_graphs", graphs, "pool", graph_detail))
 
-    tokens = _int_flag(argv, "--max-total-tokens") if engine == "sglang" else None
-    kv_mem = _int_flag(argv, "--kv-cache-memory-bytes") if engine == "vllm" else None
+    tokens = _int_flag(argv, rules.kv_tokens_flag) if rules else None
+    kv_mem = _int_flag(argv, rules.kv_bytes_flag) if rules else None
     bpt = inp.kv_bytes_per_token
-    if tokens is not None and bpt is not None:
+    if tokens is not None and bpt is not None and rules:
         kv: int | None = int(tokens * bpt)
-        kv_detail = f"{tokens:,} tokens × {bpt:,.2f} B (pinned by --max-total-tokens)"
-    elif kv_mem is not None:
-        kv, kv_detail = kv_mem, "--kv-cache-memory-bytes"
+        kv_detail = f"{tokens:,} tokens × {bpt:,.2f} B (pinned by {rules.kv_tokens_flag})"
+    elif kv_mem is not None and rules:
+        kv, kv_detail = kv_mem, str(rules.kv_bytes_flag)
     else:
         kv = None
         kv_detail = "not pinned: the engine takes what is left of the pool"
@@ -314,7 +263,7 @@ def plan_memory(inp: MemoryInputs) -> MemoryPlan:
         # Unpinned, the engine gives the KV pool whatever is left: the pool fits while that is >= 0.
         pool_headroom: int | None = left
         if bpt and left > 0:
-            context = _int_flag(argv, _CONTEXT_FLAGS.get(engine))
+            context = _int_flag(argv, rules.context_flag if rules else None)
             if context and left / bpt < context:
                 notes.append(f"the KV pool holds ≈{int(left / bpt):,} tokens, less than one {context:,}-token request")
     else:
@@ -329,13 +278,13 @@ def plan_memory(inp: MemoryInputs) -> MemoryPlan:
     items.append(MemoryItem("nccl_buffers", nccl.bytes if nccl else 0, "outside", ndetail))
 
     coeff = inp.prefill_bytes_per_token2
-    chunk = _int_flag(argv, _CHUNK_FLAGS.get(engine)) or _CHUNK_DEFAULTS.get(engine, 0)
-    context = _int_flag(argv, _CONTEXT_FLAGS.get(engine))
+    chunk = (_int_flag(argv, rules.chunk_flag) or rules.chunk_default) if rules else 0
+    context = _int_flag(argv, rules.context_flag if rules else None)
     if coeff and chunk and context:
         transient, tdetail = prefill_transient(coeff, chunk, context, env)
         tdetail += " (a full-context prompt)"
     elif coeff and not context:
-        transient, tdetail = None, f"unknown: no {_CONTEXT_FLAGS.get(engine, 'context')} flag"
+        transient, tdetail = None, f"unknown: no {rules.context_flag if rules else 'context'} flag"
     else:
         transient, tdetail = 0, "none known for this model ([memory] prefill_bytes_per_token2)"
     items.append(MemoryItem("prefill_transient", transient, "outside", tdetail))
@@ -400,75 +349,72 @@ def render_memory_plan(mp: MemoryPlan) -> list[str]:
     return lines
 
 
-def device_memory(recipe: Recipe, gpu: GpuFacts | None, meminfo: MemInfo | None) -> tuple[int | None, str]:
-    """The memory one rank plans with, and where the figure came from: the recipe's
-    `[memory] device_memory`, else the GPU framebuffer, else (unified memory, CPU) MemTotal."""
-    if recipe.memory.device_memory:
-        return recipe.memory.device_memory, "[memory] device_memory"
+def usable_memory(gpu: GpuFacts | None, meminfo: MemInfo | None) -> tuple[int | None, str]:
+    """The memory one rank of a node can plan with, and where the figure came from: the first
+    GPU's framebuffer; on unified memory (DGX Spark, GB10: NVML reports no framebuffer) and on
+    CPU nodes the OS's MemAvailable, since the page cache and whatever already runs compete with
+    CUDA allocations for the one pool. The one answer for plan and doctor."""
     if gpu and gpu.gpus and gpu.gpus[0].memory_total_mib is not None:
         return gpu.gpus[0].memory_total_mib * MIB, f"nvidia-smi memory.total of {gpu.gpus[0].name}"
     if meminfo:
-        what = "unified memory: MemTotal" if gpu and gpu.gpus else "no GPU: MemTotal"
-        return meminfo.total, what
+        what = "unified memory: MemAvailable" if gpu and gpu.gpus else "no GPU: MemAvailable"
+        return meminfo.available, what
     return None, "unknown"
 
 
-def default_prefill_coefficient(recipe: Recipe) -> float | None:
-    """14 B/token² for SGLang serving a DeepSeek-V4 family model (its indexer), else unknown."""
-    if recipe.memory.prefill_bytes_per_token2 is not None:
-        return recipe.memory.prefill_bytes_per_token2
-    names = f"{recipe.model} {recipe.parent_model or ''}".lower()
-    if recipe.engine == "sglang" and "deepseek-v4" in names:
-        return DSV4_INDEXER_BYTES_PER_TOKEN2
-    return None
+def device_memory(spec: MemorySpec, gpu: GpuFacts | None, meminfo: MemInfo | None) -> tuple[int | None, str]:
+    """The memory one rank plans with, and where the figure came from: the recipe's
+    `[memory] device_memory`, else what the node's facts say is usable (`usable_memory`)."""
+    if spec.device_memory:
+        return spec.device_memory, "[memory] device_memory"
+    return usable_memory(gpu, meminfo)
 
 
 def memory_plan(
     plan_rank: RankPlan,
-    recipe: Recipe,
+    spec: MemorySpec,
     *,
     gpu: GpuFacts | None = None,
     meminfo: MemInfo | None = None,
     tensors: Mapping[str, int] | None = None,
     model_config: Mapping[str, Any] | None = None,
 ) -> MemoryPlan:
-    """The memory plan of one planned rank on its node.
+    """The memory plan of one planned rank on its node (spec: the Plan's ``memory``).
 
     Weights come from `[memory] weights_per_rank`, else the checkpoint's tensor sizes
     (`tensors`, from safetensors headers) split over TP; KV bytes per token from
     `[memory] kv_bytes_per_token`, else the model config.
     """
-    mem = recipe.memory
-    tp = recipe.tensor_parallel_size
-    device, source = device_memory(recipe, gpu, meminfo)
+    tp = spec.tp
+    device, source = device_memory(spec, gpu, meminfo)
     weights, wsource = None, ""
-    if mem.weights_per_rank is not None:
-        weights, wsource = mem.weights_per_rank, "[memory] weights_per_rank"
+    if spec.weights_per_rank is not None:
+        weights, wsource = spec.weights_per_rank, "[memory] weights_per_rank"
     elif tensors:
-        weights = weights_per_rank(tensors, tp, mem.weights_exclude)
+        weights = weights_per_rank(tensors, tp, spec.weights_exclude)
         wsource = f"safetensors headers: {len(tensors)} tensors / TP {tp}"
-        if mem.weights_exclude:
-            wsource += f", without {', '.join(mem.weights_exclude)}"
-    bpt = mem.kv_bytes_per_token
+        if spec.weights_exclude:
+            wsource += f", without {', '.join(spec.weights_exclude)}"
+    bpt = spec.kv_bytes_per_token
     if bpt is None and model_config is not None:
         dtype = flag_value(plan_rank.argv, "--kv-cache-dtype") or "auto"
         bpt = kv_bytes_per_token(model_config, tp, _DTYPE_BYTES.get(dtype, 2))
     return plan_memory(
         MemoryInputs(
-            engine=recipe.engine,
+            engine=spec.engine,
             argv=plan_rank.argv,
             env=tuple((e.key, e.value) for e in plan_rank.env),
             rank=plan_rank.rank,
             tp=tp,
-            nnodes=recipe.required_nodes,
+            nnodes=spec.nnodes,
             device_memory=device,
             device_source=source,
             kv_bytes_per_token=bpt,
             weights_per_rank=weights,
             weights_source=wsource,
-            cuda_graph=mem.cuda_graph,
-            prefill_bytes_per_token2=default_prefill_coefficient(recipe),
-            head_overhead=mem.head_overhead,
+            cuda_graph=spec.cuda_graph,
+            prefill_bytes_per_token2=spec.prefill_bytes_per_token2,
+            head_overhead=spec.head_overhead,
         )
     )
 
@@ -493,10 +439,10 @@ def plan_memory_lines(plan: Plan) -> list[str]:
     """The memory plan of every GPU rank as `sparkfleet plan` prints it, from the recipe alone
     (no node facts: device memory comes from `[memory] device_memory`; doctor uses the
     node's). Workers with the same plan are shown once."""
-    if plan.engine not in _FRACTION_FLAGS:
+    if engine_for(plan.engine).memory is None:
         return []
-    plans = [(r.node.name, memory_plan(r, plan.recipe)) for r in plan.ranks if r.node.gpus != "none"]
+    plans = [(r.node.name, memory_plan(r, plan.memory)) for r in plan.ranks if r.node.gpus != "none"]
     lines = render_memory_plans(plans)
-    if lines and plan.recipe.memory.device_memory is None:
+    if lines and plan.memory.device_memory is None:
         lines.append("(device memory unknown here: set [memory] device_memory, or run `sparkfleet doctor`)")
     return lines

@@ -4,12 +4,11 @@ by ``sparkfleet.apply``, rendered by ``plan.render``; nothing after ``plan()`` r
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from sparkfleet.plan.engines import Readiness
 from sparkfleet.spec.cluster import Node
-from sparkfleet.spec.recipe import Recipe, StagingSpec
 from sparkfleet.spec.secrets import is_secret
 
 EnvSource = Literal["engine", "cluster", "recipe", "cli"]
@@ -49,6 +48,25 @@ class EnvVar:
 
 
 @dataclass(frozen=True)
+class StagingOptions:
+    """The kind-specific keys of one ``[[staging]]`` entry, as the steps run them."""
+
+    # sparse-rows
+    layout: str = "packed"
+    tables: tuple[str, ...] = ("*.engram.embed.weight",)
+    # sync
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    source_node: str | None = None
+    # nfs
+    server_node: str | None = None
+    options: str | None = None
+    check_file: str | None = None
+    # copy
+    files: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class StagingStep:
     """One staging action on one node, templates resolved."""
 
@@ -60,7 +78,7 @@ class StagingStep:
     dst: str
     tp: int
     min_free: int
-    spec: StagingSpec | None = None
+    spec: StagingOptions | None = None
     local_files: tuple[str, ...] = ()
     repo: str | None = None
     revision: str | None = None
@@ -94,21 +112,69 @@ class RankPlan:
 
 
 @dataclass(frozen=True)
+class VerifySpec:
+    """When ``up`` is done: boot-log lines that must (and must not) appear, the smoke
+    completion and its expected answer, and how long readiness may take."""
+
+    expect: tuple[str, ...]
+    forbid: tuple[str, ...]
+    smoke_prompt: str
+    smoke_expect: str
+    smoke_max_tokens: int
+    timeout: float
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """The deployment's container image and, when the recipe names ``docker_image_dir``, its
+    build context: an absolute path, or None when no such folder was found (``looked_in``)."""
+
+    ref: str
+    build_dir: str | None = None
+    context: str | None = None
+    looked_in: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MemorySpec:
+    """What the memory model needs beyond a rank's argv and env: the engine, the parallel
+    layout, and the recipe's ``[memory]`` figures (the prefill coefficient already defaulted
+    from the engine and model)."""
+
+    engine: str
+    tp: int
+    nnodes: int
+    kv_bytes_per_token: float | None = None
+    weights_per_rank: int | None = None
+    weights_exclude: tuple[str, ...] = ()
+    cuda_graph: int | None = None
+    prefill_bytes_per_token2: float | None = None
+    head_overhead: int | None = None
+    device_memory: int | None = None
+
+
+@dataclass(frozen=True)
 class Plan:
-    """A whole deployment, per rank, in launch order."""
+    """A whole deployment, per rank, in launch order: everything ``up``, ``doctor``, ``image``
+    and the renderings need; nothing after ``plan()`` reads the recipe."""
 
     name: str
     title: str | None
     engine: str
     recipe_source: str
     cluster_name: str
+    cluster_source: str
     endpoint: str
     port: int
     served_model: str
     launch_order: tuple[int, ...]
     ranks: tuple[RankPlan, ...]
     staging: tuple[StagingStep, ...]
-    recipe: Recipe = field(repr=False)
+    verify: VerifySpec
+    memory: MemorySpec
+    image: ImageSpec | None = None  # None: the ranks run as host processes
+    revision: str | None = None  # the model's pinned snapshot revision
+    model_repo: str | None = None  # the Hugging Face repo the weights come from (None: a path)
 
     @property
     def head(self) -> RankPlan:
@@ -124,3 +190,8 @@ _DOCKER_NAME = re.compile(r"[^a-zA-Z0-9_.-]+")
 def container_name(deployment: str, rank: int) -> str:
     """The deterministic container name of a rank (Docker's allowed characters only)."""
     return f"sparkfleet-{_DOCKER_NAME.sub('-', deployment).strip('-.') or 'deployment'}-r{rank}"
+
+
+def volume_name(deployment: str, step_id: str) -> str:
+    """The Docker volume a deployment's nfs step creates on every worker."""
+    return _DOCKER_NAME.sub("-", f"sparkfleet-{deployment}-{step_id}").strip("-.")

@@ -96,10 +96,10 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         ],
         "staging": [_staging_json(s) for s in plan.staging],
         "verify": {
-            "expect": list(plan.recipe.verify.expect),
-            "forbid": list(plan.recipe.verify.forbid),
-            "smoke_prompt": plan.recipe.verify.smoke_prompt,
-            "smoke_expect": plan.recipe.verify.smoke_expect,
+            "expect": list(plan.verify.expect),
+            "forbid": list(plan.verify.forbid),
+            "smoke_prompt": plan.verify.smoke_prompt,
+            "smoke_expect": plan.verify.smoke_expect,
         },
     }
 

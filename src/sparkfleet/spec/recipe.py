@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from sparkfleet.errors import RecipeError
-from sparkfleet.plan.engines import engine_for
+from sparkfleet.plan.engines import LaunchSpec, engine_for
 from sparkfleet.spec.sizes import parse_size
 from sparkfleet.spec.templates import KNOWN, unknown_templates
 from sparkfleet.spec.validation import describe
@@ -192,6 +192,22 @@ class Recipe(_Strict):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
         return value
 
+    def launch_spec(self, args: tuple[str, ...] | None = None) -> LaunchSpec:
+        """What the engine adapter reads of this recipe; args as given (rendered for a rank when
+        planning), else the recipe's own."""
+        return LaunchSpec(
+            args=self.args if args is None else args,
+            model=self.model,
+            served_model_name=self.served_model_name,
+            model_file=self.model_file,
+            revision=self.revision,
+            composed=self.composed_model is not None,
+            required_nodes=self.required_nodes,
+            tensor_parallel_size=self.tensor_parallel_size,
+            pipeline_parallel_size=self.pipeline_parallel_size,
+            distributed_backend=self.distributed_backend,
+        )
+
 
 def unquote_arg(item: str) -> str:
     """An ``args`` item as the engine must receive it.
@@ -271,7 +287,7 @@ def parse_recipe(data: dict[str, Any], source: str) -> Recipe:
         recipe = Recipe.model_validate({**data, "source": source})
     except ValidationError as exc:
         raise RecipeError(f"{source}: {describe(exc, Recipe)}") from None
-    problem = engine_for(recipe.engine).check_recipe(recipe)
+    problem = engine_for(recipe.engine).check_recipe(recipe.launch_spec())
     if problem:
         raise RecipeError(f"{source}: {problem}")
     return recipe

@@ -10,7 +10,6 @@ shows at launch; that is why every worker reads ``check_file`` from a container 
 
 from __future__ import annotations
 
-import re
 import shlex
 import zlib
 from collections.abc import Sequence
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes.transport.base import Transport
+from sparkfleet.plan.model import volume_name as volume_name  # the naming rule is the plan's
 
 # The seed's worker volume options (files/nfs-share.sh): NFSv4.2, read-only, 8 TCP connections,
 # 1 MiB reads, hard mounts with a 60 s retransmit timeout.
@@ -26,7 +26,6 @@ DEFAULT_OPTIONS = "nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,ti
 # cannot be exported without one).
 EXPORT_OPTIONS = "ro,sync,no_subtree_check,no_root_squash,insecure"
 EXPORTS_DIR = "/etc/exports.d"
-_NAME = re.compile(r"[^a-zA-Z0-9_.-]+")
 
 
 @dataclass(frozen=True)
@@ -37,11 +36,6 @@ class NfsReport:
     role: str  # server | client
     volume: str
     detail: str
-
-
-def volume_name(deployment: str, step_id: str) -> str:
-    """The Docker volume a deployment's nfs step creates on every worker."""
-    return _NAME.sub("-", f"sparkfleet-{deployment}-{step_id}").strip("-.")
 
 
 def mount_options(server_ip: str, options: str | None) -> str:

@@ -2,7 +2,7 @@
 
 On a DGX Spark (GB10, unified memory) NVML reports no framebuffer memory: the memory columns
 read `[N/A]` or `[Not Supported]`. Then the usable memory is the OS `MemAvailable`
-(`usable_memory_bytes` takes it from the meminfo probe).
+(`sparkfleet.plan.memory.usable_memory` takes it from the meminfo probe).
 """
 
 from __future__ import annotations
@@ -10,10 +10,6 @@ from __future__ import annotations
 import csv
 import io
 from dataclasses import dataclass
-
-from sparkfleet.doctor.probes.meminfo import MemInfo
-
-MIB = 1024 * 1024
 
 QUERY_FIELDS = (
     "index",
@@ -127,11 +123,3 @@ def parse(gpu_stdout: str, gpu_exit: int, apps_stdout: str = "", stderr: str = "
         last = reason.splitlines()[-1] if reason else ""
         return GpuFacts(available=False, gpus=(), processes=(), error=last)
     return GpuFacts(available=True, gpus=parse_gpus(gpu_stdout), processes=parse_apps(apps_stdout))
-
-
-def usable_memory_bytes(facts: GpuFacts, meminfo: MemInfo | None) -> int | None:
-    """Memory one rank can plan with: the first GPU's framebuffer, or MemAvailable on
-    unified-memory GPUs (and CPU nodes) where NVML reports none."""
-    if facts.gpus and facts.gpus[0].memory_total_mib is not None:
-        return facts.gpus[0].memory_total_mib * MIB
-    return meminfo.available if meminfo else None

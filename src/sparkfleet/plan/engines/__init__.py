@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from sparkfleet.plan.engines.base import EngineAdapter, RankContext, Readiness
+from sparkfleet.plan.engines.base import (
+    AbortRoute,
+    EngineAdapter,
+    LaunchSpec,
+    MemoryRules,
+    RankContext,
+    Readiness,
+)
 from sparkfleet.plan.engines.llamacpp import LlamaCpp
 from sparkfleet.plan.engines.sglang import SGLang
 from sparkfleet.plan.engines.vllm import VLLM
@@ -15,4 +22,13 @@ def engine_for(name: str) -> EngineAdapter:
     return ENGINES[name]
 
 
-__all__ = ["ENGINES", "EngineAdapter", "RankContext", "Readiness", "engine_for"]
+__all__ = [
+    "ENGINES",
+    "AbortRoute",
+    "EngineAdapter",
+    "LaunchSpec",
+    "MemoryRules",
+    "RankContext",
+    "Readiness",
+    "engine_for",
+]

@@ -1,13 +1,35 @@
-"""What an engine adapter provides, and the per-rank facts it is given."""
+"""What an engine adapter provides, and the narrow facts it is given.
+
+Adapters see no Recipe: ``LaunchSpec`` carries the fields of a recipe their rules read (with
+``args`` already rendered for one rank when planning), ``RankContext`` the per-rank facts.
+Everything engine-specific lives behind this protocol: per-rank flags, readiness, layout
+checks, the served model name, how a Hugging Face model is opened, the memory model's flags and
+estimates, and how a running server aborts its requests.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Literal, Protocol
 
-if TYPE_CHECKING:
-    from sparkfleet.spec.recipe import Recipe
+from sparkfleet.plan.flags import first_present, flag_value
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """The recipe fields an engine's launch rules read (``args`` rendered for the rank)."""
+
+    args: tuple[str, ...]
+    model: str
+    served_model_name: str | None = None
+    model_file: str | None = None
+    revision: str | None = None
+    composed: bool = False  # the model is a [composed_model] directory
+    required_nodes: int = 1
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    distributed_backend: Literal["mp", "ray"] = "mp"
 
 
 @dataclass(frozen=True)
@@ -35,6 +57,27 @@ class Readiness:
     tcp_port: int | None = None
 
 
+@dataclass(frozen=True)
+class MemoryRules:
+    """The flags the memory model reads for a GPU engine with a static memory pool."""
+
+    fraction_flag: str  # the pool as a fraction of device memory
+    fraction_default: float
+    chunk_flag: str  # prefill chunk size
+    chunk_default: int
+    context_flag: str  # the longest request
+    kv_tokens_flag: str | None = None  # pins the KV pool by tokens
+    kv_bytes_flag: str | None = None  # pins the KV pool by bytes
+
+
+@dataclass(frozen=True)
+class AbortRoute:
+    """An HTTP route that aborts every running request of a server."""
+
+    path: str
+    body: tuple[tuple[str, object], ...] = ()
+
+
 class EngineAdapter(Protocol):
     """One engine's launch rules."""
 
@@ -43,17 +86,23 @@ class EngineAdapter(Protocol):
     default_rendezvous_port: int
     default_entrypoint: tuple[str, ...]
     host_ip_env: tuple[str, ...]
+    # The memory model's flags; None: no static GPU pool to plan (llama.cpp).
+    memory: MemoryRules | None
+    # How the memory guard stops a running prefill: a route to call, else closing the
+    # client's connections, which the engine turns into an abort when it says so here.
+    abort_route: AbortRoute | None
+    aborts_on_disconnect: bool
 
-    def check_recipe(self, recipe: Recipe) -> str | None:
+    def check_recipe(self, spec: LaunchSpec) -> str | None:
         """A problem with the recipe for this engine (e.g. a per-rank flag in args), or None."""
         ...
 
-    def check_layout(self, recipe: Recipe) -> str | None:
+    def check_layout(self, spec: LaunchSpec) -> str | None:
         """A problem with how the recipe spreads over ``required_nodes`` (a node that would get
         nothing to do), or None. Needs no cluster: ``validate`` asks it too."""
         ...
 
-    def rank_argv(self, recipe: Recipe, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
+    def rank_argv(self, spec: LaunchSpec, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
         """The full command of one rank: entrypoint, model, recipe args, per-rank flags."""
         ...
 
@@ -61,41 +110,63 @@ class EngineAdapter(Protocol):
         """How this rank shows it is ready."""
         ...
 
+    def served_model(self, spec: LaunchSpec) -> str:
+        """The model id the server answers to."""
+        ...
 
-def flag_names(args: Sequence[str]) -> set[str]:
-    """The option names in an argument list (``--a=b`` counts as ``--a``)."""
-    return {a.split("=", 1)[0] for a in args if a.startswith("-") and len(a) > 1 and not is_number(a)}
+    def hub_model_ref(self, model: str, revision: str | None, hf_root: str) -> str:
+        """What the engine is given for a Hugging Face repo id, with the cache at hf_root."""
+        ...
+
+    def cuda_graphs(self, argv: Sequence[str]) -> tuple[int, str]:
+        """The CUDA graph memory estimate from a planned argv, and how it was made."""
+        ...
+
+    def prefill_bytes_per_token2(self, model: str, parent_model: str | None) -> float | None:
+        """The prefill transient's coefficient known for this engine serving model, or None."""
+        ...
 
 
-def is_number(word: str) -> bool:
-    """True for words like ``-1`` or ``0.5`` that look like flags but are values."""
-    try:
-        float(word)
-    except ValueError:
-        return False
-    return True
+class AdapterDefaults:
+    """What most engines share; an adapter overrides what differs."""
+
+    memory: MemoryRules | None = None
+    abort_route: AbortRoute | None = None
+    aborts_on_disconnect = False
+    served_name_flags: tuple[str, ...] = ("--served-model-name",)
+
+    def served_model(self, spec: LaunchSpec) -> str:
+        return flag_value(spec.args, *self.served_name_flags) or spec.served_model_name or spec.model
+
+    def hub_model_ref(self, model: str, revision: str | None, hf_root: str) -> str:
+        # The engine resolves the repo id itself in the mounted Hugging Face cache.
+        return model
+
+    def cuda_graphs(self, argv: Sequence[str]) -> tuple[int, str]:
+        return 0, "none for this engine"
+
+    def prefill_bytes_per_token2(self, model: str, parent_model: str | None) -> float | None:
+        return None
 
 
 def conflicting_flag(args: Sequence[str], reserved: Iterable[str], engine: str) -> str | None:
     """A message if args already set a flag the launcher appends per rank, else None."""
-    present = flag_names(args)
-    normalise = {r.replace("_", "-"): r for r in reserved}
-    for flag in sorted(present):
-        if flag.replace("_", "-") in normalise:
-            return (
-                f"args: {flag} is set by sparkfleet for each rank ({engine}); "
-                "remove it from args (the recipe's tensor_parallel_size/port fields set these)"
-            )
-    return None
+    flag = first_present(args, reserved)
+    if flag is None:
+        return None
+    return (
+        f"args: {flag} is set by sparkfleet for each rank ({engine}); "
+        "remove it from args (the recipe's tensor_parallel_size/port fields set these)"
+    )
 
 
-def gpu_ranks_cover_nodes(recipe: Recipe) -> str | None:
+def gpu_ranks_cover_nodes(spec: LaunchSpec) -> str | None:
     """For engines whose every node holds tensor/pipeline-parallel ranks: TP × PP must reach
     required_nodes, or some node would hold none."""
-    ranks = recipe.tensor_parallel_size * recipe.pipeline_parallel_size
-    if ranks < recipe.required_nodes:
+    ranks = spec.tensor_parallel_size * spec.pipeline_parallel_size
+    if ranks < spec.required_nodes:
         return (
             f"tensor_parallel_size × pipeline_parallel_size = {ranks} is smaller than "
-            f"required_nodes = {recipe.required_nodes}: some nodes would hold no rank"
+            f"required_nodes = {spec.required_nodes}: some nodes would hold no rank"
         )
     return None

@@ -2,20 +2,37 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
-from sparkfleet.plan.engines.base import RankContext, Readiness, conflicting_flag, gpu_ranks_cover_nodes
-
-if TYPE_CHECKING:
-    from sparkfleet.spec.recipe import Recipe
+from sparkfleet.plan.engines.base import (
+    AbortRoute,
+    AdapterDefaults,
+    LaunchSpec,
+    MemoryRules,
+    RankContext,
+    Readiness,
+    conflicting_flag,
+    gpu_ranks_cover_nodes,
+)
+from sparkfleet.plan.flags import flag_value
 
 RESERVED = (
     "--model-path", "--model", "--nnodes", "--node-rank", "--dist-init-addr", "--host", "--port",
     "--tp", "--tp-size", "--tensor-parallel-size", "--pp-size", "--pipeline-parallel-size",
 )
+# CUDA graphs: knapcio measured ~5.6 GB for SGLang decode graphs up to batch 16.
+SGLANG_GRAPH_BYTES_PER_BS = 5.6e9 / 16
+# SGLang's DeepSeek-V4 indexer scores each prefill chunk against the whole compressed prefix:
+# peak ≈ 14 B × chunk × prefix (measured, MiaAI docs/chunked-prefill-memory.md).
+DSV4_INDEXER_BYTES_PER_TOKEN2 = 14.0
 
 
-class SGLang:
+def _int_flag(argv: Sequence[str], flag: str) -> int | None:
+    text = flag_value(argv, flag)
+    return int(float(text)) if text not in (None, "") else None
+
+
+class SGLang(AdapterDefaults):
     """``python3 -m sglang.launch_server`` on every rank."""
 
     name = "sglang"
@@ -23,20 +40,30 @@ class SGLang:
     default_rendezvous_port = 20000
     default_entrypoint: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
     host_ip_env: tuple[str, ...] = ("SGLANG_HOST_IP",)
+    memory: MemoryRules | None = MemoryRules(
+        fraction_flag="--mem-fraction-static",
+        fraction_default=0.88,
+        chunk_flag="--chunked-prefill-size",
+        chunk_default=8192,
+        context_flag="--context-length",
+        kv_tokens_flag="--max-total-tokens",
+    )
+    # The route the seeds' memguard.py uses.
+    abort_route: AbortRoute | None = AbortRoute("/abort_request", (("abort_all", True),))
 
-    def check_recipe(self, recipe: Recipe) -> str | None:
-        return conflicting_flag(recipe.args, RESERVED, self.name)
+    def check_recipe(self, spec: LaunchSpec) -> str | None:
+        return conflicting_flag(spec.args, RESERVED, self.name)
 
-    def check_layout(self, recipe: Recipe) -> str | None:
-        return gpu_ranks_cover_nodes(recipe)
+    def check_layout(self, spec: LaunchSpec) -> str | None:
+        return gpu_ranks_cover_nodes(spec)
 
-    def rank_argv(self, recipe: Recipe, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
-        parallel: tuple[str, ...] = ("--tp", str(recipe.tensor_parallel_size))
-        if recipe.pipeline_parallel_size > 1:
-            parallel += ("--pp-size", str(recipe.pipeline_parallel_size))
+    def rank_argv(self, spec: LaunchSpec, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
+        parallel: tuple[str, ...] = ("--tp", str(spec.tensor_parallel_size))
+        if spec.pipeline_parallel_size > 1:
+            parallel += ("--pp-size", str(spec.pipeline_parallel_size))
         return (
             *entrypoint,
-            *recipe.args,
+            *spec.args,
             "--model-path", ctx.model_ref,
             *parallel,
             "--nnodes", str(ctx.nnodes),
@@ -51,3 +78,17 @@ class SGLang:
             return Readiness(True, "/health", r"The server is fired up and ready to roll!")
         # Ranks above 0 answer /health from a dummy server that always says 200: not evidence.
         return Readiness(False, None, None)
+
+    def cuda_graphs(self, argv: Sequence[str]) -> tuple[int, str]:
+        bs = (
+            _int_flag(argv, "--cuda-graph-max-bs-decode")
+            or _int_flag(argv, "--cuda-graph-max-bs")
+            or _int_flag(argv, "--max-running-requests")
+            or 16
+        )
+        return int(SGLANG_GRAPH_BYTES_PER_BS * bs), f"estimate: 5.6 GB per 16 decode batch sizes (knapcio), max bs {bs}"
+
+    def prefill_bytes_per_token2(self, model: str, parent_model: str | None) -> float | None:
+        """14 B/token² serving a DeepSeek-V4 family model (its indexer), else unknown."""
+        names = f"{model} {parent_model or ''}".lower()
+        return DSV4_INDEXER_BYTES_PER_TOKEN2 if "deepseek-v4" in names else None

@@ -4,21 +4,29 @@ the ``ray`` backend joins every node to a Ray cluster and serves from the head."
 from __future__ import annotations
 
 import shlex
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
-from sparkfleet.plan.engines.base import RankContext, Readiness, conflicting_flag, flag_names, gpu_ranks_cover_nodes
-
-if TYPE_CHECKING:
-    from sparkfleet.spec.recipe import Recipe
+from sparkfleet.plan.engines.base import (
+    AdapterDefaults,
+    LaunchSpec,
+    MemoryRules,
+    RankContext,
+    Readiness,
+    conflicting_flag,
+    gpu_ranks_cover_nodes,
+)
+from sparkfleet.plan.flags import flag_value, has_flag
 
 RESERVED = (
     "--model", "--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port", "--headless",
     "--host", "--port", "--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp",
 )
 RAY_PORT_OFFSET = 0
+VLLM_GRAPH_DEFAULT = 2 * 1024**3
+EXECUTOR = "--distributed-executor-backend"
 
 
-class VLLM:
+class VLLM(AdapterDefaults):
     """``vllm serve`` per rank (mp) or on the Ray head (ray)."""
 
     name = "vllm"
@@ -26,34 +34,42 @@ class VLLM:
     default_rendezvous_port = 29501
     default_entrypoint: tuple[str, ...] = ("vllm", "serve")
     host_ip_env: tuple[str, ...] = ("VLLM_HOST_IP",)
+    memory: MemoryRules | None = MemoryRules(
+        fraction_flag="--gpu-memory-utilization",
+        fraction_default=0.9,
+        chunk_flag="--max-num-batched-tokens",
+        chunk_default=8192,
+        context_flag="--max-model-len",
+        kv_bytes_flag="--kv-cache-memory-bytes",
+    )
+    # vLLM aborts a request whose client disconnected.
+    aborts_on_disconnect = True
 
-    def check_recipe(self, recipe: Recipe) -> str | None:
-        problem = conflicting_flag(recipe.args, RESERVED, self.name)
+    def check_recipe(self, spec: LaunchSpec) -> str | None:
+        problem = conflicting_flag(spec.args, RESERVED, self.name)
         if problem:
             return problem
-        if recipe.distributed_backend == "ray" and "--distributed-executor-backend" in flag_names(recipe.args):
-            args = list(recipe.args)
-            value = args[args.index("--distributed-executor-backend") + 1 :][:1]
-            if value != ["ray"]:
-                return "args: --distributed-executor-backend contradicts distributed_backend = \"ray\""
+        ray = spec.distributed_backend == "ray"
+        if ray and has_flag(spec.args, EXECUTOR) and flag_value(spec.args, EXECUTOR) != "ray":
+            return "args: --distributed-executor-backend contradicts distributed_backend = \"ray\""
         return None
 
-    def _serve(self, recipe: Recipe, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
+    def _serve(self, spec: LaunchSpec, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
         return (
             *entrypoint,
             ctx.model_ref,
-            *recipe.args,
-            "--tensor-parallel-size", str(recipe.tensor_parallel_size),
-            "--pipeline-parallel-size", str(recipe.pipeline_parallel_size),
+            *spec.args,
+            "--tensor-parallel-size", str(spec.tensor_parallel_size),
+            "--pipeline-parallel-size", str(spec.pipeline_parallel_size),
         )  # fmt: skip
 
-    def check_layout(self, recipe: Recipe) -> str | None:
-        return gpu_ranks_cover_nodes(recipe)
+    def check_layout(self, spec: LaunchSpec) -> str | None:
+        return gpu_ranks_cover_nodes(spec)
 
-    def rank_argv(self, recipe: Recipe, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
-        if recipe.distributed_backend == "ray" and ctx.nnodes > 1:
-            return self._ray_argv(recipe, entrypoint, ctx)
-        argv = self._serve(recipe, entrypoint, ctx)
+    def rank_argv(self, spec: LaunchSpec, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
+        if spec.distributed_backend == "ray" and ctx.nnodes > 1:
+            return self._ray_argv(spec, entrypoint, ctx)
+        argv = self._serve(spec, entrypoint, ctx)
         if ctx.nnodes > 1:
             argv += (
                 "--nnodes", str(ctx.nnodes),
@@ -65,7 +81,7 @@ class VLLM:
             return (*argv, "--headless")
         return (*argv, "--host", "0.0.0.0", "--port", str(ctx.port))
 
-    def _ray_argv(self, recipe: Recipe, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
+    def _ray_argv(self, spec: LaunchSpec, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
         address = f"{ctx.head_fabric_ip}:{ctx.rendezvous_port}"
         if ctx.rank > 0:
             # Workers may start before the head; keep trying to join until it answers.
@@ -74,9 +90,9 @@ class VLLM:
                 f"--node-ip-address={shlex.quote(ctx.fabric_ip)}; do sleep 2; done"
             )
             return ("bash", "-c", join)
-        serve = self._serve(recipe, entrypoint, ctx)
-        if "--distributed-executor-backend" not in flag_names(recipe.args):
-            serve += ("--distributed-executor-backend", "ray")
+        serve = self._serve(spec, entrypoint, ctx)
+        if not has_flag(spec.args, EXECUTOR):
+            serve += (EXECUTOR, "ray")
         serve += ("--host", "0.0.0.0", "--port", str(ctx.port))
         wait_nodes = (
             "import ray,sys; ray.init(address='auto', logging_level='ERROR'); "
@@ -93,3 +109,8 @@ class VLLM:
         if ctx.rank == 0:
             return Readiness(True, "/health", r"Application startup complete")
         return Readiness(False, None, None)
+
+    def cuda_graphs(self, argv: Sequence[str]) -> tuple[int, str]:
+        if has_flag(argv, "--enforce-eager"):
+            return 0, "--enforce-eager: no graphs"
+        return VLLM_GRAPH_DEFAULT, "estimate: vLLM graph pool"
