@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -33,9 +32,10 @@ from sparkfleet.apply.staging.copy import CopyReport, copy_files, local_files
 from sparkfleet.apply.staging.nfs import NfsReport, check_volume, ensure_volume, export
 from sparkfleet.apply.staging.snapshot_identity import Snapshot, check_copy, check_identity, scan_node, select
 from sparkfleet.apply.staging.sync import Endpoint, Method, SyncReport, sync_node, transfer_list
-from sparkfleet.errors import SparkfleetError, StagingError
+from sparkfleet.errors import StagingError
+from sparkfleet.nodes.fanout import fan_out
+from sparkfleet.nodes.transport import controller
 from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.nodes.transport.local import LocalTransport
 from sparkfleet.plan.model import Plan, StagingStep, volume_name
 from sparkfleet.spec.cluster import Node
 
@@ -65,23 +65,7 @@ class DistributionReport:
 
 def _parallel(jobs: Mapping[str, Callable[[], T]]) -> list[T]:
     """Run one job per node at once; raise one StagingError naming every node that failed."""
-    results: list[T] = []
-    failures: list[SparkfleetError] = []
-    with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
-        futures = {node: pool.submit(job) for node, job in jobs.items()}
-        for node, future in futures.items():
-            try:
-                results.append(future.result())
-            except SparkfleetError as exc:
-                failures.append(exc)
-            except OSError as exc:
-                failures.append(StagingError(node, str(exc)))
-    if failures:
-        first = failures[0]
-        node = getattr(first, "node", "controller")
-        text = "\n".join(str(f) for f in failures)
-        raise StagingError(node, text.removeprefix(f"{node}: "))
-    return results
+    return list(fan_out(jobs, lambda node: jobs[node](), workers=max(1, len(jobs))).raise_all(StagingError).values())
 
 
 def _nodes(plan: Plan) -> dict[str, Node]:
@@ -125,7 +109,7 @@ def _sync(
     else:
         if not steps[0].src:
             raise StagingError("controller", f"staging {step_id!r}: sync needs a src")
-        source = Endpoint(LocalTransport("controller"), steps[0].src)
+        source = Endpoint(controller(), steps[0].src)
     python = nodes[spec.source_node].python if spec.source_node else "python3"
     snapshot = scan_node(source.transport, source.path, revision, python=python)
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 from sparkfleet.doctor.checks import Check, DoctorSpec, MemoryFn, NodeTarget, evaluate
 from sparkfleet.doctor.probes.facts import FactsRequest, NodeFacts, collect
+from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.plan.memory import MemoryPlan, memory_plan
 from sparkfleet.plan.model import Plan
@@ -74,11 +74,9 @@ def gather(spec: DoctorSpec, transports: Mapping[str, Transport], *, timeout: fl
     """Facts of every node, probed in parallel (one thread and one round trip per node)."""
     names = [n.name for n in spec.nodes]
     by_name = {n.name: n for n in spec.nodes}
-    with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
-        facts = pool.map(
-            lambda name: collect(transports[name], request_for(spec, by_name[name]), timeout=timeout), names
-        )
-        return dict(zip(names, facts, strict=True))
+    group = fan_out(names, lambda name: collect(transports[name], request_for(spec, by_name[name]), timeout=timeout),
+                    workers=max(1, len(names)))  # fmt: skip
+    return group.raise_first()  # collect turns a node's failure into its facts: only a bug raises
 
 
 def run_doctor(

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sparkfleet.errors import StagingError
+from sparkfleet.nodes.runtime import docker
 from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.plan.model import volume_name as volume_name  # the naming rule is the plan's
 
@@ -47,15 +48,14 @@ def mount_options(server_ip: str, options: str | None) -> str:
     return ",".join([f"addr={server_ip}", *opts])
 
 
+def volume_opts(server_ip: str, path: str, options: str | None) -> list[tuple[str, str]]:
+    """The local driver's options that make a volume the NFS share path of server_ip."""
+    return [("type", "nfs"), ("o", mount_options(server_ip, options)), ("device", f":{path}")]
+
+
 def volume_create_argv(volume: str, server_ip: str, path: str, options: str | None) -> list[str]:
-    """The ``docker volume create`` words for a worker."""
-    return [
-        "docker", "volume", "create", "--driver", "local",
-        "--opt", "type=nfs",
-        "--opt", f"o={mount_options(server_ip, options)}",
-        "--opt", f"device=:{path}",
-        volume,
-    ]  # fmt: skip
+    """The ``docker volume create`` words for a worker (the docker runtime builds them)."""
+    return docker.volume_create_argv(volume, volume_opts(server_ip, path, options))
 
 
 def exports_line(path: str, clients: Sequence[str], volume: str) -> str:
@@ -105,18 +105,17 @@ def export(server: Transport, path: str, clients: Sequence[str], volume: str) ->
 
 def ensure_volume(client: Transport, volume: str, server_ip: str, path: str, options: str | None) -> NfsReport:
     """Create (or recreate, when its options changed) the worker's NFS volume."""
-    argv = volume_create_argv(volume, server_ip, path, options)
-    wanted = {"type": "nfs", "o": mount_options(server_ip, options), "device": f":{path}"}
-    seen = client.run(["docker", "volume", "inspect", "--format", "{{json .Options}}", volume], check=False, timeout=60)
-    if seen.ok:
-        if all(f'"{k}":"{v}"' in seen.stdout.replace(" ", "") for k, v in wanted.items()):
+    wanted = volume_opts(server_ip, path, options)
+    seen = docker.volume_options(client, volume)
+    if seen is not None:
+        if all(seen.get(k) == v for k, v in wanted):
             return NfsReport(client.node, "client", volume, "volume already points at the export")
-        removed = client.run(["docker", "volume", "rm", volume], check=False, timeout=60)
+        removed = docker.remove_volume(client, volume)
         if not removed.ok:
             raise StagingError(
                 client.node, f"volume {volume} points elsewhere and cannot be replaced: {removed.tail()}"
             )
-    made = client.run(argv, check=False, timeout=60)
+    made = docker.create_volume(client, volume, wanted)
     if not made.ok:
         raise StagingError(client.node, f"docker volume create {volume} failed: {made.tail()}")
     return NfsReport(client.node, "client", volume, f"volume {volume} → {server_ip}:{path}")
@@ -125,11 +124,7 @@ def ensure_volume(client: Transport, volume: str, server_ip: str, path: str, opt
 def check_volume(client: Transport, volume: str, image: str, check_file: str) -> None:
     """Read check_file through the volume from a container on the node; a StagingError if not."""
     inside = f"/sparkfleet-nfs/{check_file.lstrip('/')}"
-    result = client.run(
-        ["docker", "run", "--rm", "--network", "none", "--entrypoint", "head",
-         "-v", f"{volume}:/sparkfleet-nfs:ro", image, "-c", "1", inside],
-        check=False, timeout=300,
-    )  # fmt: skip
+    result = docker.run_once(client, image, "head", ["-c", "1", inside], volumes=[(volume, "/sparkfleet-nfs:ro")])
     if not result.ok:
         raise StagingError(
             client.node,

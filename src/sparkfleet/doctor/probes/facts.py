@@ -41,7 +41,7 @@ from sparkfleet.doctor.probes.ports import ListeningPorts
 from sparkfleet.doctor.probes.rdma import RdmaFacts
 from sparkfleet.doctor.probes.reach import Reach
 from sparkfleet.doctor.probes.snapshot import Snapshot
-from sparkfleet.errors import SparkfleetError
+from sparkfleet.errors import SparkfleetError, TransportTimeout
 from sparkfleet.nodes.shipped.safetensors_index import header_tensors, tensor_nbytes
 from sparkfleet.nodes.transport.base import Transport
 
@@ -210,9 +210,8 @@ def collect(transport: Transport, req: FactsRequest, *, timeout: float = 20.0) -
         result, outs = run_bundle(transport, probe_commands(req), timeout=timeout)
     except SparkfleetError as exc:
         detail = getattr(exc, "detail", None) or exc.message
-        if "timed out after" in detail:  # the transport quotes the whole probe script: say it short
-            where = detail.rsplit(" on ", 1)[1] if " on " in detail else transport.node
-            detail = f"no answer within {timeout:g} s from {where} (node hung or overloaded)"
+        if isinstance(exc, TransportTimeout):  # its message quotes the whole probe script: say it short
+            detail = f"no answer within {timeout:g} s from {exc.where} (node hung or overloaded)"
         return NodeFacts(node=transport.node, reachable=False, error=detail, elapsed=time.time() - sent)
     received = time.time()
     if not outs:
