@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,9 @@ import pytest
 
 from sparkfleet.errors import NodeError, SparkfleetError, StagingError, TransportError, TransportTimeout
 from sparkfleet.nodes.fanout import GroupResult, Outcome, fan_out, raise_first
+from sparkfleet.nodes.runtime import runtime_for
+from sparkfleet.nodes.runtime.docker import DockerRuntime
+from sparkfleet.nodes.runtime.process import ProcessRuntime
 from sparkfleet.nodes.ship import (
     COMPOSE_WORKER,
     PROCESS_AGENT,
@@ -29,7 +33,10 @@ from sparkfleet.nodes.transport.base import Capabilities, Result
 from sparkfleet.nodes.transport.local import LocalTransport
 from sparkfleet.nodes.transport.mock import Call, MockTransport
 from sparkfleet.nodes.transport.ssh import SshTransport
+from sparkfleet.plan.model import RankHandle
 from sparkfleet.spec.cluster import parse_cluster
+from sparkfleet.state.deployments import Deployments, rank_from_json, rank_to_json
+from sparkfleet.state.store import Store
 
 
 def _ssh_node():  # type: ignore[no-untyped-def]
@@ -225,3 +232,126 @@ def test_a_standalone_script_has_its_arguments_written_in(tmp_path: Path) -> Non
     out = subprocess.run([sys.executable, "-I", "-"], input=standalone(SNAPSHOT_SCAN, [args]), capture_output=True,
                          check=True)  # fmt: skip
     assert "does not exist" in json.loads(out.stdout)["error"]
+
+
+# ---- rank handles: what the state stores, what the runtimes take after start
+
+
+def test_a_plans_rank_handles_survive_the_state_store(tmp_path: Path) -> None:
+    from sparkfleet.nodes.identity import Instance
+    from tests.fake_node import fake_fleet
+
+    fleet = fake_fleet(tmp_path, port=18777, image="fake:1")
+    handles = tuple(r.handle for r in fleet.plan.ranks)
+    assert all(isinstance(h, RankHandle) and not hasattr(h, "env") for h in handles)
+    assert [rank_from_json(json.loads(json.dumps(rank_to_json(h)))) for h in handles] == list(handles)
+    records = Deployments(Store(tmp_path / "state.db"))
+    records.acquire(fleet.plan, fleet.cluster.source, Instance.new(fleet.plan.name))
+    record = records.get(fleet.plan.name)
+    assert record is not None and record.ranks == handles
+    assert isinstance(runtime_for(record.ranks[0]), DockerRuntime)
+
+
+# A row as the first sparkfleet with a state store wrote it: no instance or owner columns, and
+# ranks_json with exactly the keys of that version.
+OLD_RANK = {
+    "rank": 0,
+    "node": {"name": "local", "host": "127.0.0.1", "fabric_ip": "127.0.0.1", "transport": "local"},
+    "runtime": "process", "image": None, "argv": ["llama-server", "--port", "8080"], "mounts": [],
+    "container_name": "sparkfleet-gemma-r0", "workdir": "/tmp/w", "env_file": "/tmp/w/r0.env",
+    "log_path": "/tmp/w/r0.log", "pid_path": "/tmp/w/r0.pid",
+    "readiness": {"serves_http": True, "health_path": "/health", "ready_log": None}, "ports": [8080],
+}  # fmt: skip
+OLD_SCHEMA = """CREATE TABLE deployments (name TEXT PRIMARY KEY, engine TEXT NOT NULL, recipe TEXT NOT NULL,
+    cluster TEXT NOT NULL, endpoint TEXT NOT NULL, served_model TEXT NOT NULL, status TEXT NOT NULL,
+    owner_pid INTEGER, owner_host TEXT, created REAL NOT NULL, updated REAL NOT NULL, ready_at REAL,
+    ranks_json TEXT NOT NULL)"""
+
+
+def test_an_old_format_row_loads_as_handles_the_runtimes_take(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute(OLD_SCHEMA)
+        conn.execute("INSERT INTO deployments VALUES ('gemma', 'llama-cpp', 'r.toml', '(local)', "
+                     "'http://127.0.0.1:8080', 'gemma', 'ready', 1, 'h', 1.0, 2.0, 2.0, ?)",
+                     (json.dumps([OLD_RANK]),))  # fmt: skip
+    record = Deployments(Store(db)).get("gemma")
+    assert record is not None and record.instance is None and record.owner is None
+    (handle,) = record.ranks
+    assert isinstance(handle, RankHandle) and handle.node.name == "local" and handle.ports == (8080,)
+    assert handle.node.python == "python3" and handle.node.transport == "local"  # the fields it lacked
+    assert handle.exit_path == "/tmp/w/r0.exit" and handle.readiness.tcp_port is None
+    assert rank_to_json(handle) == {**OLD_RANK, "node": rank_to_json(handle)["node"],
+                                    "readiness": {**OLD_RANK["readiness"], "tcp_port": None}}  # fmt: skip
+    seen: list[Call] = []
+
+    def node(call: Call) -> str:
+        seen.append(call)
+        return "exited 0\n"
+
+    state = ProcessRuntime().inspect(handle, MockTransport("local", node))
+    assert state.state == "exited" and state.exit_code == 0
+    assert seen[0].argv[-2:] == ("/tmp/w/r0.pid", "/tmp/w/r0.exit")
+
+
+def test_a_row_missing_later_keys_still_loads() -> None:
+    sparse = {k: v for k, v in OLD_RANK.items() if k not in ("mounts", "ports", "runtime", "workdir")}
+    sparse["readiness"] = {"serves_http": True, "health_path": "/health", "ready_log": None, "future": 1}
+    handle = rank_from_json(sparse)
+    assert handle.runtime == "process" and handle.mounts == () and handle.ports == () and handle.workdir == ""
+
+
+def test_runtimes_follow_a_handles_log_through_a_stream() -> None:
+    handle = rank_from_json(OLD_RANK)
+    transport = MockTransport("local", lambda call: "line one\nline two\n")
+    assert list(ProcessRuntime().follow(handle, transport)) == ["line one", "line two"]
+    assert transport.calls[-1].argv == ("tail", "-n", "50", "-F", "/tmp/w/r0.log")
+    DockerRuntime().follow(handle, transport)
+    assert transport.calls[-1].argv[-2:] == ("-f", "sparkfleet-gemma-r0")
+
+
+def test_sync_reads_capabilities_not_classes() -> None:
+    """rsync from a source node runs there (through its transport's stream) and reaches the
+    target with the ssh words the target's transport declares; a local path needs no ssh."""
+    from sparkfleet.apply.staging.sync import Endpoint, _rsync
+
+    def ssh_caps(host: str) -> Capabilities:
+        return Capabilities(ssh=("ssh", "-p", "2222", "-l", "ops", host))
+
+    def node(call: Call) -> str:
+        if call.argv[0] == "rsync":
+            return "Number of regular files transferred: 1\nLiteral data: 5\n"
+        return ""  # which of the controller's ssh files exist on the source node: none
+
+    source = MockTransport("n0", node, ssh_caps("10.0.0.1"))
+    target = MockTransport("n1", node, ssh_caps("10.0.0.2"))
+    stats = _rsync(Endpoint(source, "/src", "10.9.0.1"), Endpoint(target, "/dst", "10.9.0.2"), ["a"], None)
+    assert stats["literal"] == 5 and target.calls == []
+    argv = source.calls[-1].argv
+    assert argv[0] == "rsync" and argv[-2:] == ("/src/", "10.9.0.2:/dst/")
+    ssh = argv[argv.index("-e") + 1]
+    assert ssh.startswith("ssh -o BatchMode=yes") and "-p 2222 -l ops" in ssh
+    assert Endpoint(LocalTransport("here"), "/x").local and not Endpoint(source, "/x").local
+
+
+def test_an_image_streams_from_one_node_to_the_others_through_transport_streams() -> None:
+    from sparkfleet.nodes.runtime.docker import stream_image
+
+    sinks: dict[str, object] = {}
+
+    def source(call: Call) -> str:
+        assert call.argv == ("docker", "save", "img:1")
+        return "IMAGE-TAR-BYTES" * 1000
+
+    def target(call: Call) -> Result:
+        assert call.argv == ("docker", "load", "-q")
+        code = 1 if call.node == "bad" else 0
+        return Result(call.node, call.argv, code, "Loaded image: img:1\n", "no space" if code else "", 0.0)
+
+    targets = {n: MockTransport(n, target) for n in ("good", "bad")}
+    originals = {n: t.stream for n, t in targets.items()}
+    for n, t in targets.items():
+        t.stream = lambda argv, _n=n, **kw: sinks.setdefault(_n, originals[_n](argv, **kw))  # type: ignore[method-assign]
+    errors = stream_image(MockTransport("src", source), "img:1", targets)
+    assert errors == {"bad": "docker load failed: no space"}
+    assert bytes(sinks["good"].written) == b"IMAGE-TAR-BYTES" * 1000  # type: ignore[attr-defined]

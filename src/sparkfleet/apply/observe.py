@@ -14,7 +14,7 @@ from sparkfleet.nodes.runtime import runtime_for
 from sparkfleet.nodes.runtime.base import RankState
 from sparkfleet.nodes.transport import transport_for
 from sparkfleet.nodes.transport.base import Stream, Transport
-from sparkfleet.plan.model import RankPlan
+from sparkfleet.plan.model import RankHandle
 from sparkfleet.spec.secrets import env_file_secrets, redact
 from sparkfleet.state.deployments import Deployment
 
@@ -81,7 +81,7 @@ def logs(deployment: Deployment, rank: int | None = None, tail: int | None = 200
             for k, o in outcomes.items()}  # fmt: skip
 
 
-def rank_secrets(rank: RankPlan, transport: Transport) -> dict[str, str]:
+def rank_secrets(rank: RankHandle, transport: Transport) -> dict[str, str]:
     """The secret values the rank was started with, read back from its private env file: an
     engine that prints its own token must not show it through sparkfleet."""
     result = transport.run(["cat", rank.env_file], check=False, timeout=30)
@@ -103,10 +103,10 @@ def follow(deployment: Deployment, emit: Callable[[int, str, str], None], rank: 
     for r in (x for x in deployment.ranks if rank is None or x.rank == rank):
         transport = transport_for(r.node)
         secrets = rank_secrets(r, transport)
-        stream = transport.stream(runtime_for(r).follow_argv(r))
+        stream = runtime_for(r).follow(r, transport)
         streams.append(stream)
 
-        def pump(s: Stream = stream, rr: RankPlan = r, hidden: dict[str, str] = secrets) -> None:
+        def pump(s: Stream = stream, rr: RankHandle = r, hidden: dict[str, str] = secrets) -> None:
             for line in s:
                 emit(rr.rank, rr.node.name, redact(line, hidden))
 

@@ -111,6 +111,7 @@ def wait_ready(
     next_logs = 0.0
     healthy = False
     ranks = {r.rank: r for r in plan.ranks}
+    handles = {r: rank.handle for r, rank in ranks.items()}
 
     def transport(r: int) -> Transport:
         return transports[ranks[r].node.name]
@@ -120,14 +121,14 @@ def wait_ready(
         want_logs = now >= next_logs or healthy
         keys = [str(r) for r in ranks]
         if want_logs:
-            probed = raise_first(fan_out(keys, lambda r: runtimes[int(r)].probe(ranks[int(r)], transport(int(r)))))
+            probed = raise_first(fan_out(keys, lambda r: runtimes[int(r)].probe(handles[int(r)], transport(int(r)))))
             states = {k: v[0] for k, v in probed.items()}
         else:
-            states = raise_first(fan_out(keys, lambda r: runtimes[int(r)].inspect(ranks[int(r)], transport(int(r)))))
+            states = raise_first(fan_out(keys, lambda r: runtimes[int(r)].inspect(handles[int(r)], transport(int(r)))))
         for key, state in states.items():
             if state.state != "running":
                 rank = ranks[int(key)]
-                log = probed[key][1] if want_logs else runtimes[rank.rank].logs(rank, transport(rank.rank))
+                log = probed[key][1] if want_logs else runtimes[rank.rank].logs(rank.handle, transport(rank.rank))
                 raise rank_exited(rank, state, log)
         if want_logs:
             check_logs(plan, verify, {int(k): v[1] for k, v in probed.items()}, boot)
@@ -150,7 +151,7 @@ def wait_ready(
                                                        f"log lines {missing}")  # fmt: skip
         on_progress(f"waiting for {waiting}")
         if time.monotonic() > deadline:
-            log = runtimes[0].logs(head, transport(0))
+            log = runtimes[0].logs(head.handle, transport(0))
             raise ReadinessError(
                 f"{plan.name} not ready after {timeout:.0f}s: still waiting for {waiting}; "
                 f"rank 0 on {head.node.name}, last log lines:\n{tail(log)}"

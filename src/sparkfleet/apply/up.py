@@ -16,12 +16,12 @@ from sparkfleet.apply.distribute import distribute
 from sparkfleet.apply.images import ensure_same_image
 from sparkfleet.apply.readiness import smoke, wait_ready
 from sparkfleet.apply.staging.runner import stage_all
-from sparkfleet.errors import NodeError, ReadinessError, SparkfleetError, StateError
+from sparkfleet.errors import ReadinessError, SparkfleetError, StateError
 from sparkfleet.nodes.fanout import fan_out, raise_first
 from sparkfleet.nodes.identity import FoundRank, Instance, PortHolder
 from sparkfleet.nodes.runtime import runtime_for
 from sparkfleet.nodes.runtime.base import Runtime
-from sparkfleet.nodes.runtime.docker import DockerRuntime
+from sparkfleet.nodes.runtime.docker import DockerRuntime, ensure_image
 from sparkfleet.nodes.runtime.process import found_processes, node_agent
 from sparkfleet.nodes.transport import Connector, transport_for
 from sparkfleet.nodes.transport.base import Transport
@@ -138,18 +138,9 @@ def _ensure_images(plan: Plan, transports: dict[str, Transport], report: Reporte
     def ensure(node: str) -> None:
         rank = next(r for r in docker_ranks if r.node.name == node)
         image = rank.image or ""
-        have = transports[node].run(["docker", "image", "inspect", "--format", "{{.Id}}", image],
-                                    check=False, timeout=60)  # fmt: skip
-        if have.ok:
-            report(node, rank.rank, f"image {image} present ({have.stdout.strip()[:19]})")
-            return
-        if "Cannot connect" in have.stderr or "permission denied" in have.stderr.lower():
-            raise NodeError(node, f"docker is not reachable: {have.tail(2)}")
-        report(node, rank.rank, f"pulling {image}")
-        pulled = transports[node].run(["docker", "pull", image], check=False, timeout=3600)
-        if not pulled.ok:
-            raise NodeError(node, f"image {image} is not on the node and could not be pulled: {pulled.tail(2)} "
-                                  "(build it with `sparkfleet image build`)")  # fmt: skip
+        have = ensure_image(transports[node], image, on_pull=lambda: report(node, rank.rank, f"pulling {image}"))
+        if have is not None:
+            report(node, rank.rank, f"image {image} present ({have[:19]})")
 
     raise_first(fan_out({r.node.name for r in docker_ranks}, ensure))
 
@@ -168,7 +159,7 @@ def rollback(plan_ranks: tuple[RankPlan, ...], name: str, instance: str, transpo
 
     def stop(node: str) -> None:
         for rank in (r for r in plan_ranks if r.node.name == node):
-            runtime_for(rank).stop(rank, transports[node], name, instance, grace=5.0)
+            runtime_for(rank).stop(rank.handle, transports[node], name, instance, grace=5.0)
 
     outcomes = fan_out({r.node.name for r in plan_ranks if r.node.name in transports}, stop)
     return [f"{node}: {o.error}" for node, o in outcomes.items() if not o.ok]

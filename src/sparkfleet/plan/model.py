@@ -110,6 +110,41 @@ class RankPlan:
         """The real environment (secrets included): only for the runtime that starts the rank."""
         return {v.key: v.value for v in self.env}
 
+    @property
+    def handle(self) -> RankHandle:
+        """What finds, watches and stops this rank once started (what the state stores)."""
+        return RankHandle(
+            rank=self.rank, node=self.node, runtime=self.runtime, image=self.image, argv=self.argv,
+            mounts=self.mounts, container_name=self.container_name, workdir=self.workdir, env_file=self.env_file,
+            log_path=self.log_path, pid_path=self.pid_path, readiness=self.readiness, ports=self.ports,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RankHandle:
+    """A started rank as the runtimes see it after ``up``: where it runs and where its files are,
+    never its environment (secret values stay in the node's env file). ``RankPlan.handle`` makes
+    one; the state store keeps it; inspect, probe, logs, follow and stop take it."""
+
+    rank: int
+    node: Node
+    runtime: Literal["docker", "process"]
+    image: str | None
+    argv: tuple[str, ...]
+    mounts: tuple[MountSpec, ...]
+    container_name: str
+    workdir: str
+    env_file: str
+    log_path: str
+    pid_path: str
+    readiness: Readiness
+    ports: tuple[int, ...]
+
+    @property
+    def exit_path(self) -> str:
+        """The process runtime's exit-code file, beside the pid file."""
+        return self.pid_path.removesuffix(".pid") + ".exit"
+
 
 @dataclass(frozen=True)
 class VerifySpec:

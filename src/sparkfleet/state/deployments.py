@@ -1,5 +1,5 @@
 """Deployment records in the state store: the lock that stops a second ``up``, the ranks as
-started (enough to find and stop them later), and a timeline of events."""
+started (their RankHandles: enough to find, watch and stop them later), and a timeline of events."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import json
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from sparkfleet.errors import StateError
 from sparkfleet.nodes.identity import Instance
 from sparkfleet.plan.engines import Readiness
-from sparkfleet.plan.model import MountSpec, Plan, RankPlan
-from sparkfleet.spec.cluster import Node
+from sparkfleet.plan.model import MountSpec, Plan, RankHandle
+from sparkfleet.spec.cluster import Node, NodeSpec, parse_cluster
 from sparkfleet.spec.secrets import redact
 from sparkfleet.state.store import Store
 
@@ -62,13 +62,14 @@ class Deployment:
     created: float
     updated: float
     ready_at: float | None
-    ranks: tuple[RankPlan, ...]
+    ranks: tuple[RankHandle, ...]
     instance: str | None = None  # None: recorded before instance ids (stops match by name)
     owner: str | None = None
 
 
-def rank_to_json(rank: RankPlan) -> dict[str, Any]:
-    """The parts of a RankPlan needed to find, watch and stop it (no env: secrets stay out)."""
+def rank_to_json(rank: RankHandle) -> dict[str, Any]:
+    """A rank's handle as stored (no env: secrets stay out). The keys are the ones every
+    sparkfleet has written, so a record from any version loads."""
     return {
         "rank": rank.rank,
         "node": rank.node.model_dump(),
@@ -86,24 +87,42 @@ def rank_to_json(rank: RankPlan) -> dict[str, Any]:
     }
 
 
-def rank_from_json(data: dict[str, Any]) -> RankPlan:
-    """A RankPlan rebuilt from its record (without env, which is never stored)."""
-    return RankPlan(
+_READINESS_KEYS = {f.name for f in fields(Readiness)}
+
+
+def _node_from_json(data: dict[str, Any]) -> Node:
+    """The node as recorded; a record from a version whose Node had fewer fields gets the ones it
+    lacks as a cluster file that names only what it has would give them."""
+    if set(Node.model_fields) <= set(data):
+        return Node.model_validate({k: v for k, v in data.items() if k in Node.model_fields})
+    spec = {k: v for k, v in data.items() if k in NodeSpec.model_fields and v is not None}
+    resolved = parse_cluster({"name": "record", "nodes": [spec]}, "the state store").nodes[0]
+    return Node.model_validate({**resolved.model_dump(), **{k: v for k, v in data.items() if k in Node.model_fields}})
+
+_MOUNT_KEYS = {f.name for f in fields(MountSpec)}
+
+
+def rank_from_json(data: dict[str, Any]) -> RankHandle:
+    """A rank's handle from its record. Keys a record may lack (or carry from another version)
+    take their defaults, and a container name is derived as ``up`` named it."""
+    readiness = {k: v for k, v in (data.get("readiness") or {}).items() if k in _READINESS_KEYS}
+    readiness.setdefault("serves_http", data["rank"] == 0)
+    readiness.setdefault("health_path", None)
+    readiness.setdefault("ready_log", None)
+    return RankHandle(
         rank=data["rank"],
-        node=Node.model_validate(data["node"]),
-        runtime=data["runtime"],
-        image=data["image"],
-        argv=tuple(data["argv"]),
-        env=(),
-        mounts=tuple(MountSpec(**m) for m in data["mounts"]),
-        container_name=data["container_name"],
-        container_argv=None,
-        workdir=data["workdir"],
+        node=_node_from_json(data["node"]),
+        runtime=data.get("runtime", "docker" if data.get("image") else "process"),
+        image=data.get("image"),
+        argv=tuple(data.get("argv") or ()),
+        mounts=tuple(MountSpec(**{k: v for k, v in m.items() if k in _MOUNT_KEYS}) for m in data.get("mounts") or ()),
+        container_name=data.get("container_name") or "",
+        workdir=data.get("workdir", ""),
         env_file=data["env_file"],
         log_path=data["log_path"],
         pid_path=data["pid_path"],
-        readiness=Readiness(**data["readiness"]),
-        ports=tuple(data["ports"]),
+        readiness=Readiness(**readiness),
+        ports=tuple(data.get("ports") or ()),
     )
 
 
@@ -151,7 +170,7 @@ class Deployments:
                 " VALUES (?, ?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?, ?, ?)",
                 (plan.name, plan.engine, plan.recipe_source, cluster_source, plan.endpoint, plan.served_model,
                  os.getpid(), socket.gethostname(), now, now,
-                 json.dumps([rank_to_json(r) for r in plan.ranks]), instance.id, instance.owner),
+                 json.dumps([rank_to_json(r.handle) for r in plan.ranks]), instance.id, instance.owner),
             )  # fmt: skip
 
     def set_status(self, name: str, status: str) -> None:

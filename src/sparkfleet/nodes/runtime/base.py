@@ -1,4 +1,7 @@
-"""The Runtime interface: start, inspect, read the logs of, and stop one rank."""
+"""The Runtime interface: start, inspect, read the logs of, and stop one rank.
+
+``start`` takes the rank's plan (its env and container argv); everything after takes the rank's
+``RankHandle`` (``RankPlan.handle``, or what the state store kept), which carries no env."""
 
 from __future__ import annotations
 
@@ -7,8 +10,8 @@ from typing import Literal, Protocol
 
 from sparkfleet.errors import RankRuntimeError
 from sparkfleet.nodes.identity import FoundRank, Instance
-from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.plan.model import RankPlan
+from sparkfleet.nodes.transport.base import Stream, Transport
+from sparkfleet.plan.model import RankHandle, RankPlan
 from sparkfleet.spec.cluster import Node
 
 State = Literal["running", "exited", "absent"]
@@ -33,23 +36,23 @@ class Runtime(Protocol):
         """Start the rank, marked with instance; returns its container id or pid."""
         ...
 
-    def inspect(self, rank: RankPlan, transport: Transport) -> RankState:
+    def inspect(self, rank: RankHandle, transport: Transport) -> RankState:
         """Whether the rank runs, and since when."""
         ...
 
-    def probe(self, rank: RankPlan, transport: Transport) -> tuple[RankState, str]:
+    def probe(self, rank: RankHandle, transport: Transport) -> tuple[RankState, str]:
         """inspect and the whole recent log together (readiness polls this)."""
         ...
 
-    def logs(self, rank: RankPlan, transport: Transport, tail: int | None = 200) -> str:
+    def logs(self, rank: RankHandle, transport: Transport, tail: int | None = 200) -> str:
         """The last lines of the rank's log (all of it when tail is None)."""
         ...
 
-    def follow_argv(self, rank: RankPlan) -> list[str]:
-        """A command that prints the log and keeps following it."""
+    def follow(self, rank: RankHandle, transport: Transport) -> Stream:
+        """The log's last lines, then every new line as it comes (until the stream is closed)."""
         ...
 
-    def stop(self, rank: RankPlan, transport: Transport, deployment: str, instance: str | None,
+    def stop(self, rank: RankHandle, transport: Transport, deployment: str, instance: str | None,
              grace: float = 10.0) -> list[str]:  # fmt: skip
         """Stop the rank of that instance (idempotent; None: any instance, for records from before
         instance ids); returns what was stopped."""

@@ -14,8 +14,8 @@ from datetime import datetime
 from sparkfleet.errors import NodeError, RankRuntimeError
 from sparkfleet.nodes.identity import LABEL_INSTANCE, LABEL_OWNER, LABEL_STARTED, FoundRank, Instance
 from sparkfleet.nodes.runtime.base import RankState, env_file_text
-from sparkfleet.nodes.transport.base import CHUNK, Result, Transport
-from sparkfleet.plan.model import LABEL_DEPLOYMENT, LABEL_RANK, RankPlan
+from sparkfleet.nodes.transport.base import CHUNK, Result, Stream, Transport
+from sparkfleet.plan.model import LABEL_DEPLOYMENT, LABEL_RANK, RankHandle, RankPlan
 from sparkfleet.spec.cluster import Node
 
 # Loopback fleets put several nodes on one dockerd: the node label keeps their ranks apart.
@@ -50,7 +50,7 @@ class DockerRuntime:
             raise RankRuntimeError(rank.node.name, f"docker run for rank {rank.rank} failed: {result.tail(5)}")
         return result.stdout.strip()[:12]
 
-    def inspect(self, rank: RankPlan, transport: Transport) -> RankState:
+    def inspect(self, rank: RankHandle, transport: Transport) -> RankState:
         result = transport.run(
             ["docker", "inspect", "--format", "{{json .State}}", rank.container_name], check=False, timeout=30
         )
@@ -69,10 +69,10 @@ class DockerRuntime:
             rank.container_name,
         )
 
-    def probe(self, rank: RankPlan, transport: Transport) -> tuple[RankState, str]:
+    def probe(self, rank: RankHandle, transport: Transport) -> tuple[RankState, str]:
         return self.inspect(rank, transport), self.logs(rank, transport, tail=None)
 
-    def logs(self, rank: RankPlan, transport: Transport, tail: int | None = 200) -> str:
+    def logs(self, rank: RankHandle, transport: Transport, tail: int | None = 200) -> str:
         count = str(tail) if tail else "all"
         result = transport.run(
             ["sh", "-c", 'docker logs --tail "$1" "$2" 2>&1', "sh", count, rank.container_name],
@@ -81,10 +81,10 @@ class DockerRuntime:
         )
         return result.stdout if result.ok else ""
 
-    def follow_argv(self, rank: RankPlan) -> list[str]:
-        return ["docker", "logs", "--tail", "50", "-f", rank.container_name]
+    def follow(self, rank: RankHandle, transport: Transport) -> Stream:
+        return transport.stream(["docker", "logs", "--tail", "50", "-f", rank.container_name])
 
-    def stop(self, rank: RankPlan, transport: Transport, deployment: str, instance: str | None,
+    def stop(self, rank: RankHandle, transport: Transport, deployment: str, instance: str | None,
              grace: float = 10.0) -> list[str]:  # fmt: skip
         names = [f.ident for f in self.find(transport, deployment, rank.node)
                  if f.rank == rank.rank and (instance is None or f.instance == instance)]  # fmt: skip

@@ -12,8 +12,8 @@ from sparkfleet.errors import RankRuntimeError
 from sparkfleet.nodes.identity import FoundRank, Instance, PortHolder
 from sparkfleet.nodes.runtime.base import RankState, env_file_text
 from sparkfleet.nodes.ship import PROCESS_AGENT, run_shipped
-from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.plan.model import RankPlan
+from sparkfleet.nodes.transport.base import Stream, Transport
+from sparkfleet.plan.model import RankHandle, RankPlan
 from sparkfleet.spec.cluster import Node
 from sparkfleet.spec.secrets import TOKEN_PATTERNS
 
@@ -61,10 +61,10 @@ def found_processes(node: str, deployment: str, entries: list[dict]) -> list[Fou
     return out
 
 
-def _spec(rank: RankPlan, deployment: str, **extra: object) -> dict[str, object]:
+def _spec(rank: RankHandle, deployment: str, **extra: object) -> dict[str, object]:
     return {
         "argv": list(rank.argv), "env_file": rank.env_file, "log_path": rank.log_path,
-        "pid_path": rank.pid_path, "exit_path": rank.pid_path.removesuffix(".pid") + ".exit",
+        "pid_path": rank.pid_path, "exit_path": rank.exit_path,
         "workdir": rank.workdir, "deployment": deployment, "rank": rank.rank, "node": rank.node.name, **extra,
     }  # fmt: skip
 
@@ -72,21 +72,21 @@ def _spec(rank: RankPlan, deployment: str, **extra: object) -> dict[str, object]
 class ProcessRuntime:
     """Ranks as host processes (CPU examples, tests, bare-metal engines)."""
 
-    def _agent(self, rank: RankPlan, transport: Transport, command: str, spec: dict, timeout: float,
+    def _agent(self, rank: RankHandle, transport: Transport, command: str, spec: dict, timeout: float,
                stdin: bytes | None = None) -> dict:  # fmt: skip
         return node_agent(transport, rank.node.python, command, spec, timeout=timeout, stdin=stdin)
 
     def start(self, rank: RankPlan, transport: Transport, instance: Instance) -> str:
         # Which keys are secret and what tokens look like; the values stay in the env file.
-        spec = _spec(rank, instance.deployment, markers=instance.process_env(),
+        spec = _spec(rank.handle, instance.deployment, markers=instance.process_env(),
                      secret_keys=[v.key for v in rank.env if v.secret], secret_patterns=TOKEN_PATTERNS)  # fmt: skip
-        state = self._agent(rank, transport, "start", spec, 30, stdin=env_file_text(rank))
+        state = self._agent(rank.handle, transport, "start", spec, 30, stdin=env_file_text(rank))
         return str(state.get("pid") or "")
 
-    def inspect(self, rank: RankPlan, transport: Transport) -> RankState:
+    def inspect(self, rank: RankHandle, transport: Transport) -> RankState:
         # Plain sh, not the Python agent: status polls this, and a shell starts 10x faster.
-        exit_path = rank.pid_path.removesuffix(".pid") + ".exit"
-        result = transport.run(["sh", "-c", _INSPECT_SH, "sh", rank.pid_path, exit_path], timeout=20, check=False)
+        result = transport.run(["sh", "-c", _INSPECT_SH, "sh", rank.pid_path, rank.exit_path], timeout=20,
+                               check=False)  # fmt: skip
         words = result.stdout.split()
         if not result.ok or not words:
             raise RankRuntimeError(rank.node.name, f"cannot inspect rank {rank.rank}: {result.tail(3)}")
@@ -98,21 +98,21 @@ class ProcessRuntime:
             return RankState(rank.rank, rank.node.name, "exited", code, None, None)
         return RankState(rank.rank, rank.node.name, "absent")
 
-    def probe(self, rank: RankPlan, transport: Transport) -> tuple[RankState, str]:
+    def probe(self, rank: RankHandle, transport: Transport) -> tuple[RankState, str]:
         s = self._agent(rank, transport, "probe", _spec(rank, ""), 20)
         state = RankState(rank.rank, rank.node.name, s["state"], s["exit_code"], s["started_at"],
                           str(s["pid"]) if s["pid"] else None)  # fmt: skip
         return state, s["log"]
 
-    def logs(self, rank: RankPlan, transport: Transport, tail: int | None = 200) -> str:
+    def logs(self, rank: RankHandle, transport: Transport, tail: int | None = 200) -> str:
         argv = ["tail", "-n", str(tail), rank.log_path] if tail else ["cat", rank.log_path]
         result = transport.run(argv, check=False, timeout=30)
         return result.stdout if result.ok else ""
 
-    def follow_argv(self, rank: RankPlan) -> list[str]:
-        return ["tail", "-n", "50", "-F", rank.log_path]
+    def follow(self, rank: RankHandle, transport: Transport) -> Stream:
+        return transport.stream(["tail", "-n", "50", "-F", rank.log_path])
 
-    def stop(self, rank: RankPlan, transport: Transport, deployment: str, instance: str | None,
+    def stop(self, rank: RankHandle, transport: Transport, deployment: str, instance: str | None,
              grace: float = 10.0) -> list[str]:  # fmt: skip
         spec = _spec(rank, deployment, grace=grace, instance=instance)
         out = self._agent(rank, transport, "stop", spec, grace + 30)
