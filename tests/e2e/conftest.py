@@ -2,12 +2,19 @@
 
 The llama.cpp example runs on the local cluster; the vLLM example on a 2-node loopback fleet
 (real sshd per node). Both skip, saying why, when scripts/setup.sh has not prepared the engine.
+
+Each runs under its own deployment name and on free ports, never the examples' own
+(`gemma-llamacpp` on 18080, `gemma-vllm-2node` on 18090/18091): the README's main command leaves
+`gemma-llamacpp` serving, and `up` refuses a name that already runs under another instance or a
+port that is taken — the tests must pass beside it and leave it serving.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +30,20 @@ ROOT = Path(__file__).resolve().parents[2]
 # Where scripts/setup.sh put the engines and the model: the resolver the set-up itself uses.
 CACHE = caches.engine_cache()
 HUB = caches.hub_cache()
+# Processes are found and stopped by deployment name, so the names carry this run's pid: two test
+# runs on one machine never share one, and none is the name a user's deployment has.
+RUN = str(os.getpid())
+LLAMA_NAME = f"test-e2e-llama-{RUN}"
+VLLM_NAME = f"test-e2e-vllm2-{RUN}"
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct TCP ports free on this machine now (all held open together, so distinct)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
 
 
 @dataclass(frozen=True)
@@ -46,9 +67,11 @@ def _require(path: Path, what: str) -> None:
         pytest.skip(f"{what} missing ({path}): run scripts/setup.sh")
 
 
-def _up(name: str, recipe: Path, state: Path, cluster: Path | None, model: str) -> Iterator[Served]:
+def _up(name: str, recipe: Path, state: Path, cluster: Path | None, model: str,
+        sets: list[str]) -> Iterator[Served]:  # fmt: skip
     served = Served(name, "", model, state)
-    args = ["up", str(recipe)] + (["--cluster", str(cluster)] if cluster else [])
+    args = ["up", str(recipe), "--name", name, *(a for s in sets for a in ("--set", s))]
+    args += ["--cluster", str(cluster)] if cluster else []
     out = served.cli(*args, timeout=900)
     if out.returncode != 0:
         served.cli("down", name)
@@ -62,21 +85,26 @@ def _up(name: str, recipe: Path, state: Path, cluster: Path | None, model: str) 
 
 @pytest.fixture(scope="session")
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """examples/gemma-llamacpp, up on this machine."""
+    """examples/gemma-llamacpp, up on this machine (its own name and port)."""
     _require(CACHE / "venv-llama" / "bin" / "python", "the llama.cpp venv")
     _require(HUB / "models--sparkfleet--gemma3-270m-gguf", "the Gemma GGUF")
-    yield from _up("gemma-llamacpp", ROOT / "examples" / "gemma-llamacpp",
-                   tmp_path_factory.mktemp("llama-state"), None, "gemma3-270m")  # fmt: skip
+    # The plan reserves rank 0 an RPC port too (50052 by default), which preflight checks: free
+    # ones for both, so nothing else on the machine can refuse this up.
+    port, rpc = free_ports(2)
+    yield from _up(LLAMA_NAME, ROOT / "examples" / "gemma-llamacpp", tmp_path_factory.mktemp("llama-state"),
+                   None, "gemma3-270m", [f"port={port}", f"rendezvous_port={rpc}"])  # fmt: skip
 
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """examples/gemma-vllm-2node, up on a 2-node loopback fleet (TP2, rank 1 headless)."""
+    """examples/gemma-vllm-2node, up on a 2-node loopback fleet (TP2, rank 1 headless; own name, ports)."""
     _require(CACHE / "venv-vllm" / "bin" / "vllm", "the vLLM CPU venv")
     _require(HUB / "models--sparkfleet--gemma3-270m", "the Gemma HF conversion")
     with loopback_fleet(2, tmp_path_factory.mktemp("vllm-fleet"), shared_hf_cache=caches.local_hf_cache()) as fleet:
-        yield from _up("gemma-vllm-2node", ROOT / "examples" / "gemma-vllm-2node",
-                       tmp_path_factory.mktemp("vllm-state"), fleet.cluster_file, "gemma3-270m")  # fmt: skip
+        port, rendezvous = free_ports(2)
+        sets = [f"port={port}", f"rendezvous_port={rendezvous}"]
+        yield from _up(VLLM_NAME, ROOT / "examples" / "gemma-vllm-2node", tmp_path_factory.mktemp("vllm-state"),
+                       fleet.cluster_file, "gemma3-270m", sets)  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -20,17 +20,17 @@ def _complete(served: Served, prompt: str, tokens: int = 12) -> str:
 
 def test_llamacpp_example_serves_and_reports(llama_server: Served) -> None:
     assert "Berlin" in _complete(llama_server, "The capital of France is Paris. The capital of Germany is")
-    status = json.loads(llama_server.cli("status", "gemma-llamacpp", "--json").stdout)[0]
+    status = json.loads(llama_server.cli("status", llama_server.name, "--json").stdout)[0]
     assert status["status"] == "ready" and status["ranks"][0]["health"] == "healthy"
-    logs = llama_server.cli("logs", "gemma-llamacpp").stdout
+    logs = llama_server.cli("logs", llama_server.name).stdout
     assert "r0 local | " in logs and "Application startup complete" in logs
-    assert leftover_processes("gemma-llamacpp")
+    assert leftover_processes(llama_server.name)
 
 
 def test_vllm_two_node_example_serves_with_a_headless_rank(vllm_server: Served) -> None:
     assert "Berlin" in _complete(vllm_server, "The capital of France is Paris. The capital of Germany is")
-    status = json.loads(vllm_server.cli("status", "gemma-vllm-2node", "--json").stdout)[0]
+    status = json.loads(vllm_server.cli("status", vllm_server.name, "--json").stdout)[0]
     assert [(r["node"], r["state"]) for r in status["ranks"]] == [("node0", "running"), ("node1", "running")], status
-    logs = vllm_server.cli("logs", "gemma-vllm-2node", "--rank", "1", "--tail", "400").stdout
+    logs = vllm_server.cli("logs", vllm_server.name, "--rank", "1", "--tail", "400").stdout
     assert "headless" in logs  # rank 1 really joined as a headless TP worker
 
