@@ -11,10 +11,9 @@ from pathlib import Path
 
 from sparkfleet.errors import PlanError
 from sparkfleet.plan.engines import RankContext, engine_for
+from sparkfleet.nodes.runtime.docker import docker_run_argv
 from sparkfleet.plan.model import (
     CONTAINER_HF_HOME,
-    LABEL_DEPLOYMENT,
-    LABEL_RANK,
     EnvSource,
     EnvVar,
     ImageSpec,
@@ -295,7 +294,8 @@ def _rank_plan(
     env = _env(recipe, node, rank, deployment, docker, overrides)
     env_file = f"{workdir}/r{rank}.env"
     container_argv = (
-        _docker_run(recipe, node, deployment, rank, name, env_file, tuple(mounts), argv) if docker else None
+        docker_run_argv(recipe.docker_image, recipe.shm_size, node, deployment, rank, name, env_file, tuple(mounts),
+                        argv) if recipe.docker_image else None
     )
     readiness = adapter.readiness(ctx)
     ports = (port, rdv_port) if rank == 0 else ((rdv_port,) if readiness.tcp_port else ())
@@ -316,39 +316,6 @@ def _rank_plan(
         readiness=readiness,
         ports=ports,
     )
-
-
-def _docker_run(
-    recipe: Recipe,
-    node: Node,
-    deployment: str,
-    rank: int,
-    name: str,
-    env_file: str,
-    mounts: tuple[MountSpec, ...],
-    argv: tuple[str, ...],
-) -> tuple[str, ...]:
-    assert recipe.docker_image is not None
-    words = [
-        "docker", "run", "-d", "--name", name,
-        "--label", f"{LABEL_DEPLOYMENT}={deployment}", "--label", f"{LABEL_RANK}={rank}",
-        "--network", "host", "--ipc", "host",
-    ]  # fmt: skip
-    if node.gpus != "none":
-        words += ["--gpus", node.gpus]
-    if recipe.shm_size:
-        words += ["--shm-size", recipe.shm_size]
-    if node.memlock == "unlimited":
-        words += ["--ulimit", "memlock=-1"]
-    elif node.memlock not in (None, "none"):
-        words += ["--ulimit", f"memlock={node.memlock}"]
-    if node.rdma:
-        words += ["--device", "/dev/infiniband"]
-    words += ["--env-file", env_file]
-    for m in mounts:
-        words += ["-v", f"{m.host}:{m.container}" + (":ro" if m.read_only else "")]
-    words += ["--entrypoint", argv[0], recipe.docker_image, *argv[1:]]
-    return tuple(words)
 
 
 def _check_staging_keys(recipe: Recipe, spec: StagingSpec) -> None:

@@ -15,7 +15,7 @@ from sparkfleet.errors import NodeError, RankRuntimeError
 from sparkfleet.nodes.identity import LABEL_INSTANCE, LABEL_OWNER, LABEL_STARTED, FoundRank, Instance
 from sparkfleet.nodes.runtime.base import RankState, env_file_text
 from sparkfleet.nodes.transport.base import CHUNK, Result, Stream, Transport
-from sparkfleet.plan.model import LABEL_DEPLOYMENT, LABEL_RANK, RankHandle, RankPlan
+from sparkfleet.plan.model import LABEL_DEPLOYMENT, LABEL_RANK, MountSpec, RankHandle, RankPlan
 from sparkfleet.spec.cluster import Node
 
 # Loopback fleets put several nodes on one dockerd: the node label keeps their ranks apart.
@@ -23,6 +23,32 @@ LABEL_NODE = "sparkfleet.node"
 _FIND_FORMAT = "\t".join(["{{.Names}}", "{{.State}}"] + [
     f'{{{{.Label "{label}"}}}}' for label in (LABEL_RANK, LABEL_INSTANCE, LABEL_OWNER, LABEL_STARTED, LABEL_NODE)
 ])
+
+
+def docker_run_argv(image: str, shm_size: str | None, node: Node, deployment: str, rank: int, name: str,
+                    env_file: str, mounts: tuple[MountSpec, ...], argv: tuple[str, ...]) -> tuple[str, ...]:
+    """The ``docker run`` of one rank, as the Plan shows it (pure: plan() calls it). ``start``
+    adds the instance's labels; GPUs, memlock and /dev/infiniband follow the node's settings."""
+    words = [
+        "docker", "run", "-d", "--name", name,
+        "--label", f"{LABEL_DEPLOYMENT}={deployment}", "--label", f"{LABEL_RANK}={rank}",
+        "--network", "host", "--ipc", "host",
+    ]  # fmt: skip
+    if node.gpus != "none":
+        words += ["--gpus", node.gpus]
+    if shm_size:
+        words += ["--shm-size", shm_size]
+    if node.memlock == "unlimited":
+        words += ["--ulimit", "memlock=-1"]
+    elif node.memlock not in (None, "none"):
+        words += ["--ulimit", f"memlock={node.memlock}"]
+    if node.rdma:
+        words += ["--device", "/dev/infiniband"]
+    words += ["--env-file", env_file]
+    for m in mounts:
+        words += ["-v", f"{m.host}:{m.container}" + (":ro" if m.read_only else "")]
+    words += ["--entrypoint", argv[0], image, *argv[1:]]
+    return tuple(words)
 
 
 def _epoch(stamp: str | None) -> float | None:
