@@ -129,7 +129,7 @@ def test_process_recipe_needs_an_image_and_llamacpp_workers_are_rpc_servers() ->
     assert _flag(leader["command"], "--rpc") == "g-0-1.g:50052"
     assert worker["command"][:5] == ["rpc-server", "--host", "$(SPARKFLEET_HOST_IP)", "--port", "50052"]
     assert worker["readinessProbe"] == {"tcpSocket": {"port": 50052}, "periodSeconds": 10}
-    assert "resources" not in leader and leader["readinessProbe"]["httpGet"]["path"] == "/v1/models"
+    assert "resources" not in leader and leader["readinessProbe"]["httpGet"]["path"] == "/health"
 
 
 def test_schemas_reject_what_the_api_server_would() -> None:

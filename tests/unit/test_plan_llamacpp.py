@@ -24,7 +24,8 @@ def test_rank0_serves_with_rpc_peers_and_the_others_are_rpc_servers(docker: bool
     assert len(planned.ranks) == 3 and planned.launch_order == (1, 2, 0)
     assert head.argv[:3] == ("llama-server", "--model", "/models/g/g.gguf")
     assert head.argv[head.argv.index("--rpc") + 1] == "192.168.200.12:50052,192.168.200.13:50052"
-    assert (head.readiness.serves_http, head.readiness.health_path) == (True, "/v1/models")
+    # The native llama-server answers /health 503 while loading, 200 once it serves.
+    assert (head.readiness.serves_http, head.readiness.health_path) == (True, "/health")
     for rank in workers:
         ip = rank.node.fabric_ip
         assert rank.argv == ("rpc-server", "--host", ip, "--port", "50052")

@@ -3,6 +3,7 @@ lines that must (and must not) appear, and a smoke completion with a checked ans
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import time
@@ -26,12 +27,25 @@ LOG_POLL_S = 2.0
 
 @dataclass
 class BootLog:
-    """What has been seen in the ranks' logs so far."""
+    """What has been seen in the ranks' logs so far, and rank 0's health answers in order."""
 
     expected: dict[str, str | None] = field(default_factory=dict)  # pattern -> "node rank N" where seen
+    # (seconds since the wait began, answer) each time rank 0's health answer changed, e.g.
+    # "connection refused" → "HTTP 503 Loading model" → "HTTP 200" for llama.cpp's llama-server.
+    health: list[tuple[float, str]] = field(default_factory=list)
 
     def missing(self) -> list[str]:
         return [p for p, where in self.expected.items() if where is None]
+
+    def saw_health(self, seconds: float, answer: str) -> None:
+        if not self.health or self.health[-1][1] != answer:
+            self.health.append((seconds, answer))
+
+    def describe(self) -> str:
+        """One line for the deployment's events: the health phases and where each line was seen."""
+        phases = " → ".join(f"{answer} ({at:.1f}s)" for at, answer in self.health) or "not probed"
+        lines = "; ".join(f"{p!r} on {where}" for p, where in self.expected.items() if where)
+        return f"rank 0 health: {phases}" + (f"; boot-log lines: {lines}" if lines else "")
 
 
 def tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
@@ -65,11 +79,30 @@ def rank_exited(rank: RankPlan, state: RankState, log: str) -> ReadinessError:
     )
 
 
-def _http_ok(url: str) -> bool:
+def health_answer(status: int, body: str) -> tuple[bool, str]:
+    """(healthy, the answer in a few words) for one HTTP answer of a health path: 200 is healthy;
+    anything else is named with the server's own message when its body has one (llama-server:
+    503 ``{"error": {"code": 503, "message": "Loading model", ...}}`` while it loads)."""
+    if status == 200:
+        return True, "HTTP 200"
     try:
-        return httpx.get(url, timeout=5.0).status_code == 200
-    except httpx.HTTPError:
-        return False  # refused or reset while loading is normal
+        obj = json.loads(body)
+    except ValueError:
+        obj = None
+    err = obj.get("error", obj) if isinstance(obj, dict) else None
+    found = (err.get("message") or err.get("detail")) if isinstance(err, dict) else err
+    message = " ".join(found.split())[:80] if isinstance(found, str) else ""
+    return False, f"HTTP {status}" + (f" {message}" if message else "")
+
+
+def _health(url: str) -> tuple[bool, str]:
+    try:
+        response = httpx.get(url, timeout=5.0)
+    except httpx.ConnectError:
+        return False, "connection refused"  # normal before the server listens
+    except httpx.HTTPError as exc:
+        return False, type(exc).__name__  # reset or timed out while loading is normal too
+    return health_answer(response.status_code, response.text)
 
 
 def _tcp_ok(host: str, port: int) -> bool:
@@ -107,7 +140,8 @@ def wait_ready(
     """Poll until every rank lives, rank 0 is healthy and every expected line appeared."""
     verify = plan.verify
     boot = BootLog({p: None for p in verify.expect})
-    deadline = time.monotonic() + timeout
+    began = time.monotonic()
+    deadline = began + timeout
     next_logs = 0.0
     healthy = False
     ranks = {r.rank: r for r in plan.ranks}
@@ -135,8 +169,10 @@ def wait_ready(
             next_logs = now + LOG_POLL_S
         head = plan.head
         was_healthy = healthy
+        answer = ""
         if head.readiness.serves_http and head.readiness.health_path:
-            healthy = _http_ok(plan.endpoint + head.readiness.health_path)
+            healthy, answer = _health(plan.endpoint + head.readiness.health_path)
+            boot.saw_health(time.monotonic() - began, answer)
             if healthy and not was_healthy:
                 check_answered_by(plan, transport(0), instance)
         else:
@@ -147,8 +183,8 @@ def wait_ready(
         missing = boot.missing()
         if healthy and workers_ok and not missing:
             return boot
-        waiting = "rank 0 health" if not healthy else ("worker ports" if not workers_ok else
-                                                       f"log lines {missing}")  # fmt: skip
+        waiting = f"rank 0 health ({answer})" if not healthy else ("worker ports" if not workers_ok else
+                                                                   f"log lines {missing}")  # fmt: skip
         on_progress(f"waiting for {waiting}")
         if time.monotonic() > deadline:
             log = runtimes[0].logs(head.handle, transport(0))

@@ -236,9 +236,10 @@ def _run_up(plan: Plan, instance: Instance, records: Deployments, report: Report
     for batch in ([str(r) for r in workers], ["0"]):
         raise_first(fan_out(batch, lambda r: _start_rank(plan, int(r), runtimes, transports, records, report,
                                                          instance)))  # fmt: skip
-    wait_ready(
+    boot = wait_ready(
         plan, transports, runtimes, instance, timeout=timeout or plan.verify.timeout,
         on_progress=lambda msg: report(plan.head.node.name, 0, msg),
     )  # fmt: skip
+    records.event(plan.name, "healthy", boot.describe(), plan.head.node.name)
     report(plan.head.node.name, 0, "healthy; smoke test")
     return smoke(plan)

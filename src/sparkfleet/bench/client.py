@@ -4,6 +4,12 @@ Token counts come only from the server's ``usage`` (asked for in the stream with
 ``stream_options.include_usage``), never from the number of chunks: one chunk may carry several
 tokens (speculative decoding, detokenizer batching) or none (an incomplete UTF-8 sequence).
 
+llama.cpp's ``llama-server`` sends ``usage`` in the stream's final chunk, the one that carries
+``finish_reason`` with an empty text or delta (not OpenAI's separate chunk with no choices), and
+its own ``timings`` beside it (``predicted_per_second``, ``prompt_per_second``, …): both are
+read from whichever chunk holds them, and the timings are kept so the bench's figures can be
+checked against the server's.
+
 Times are ``time.perf_counter()`` seconds. A record keeps its absolute send time (``start``) and
 every other time relative to it, so records of concurrent requests can be laid on one time line.
 All events parsed from one network read share the time of that read: that is when the client
@@ -50,7 +56,8 @@ class RequestRecord:
     happens with ``max_tokens`` 1), the chunk that finished the choice. ``chunk_times``: the
     content chunks. ``chunk_tokens``: tokens per content chunk when the server reported running
     usage (vLLM ``continuous_usage_stats``), else None. ``end``: the last content chunk (vLLM's
-    E2EL). ``done``: the end of the stream.
+    E2EL). ``done``: the end of the stream. ``server_timings``: the engine's own account of the
+    request when it sends one (llama.cpp's ``timings``: ``predicted_per_second``, ``prompt_n``, …).
     """
 
     start: float
@@ -66,6 +73,7 @@ class RequestRecord:
     finish_reason: str | None
     error: str | None
     text: str = ""
+    server_timings: Mapping[str, float] | None = None
 
     @property
     def ok(self) -> bool:
@@ -88,12 +96,14 @@ class RequestRecord:
             "finish_reason": self.finish_reason,
             "error": self.error,
             "text": self.text,
+            "server_timings": dict(self.server_timings) if self.server_timings is not None else None,
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RequestRecord:
         """Inverse of ``to_json``."""
         tokens = data.get("chunk_tokens")
+        timings = data.get("server_timings")
         return cls(
             start=float(data["start"]),
             ttfr=data.get("ttfr"),
@@ -108,6 +118,7 @@ class RequestRecord:
             finish_reason=data.get("finish_reason"),
             error=data.get("error"),
             text=data.get("text") or "",
+            server_timings=dict(timings) if isinstance(timings, Mapping) else None,
         )
 
 
@@ -156,6 +167,7 @@ class _StreamParser:
         "finish_time",
         "last_usage_tokens",
         "prompt_tokens",
+        "server_timings",
         "text",
         "text_len",
         "ttfr",
@@ -176,6 +188,7 @@ class _StreamParser:
         self.finish_reason: str | None = None
         self.finish_time: float | None = None
         self.error: str | None = None
+        self.server_timings: dict[str, float] | None = None
         self.text: list[str] = []
         self.text_len = 0
         self.done = False
@@ -209,6 +222,9 @@ class _StreamParser:
             self.error = f"server error in stream: {msg}"
             return
         usage = obj.get("usage")
+        timings = obj.get("timings")
+        if isinstance(timings, dict):
+            self.server_timings = server_timings(timings)
         content = False
         for choice in obj.get("choices") or ():
             if self.api == "chat":
@@ -279,7 +295,17 @@ class _StreamParser:
             finish_reason=self.finish_reason,
             error=error,
             text="".join(self.text)[:TEXT_KEEP_CHARS],
+            server_timings=self.server_timings,
         )
+
+
+def server_timings(timings: Mapping[str, Any]) -> dict[str, float]:
+    """The numeric fields of an engine's ``timings`` object (llama.cpp: ``prompt_n``,
+    ``prompt_ms``, ``prompt_per_second``, ``predicted_n``, ``predicted_ms``,
+    ``predicted_per_second``, …); anything else is dropped."""
+    return {
+        str(k): float(v) for k, v in timings.items() if isinstance(v, int | float) and not isinstance(v, bool)
+    }
 
 
 def _failed(start: float, message: str) -> RequestRecord:

@@ -130,6 +130,25 @@ def per_stream_tps(rec: RequestRecord) -> float | None:
     return (rec.completion_tokens - 1) / span if span > 0 else None
 
 
+def server_decode_tps(rec: RequestRecord) -> float | None:
+    """The engine's own decode tok/s for one request, when it reports one (llama.cpp's
+    ``timings.predicted_per_second``: tokens generated / time from the first sampled token to the
+    last). It counts every generated token over the steps after the first, so it reads about
+    ``n / (n - 1)`` of ``per_stream_tps``: 0.4 % above at 256 tokens."""
+    value = (rec.server_timings or {}).get("predicted_per_second")
+    return float(value) if value is not None and value > 0 and rec.ok else None
+
+
+def server_agreement(records: Iterable[RequestRecord]) -> list[tuple[float, float]]:
+    """(sparkfleet's per-stream tok/s, the server's own) for each request that has both."""
+    out = []
+    for rec in records:
+        ours, theirs = per_stream_tps(rec), server_decode_tps(rec)
+        if ours is not None and theirs is not None:
+            out.append((ours, theirs))
+    return out
+
+
 def steady_window(records: Sequence[RequestRecord], concurrency: int) -> tuple[float, float, bool]:
     """(start, end, fell_back) of the steady window, absolute times; see the module docstring."""
     firsts = sorted(r.start + r.chunk_times[0] for r in records)

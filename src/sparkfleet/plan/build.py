@@ -10,8 +10,8 @@ import re
 from pathlib import Path
 
 from sparkfleet.errors import PlanError
-from sparkfleet.plan.engines import RankContext, engine_for
 from sparkfleet.nodes.runtime.docker import docker_run_argv
+from sparkfleet.plan.engines import RankContext, engine_for
 from sparkfleet.plan.model import (
     CONTAINER_HF_HOME,
     EnvSource,
@@ -271,6 +271,7 @@ def _rank_plan(
     docker = recipe.docker_image is not None
     values = _template_values(node, rank, deployment)
     model_ref, mounts = _model_ref_and_mounts(recipe, node, deployment, docker)
+    entrypoint = tuple(render(w, values) for w in (recipe.entrypoint or adapter.default_entrypoint))
     ctx = RankContext(
         rank=rank,
         nnodes=len(nodes),
@@ -281,8 +282,8 @@ def _rank_plan(
         rendezvous_port=rdv_port,
         model_ref=model_ref,
         model_file=recipe.model_file,
+        entrypoint=entrypoint,
     )
-    entrypoint = tuple(render(w, values) for w in (recipe.entrypoint or adapter.default_entrypoint))
     launch = recipe.launch_spec(tuple(render(a, values) for a in recipe.args))
     argv = adapter.rank_argv(launch, entrypoint, ctx)
     for m in recipe.extra_mounts:

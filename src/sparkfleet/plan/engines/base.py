@@ -45,6 +45,9 @@ class RankContext:
     rendezvous_port: int
     model_ref: str
     model_file: str | None
+    # The rank's rendered entrypoint (the recipe's, else the adapter's default): an engine
+    # with two servers (llama.cpp's llama-server and llama-cpp-python's) tells them apart by it.
+    entrypoint: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
