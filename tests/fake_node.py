@@ -37,6 +37,7 @@ class Rank:
     exit_code: int | None = None
     log: str = ""
     port: int | None = None
+    files: dict[str, str] = field(default_factory=dict)  # log and env file, by path
 
 
 @dataclass
@@ -66,7 +67,7 @@ class FakeNode:
         if argv == ("true",) or argv[0] == "put":
             return 0
         if len(argv) >= 6 and argv[1:3] == ("-S", "-c"):
-            return json.dumps(self._agent(argv[4], json.loads(argv[5])))
+            return json.dumps(self._agent(argv[4], json.loads(argv[5]), call.stdin or b""))
         if argv[:2] == ("sh", "-c") and "CLK_TCK" in argv[2]:
             return self._inspect(argv[4])
         if argv[:2] == ("sh", "-c") and "docker stop" in argv[2]:
@@ -76,8 +77,11 @@ class FakeNode:
             return 0
         if argv[:2] == ("sh", "-c") and "docker logs" in argv[2]:
             return next((r.log for r in self.ranks if r.name == argv[5]), "")
-        if argv[0] == "cat":
-            return 0
+        if argv[0] in ("cat", "tail"):
+            for rank in self.ranks:
+                if argv[-1] in rank.files:
+                    return rank.files[argv[-1]]
+            return 1, "", f"{argv[0]}: {argv[-1]}: No such file or directory"
         if argv[0] == "docker":
             return self._docker(argv)
         return 127, "", f"fake node: no answer for {argv[:3]}"
@@ -87,7 +91,7 @@ class FakeNode:
         match = [r for r in self.ranks if r.kind == "process" and f"r{r.rank}.pid" == Path(str(pid_path)).name]
         return match[-1] if match else None
 
-    def _agent(self, command: str, payload: dict[str, Any]) -> Any:
+    def _agent(self, command: str, payload: dict[str, Any], stdin: bytes) -> Any:
         if command == "preflight":
             return {"found": self.foreign, "holders": self._holders(payload["ports"])}
         if command == "holders":
@@ -100,8 +104,9 @@ class FakeNode:
                 return {"state": "exited", "pid": None, "exit_code": 127, "started_at": None}
             self._next_pid += 1
             port = int(payload["argv"][payload["argv"].index("--port") + 1]) if payload["rank"] == 0 else None
+            files = {payload["log_path"]: self.boot_log, payload["env_file"]: stdin.decode()}
             self.ranks.append(Rank(payload["rank"], payload["markers"][ENV_INSTANCE], self._next_pid, "process",
-                                   log=self.boot_log, port=port))
+                                   log=self.boot_log, port=port, files=files))
             return {"state": "running", "pid": self._next_pid, "exit_code": None, "started_at": 1.0}
         if command == "probe":
             rank = self._rank_of(payload)

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from sparkfleet.apply.down import down
+from sparkfleet.apply.observe import logs, status
 from sparkfleet.apply.up import up
-from sparkfleet.errors import ReadinessError, SparkfleetError, StateError
+from sparkfleet.errors import ReadinessError, SparkfleetError, StateError, TransportError
 from sparkfleet.nodes.transport.mock import Call
 from sparkfleet.state.deployments import Deployments
 from tests.fake_node import FakeFleet, fake_fleet, head_server
@@ -223,3 +224,30 @@ def test_down_stops_only_its_own_instance(tmp_path: Path) -> None:
         fleet.nodes["node1"].ranks.append(Rank(1, "0ther0ther00", 5555, "process"))
         down(record, connect=fleet.connect)
     assert fleet.left_running() == [("node1", 1)]
+
+
+def test_status_and_logs_read_every_rank_through_its_transport(tmp_path: Path) -> None:
+    with head_server() as port:
+        fleet = fake_fleet(tmp_path, port=port, extra='[env]\nMY_API_KEY = "sekrit-value-99"\n')
+        for node in fleet.nodes.values():
+            node.boot_log = "loading with key sekrit-value-99\nThe server is fired up and ready to roll!\n"
+        _run(fleet)
+        record = Deployments().get("fake")
+        assert record is not None
+        ranks = status(record, connect=fleet.connect)
+        assert [(r.rank, r.node, r.state, r.health) for r in ranks] == [
+            (0, "node0", "running", "healthy"), (1, "node1", "running", "alive")]
+        shown = logs(record, connect=fleet.connect)
+        assert "fired up" in shown[0] and "loading with key ***" in shown[1]
+        assert "sekrit-value-99" not in "".join(shown.values())  # hidden with the rank's own env file
+        # A rank that died after ready, and a node that cannot be reached, as status shows them.
+        fleet.nodes["node1"].ranks[-1].running = False
+        fleet.nodes["node1"].ranks[-1].exit_code = 3
+
+        def unreachable(call: Call) -> None:
+            raise TransportError("node0", "cannot reach 127.0.0.1 over SSH: Connection refused")
+
+        fleet.nodes["node0"].on_call = unreachable
+        ranks = status(record, connect=fleet.connect)
+    assert ranks[1].state == "exited" and ranks[1].detail == "exit code 3"
+    assert ranks[0].state == "unknown" and "cannot reach" in ranks[0].detail

@@ -12,7 +12,7 @@ import httpx
 from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.runtime import runtime_for
 from sparkfleet.nodes.runtime.base import RankState
-from sparkfleet.nodes.transport import transport_for
+from sparkfleet.nodes.transport import Connector, transport_for
 from sparkfleet.nodes.transport.base import Stream, Transport
 from sparkfleet.plan.model import RankHandle
 from sparkfleet.spec.secrets import env_file_secrets, redact
@@ -45,13 +45,13 @@ def _health(deployment: Deployment) -> str:
     return "healthy" if code == 200 else f"HTTP {code}"
 
 
-def status(deployment: Deployment) -> list[RankStatus]:
+def status(deployment: Deployment, connect: Connector = transport_for) -> list[RankStatus]:
     """Inspect every rank in parallel, and rank 0's health endpoint."""
     ranks = {str(r.rank): r for r in deployment.ranks}
 
     def inspect(key: str) -> RankState:
         rank = ranks[key]
-        return runtime_for(rank).inspect(rank, transport_for(rank.node))
+        return runtime_for(rank).inspect(rank, connect(rank.node))
 
     outcomes = fan_out(list(ranks), inspect)
     head_health = _health(deployment)
@@ -73,10 +73,11 @@ def status(deployment: Deployment) -> list[RankStatus]:
     return sorted(out, key=lambda s: s.rank)
 
 
-def logs(deployment: Deployment, rank: int | None = None, tail: int | None = 200) -> dict[int, str]:
+def logs(deployment: Deployment, rank: int | None = None, tail: int | None = 200,
+         connect: Connector = transport_for) -> dict[int, str]:  # fmt: skip
     """Every rank's recent log (or one rank's), fetched in parallel."""
     chosen = [r for r in deployment.ranks if rank is None or r.rank == rank]
-    outcomes = fan_out([str(r.rank) for r in chosen], lambda k: _one_log(deployment, int(k), tail))
+    outcomes = fan_out([str(r.rank) for r in chosen], lambda k: _one_log(deployment, int(k), tail, connect))
     return {int(k): (o.value if o.ok and o.value is not None else f"(could not read: {o.error})")
             for k, o in outcomes.items()}  # fmt: skip
 
@@ -88,9 +89,9 @@ def rank_secrets(rank: RankHandle, transport: Transport) -> dict[str, str]:
     return env_file_secrets(result.stdout) if result.ok else {}
 
 
-def _one_log(deployment: Deployment, rank: int, tail: int | None) -> str:
+def _one_log(deployment: Deployment, rank: int, tail: int | None, connect: Connector) -> str:
     plan_rank = deployment.ranks[rank]
-    transport = transport_for(plan_rank.node)
+    transport = connect(plan_rank.node)
     text = runtime_for(plan_rank).logs(plan_rank, transport, tail=tail)
     return redact(text, rank_secrets(plan_rank, transport))
 
