@@ -8,20 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.cli.main import main
+from tests.cli_run import run_main
 from tests.conftest import ROOT, SEEDS, SPARK4
 
 BAD = sorted((ROOT / "tests" / "data" / "bad_recipes").glob("*.toml"))
 
 
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _expected(path: Path) -> str:
@@ -32,7 +24,7 @@ def _expected(path: Path) -> str:
 
 @pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
 def test_bad_recipe_is_one_clear_line(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _run(capsys, "validate", str(path))
+    code, out, err = run_main(capsys, "validate", str(path))
     assert code == 2
     line = " ".join(err.split())  # rich may wrap a long line at the terminal width
     assert line.startswith(f"error: {path}")
@@ -42,19 +34,19 @@ def test_bad_recipe_is_one_clear_line(path: Path, capsys: pytest.CaptureFixture[
 
 @pytest.mark.parametrize("path", BAD[:4], ids=[p.stem for p in BAD[:4]])
 def test_plan_refuses_bad_recipes_too(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = _run(capsys, "plan", str(path), "--json")
+    code, _, err = run_main(capsys, "plan", str(path), "--json")
     assert code == 2 and _expected(path) in " ".join(err.split())
 
 
 def test_missing_recipe_and_folder_without_recipe(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = _run(capsys, "validate", str(tmp_path / "nope"))
+    code, _, err = run_main(capsys, "validate", str(tmp_path / "nope"))
     assert code == 2 and "no such recipe file or folder" in err
-    code, _, err = _run(capsys, "validate", str(tmp_path))
+    code, _, err = run_main(capsys, "validate", str(tmp_path))
     assert code == 2 and "no recipe.toml in this folder" in err
 
 
 def test_too_few_nodes_is_refused_at_plan_time(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = _run(capsys, "plan", str(SEEDS / "dsv41-flash-4x-mia"))
+    code, _, err = run_main(capsys, "plan", str(SEEDS / "dsv41-flash-4x-mia"))
     text = " ".join(err.split())
     assert code == 2 and "required_nodes = 4" in text and "has 1 node(s)" in text
 
@@ -78,21 +70,21 @@ def test_bad_cluster_is_one_clear_line(
 ) -> None:
     cluster = tmp_path / "cluster.toml"
     cluster.write_text(body)
-    code, _, err = _run(capsys, "plan", str(SEEDS / "dsv41-flash-4x-mia"), "--cluster", str(cluster))
+    code, _, err = run_main(capsys, "plan", str(SEEDS / "dsv41-flash-4x-mia"), "--cluster", str(cluster))
     text = " ".join(err.split())
     assert code == 2 and text.startswith(f"error: {cluster}") and expect in text
 
 
 def test_bad_set_and_env_overrides(capsys: pytest.CaptureFixture[str]) -> None:
     seed = str(SEEDS / "dsv41-flash-4x-mia")
-    code, _, err = _run(capsys, "plan", seed, "-c", str(SPARK4), "--set", "port=99999")
+    code, _, err = run_main(capsys, "plan", seed, "-c", str(SPARK4), "--set", "port=99999")
     assert code == 2 and "port: Input should be less than or equal to 65535" in " ".join(err.split())
-    code, _, err = _run(capsys, "plan", seed, "-c", str(SPARK4), "--env", "9X=1")
+    code, _, err = run_main(capsys, "plan", seed, "-c", str(SPARK4), "--env", "9X=1")
     assert code == 2 and "--env '9X=1'" in err
 
 
 def test_set_override_changes_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run(capsys, "plan", str(SEEDS / "dsv41-flash-4x-mia"), "-c", str(SPARK4), "--json",
+    code, out, _ = run_main(capsys, "plan", str(SEEDS / "dsv41-flash-4x-mia"), "-c", str(SPARK4), "--json",
                         "--set", "port=31000", "--env", "EXTRA=1")  # fmt: skip
     assert code == 0
     assert '"--port",\n        "31000"' in out and '"EXTRA": "1"' in out
@@ -127,7 +119,7 @@ def test_wrongly_typed_secret_is_named_not_printed(
 ) -> None:
     recipe = tmp_path / "recipe.toml"
     recipe.write_text(f'engine = "vllm"\nmodel = "org/m"\n[env]\n{env}\n')
-    code, _, err = _run(capsys, "validate", str(recipe))
+    code, _, err = run_main(capsys, "validate", str(recipe))
     text = " ".join(err.split())
     assert code == 2 and SECRET not in err
     assert "env.HF_TOKEN" in text or "env.MY_API_KEY" in text
@@ -143,7 +135,7 @@ def test_env_of_the_wrong_shape_hides_the_secrets_it_holds(
 ) -> None:
     recipe = tmp_path / "recipe.toml"
     recipe.write_text(f'engine = "vllm"\nmodel = "org/m"\n{body}\n')
-    code, _, err = _run(capsys, "validate", str(recipe))
+    code, _, err = run_main(capsys, "validate", str(recipe))
     assert code == 2 and "env" in err and SECRET not in err and "***" in err
 
 
@@ -151,19 +143,19 @@ def test_cluster_secret_and_overrides_are_not_printed(tmp_path: Path, capsys: py
     cluster = tmp_path / "cluster.toml"
     cluster.write_text(f'name = "x"\n[[nodes]]\nname = "a"\nhost = "h"\n[nodes.env]\nHF_TOKEN = ["{SECRET}"]\n')
     seed = str(SEEDS / "dsv41-flash-4x-mia")
-    code, _, err = _run(capsys, "plan", seed, "--cluster", str(cluster))
+    code, _, err = run_main(capsys, "plan", seed, "--cluster", str(cluster))
     assert code == 2 and "nodes[0].env.HF_TOKEN: input should be a valid string" in " ".join(err.split())
     assert SECRET not in err
-    code, _, err = _run(capsys, "plan", seed, "-c", str(SPARK4), "--set", f'env.HF_TOKEN=["{SECRET}"]')
+    code, _, err = run_main(capsys, "plan", seed, "-c", str(SPARK4), "--set", f'env.HF_TOKEN=["{SECRET}"]')
     assert code == 2 and "env.HF_TOKEN" in err and SECRET not in err
-    code, _, err = _run(capsys, "plan", seed, "-c", str(SPARK4), "--env", f"9X_TOKEN={SECRET}")
+    code, _, err = run_main(capsys, "plan", seed, "-c", str(SPARK4), "--env", f"9X_TOKEN={SECRET}")
     assert code == 2 and "9X_TOKEN" in err and SECRET not in err
 
 
 def test_other_wrongly_typed_values_are_still_shown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     recipe = tmp_path / "recipe.toml"
     recipe.write_text('engine = "vllm"\nmodel = "org/m"\n[env]\nNCCL_DEBUG = ["INFO"]\n')
-    code, _, err = _run(capsys, "validate", str(recipe))
+    code, _, err = run_main(capsys, "validate", str(recipe))
     assert code == 2 and "env.NCCL_DEBUG: input should be a valid string (got ['INFO'])" in " ".join(err.split())
 
 
@@ -183,7 +175,7 @@ def test_validate_refuses_what_plan_refuses_without_a_cluster(
     recipe = tmp_path / "recipe.toml"
     recipe.write_text(f'engine = "sglang"\nmodel = "org/m"\n{body}')
     for argv in (("validate", str(recipe)), ("plan", str(recipe), "-c", str(SPARK4))):
-        code, out, err = _run(capsys, *argv)
+        code, out, err = run_main(capsys, *argv)
         assert code == 2 and out == "" and expect in " ".join(err.split()), argv
 
 
@@ -195,7 +187,7 @@ def test_placeholders_in_recipe_and_cluster_are_one_message(tmp_path: Path, caps
         'name = "x"\n[[nodes]]\nname = "head"\nhost = "localhost"\nfabric_ip = "<SET ME: HEAD_IP>"\n'
         '[[nodes]]\nname = "b"\nhost = "b"\nfabric_ip = "10.0.0.2"\n[nodes.env]\nNCCL_IB_HCA = "<SET ME: HCA>"\n'
     )
-    code, _, err = _run(capsys, "plan", str(recipe), "--cluster", str(cluster))
+    code, _, err = run_main(capsys, "plan", str(recipe), "--cluster", str(cluster))
     text = " ".join(err.split())
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert text == (
@@ -204,7 +196,7 @@ def test_placeholders_in_recipe_and_cluster_are_one_message(tmp_path: Path, caps
     )
     # The cluster alone, once the recipe is filled in.
     recipe.write_text('engine = "vllm"\nmodel = "org/m"\n')
-    code, _, err = _run(capsys, "plan", str(recipe), "--cluster", str(cluster))
+    code, _, err = run_main(capsys, "plan", str(recipe), "--cluster", str(cluster))
     assert code == 2 and " ".join(err.split()).startswith(f"error: {cluster}: fill in the <SET ME: …> placeholders")
-    code, _, err = _run(capsys, "validate", str(recipe))
+    code, _, err = run_main(capsys, "validate", str(recipe))
     assert code == 0, err

@@ -8,17 +8,7 @@ import sys
 
 import pytest
 
-from sparkfleet.cli.main import main
-
-
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
+from tests.cli_run import run_main
 
 
 @pytest.mark.parametrize(
@@ -36,7 +26,7 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
 def test_usage_mistake_is_one_line_and_exit_2(
     capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], expect: str
 ) -> None:
-    code, out, err = _run(capsys, *argv)
+    code, out, err = run_main(capsys, *argv)
     assert code == 2 and out == ""
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and expect in err
     assert "--help" in err  # where to look next
@@ -44,7 +34,7 @@ def test_usage_mistake_is_one_line_and_exit_2(
 
 @pytest.mark.parametrize("argv", [(), ("bench",)], ids=["root", "group"])
 def test_asking_for_nothing_shows_help_on_stdout(capsys: pytest.CaptureFixture[str], argv: tuple[str, ...]) -> None:
-    code, out, err = _run(capsys, *argv)
+    code, out, err = run_main(capsys, *argv)
     assert code == 0 and "Usage:" in out and err == ""
 
 
@@ -63,7 +53,7 @@ def test_extras_are_named_before_any_work(capsys: pytest.CaptureFixture[str], mo
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
     # No run is stored and no server answers: the missing extra is still the error shown.
-    code, _, err = _run(capsys, "bench", "export", "last", "--format", "png")
+    code, _, err = run_main(capsys, "bench", "export", "last", "--format", "png")
     assert code == 2 and "pip install 'sparkfleet[plots]'" in err and len(err.splitlines()) == 1
-    code, _, err = _run(capsys, "eval", "needle", "http://127.0.0.1:9", "--png", "h.png")
+    code, _, err = run_main(capsys, "eval", "needle", "http://127.0.0.1:9", "--png", "h.png")
     assert code == 2 and "pip install 'sparkfleet[plots]'" in err
