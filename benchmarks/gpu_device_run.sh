@@ -11,7 +11,8 @@
 # environment: SPARKFLEET_GPU_WORK (/var/tmp/sparkfleet-gpu), SPARKFLEET_GPU_SHAPE (llama3-8b, or
 #   tiny), SPARKFLEET_GPU_CUDA (1; 0 builds for the CPU: a rehearsal anywhere), SPARKFLEET_GPU_PORT
 #   (18080, the recipe's), SPARKFLEET_GPU_QUICK (0; 1: one short bench tier each, for rehearsals),
-#   PYTHON (python3).
+#   SPARKFLEET_GPU_DEADLINE (0; N: every step is cut short so the whole run ends within N seconds,
+#   30 s kept for down and the report), PYTHON (python3).
 set -uo pipefail
 
 SRC=${1:?usage: gpu_device_run.sh LLAMA_SRC RESULTS [WHEELS]}
@@ -53,6 +54,12 @@ step() {
   return "$rc"
 }
 sf() { "$PY" -m sparkfleet.cli.main "$@"; }
+DEADLINE=${SPARKFLEET_GPU_DEADLINE:-0}
+left() {  # left MAX: the seconds a step may take: MAX, or less so that the run ends by the deadline
+  [ "$DEADLINE" = 0 ] && { echo "$1"; return; }
+  awk -v m="$1" -v a="$T0" -v b="$EPOCHREALTIME" -v d="$DEADLINE" \
+    'BEGIN{r=int(d-(b-a)-30); if (r<m) m=r; if (m<1) m=1; print m}'
+}
 gpu_query() {  # gpu_query FILE: what nvidia-smi says of the GPUs and the processes holding them
   command -v nvidia-smi >/dev/null || { echo "no nvidia-smi" >"$1"; return 0; }
   nvidia-smi --query-gpu=name,memory.total,memory.used,memory.free,driver_version,compute_cap \
@@ -98,7 +105,7 @@ cuda=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
 (
   step configure cmake -S "$LL" -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${cuda[@]}" \
     -DLLAMA_CURL=OFF -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF >"$CAP/build.log" 2>&1 &&
-    step build timeout 420 ninja -C "$WORK/build" -j"$(nproc)" llama-server >>"$CAP/build.log" 2>&1
+    step build timeout "$(left 420)" ninja -C "$WORK/build" -j"$(nproc)" llama-server >>"$CAP/build.log" 2>&1
 ) &
 BUILD=$!
 PYTHONPATH=$LL/gguf-py${PYTHONPATH:+:$PYTHONPATH} step model "$PY" "$HERE/gpu_run/make_gguf.py" \
@@ -126,12 +133,11 @@ cat "$CAP/plan.txt"
 "$PY" "$HERE/gpu_run/capture.py" health-trace "$URL" "$CAP/health-trace.json" &
 TRACE=$!
 UP=1
-step up timeout 300 "$PY" -m sparkfleet.cli.main up "$RECIPE" "${sets[@]}" --timeout 240 2>&1 | tee "$CAP/up.txt"
+step up timeout "$(left 300)" "$PY" -m sparkfleet.cli.main up "$RECIPE" "${sets[@]}" --timeout 240 2>&1 | tee "$CAP/up.txt"
 up_rc=${PIPESTATUS[0]}
 wait "$TRACE"
 step deployment-up "$PY" "$HERE/gpu_run/capture.py" deployment "$NAME" "$CAP/deployment.json"
-if [ "$up_rc" != 0 ]; then
-  UP=0
+if [ "$up_rc" != 0 ]; then  # up rolled back; finish's down makes sure
   log=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["log_path"] or "")' "$CAP/deployment.json")
   [ -n "$log" ] && cp "$log" "$CAP/server.log"
   exit 1
@@ -148,11 +154,11 @@ if [ "${SPARKFLEET_GPU_QUICK:-0}" = 1 ]; then
   prefill=(--lengths 1k --repeats 1)
 fi
 # Inside the device call's 10 minutes whatever happens: a stopped bench keeps what it measured.
-step bench-decode timeout 300 "$PY" -m sparkfleet.cli.main bench decode "$NAME" "${decode[@]}" --timeout 120 \
+step bench-decode timeout "$(left 300)" "$PY" -m sparkfleet.cli.main bench decode "$NAME" "${decode[@]}" --timeout 120 \
   --label gpu-run 2>&1 | tee "$CAP/bench-decode.txt"
 sf bench export last -f json -o "$CAP/bench-decode.json"
 sf bench export last -f md -o "$CAP/bench-decode.md"
-step bench-prefill timeout 150 "$PY" -m sparkfleet.cli.main bench prefill "$NAME" "${prefill[@]}" \
+step bench-prefill timeout "$(left 150)" "$PY" -m sparkfleet.cli.main bench prefill "$NAME" "${prefill[@]}" \
   --label gpu-run 2>&1 | tee "$CAP/bench-prefill.txt"
 sf bench export last -f json -o "$CAP/bench-prefill.json"
 sf bench export last -f md -o "$CAP/bench-prefill.md"

@@ -327,27 +327,42 @@ def _failed(start: float, message: str) -> RequestRecord:
 
 
 async def stream_request(client: httpx.AsyncClient, base_url: str, model: str, spec: RequestSpec) -> RequestRecord:
-    """Send one streaming request and record it; failures are recorded, never raised."""
+    """Send one streaming request and record it; failures are recorded, never raised.
+
+    A request whose pooled connection the server had already closed is sent once more on a
+    new one: llama.cpp's llama-server (cpp-httplib) closes kept-alive connections after a few
+    requests, and the client only learns it when its next request gets no answer at all
+    (``Server disconnected without sending a response``). That request never reached the
+    server, so sending it again measures nothing twice; its clock restarts.
+    """
     url = base_url.rstrip("/") + api_path(spec.api)
     body = json.dumps(request_body(spec, model)).encode()
     headers = {"content-type": "application/json", "accept": "text/event-stream"}
-    parser = _StreamParser(spec.api)
     clock = time.perf_counter
-    start = clock()
-    try:
-        async with client.stream("POST", url, content=body, headers=headers) as response:
-            if response.status_code != 200:
-                detail = (await response.aread()).decode(errors="replace").strip()
-                return _failed(start, f"HTTP {response.status_code}: {_short(detail)}")
-            async for data in response.aiter_raw():
-                parser.feed(data, clock())
-            if parser.buf:
-                parser.feed(b"\n", clock())
-    except httpx.TimeoutException as exc:
-        return _failed(start, f"timed out ({type(exc).__name__})")
-    except httpx.HTTPError as exc:
-        return _failed(start, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
-    return parser.record(start, clock())
+    for attempt in range(2):
+        parser = _StreamParser(spec.api)
+        start = clock()
+        answered = False
+        try:
+            async with client.stream("POST", url, content=body, headers=headers) as response:
+                answered = True
+                if response.status_code != 200:
+                    detail = (await response.aread()).decode(errors="replace").strip()
+                    return _failed(start, f"HTTP {response.status_code}: {_short(detail)}")
+                async for data in response.aiter_raw():
+                    parser.feed(data, clock())
+                if parser.buf:
+                    parser.feed(b"\n", clock())
+        except httpx.TimeoutException as exc:
+            return _failed(start, f"timed out ({type(exc).__name__})")
+        except httpx.RemoteProtocolError as exc:
+            if not answered and attempt == 0:
+                continue  # a connection the server had closed: the request never reached it
+            return _failed(start, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        except httpx.HTTPError as exc:
+            return _failed(start, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        return parser.record(start, clock())
+    raise AssertionError("unreachable")  # pragma: no cover - the loop always returns
 
 
 def _short(text: str, limit: int = 300) -> str:
