@@ -145,11 +145,17 @@ def decode_figures(export: dict[str, Any]) -> dict[str, Any]:
         }  # fmt: skip
         tiers.append(row)
     pairs_by_conc: dict[int, list[tuple[float, float]]] = {}
+    aggregate_by_conc: dict[int, list[float]] = {}
     tokens: list[tuple[int | None, float | None]] = []
     for sample in export["samples"]:
         conc = int(sample["tier"].rpartition("/c")[2])
         records = _records(sample)
-        pairs_by_conc.setdefault(conc, []).extend(server_agreement(records))
+        pairs = server_agreement(records)
+        pairs_by_conc.setdefault(conc, []).extend(pairs)
+        # The run's steady aggregate against the sum of the server's per-request decode rates.
+        steady = sample.get("steady_output_throughput")
+        if steady and pairs and len(pairs) == len(records):
+            aggregate_by_conc.setdefault(conc, []).append(steady / sum(theirs for _, theirs in pairs))
         tokens += [(r.completion_tokens, (r.server_timings or {}).get("predicted_n")) for r in records if r.ok]
     by_conc = {}
     for conc in sorted({t["concurrency"] for t in tiers}):
@@ -169,6 +175,7 @@ def decode_figures(export: dict[str, Any]) -> dict[str, Any]:
             "ratio_min": min(ratios) if ratios else None,
             "ratio_max": max(ratios) if ratios else None,
             "max_deviation": max(abs(1 - r) for r in ratios) if ratios else None,
+            "aggregate_ratios": aggregate_by_conc.get(conc, []),
         }
     deviations = [v["max_deviation"] for v in by_conc.values() if v["max_deviation"] is not None]
     return {
@@ -305,6 +312,12 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"{_f(v['server_per_stream_tps'])} | {_f(v['ratio_median'], 4)} "
                 f"({_f(v['ratio_min'], 4)}–{_f(v['ratio_max'], 4)}) | {_f(deviation, 2)} % |"
             )
+        for conc, v in decode["by_concurrency"].items():
+            agg = v.get("aggregate_ratios") or []
+            if agg:
+                lines.append(f"\n{conc}: each run's aggregate tok/s / the sum of the server's per-request rates: "
+                             f"median {_f(statistics.median(agg), 4)} ({_f(min(agg), 4)}–{_f(max(agg), 4)}), "
+                             f"{len(agg)} runs")
         same_tokens = decode["usage_equals_server_predicted_n"]
         lines += ["", f"Within 5 %: **{decode['agreement_within_5pct']}**; usage.completion_tokens == "
                       f"timings.predicted_n for every request: {same_tokens}"]  # fmt: skip
