@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from sparkfleet.plan.flags import first_present, flag_value
+from sparkfleet.plan.flags import first_present, flag_value, has_flag
 
 
 @dataclass(frozen=True)
@@ -161,6 +161,16 @@ def conflicting_flag(args: Sequence[str], reserved: Iterable[str], engine: str) 
         f"args: {flag} is set by sparkfleet for each rank ({engine}); "
         "remove it from args (the recipe's tensor_parallel_size/port fields set these)"
     )
+
+
+def revision_flags(spec: LaunchSpec, model_ref: str) -> tuple[str, ...]:
+    """``--revision REV`` when the engine resolves a Hugging Face repo id itself (SGLang, vLLM):
+    offline, without it the engine loads whatever ``refs/main`` points at in the node's cache,
+    not the snapshot the recipe pins. A path (composed model, local dir) or args that already
+    name a revision get nothing."""
+    if not spec.revision or spec.composed or model_ref.startswith("/") or has_flag(spec.args, "--revision"):
+        return ()
+    return ("--revision", spec.revision)
 
 
 def gpu_ranks_cover_nodes(spec: LaunchSpec) -> str | None:

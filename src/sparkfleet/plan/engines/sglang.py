@@ -13,6 +13,7 @@ from sparkfleet.plan.engines.base import (
     Readiness,
     conflicting_flag,
     gpu_ranks_cover_nodes,
+    revision_flags,
 )
 from sparkfleet.plan.flags import flag_value
 
@@ -65,6 +66,7 @@ class SGLang(AdapterDefaults):
             *entrypoint,
             *spec.args,
             "--model-path", ctx.model_ref,
+            *revision_flags(spec, ctx.model_ref),
             *parallel,
             "--nnodes", str(ctx.nnodes),
             "--node-rank", str(ctx.rank),

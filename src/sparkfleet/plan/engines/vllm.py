@@ -14,6 +14,7 @@ from sparkfleet.plan.engines.base import (
     Readiness,
     conflicting_flag,
     gpu_ranks_cover_nodes,
+    revision_flags,
 )
 from sparkfleet.plan.flags import flag_value, has_flag
 
@@ -58,6 +59,7 @@ class VLLM(AdapterDefaults):
         return (
             *entrypoint,
             ctx.model_ref,
+            *revision_flags(spec, ctx.model_ref),
             *spec.args,
             "--tensor-parallel-size", str(spec.tensor_parallel_size),
             "--pipeline-parallel-size", str(spec.pipeline_parallel_size),
