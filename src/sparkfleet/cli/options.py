@@ -25,6 +25,9 @@ EnvOpt = Annotated[
 ]
 NameOpt = Annotated[str | None, typer.Option("--name", help="Deployment name (default: the recipe's folder).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+VariantOpt = Annotated[
+    str, typer.Option("--variant", help="Which [variants.NAME] overlay of the recipe (base: none).")
+]
 
 
 def parse_env(items: list[str] | None) -> tuple[tuple[str, str], ...]:
@@ -44,9 +47,10 @@ def parse_env(items: list[str] | None) -> tuple[tuple[str, str], ...]:
 
 
 def build_plan(
-    recipe: Path, cluster: Path | None, sets: list[str] | None, env: list[str] | None, name: str | None
+    recipe: Path, cluster: Path | None, sets: list[str] | None, env: list[str] | None, name: str | None,
+    variant: str = "base",
 ) -> Plan:
     """Load, validate and plan: the first step of plan, up, stage, doctor and export."""
-    loaded = load_recipe(recipe, tuple(sets or ()))
+    loaded = load_recipe(recipe, tuple(sets or ()), variant)
     inventory = load_cluster(cluster)
     return plan(loaded, inventory, deployment_name(recipe), Overrides(env=parse_env(env), name=name))

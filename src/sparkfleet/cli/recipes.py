@@ -3,21 +3,42 @@
 from __future__ import annotations
 
 import json
+from typing import Annotated
 
 import typer
 
 from sparkfleet.cli.console import console
-from sparkfleet.cli.options import ClusterOpt, EnvOpt, JsonOpt, NameOpt, RecipeArg, SetOpt, build_plan
+from sparkfleet.cli.options import (
+    ClusterOpt,
+    EnvOpt,
+    JsonOpt,
+    NameOpt,
+    RecipeArg,
+    SetOpt,
+    VariantOpt,
+    build_plan,
+)
 from sparkfleet.plan.build import check_plannable
-from sparkfleet.spec.recipe import load_recipe
+from sparkfleet.spec.recipe import load_recipe, recipe_variants
+
+DiffOpt = Annotated[
+    tuple[str, str] | None,
+    typer.Option("--diff", help="Two variants: per rank, the argv words, env keys and image that differ."),
+]
 
 
 def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
-    """Check a recipe: exit 0 when it is valid, 2 with one line naming the problem otherwise."""
+    """Check a recipe and every variant it defines: exit 0 when all are valid, 2 with one line
+    naming the problem otherwise."""
     loaded = load_recipe(recipe, tuple(set_ or ()))
     check_plannable(loaded)  # what plan checks before it needs a cluster
+    variants = recipe_variants(recipe)[1:]
+    for name in variants:
+        check_plannable(load_recipe(recipe, tuple(set_ or ()), name))
+    more = f", variants: {', '.join(variants)}" if variants else ""
     console.print(f"[green]ok[/] {loaded.source}: {loaded.engine}, {loaded.required_nodes} node(s), "
-                  f"tp={loaded.tensor_parallel_size} pp={loaded.pipeline_parallel_size}", soft_wrap=True)  # fmt: skip
+                  f"tp={loaded.tensor_parallel_size} pp={loaded.pipeline_parallel_size}{more}",
+                  soft_wrap=True)  # fmt: skip
 
 
 def plan_cmd(
@@ -27,11 +48,23 @@ def plan_cmd(
     env: EnvOpt = None,
     name: NameOpt = None,
     as_json: JsonOpt = False,
+    variant: VariantOpt = "base",
+    diff: DiffOpt = None,
 ) -> None:
     """Show what `up` will do on every node: commands, env (with sources), mounts, staging."""
     from sparkfleet.plan.render import plan_json, print_plan  # rich tables only when printing
 
-    planned = build_plan(recipe, cluster, set_, env, name)
+    if diff is not None:
+        from sparkfleet.plan.diff import diff_json, diff_lines
+
+        a, b = (build_plan(recipe, cluster, set_, env, name, v) for v in diff)
+        if as_json:
+            typer.echo(json.dumps(diff_json(a, b), indent=2))
+        else:
+            for line in diff_lines(a, b):
+                console.print(line, markup=False, highlight=False, soft_wrap=True)
+        return
+    planned = build_plan(recipe, cluster, set_, env, name, variant)
     if as_json:
         typer.echo(json.dumps(plan_json(planned), indent=2, sort_keys=False))
     else:

@@ -47,7 +47,7 @@ def check_plannable(recipe: Recipe, cluster: Cluster | None = None) -> None:
 
 def _refuse_placeholders(recipe: Recipe, cluster: Cluster | None) -> None:
     """One message naming every key, in both files, that still holds an importer's placeholder."""
-    found = [(recipe.source, placeholder_keys(recipe.model_dump(exclude={"source"})))]
+    found = [(recipe.source, placeholder_keys(recipe.model_dump(exclude={"source", "variants"})))]
     if cluster is not None:
         # Resolved nodes: a placeholder under [defaults] shows at every node that inherits it.
         found.append((cluster.source, placeholder_keys({"nodes": [n.model_dump() for n in cluster.nodes]})))
@@ -98,6 +98,7 @@ def plan(recipe: Recipe, cluster: Cluster, deployment: str, overrides: Overrides
         image=_image(recipe),
         revision=recipe.revision,
         model_repo=_model_repo(recipe),
+        variant=recipe.variant,
     )
 
 

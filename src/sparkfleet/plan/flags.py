@@ -73,3 +73,21 @@ def first_present(args: Sequence[str], names: Iterable[str]) -> str | None:
         if normal(flag) in wanted:
             return flag
     return None
+
+
+def flag_groups(args: Sequence[str]) -> list[list[str]]:
+    """args split into option groups: each flag word with the values that follow it, up to the
+    next flag. Words before the first flag (a subcommand like ``serve``) form a group of their own.
+    This is how a flag is added, removed or replaced by name while its values travel with it."""
+    groups: list[list[str]] = []
+    for word in args:
+        if is_flag(word) or not groups:
+            groups.append([word])
+        else:
+            groups[-1].append(word)
+    return groups
+
+
+def group_flag(group: Sequence[str]) -> str | None:
+    """The normal option name a group from flag_groups starts with (None for leading words)."""
+    return normal(flag_name(group[0])) if group and is_flag(group[0]) else None

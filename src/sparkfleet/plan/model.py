@@ -210,6 +210,7 @@ class Plan:
     image: ImageSpec | None = None  # None: the ranks run as host processes
     revision: str | None = None  # the model's pinned snapshot revision
     model_repo: str | None = None  # the Hugging Face repo the weights come from (None: a path)
+    variant: str = "base"  # the recipe's overlay this plan was made from (spec/variants.py)
 
     @property
     def head(self) -> RankPlan:

@@ -65,6 +65,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "title": plan.title,
         "engine": plan.engine,
         "recipe": plan.recipe_source,
+        "variant": plan.variant,
         "cluster": plan.cluster_name,
         "endpoint": plan.endpoint,
         "served_model": plan.served_model,
@@ -106,7 +107,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
 
 def print_plan(plan: Plan, console: Console) -> None:
     """The human view: a per-node table, then each rank's exact command and env."""
-    title = f"{plan.name} — {plan.engine}" + (f" — {plan.title}" if plan.title else "")
+    title = f"{plan.name} — {plan.engine}" + (f" — {plan.title}" if plan.title else "") + f" — variant {plan.variant}"
     table = Table(title=title, title_justify="left")
     for col in ("rank", "node", "host", "fabric ip", "runtime", "image", "ports"):
         table.add_column(col)

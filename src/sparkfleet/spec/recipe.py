@@ -18,7 +18,8 @@ from sparkfleet.errors import RecipeError
 from sparkfleet.plan.engines import LaunchSpec, engine_for
 from sparkfleet.spec.sizes import parse_size
 from sparkfleet.spec.templates import KNOWN, unknown_templates
-from sparkfleet.spec.validation import describe
+from sparkfleet.spec.validation import describe, key_path, shown_error
+from sparkfleet.spec.variants import BASE, Variant, apply_variant, variant_names
 
 RECIPE_FILE = "recipe.toml"
 Engine = Literal["sglang", "vllm", "llama-cpp"]
@@ -168,7 +169,9 @@ class Recipe(_Strict):
     composed_model: ComposedModel | None = None
     verify: Verify = Field(default_factory=Verify)
     memory: Memory = Field(default_factory=Memory)
+    variants: dict[str, Variant] = Field(default_factory=dict)
     source: str = Field(default="", exclude=True)
+    variant: str = Field(default=BASE, exclude=True)  # which overlay this recipe is (spec/variants.py)
 
     @field_validator("shm_size")
     @classmethod
@@ -277,19 +280,32 @@ def _check_templates(data: Any, path: str = "") -> None:
             _check_templates(value, f"{path}[{i}]")
 
 
-def parse_recipe(data: dict[str, Any], source: str) -> Recipe:
-    """Validate recipe data already read from TOML; errors name ``source`` and the key path."""
+def parse_recipe(data: dict[str, Any], source: str, variant: str = BASE,
+                 set_by: dict[str, str] | None = None) -> Recipe:  # fmt: skip
+    """Validate recipe data already read from TOML; errors name ``source`` and the key path.
+
+    For a variant's data, ``set_by`` maps each field a variant replaced to that variant, so an
+    error in it names ``variants.NAME.key``; any other error says which variant was resolved."""
+    where = source if variant == BASE else f"{source} (variant {variant!r})"
     try:
         _check_templates(data)
     except ValueError as exc:
         raise RecipeError(f"{source}: {exc}") from None
+    if isinstance(data.get("variants"), dict) and BASE in data["variants"]:
+        raise RecipeError(f"{source}: variants.{BASE}: {BASE!r} is the recipe without any overlay; "
+                          "give the variant another name")  # fmt: skip
     try:
-        recipe = Recipe.model_validate({**data, "source": source})
+        recipe = Recipe.model_validate({**data, "source": source, "variant": variant})
     except ValidationError as exc:
-        raise RecipeError(f"{source}: {describe(exc, Recipe)}") from None
+        first = tuple(shown_error(exc)["loc"])
+        owner = (set_by or {}).get(str(first[0])) if first else None
+        if owner is not None:
+            detail = describe(exc, Recipe).removeprefix(key_path(first) + ": ")
+            raise RecipeError(f"{source}: variants.{owner}.{key_path(first)}: {detail}") from None
+        raise RecipeError(f"{where}: {describe(exc, Recipe)}") from None
     problem = engine_for(recipe.engine).check_recipe(recipe.launch_spec())
     if problem:
-        raise RecipeError(f"{source}: {problem}")
+        raise RecipeError(f"{where}: {problem}")
     return recipe
 
 
@@ -315,8 +331,21 @@ def apply_sets(data: dict[str, Any], sets: tuple[str, ...], source: str) -> dict
     return data
 
 
-def load_recipe(path: Path | str, sets: tuple[str, ...] = ()) -> Recipe:
-    """Load and validate a recipe file or folder, with optional ``--set`` overrides."""
+def load_recipe(path: Path | str, sets: tuple[str, ...] = (), variant: str = BASE) -> Recipe:
+    """Load and validate a recipe file or folder as variant ``variant`` (``base``: the recipe as
+    written), with optional ``--set`` overrides applied on top."""
     file = recipe_file(Path(path))
-    data = apply_sets(read_toml(file), sets, str(file)) if sets else read_toml(file)
-    return parse_recipe(data, str(file))
+    source = str(file)
+    data = read_toml(file)
+    parse_recipe(data, source)  # the recipe as written, variants tables included, is valid first
+    set_by: dict[str, str] = {}
+    if variant != BASE:
+        data, set_by = apply_variant(data, variant, source)
+    if sets:
+        data = apply_sets(data, sets, source)
+    return parse_recipe(data, source, variant, set_by)
+
+
+def recipe_variants(path: Path | str) -> list[str]:
+    """``base`` and the variants a recipe defines, in file order."""
+    return variant_names(read_toml(recipe_file(Path(path))))

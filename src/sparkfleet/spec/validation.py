@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, get_origin
 
 from pydantic import BaseModel, ValidationError
 
@@ -28,13 +28,16 @@ def key_path(loc: Sequence[int | str]) -> str:
 def _model_at(model: type[BaseModel], loc: Sequence[int | str]) -> type[BaseModel] | None:
     """The pydantic model class that owns the key at loc's parent, for 'did you mean'."""
     current: Any = model
+    keyed = False  # the previous part was a field holding a table of models (``variants.NAME``)
     for part in loc[:-1]:
-        if isinstance(part, int):
+        if isinstance(part, int) or keyed:
+            keyed = False
             continue
         is_model = isinstance(current, type) and issubclass(current, BaseModel)
         field = current.model_fields.get(part) if is_model else None
         if field is None:
             return None
+        keyed = get_origin(field.annotation) is dict
         current = _inner_model(field.annotation)
         if current is None:
             return None
@@ -82,11 +85,16 @@ def _got(err: Any, loc: Sequence[int | str]) -> str:
     return f" (got {_masked(err.get('input'))!r})"
 
 
-def describe(exc: ValidationError, root: type[BaseModel]) -> str:
-    """The first validation error as ``key.path: message``."""
+def shown_error(exc: ValidationError) -> Any:
+    """The one error of several that describe() reports."""
     errors = exc.errors(include_url=False)
     # A misspelt key also makes the real key "missing": the typo is the error to show.
-    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    return next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+
+
+def describe(exc: ValidationError, root: type[BaseModel]) -> str:
+    """The first validation error as ``key.path: message``."""
+    err = shown_error(exc)
     loc = tuple(err["loc"])
     path = key_path(loc)
     kind = err["type"]
