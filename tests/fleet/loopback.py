@@ -239,7 +239,9 @@ class LoopbackFleet:
             f"state_dir = {_toml_str(self.workdir / 'state')}",
             f"gpus = {_toml_str(self.gpus)}",
             f"memlock = {_toml_str(self.memlock)}",
-            "rdma = false", "",
+            "rdma = false",
+            "# the nodes share this machine: each rank's servers listen on its node's own address",
+            'bind_address = "fabric"', "",
         ]
         for node in self.nodes:
             lines += ["[[nodes]]", f"name = {_toml_str(node.name)}",

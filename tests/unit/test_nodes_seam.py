@@ -281,8 +281,10 @@ def test_an_old_format_row_loads_as_handles_the_runtimes_take(tmp_path: Path) ->
     assert isinstance(handle, RankHandle) and handle.node.name == "local" and handle.ports == (8080,)
     assert handle.node.python == "python3" and handle.node.transport == "local"  # the fields it lacked
     assert handle.exit_path == "/tmp/w/r0.exit" and handle.readiness.tcp_port is None
+    # Keys it lacked come back at their defaults; stop_wave 0: every rank at once, as then.
     assert rank_to_json(handle) == {**OLD_RANK, "node": rank_to_json(handle)["node"],
-                                    "readiness": {**OLD_RANK["readiness"], "tcp_port": None}}  # fmt: skip
+                                    "readiness": {**OLD_RANK["readiness"], "tcp_port": None},
+                                    "stop_wave": 0}  # fmt: skip
     seen: list[Call] = []
 
     def node(call: Call) -> str:

@@ -19,7 +19,7 @@ from sparkfleet.apply.up import up
 from sparkfleet.errors import ReadinessError, SparkfleetError, StateError, TransportError
 from sparkfleet.nodes.transport.mock import Call
 from sparkfleet.state.deployments import Deployments
-from tests.fake_node import FakeFleet, fake_fleet, head_server
+from tests.fake_node import FakeFleet, FakeNode, fake_fleet, head_server
 
 STAGED = """
 [[staging]]
@@ -251,3 +251,53 @@ def test_status_and_logs_read_every_rank_through_its_transport(tmp_path: Path) -
         ranks = status(record, connect=fleet.connect)
     assert ranks[1].state == "exited" and ranks[1].detail == "exit code 3"
     assert ranks[0].state == "unknown" and "cannot reach" in ranks[0].detail
+
+
+def _stop_calls(fleet: FakeFleet) -> list[tuple[str, str, float]]:
+    """Record every node's agent stop as (node, 'begin'|'end', time); the head's stop is slow, as
+    SGLang's rank 0 is while it broadcasts shutdown to its workers."""
+    seen: list[tuple[str, str, float]] = []
+    for node in fleet.nodes.values():
+        original = node._agent
+
+        def agent(command: str, payload: dict[str, object], stdin: bytes, node: FakeNode = node,
+                  original: Callable[..., object] = original) -> object:  # fmt: skip
+            if command != "stop":
+                return original(command, payload, stdin)
+            seen.append((node.name, "begin", time.monotonic()))
+            if node.name == "node0":
+                time.sleep(0.3)
+            out = original(command, payload, stdin)
+            seen.append((node.name, "end", time.monotonic()))
+            return out
+
+        node._agent = agent  # type: ignore[method-assign]
+    return seen
+
+
+def test_down_stops_an_sglang_head_before_its_workers(tmp_path: Path) -> None:
+    """SGLang workers ignore SIGTERM until rank 0 broadcasts shutdown: the adapter's stop order
+    is the head first, then every worker at once."""
+    with head_server() as port:
+        fleet = fake_fleet(tmp_path, nodes=3, port=port)
+        assert [r.stop_wave for r in fleet.plan.ranks] == [0, 1, 1]
+        _run(fleet)
+        record = Deployments().get("fake")
+        assert record is not None and [r.stop_wave for r in record.ranks] == [0, 1, 1]
+        seen = _stop_calls(fleet)
+        down(record, connect=fleet.connect)
+    head_end = next(t for n, what, t in seen if n == "node0" and what == "end")
+    workers_begin = [t for n, what, t in seen if n != "node0" and what == "begin"]
+    assert len(workers_begin) == 2 and min(workers_begin) >= head_end
+    assert fleet.left_running() == []
+
+
+def test_rollback_follows_the_same_stop_order(tmp_path: Path) -> None:
+    with head_server(answer=" 41") as port:  # the smoke test fails: every rank is rolled back
+        fleet = fake_fleet(tmp_path, nodes=3, port=port)
+        seen = _stop_calls(fleet)
+        with pytest.raises(ReadinessError, match="smoke test failed"):
+            _run(fleet)
+    head_end = next(t for n, what, t in seen if n == "node0" and what == "end")
+    assert min(t for n, what, t in seen if n != "node0" and what == "begin") >= head_end
+    assert fleet.left_running() == []

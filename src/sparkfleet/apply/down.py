@@ -3,10 +3,10 @@ deployment's ranks by name on a cluster, whoever started them, and stop them."""
 
 from __future__ import annotations
 
+from sparkfleet.apply.stopping import stop_ranks
 from sparkfleet.errors import SparkfleetError
 from sparkfleet.nodes.fanout import fan_out, raise_first
 from sparkfleet.nodes.identity import FoundRank
-from sparkfleet.nodes.runtime import runtime_for
 from sparkfleet.nodes.runtime.docker import DockerRuntime
 from sparkfleet.nodes.runtime.process import ProcessRuntime
 from sparkfleet.nodes.transport import Connector, transport_for
@@ -21,19 +21,9 @@ def down(deployment: Deployment, *, deployments: Deployments | None = None,
     connect = connect or (lambda n: transport_for(n, accept_new_host_keys=accept_new_host_keys))
     transports = {r.node.name: connect(r.node) for r in deployment.ranks}
     records.set_status(deployment.name, "stopping")
-    stopped: list[str] = []
-
-    def stop(node: str) -> list[str]:
-        out: list[str] = []
-        for rank in (r for r in deployment.ranks if r.node.name == node):
-            stopped_here = runtime_for(rank).stop(rank, transports[node], deployment.name, deployment.instance)
-            out += [f"{node} rank {rank.rank}: {x}" for x in stopped_here]
-        return out
-
-    outcomes = fan_out(transports, stop)
-    errors = [f"{n}: {o.error}" for n, o in outcomes.items() if not o.ok]
-    for o in outcomes.values():
-        stopped += o.value or []
+    result = stop_ranks(deployment.ranks, transports, deployment.name, deployment.instance)
+    stopped = result.stopped
+    errors = [f"{n}: {e}" for n, e in result.failed.items()]
     if errors:
         records.event(deployment.name, "down-failed", "; ".join(errors))
         raise SparkfleetError(f"{deployment.name}: could not stop every rank: " + "; ".join(errors))

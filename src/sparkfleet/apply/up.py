@@ -16,6 +16,7 @@ from sparkfleet.apply.distribute import distribute
 from sparkfleet.apply.images import ensure_same_image
 from sparkfleet.apply.readiness import smoke, wait_ready
 from sparkfleet.apply.staging.runner import stage_all
+from sparkfleet.apply.stopping import stop_ranks
 from sparkfleet.errors import ReadinessError, SparkfleetError, StateError
 from sparkfleet.nodes.fanout import fan_out, raise_first
 from sparkfleet.nodes.identity import FoundRank, Instance, PortHolder
@@ -155,14 +156,10 @@ def _start_rank(plan: Plan, r: int, runtimes: dict[int, Runtime], transports: di
 
 
 def rollback(plan_ranks: tuple[RankPlan, ...], name: str, instance: str, transports: dict[str, Transport]) -> list[str]:
-    """Stop every rank of this instance on every reachable node; returns the nodes that failed."""
-
-    def stop(node: str) -> None:
-        for rank in (r for r in plan_ranks if r.node.name == node):
-            runtime_for(rank).stop(rank.handle, transports[node], name, instance, grace=5.0)
-
-    outcomes = fan_out({r.node.name for r in plan_ranks if r.node.name in transports}, stop)
-    return [f"{node}: {o.error}" for node, o in outcomes.items() if not o.ok]
+    """Stop every rank of this instance on every reachable node, in the engine's stop order;
+    returns the nodes that failed."""
+    result = stop_ranks(tuple(r.handle for r in plan_ranks), transports, name, instance, grace=5.0)
+    return [f"{node}: {error}" for node, error in result.failed.items()]
 
 
 def up(

@@ -284,6 +284,7 @@ def _rank_plan(
         model_ref=model_ref,
         model_file=recipe.model_file,
         entrypoint=entrypoint,
+        bind_ip=node.bind_address,
     )
     launch = recipe.launch_spec(tuple(render(a, values) for a in recipe.args))
     argv = adapter.rank_argv(launch, entrypoint, ctx)
@@ -317,6 +318,7 @@ def _rank_plan(
         pid_path=f"{workdir}/r{rank}.pid",
         readiness=readiness,
         ports=ports,
+        stop_wave=next(i for i, wave in enumerate(adapter.stop_waves(len(nodes))) if rank in wave),
     )
 
 

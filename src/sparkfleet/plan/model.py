@@ -105,6 +105,7 @@ class RankPlan:
     pid_path: str
     readiness: Readiness
     ports: tuple[int, ...]
+    stop_wave: int = 0  # down and rollback stop wave 0 on every node, then wave 1, ...
 
     def env_dict(self) -> dict[str, str]:
         """The real environment (secrets included): only for the runtime that starts the rank."""
@@ -117,6 +118,7 @@ class RankPlan:
             rank=self.rank, node=self.node, runtime=self.runtime, image=self.image, argv=self.argv,
             mounts=self.mounts, container_name=self.container_name, workdir=self.workdir, env_file=self.env_file,
             log_path=self.log_path, pid_path=self.pid_path, readiness=self.readiness, ports=self.ports,
+            stop_wave=self.stop_wave,
         )  # fmt: skip
 
 
@@ -139,6 +141,9 @@ class RankHandle:
     pid_path: str
     readiness: Readiness
     ports: tuple[int, ...]
+    # The engine adapter's stop order (see EngineAdapter.stop_waves); a record from before it
+    # has 0 everywhere: all ranks at once, as those versions stopped them.
+    stop_wave: int = 0
 
     @property
     def exit_path(self) -> str:

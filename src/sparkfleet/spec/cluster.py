@@ -6,6 +6,7 @@ used: this machine, one node, no SSH.
 
 from __future__ import annotations
 
+import ipaddress
 import resource
 import shutil
 from pathlib import Path
@@ -49,6 +50,20 @@ class NodeSettings(_Strict):
     ib_hca: str | None = None
     ib_gid_index: int | None = Field(default=None, ge=0)
     python: str | None = None
+    # Where engine servers listen: "0.0.0.0" (default), an address, or "fabric" (the node's
+    # fabric_ip). Nodes that share one host (a loopback fleet) must not all take 0.0.0.0:PORT.
+    bind_address: str | None = None
+
+    @field_validator("bind_address")
+    @classmethod
+    def _bind_ok(cls, value: str | None) -> str | None:
+        if value is None or value == "fabric":
+            return value
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is neither an IP address nor 'fabric' (the node's fabric_ip)") from None
+        return value
 
     @field_validator("memlock", mode="before")
     @classmethod
@@ -110,6 +125,7 @@ class Node(BaseModel):
     ib_gid_index: int | None
     python: str
     env: dict[str, str]
+    bind_address: str = "0.0.0.0"  # resolved: an address, never "fabric"
 
 
 class Cluster(BaseModel):
@@ -141,10 +157,12 @@ def _resolve(spec: NodeSpec, defaults: NodeSettings) -> Node:
     user = pick("user", None)
     home = "/root" if user == "root" else (f"/home/{user}" if user else str(Path.home()))
     hf_cache = str(pick("hf_cache", f"{home}/.cache/huggingface"))
+    fabric_ip = spec.fabric_ip or spec.host
+    bind = str(pick("bind_address", "0.0.0.0"))
     return Node(
         name=spec.name,
         host=spec.host,
-        fabric_ip=spec.fabric_ip or spec.host,
+        fabric_ip=fabric_ip,
         transport=spec.transport,
         user=user,  # type: ignore[arg-type]
         ssh_port=pick("ssh_port", None),  # type: ignore[arg-type]
@@ -161,6 +179,7 @@ def _resolve(spec: NodeSpec, defaults: NodeSettings) -> Node:
         ib_gid_index=pick("ib_gid_index", None),  # type: ignore[arg-type]
         python=str(pick("python", "python3")),
         env=dict(spec.env),
+        bind_address=fabric_ip if bind == "fabric" else bind,
     )
 
 

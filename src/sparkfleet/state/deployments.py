@@ -84,6 +84,7 @@ def rank_to_json(rank: RankHandle) -> dict[str, Any]:
         "pid_path": rank.pid_path,
         "readiness": asdict(rank.readiness),
         "ports": list(rank.ports),
+        "stop_wave": rank.stop_wave,
     }
 
 
@@ -123,6 +124,7 @@ def rank_from_json(data: dict[str, Any]) -> RankHandle:
         pid_path=data["pid_path"],
         readiness=Readiness(**readiness),
         ports=tuple(data.get("ports") or ()),
+        stop_wave=int(data.get("stop_wave") or 0),
     )
 
 

@@ -48,6 +48,7 @@ class RankContext:
     # The rank's rendered entrypoint (the recipe's, else the adapter's default): an engine
     # with two servers (llama.cpp's llama-server and llama-cpp-python's) tells them apart by it.
     entrypoint: tuple[str, ...] = ()
+    bind_ip: str = "0.0.0.0"  # where this rank's servers listen (the node's bind_address)
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,11 @@ class EngineAdapter(Protocol):
         """The prefill transient's coefficient known for this engine serving model, or None."""
         ...
 
+    def stop_waves(self, nnodes: int) -> tuple[tuple[int, ...], ...]:
+        """The order in which down and rollback stop the ranks: each wave is stopped (SIGTERM,
+        SIGKILL after the grace period) on every node at once, before the next wave begins."""
+        ...
+
 
 class AdapterDefaults:
     """What most engines share; an adapter overrides what differs."""
@@ -150,6 +156,15 @@ class AdapterDefaults:
 
     def prefill_bytes_per_token2(self, model: str, parent_model: str | None) -> float | None:
         return None
+
+    def stop_waves(self, nnodes: int) -> tuple[tuple[int, ...], ...]:
+        # Every rank handles SIGTERM itself: stop them all at once.
+        return (tuple(range(nnodes)),)
+
+
+def head_first(nnodes: int) -> tuple[tuple[int, ...], ...]:
+    """Rank 0, then every other rank: for engines whose head tells the workers to shut down."""
+    return ((0,), tuple(range(1, nnodes))) if nnodes > 1 else ((0,),)
 
 
 def conflicting_flag(args: Sequence[str], reserved: Iterable[str], engine: str) -> str | None:

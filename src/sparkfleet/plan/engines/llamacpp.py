@@ -23,7 +23,14 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
-from sparkfleet.plan.engines.base import AdapterDefaults, LaunchSpec, RankContext, Readiness, conflicting_flag
+from sparkfleet.plan.engines.base import (
+    AdapterDefaults,
+    LaunchSpec,
+    RankContext,
+    Readiness,
+    conflicting_flag,
+    head_first,
+)
 from sparkfleet.plan.flags import first_present
 
 RESERVED = ("-m", "--model", "--host", "--port", "--rpc", "--rpc_servers")
@@ -82,11 +89,16 @@ class LlamaCpp(AdapterDefaults):
         if first_present(spec.args, self.served_name_flags) is None:
             # Without it the server answers to its file path (or gpt-3.5-turbo), not the plan's name.
             argv += (PYTHON_ALIAS_FLAGS[0] if python else NATIVE_ALIAS_FLAGS[0], self.served_model(spec))
-        argv += ("--host", "0.0.0.0", "--port", str(ctx.port))
+        argv += ("--host", ctx.bind_ip, "--port", str(ctx.port))
         workers = [f"{ip}:{ctx.rendezvous_port}" for ip in ctx.peer_fabric_ips[1:]]
         if workers:
             argv += ("--rpc_servers" if python else "--rpc", ",".join(workers))
         return argv
+
+    def stop_waves(self, nnodes: int) -> tuple[tuple[int, ...], ...]:
+        # llama-server aborts (GGML_ABORT) when an rpc-server it holds goes away mid-request:
+        # stop the server first, then the rpc-servers it used.
+        return head_first(nnodes)
 
     def readiness(self, ctx: RankContext) -> Readiness:
         if ctx.rank > 0:

@@ -13,6 +13,7 @@ from sparkfleet.plan.engines.base import (
     Readiness,
     conflicting_flag,
     gpu_ranks_cover_nodes,
+    head_first,
     revision_flags,
 )
 from sparkfleet.plan.flags import flag_value
@@ -71,9 +72,15 @@ class SGLang(AdapterDefaults):
             "--nnodes", str(ctx.nnodes),
             "--node-rank", str(ctx.rank),
             "--dist-init-addr", f"{ctx.head_fabric_ip}:{ctx.rendezvous_port}",
-            "--host", "0.0.0.0",
+            "--host", ctx.bind_ip,
             "--port", str(ctx.port),
         )  # fmt: skip
+
+    def stop_waves(self, nnodes: int) -> tuple[tuple[int, ...], ...]:
+        # Seen with SGLang 0.5.23: a worker rank ignores SIGTERM until rank 0 broadcasts
+        # shutdown, and SIGTERM to rank 0 stops both ranks' trees. Workers that outlive the
+        # grace period (rank 0 killed) get SIGKILL.
+        return head_first(nnodes)
 
     def readiness(self, ctx: RankContext) -> Readiness:
         if ctx.rank == 0:

@@ -81,7 +81,7 @@ class VLLM(AdapterDefaults):
             )  # fmt: skip
         if ctx.rank > 0:
             return (*argv, "--headless")
-        return (*argv, "--host", "0.0.0.0", "--port", str(ctx.port))
+        return (*argv, "--host", ctx.bind_ip, "--port", str(ctx.port))
 
     def _ray_argv(self, spec: LaunchSpec, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
         address = f"{ctx.head_fabric_ip}:{ctx.rendezvous_port}"
@@ -95,7 +95,7 @@ class VLLM(AdapterDefaults):
         serve = self._serve(spec, entrypoint, ctx)
         if not has_flag(spec.args, EXECUTOR):
             serve += (EXECUTOR, "ray")
-        serve += ("--host", "0.0.0.0", "--port", str(ctx.port))
+        serve += ("--host", ctx.bind_ip, "--port", str(ctx.port))
         wait_nodes = (
             "import ray,sys; ray.init(address='auto', logging_level='ERROR'); "
             f"sys.exit(0 if sum(n['Alive'] for n in ray.nodes()) >= {ctx.nnodes} else 1)"
