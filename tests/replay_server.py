@@ -7,6 +7,11 @@ are ``len(prompt) // 4`` and the prefill delay is ``base_ttft + prompt_tokens / 
 so prefill arithmetic can be checked against known numbers. A prompt whose first 64 characters
 were seen before reports them as cached tokens, like a prefix cache would.
 
+``GET /metrics`` answers Prometheus text the way vLLM names it: ``vllm:num_requests_running`` is
+the number of completions being streamed right now — the bench's and anyone else's — so a test
+that sends its own requests beside the bench's injects real foreign traffic; the KV-cache gauge,
+prefix-cache counters and the time-per-output-token histogram's sum and count follow the script.
+
 Use ``ReplayServer(script).running()`` in tests (a thread with its own event loop), or run it as a
 process: ``python tests/replay_server.py --port 0`` prints ``PORT <n>`` and serves until killed.
 """
@@ -42,6 +47,7 @@ class Script:
     model: str = "replay-model"
     owned_by: str = "replay"
     tokenize: bool = True  # False: no /tokenize route, like servers without one
+    metrics: bool = True  # False: no /metrics route
 
 
 def prompt_text(body: dict[str, Any]) -> str:
@@ -59,6 +65,9 @@ class ReplayServer:
         self.script = script or Script()
         self.seen_prefixes: set[str] = set()
         self.bodies: list[dict[str, Any]] = []
+        self.open_streams = 0  # completions being streamed now (not named `running`: that is the method)
+        self.peak_streams = 0
+        self.counters = {"prefix_hits": 0, "prefix_queries": 0, "tpot_sum": 0.0, "tpot_count": 0}
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.AbstractServer | None = None
@@ -101,6 +110,8 @@ class ReplayServer:
             await self._json(writer, 200, {"object": "list", "data": [card]})
         elif method == "GET" and path == "/version":
             await self._json(writer, 200, {"version": "replay-1"})
+        elif method == "GET" and path == "/metrics" and script.metrics:
+            await self._text(writer, 200, self.prometheus())
         elif method == "GET" and path == "/health":
             await self._json(writer, 200, {})
         elif method == "POST" and path == "/tokenize" and script.tokenize:
@@ -115,15 +126,43 @@ class ReplayServer:
             await self._json(writer, 404, {"error": {"message": f"no route {method} {path}"}})
 
     async def _json(self, writer: asyncio.StreamWriter, status: int, obj: Any) -> None:
-        data = json.dumps(obj).encode()
+        await self._text(writer, status, json.dumps(obj), "application/json")
+
+    async def _text(self, writer: asyncio.StreamWriter, status: int, text: str, kind: str = "text/plain") -> None:
+        data = text.encode()
         writer.write(
-            f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n".encode()
+            f"HTTP/1.1 {status} X\r\ncontent-type: {kind}\r\n".encode()
             + f"content-length: {len(data)}\r\n\r\n".encode()
             + data
         )
         await writer.drain()
 
+    def prometheus(self) -> str:
+        """The engine's gauges and counters now, in vLLM's names and label style."""
+        labels = '{model_name="replay-model",engine="0"}'
+        c = self.counters
+        return "".join(
+            f"# TYPE {name} {kind}\n{name}{labels} {value}\n"
+            for name, kind, value in (
+                ("vllm:num_requests_running", "gauge", float(self.open_streams)),
+                ("vllm:num_requests_waiting", "gauge", 0.0),
+                ("vllm:kv_cache_usage_perc", "gauge", min(1.0, 0.01 * self.open_streams)),
+                ("vllm:prefix_cache_hits_total", "counter", float(c["prefix_hits"])),
+                ("vllm:prefix_cache_queries_total", "counter", float(c["prefix_queries"])),
+                ("vllm:request_time_per_output_token_seconds_sum", "histogram", float(c["tpot_sum"])),
+                ("vllm:request_time_per_output_token_seconds_count", "histogram", float(c["tpot_count"])),
+            )
+        )
+
     async def _complete(self, writer: asyncio.StreamWriter, body: dict[str, Any], chat: bool) -> None:
+        self.open_streams += 1
+        self.peak_streams = max(self.peak_streams, self.open_streams)
+        try:
+            await self._stream(writer, body, chat)
+        finally:
+            self.open_streams -= 1
+
+    async def _stream(self, writer: asyncio.StreamWriter, body: dict[str, Any], chat: bool) -> None:
         script = self._script_for(body)
         if script.status != 200:
             await self._json(writer, script.status, {"error": {"message": "scripted failure"}})
@@ -133,6 +172,8 @@ class ReplayServer:
         key = prompt[:64]
         cached = 64 // 4 if key in self.seen_prefixes else 0
         self.seen_prefixes.add(key)
+        self.counters["prefix_queries"] += prompt_tokens
+        self.counters["prefix_hits"] += cached
         n = script.tokens if script.tokens is not None else int(body.get("max_tokens", 16))
         if script.stop_early_at is not None and not (script.honour_min_tokens and body.get("ignore_eos")):
             n = min(n, script.stop_early_at)
@@ -191,6 +232,9 @@ class ReplayServer:
             send(chunk)
             await writer.drain()
             i += 1
+        if done > 1:
+            self.counters["tpot_sum"] += script.itl * (i - 1) / (done - 1)
+            self.counters["tpot_count"] += 1
         if script.send_usage:
             send({**base, "choices": [], "usage": usage(done)})
         send(b"[DONE]")

@@ -45,6 +45,8 @@ class RequestSpec:
     temperature: float = 0.0
     continuous_usage: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # Chat only: the whole conversation (system prompt, earlier turns); None = one user message.
+    messages: tuple[Mapping[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,9 @@ def request_body(spec: RequestSpec, model: str) -> dict[str, Any]:
         "stream_options": stream_options,
     }
     if spec.api == "chat":
-        body["messages"] = [{"role": "user", "content": spec.prompt}]
+        body["messages"] = (
+            [dict(m) for m in spec.messages] if spec.messages else [{"role": "user", "content": spec.prompt}]
+        )
     else:
         body["prompt"] = spec.prompt
     if spec.min_tokens is not None:
@@ -303,9 +307,7 @@ def server_timings(timings: Mapping[str, Any]) -> dict[str, float]:
     """The numeric fields of an engine's ``timings`` object (llama.cpp: ``prompt_n``,
     ``prompt_ms``, ``prompt_per_second``, ``predicted_n``, ``predicted_ms``,
     ``predicted_per_second``, …); anything else is dropped."""
-    return {
-        str(k): float(v) for k, v in timings.items() if isinstance(v, int | float) and not isinstance(v, bool)
-    }
+    return {str(k): float(v) for k, v in timings.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
 def _failed(start: float, message: str) -> RequestRecord:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from sparkfleet.bench.arrivals import rate_of_label
 from sparkfleet.bench.stats import Spread
 from sparkfleet.bench.store import StoredRun, StoredSample
 
@@ -44,15 +46,74 @@ class TierSummary:
     length_mismatch: int
     cached_tokens: int
     values: tuple[float, ...] = ()  # the headline figure of each repeat, in order
+    # Open-loop (serve) tiers: the asked rate, every figure of SERVE_FIGURES over the repeats,
+    # and the most foreign requests any repeat saw (None: the engine did not tell).
+    rate: float | None = None
+    figures: Mapping[str, Spread] = field(default_factory=dict)
+    foreign_requests: int | None = None
 
     @property
     def flagged(self) -> bool:
         return self.headline.flagged
 
 
+# Serve sample metric → where it is in the stored sample (a key, or a key and a Dist field).
+SERVE_FIGURES: dict[str, tuple[str, ...]] = {
+    "achieved_rate": ("achieved_rate",),
+    "request_throughput": ("request_throughput",),
+    "goodput": ("goodput",),
+    "good_share": ("good_share",),
+    "output_throughput": ("output_throughput",),
+    **{f"{d}_{p}": (d, p) for d in ("ttft", "tpot", "itl", "e2el") for p in ("p50", "p90", "p99")},
+    "server_tpot_ms": ("server", "server_tpot_ms"),
+    "kv_usage_max": ("server", "kv_usage_max"),
+    "spec_accept_length": ("server", "spec_accept_length"),
+    "prefix_cache_hit_rate": ("server", "prefix_cache_hit_rate"),
+}
+
+
+def _dig(metrics: Mapping[str, Any], path: tuple[str, ...]) -> float | None:
+    value: Any = metrics
+    for key in path:
+        value = value.get(key) if isinstance(value, Mapping) else None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _serve_summary(tier: str, ms: Sequence[Mapping[str, Any]]) -> TierSummary:
+    figures = {name: Spread.of(_dig(m, path) for m in ms) for name, path in SERVE_FIGURES.items()}
+    foreign = [
+        m["server"]["foreign_requests"] for m in ms if (m.get("server") or {}).get("foreign_requests") is not None
+    ]
+    return TierSummary(
+        tier=tier,
+        kind="serve",
+        prompt_type=None,
+        concurrency=ms[0].get("max_concurrency"),
+        length=None,
+        runs=len(ms),
+        headline=figures["output_throughput"],
+        per_stream=Spread.of(()),
+        output_throughput=figures["output_throughput"],
+        ttft_p50=figures["ttft_p50"],
+        tpot_p50=figures["tpot_p50"],
+        itl_p50=figures["itl_p50"],
+        itl_p99=figures["itl_p99"],
+        prompt_tokens=Spread.of(m.get("total_input_tokens") for m in ms),
+        failed=sum(m.get("failed", 0) for m in ms),
+        length_mismatch=sum(m.get("length_mismatch", 0) for m in ms),
+        cached_tokens=sum(m.get("cached_tokens", 0) for m in ms),
+        values=tuple(m["output_throughput"] for m in ms if m.get("output_throughput") is not None),
+        rate=rate_of_label(tier),
+        figures=figures,
+        foreign_requests=max(foreign) if foreign else None,
+    )
+
+
 def _tier_order(kind: str, tier: str) -> tuple[Any, ...]:
     if kind == "prefill":
         return (int(tier),)
+    if kind == "serve":
+        return (rate_of_label(tier),)
     ptype, _, conc = tier.partition("/c")
     order = ("prose", "code", "structured", "json")
     return (order.index(ptype) if ptype in order else len(order), ptype, int(conc or 0))
@@ -66,6 +127,9 @@ def summarize(run: StoredRun, samples: Sequence[StoredSample]) -> list[TierSumma
     out = []
     for tier in sorted(by_tier, key=lambda t: _tier_order(run.kind, t)):
         ms = by_tier[tier]
+        if run.kind == "serve":
+            out.append(_serve_summary(tier, ms))
+            continue
         if run.kind == "prefill":
             out.append(
                 TierSummary(
@@ -130,15 +194,18 @@ class TierComparison:
     exceeds_spread: bool  # |median B − median A| > the wider min–max range of the two
 
 
-def compare(a: Sequence[TierSummary], b: Sequence[TierSummary]) -> list[TierComparison]:
-    """Tier by tier, B against A, on the headline figure."""
+def compare(
+    a: Sequence[TierSummary], b: Sequence[TierSummary], figure: Callable[[TierSummary], Spread] | None = None
+) -> list[TierComparison]:
+    """Tier by tier, B against A, on the headline figure (or ``figure`` of each tier)."""
+    pick = figure or (lambda t: t.headline)
     b_by = {t.tier: t for t in b}
     out = []
     for ta in a:
         tb = b_by.get(ta.tier)
         if tb is None:
             continue
-        x, y = ta.headline, tb.headline
+        x, y = pick(ta), pick(tb)
         ratio = y.median / x.median if x.median and y.median is not None else None
         apart = False
         if None not in (x.median, y.median, x.low, x.high, y.low, y.high):
@@ -215,6 +282,8 @@ def markdown(run: StoredRun, tiers: Sequence[TierSummary]) -> str:
                 t = by.get((ptype, c))
                 cells.append("–" if t is None else f"{fmt(t.ttft_p50.median, 0)} / {fmt(t.tpot_p50.median)}")
             lines.append(f"| {ptype} | " + " | ".join(cells) + " |")
+    elif run.kind == "serve":
+        lines += serve_markdown(tiers)
     else:
         lines += [
             "**Prefill, cold, tok/s by prompt length** (one value per pass; † = spread > 10 %)",
@@ -235,6 +304,31 @@ def markdown(run: StoredRun, tiers: Sequence[TierSummary]) -> str:
     if notes:
         lines += [""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
+
+
+def serve_markdown(tiers: Sequence[TierSummary]) -> list[str]:
+    """The rate tiers as one table: asked and achieved rate, goodput, tok/s beside TPOT."""
+    lines = [
+        "**Open loop, by asked request rate** (medians over repeats; ⚠ = foreign requests ran)",
+        "",
+        "| rate | achieved /s | req/s | goodput /s (share) | output tok/s | TPOT p50 ms (server) "
+        "| TTFT p50 / p90 / p99 ms | ITL p99 ms | E2E p50 / p99 ms | KV max |",
+        "|---|" + "---:|" * 9,
+    ]
+    for t in tiers:
+        f = t.figures
+        share = f["good_share"].median
+        good = "–" if f["goodput"].median is None else f"{fmt(f['goodput'].median, 2)} ({fmt(100 * (share or 0), 0)} %)"
+        kv = f["kv_usage_max"].median
+        lines.append(
+            f"| {t.tier}{' ⚠' if t.foreign_requests else ''} | {fmt(f['achieved_rate'].median, 2)} "
+            f"| {fmt(f['request_throughput'].median, 2)} | {good} | {fmt(f['output_throughput'].median)} "
+            f"| {fmt(f['tpot_p50'].median)} ({fmt(f['server_tpot_ms'].median)}) "
+            f"| {fmt(f['ttft_p50'].median, 0)} / {fmt(f['ttft_p90'].median, 0)} / {fmt(f['ttft_p99'].median, 0)} "
+            f"| {fmt(f['itl_p99'].median)} | {fmt(f['e2el_p50'].median, 0)} / {fmt(f['e2el_p99'].median, 0)} "
+            f"| {'–' if kv is None else f'{100 * kv:.0f} %'} |"
+        )
+    return lines
 
 
 def _klabel(length: int) -> str:
@@ -261,6 +355,9 @@ def _notes(run: StoredRun, tiers: Sequence[TierSummary]) -> list[str]:
     failed = sum(t.failed for t in tiers)
     if failed:
         notes.append(f"{failed} requests failed")
+    foreign = [t.tier for t in tiers if t.foreign_requests]
+    if foreign:
+        notes.append(f"foreign requests ran on the server during {', '.join(foreign)}: those tiers are not clean")
     return notes
 
 
@@ -307,7 +404,7 @@ def to_json(run: StoredRun, samples: Sequence[StoredSample], tiers: Sequence[Tie
     doc = {
         "schema": EXPORT_SCHEMA,
         "run": asdict(run),
-        "tiers": [_tier_json(t) for t in tiers],
+        "tiers": [serve_tier_json(t) if t.kind == "serve" else _tier_json(t) for t in tiers],
         "samples": [
             {
                 "tier": s.tier,
@@ -318,7 +415,19 @@ def to_json(run: StoredRun, samples: Sequence[StoredSample], tiers: Sequence[Tie
             for s in samples
         ],
     }
-    return json.dumps(doc, indent=1, default=str) + "\n"
+    return json.dumps(_finite(doc), indent=1, default=str) + "\n"
+
+
+def _finite(obj: Any) -> Any:
+    """``inf`` as the string ``"inf"`` everywhere (a rate tier, a config's sweep): JSON has no
+    infinity, and ``Infinity`` breaks strict readers."""
+    if isinstance(obj, float) and math.isinf(obj):
+        return "inf" if obj > 0 else "-inf"
+    if isinstance(obj, Mapping):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def _tier_json(t: TierSummary) -> dict[str, Any]:
@@ -344,6 +453,36 @@ def _tier_json(t: TierSummary) -> dict[str, Any]:
         "failed": t.failed,
         "length_mismatch": t.length_mismatch,
         "cached_tokens": t.cached_tokens,
+    }
+
+
+def serve_tier_json(t: TierSummary) -> dict[str, Any]:
+    """One rate tier: medians over its repeats (and min–max), under the keys ``--json`` promises."""
+
+    def med(name: str) -> float | None:
+        return t.figures[name].median if name in t.figures else None
+
+    return {
+        "tier": t.tier,
+        "kind": "serve",
+        "request_rate": t.rate,  # inf is written "inf", as vllm bench serve writes it
+        "achieved_rate": med("achieved_rate"),
+        "request_throughput": med("request_throughput"),
+        "goodput": med("goodput"),
+        "good_share": med("good_share"),
+        "foreign_requests": t.foreign_requests,
+        "max_concurrency": t.concurrency,
+        "runs": t.runs,
+        "output_throughput": med("output_throughput"),
+        **{f"{p}_{d}_ms": med(f"{d}_{p}") for d in ("ttft", "tpot", "itl", "e2el") for p in ("p50", "p90", "p99")},
+        "server_tpot_ms": med("server_tpot_ms"),
+        "kv_cache_usage_max": med("kv_usage_max"),
+        "spec_accept_length": med("spec_accept_length"),
+        "prefix_cache_hit_rate": med("prefix_cache_hit_rate"),
+        "cached_tokens": t.cached_tokens,
+        "failed": t.failed,
+        "length_mismatch": t.length_mismatch,
+        "spread": {k: {"median": v.median, "min": v.low, "max": v.high} for k, v in t.figures.items() if v.n > 1},
     }
 
 

@@ -25,7 +25,7 @@ Definitions (the docs repeat them):
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -188,11 +188,7 @@ def decode_run_stats(records: Sequence[RequestRecord], concurrency: int, request
         duration = 0.0
     steady, window, fell_back = steady_throughput(ok, concurrency)
     streams = [v for v in (per_stream_tps(r) for r in ok) if v is not None]
-    tpots = [
-        ((r.end or 0.0) - (r.ttft or 0.0)) / (r.completion_tokens - 1)
-        for r in ok
-        if r.completion_tokens and r.completion_tokens > 1 and r.end is not None
-    ]
+    tpots = [t for t in (request_tpot(r) for r in ok) if t is not None]
     itls = [b - a for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:], strict=False)]
     return DecodeRunStats(
         concurrency=concurrency,
@@ -254,4 +250,132 @@ def prefill_sample(rec: RequestRecord, target_tokens: int, overhead: float) -> P
         overhead=overhead,
         rate=rate,
         error=rec.error,
+    )
+
+
+# ---------------------------------------------------------------- open-loop (bench serve)
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Service-level targets in seconds; a request is good when it meets every one set.
+
+    TPOT of a one-token answer counts as 0, as in ``vllm bench serve --goodput``.
+    """
+
+    ttft: float | None = None
+    tpot: float | None = None
+    e2e: float | None = None
+
+    def met(self, rec: RequestRecord) -> bool:
+        if not rec.ok:
+            return False
+        if self.ttft is not None and (rec.ttft is None or rec.ttft > self.ttft):
+            return False
+        if self.tpot is not None and (request_tpot(rec) or 0.0) > self.tpot:
+            return False
+        return not (self.e2e is not None and (rec.end is None or rec.end > self.e2e))
+
+
+def request_tpot(rec: RequestRecord) -> float | None:
+    """(E2E − TTFT) / (tokens − 1) of one completed request; None below two tokens."""
+    if not rec.ok or not rec.completion_tokens or rec.completion_tokens < 2 or rec.end is None:
+        return None
+    return (rec.end - (rec.ttft or 0.0)) / (rec.completion_tokens - 1)
+
+
+@dataclass(frozen=True)
+class ServeRunStats:
+    """One open-loop tier run: the asked and achieved rates, goodput, latency percentiles.
+
+    ``achieved_rate`` = arrivals / (last arrival's send − the tier's start): what the sender
+    managed, which a concurrency cap or a slow client holds below the asked rate. ``goodput`` =
+    requests meeting every SLO / duration (vLLM's and DistServe's definition); with no SLO set it
+    is None. ``server`` holds the engine's own figures (``ServerFigures`` as a dict).
+    """
+
+    request_rate: float  # asked, requests (conversations) per second; inf = all at once
+    process: str  # poisson, gamma(k=…), constant, burst
+    max_concurrency: int | None
+    arrivals: int
+    requests: int
+    completed: int
+    failed: int
+    errors: tuple[str, ...]
+    achieved_rate: float | None
+    request_throughput: float | None  # completed / duration
+    goodput: float | None
+    good_share: float | None  # good / all requests, failures included
+    slo: dict[str, float] | None  # targets in ms
+    duration: float
+    total_input_tokens: int
+    total_output_tokens: int
+    cached_tokens: int
+    output_throughput: float | None
+    max_in_flight: int
+    length_mismatch: int
+    ttft: Dist
+    tpot: Dist
+    itl: Dist
+    e2el: Dist
+    server: dict[str, object] | None = None
+
+
+def max_in_flight(records: Sequence[RequestRecord]) -> int:
+    """The most requests open at once, by a sweep over send and close times."""
+    events = sorted([(r.start, 1) for r in records] + [(r.start + r.done, -1) for r in records])
+    now = peak = 0
+    for _, step in events:
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+def serve_run_stats(
+    records: Sequence[RequestRecord],
+    *,
+    rate: float,
+    process: str,
+    max_concurrency: int | None,
+    arrival_times: Sequence[float],
+    tier_start: float,
+    requested_tokens: Sequence[int],
+    slo: SLO | None,
+    server: dict[str, object] | None = None,
+) -> ServeRunStats:
+    """All figures of one open-loop run; ``arrival_times`` are the absolute send times the
+    scheduler achieved for each arrival, ``requested_tokens`` the max_tokens of each record."""
+    base = decode_run_stats(records, max(1, max_concurrency or 1), 0)
+    ok = [r for r in records if r.ok]
+    span = max(arrival_times) - tier_start if arrival_times else 0.0
+    good = sum(1 for r in records if slo is not None and slo.met(r))
+    duration = base.duration
+    return ServeRunStats(
+        request_rate=rate,
+        process=process,
+        max_concurrency=max_concurrency,
+        arrivals=len(arrival_times),
+        requests=base.requests,
+        completed=base.completed,
+        failed=base.failed,
+        errors=base.errors,
+        achieved_rate=len(arrival_times) / span if span > 0 else None,
+        request_throughput=len(ok) / duration if duration > 0 else None,
+        goodput=(good / duration if duration > 0 else 0.0) if slo is not None else None,
+        good_share=(good / len(records) if records else None) if slo is not None else None,
+        slo={k: v * 1000 for k, v in asdict(slo).items() if v is not None} if slo is not None else None,
+        duration=duration,
+        total_input_tokens=base.total_input_tokens,
+        total_output_tokens=base.total_output_tokens,
+        cached_tokens=base.cached_tokens,
+        output_throughput=base.output_throughput,
+        max_in_flight=max_in_flight(records),
+        length_mismatch=sum(
+            1 for r, want in zip(records, requested_tokens, strict=True) if r.ok and r.completion_tokens != want
+        ),
+        ttft=base.ttft,
+        tpot=base.tpot,
+        itl=base.itl,
+        e2el=base.e2el,
+        server=server,
     )

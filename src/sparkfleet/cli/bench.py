@@ -40,11 +40,15 @@ from sparkfleet.cli.extras import require_extra
 from sparkfleet.cli.int_lists import parse_int_list
 from sparkfleet.errors import BenchError
 
-bench_app = typer.Typer(help="Decode and prefill benchmarks, history, comparison and export.", no_args_is_help=True)
+bench_app = typer.Typer(
+    help="Decode, prefill and open-loop (serve) benchmarks, history, comparison and export.", no_args_is_help=True
+)
 
 
 def register(app: typer.Typer) -> None:
     """Add the ``bench`` sub-app."""
+    from sparkfleet.cli import bench_serve  # noqa: F401  (its command attaches itself to bench_app)
+
     app.add_typer(bench_app, name="bench")
 
 
@@ -273,6 +277,11 @@ def _tiers(bench: BenchStore, run_id: int) -> tuple[Any, list[TierSummary]]:
 
 def _show(bench: BenchStore, run_id: int) -> None:
     run, tiers = _tiers(bench, run_id)
+    if run.kind == "serve":
+        from sparkfleet.cli.bench_serve import show_serve
+
+        show_serve(run, tiers)
+        return
     table = Table(title=run_title(run), title_justify="left")
     if run.kind == "decode":
         for col in (
@@ -351,6 +360,11 @@ def compare_cmd(
     run_b, tiers_b = _tiers(bench, bench.resolve(b))
     if run_a.kind != run_b.kind:
         raise BenchError(f"run {run_a.id} is {run_a.kind} and run {run_b.id} is {run_b.kind}: compare like with like")
+    if run_a.kind == "serve":
+        from sparkfleet.cli.bench_serve import compare_serve
+
+        compare_serve(run_a, tiers_a, run_b, tiers_b)
+        return
     rows = compare(tiers_a, tiers_b)
     if not rows:
         raise BenchError(f"runs {run_a.id} and {run_b.id} have no tier in common")

@@ -1,0 +1,267 @@
+"""``sparkfleet bench serve``: open-loop load at asked request rates (issue 18), and how stored
+serve runs are shown and compared (``bench show`` / ``bench compare`` call in here for them)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from sparkfleet.bench.arrivals import parse_rates
+from sparkfleet.bench.decode import ExactLength
+from sparkfleet.bench.endpoint import resolve_endpoint
+from sparkfleet.bench.report import TierSummary, compare, fmt, fmt_spread, run_title, summarize, to_json
+from sparkfleet.bench.serve import ServeBench, ServeConfig, ServeTierRun
+from sparkfleet.bench.stats import SLO, Spread
+from sparkfleet.bench.store import BenchStore, StoredRun
+from sparkfleet.bench.workload import Lengths, WorkloadConfig
+from sparkfleet.cli.bench import (
+    ExtraOpt,
+    LabelOpt,
+    ModelOpt,
+    RichProgress,
+    Target,
+    _create,
+    _execute,
+    bench_app,
+    parse_extra,
+)
+from sparkfleet.cli.console import console, err_console
+from sparkfleet.errors import BenchError
+
+SLO_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e", "e2el": "e2e"}
+
+
+def parse_slo(text: str | None) -> SLO | None:
+    """``ttft=500ms,tpot=50,e2e=10s`` → an SLO in seconds; a bare number is milliseconds (as vLLM's)."""
+    if not text:
+        return None
+    targets: dict[str, float] = {}
+    for part in text.split(","):
+        key, eq, value = part.strip().partition("=")
+        key = key.strip().lower()
+        if not eq or key not in SLO_KEYS:
+            raise BenchError(f"bad --slo {part.strip()!r}: use ttft=…,tpot=…,e2e=… (ms, or with an s or ms unit)")
+        value = value.strip().lower()
+        scale = 1.0 if value.endswith("s") and not value.endswith("ms") else 1e-3
+        number = value.removesuffix("ms").removesuffix("s")
+        try:
+            seconds = float(number) * scale
+        except ValueError:
+            raise BenchError(f"bad --slo {part.strip()!r}: {value!r} is not a time such as 500ms or 2s") from None
+        if not seconds > 0 or math.isinf(seconds):
+            raise BenchError(f"bad --slo {part.strip()!r}: targets must be positive")
+        targets[SLO_KEYS[key]] = seconds
+    return SLO(**targets)
+
+
+def parse_burstiness(text: str) -> float:
+    """A gamma shape, or ``inf`` for constant gaps."""
+    try:
+        value = math.inf if text.strip().lower() in ("inf", "constant") else float(text)
+    except ValueError:
+        raise BenchError(f"bad --burstiness {text!r}: a positive number (1 = Poisson) or inf (constant)") from None
+    if not value > 0:
+        raise BenchError(f"bad --burstiness {text!r}: a positive number (1 = Poisson) or inf (constant)")
+    return value
+
+
+@bench_app.command("serve")
+def serve_cmd(
+    target: Target,
+    model: ModelOpt = None,
+    request_rate: Annotated[
+        str, typer.Option("--request-rate", help="Requests/s; a sweep as 1,2,4,inf (inf = all at once).")
+    ] = "inf",
+    burstiness: Annotated[
+        str, typer.Option(help="Gamma shape of the gaps: 1 = Poisson, <1 burstier, inf = constant rate.")
+    ] = "1",
+    constant: Annotated[bool, typer.Option("--constant", help="Constant gaps (same as --burstiness inf).")] = False,
+    max_concurrency: Annotated[int | None, typer.Option(help="At most this many requests in flight.")] = None,
+    requests: Annotated[int | None, typer.Option("--requests", help="Requests per tier (default 100).")] = None,
+    duration: Annotated[float | None, typer.Option(help="Seconds of arrivals per tier, instead of --requests.")] = None,
+    input_len: Annotated[str, typer.Option(help="Prompt tokens: 256, or uniform 128:512.")] = "256",
+    output_len: Annotated[
+        str, typer.Option(help="New tokens: 128, or uniform 64:256 (exact when the engine can).")
+    ] = "128",
+    dataset: Annotated[
+        str, typer.Option(help="random, prefix (shared system prompt), multiturn, or a .jsonl file.")
+    ] = "random",
+    prefix_len: Annotated[int, typer.Option(help="Shared system prompt tokens (--dataset prefix).")] = 512,
+    turns: Annotated[int, typer.Option(help="Turns per conversation (--dataset multiturn).")] = 3,
+    slo: Annotated[str | None, typer.Option(help="Goodput targets, e.g. ttft=1s,tpot=50ms,e2e=20s.")] = None,
+    repeats: Annotated[int, typer.Option(help="Measured runs per rate.")] = 1,
+    discard_runs: Annotated[int, typer.Option(help="Runs thrown away before the first tier (cold caches).")] = 2,
+    strict: Annotated[bool, typer.Option("--strict", help="Abort when foreign requests ran during a tier.")] = False,
+    engine_log: Annotated[
+        Path | None, typer.Option(help="SGLang log to read #running-req from when /metrics has no gauge.")
+    ] = None,
+    no_metrics: Annotated[bool, typer.Option("--no-metrics", help="Do not poll the engine's /metrics.")] = False,
+    seed: Annotated[int, typer.Option(help="Seed of arrivals, lengths and texts.")] = 0,
+    api: Annotated[str, typer.Option(help="chat or completions.")] = "chat",
+    timeout: Annotated[float, typer.Option(help="Seconds allowed per request.")] = 600.0,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the run (per tier figures) to this file.")
+    ] = None,
+    extra_body: ExtraOpt = None,
+    label: LabelOpt = None,
+) -> None:
+    """Open-loop load: requests arrive at an asked rate (Poisson, gamma or constant), not when a
+    slot frees; a sweep of rates, goodput under SLOs, and a check that nothing else ran.
+
+    Per tier: the achieved rate beside the asked one, req/s, goodput (requests meeting every
+    --slo target per second), output tok/s next to TPOT (client and engine), p50/p90/p99 of TTFT,
+    TPOT, ITL and E2E, KV-cache use, speculative acceptance when exported, and foreign requests:
+    the most requests the engine reported running beyond the bench's own (flagged; --strict aborts).
+    """
+    if api not in ("chat", "completions"):
+        raise BenchError(f"--api must be chat or completions, not {api!r}")
+    if requests is not None and duration is not None:
+        raise BenchError("give --requests or --duration, not both")
+    if dataset == "multiturn" and turns < 2:
+        raise BenchError("--dataset multiturn needs --turns 2 or more")
+    workload = WorkloadConfig(
+        dataset=dataset,
+        input_len=Lengths.parse(input_len, "--input-len"),
+        output_len=Lengths.parse(output_len, "--output-len"),
+        prefix_len=prefix_len,
+        turns=turns,
+    )
+    if dataset.endswith((".jsonl", ".json")) and not Path(dataset).is_file():
+        raise BenchError(f"--dataset {dataset}: no such file")
+    config = ServeConfig(
+        rates=parse_rates(request_rate),
+        burstiness=math.inf if constant else parse_burstiness(burstiness),
+        max_concurrency=max_concurrency,
+        requests=requests if requests is not None or duration is not None else 100,
+        duration=duration,
+        workload=workload,
+        slo=parse_slo(slo),
+        repeats=repeats,
+        discard_runs=discard_runs,
+        strict=strict,
+        seed=seed,
+        api=api,  # type: ignore[arg-type]
+        timeout=timeout,
+        watch_metrics=not no_metrics,
+        engine_log=str(engine_log) if engine_log else None,
+        extra_body=parse_extra(extra_body),
+    )
+    if engine_log is not None and not engine_log.is_file():
+        raise BenchError(f"--engine-log {engine_log}: no such file")
+    endpoint = resolve_endpoint(target, model)
+    bench = BenchStore()
+    run_id = _create(bench, "serve", endpoint, config, label)
+    flagged: list[str] = []
+
+    def store_run(run: ServeTierRun) -> None:
+        bench.add_sample(run_id, run.tier, run.repeat, run.stats, run.records)
+        if run.foreign_requests:
+            flagged.append(run.tier)
+            err_console.print(
+                f"[yellow]warning:[/] tier {run.tier}: the engine ran {run.foreign_requests} requests beyond the "
+                "bench's own (foreign traffic in the window); its figures are not clean"
+            )
+
+    def store_setup(exact: ExactLength, chars_per_token: float) -> None:
+        bench.update_meta(
+            run_id,
+            exact_length={"enforced": exact.enforced, "params": exact.params, "note": exact.note},
+            chars_per_token=chars_per_token,
+        )
+        if not exact.enforced:
+            err_console.print(f"[yellow]warning:[/] {exact.note}")
+
+    async def work(progress: RichProgress) -> list[ServeTierRun]:
+        return await ServeBench(endpoint, config, progress).run(store_run, store_setup)
+
+    try:
+        _execute(bench, run_id, work)
+    finally:
+        if json_out is not None:
+            samples = bench.samples(run_id)
+            stored = bench.get_run(run_id)
+            json_out.write_text(to_json(stored, samples, summarize(stored, samples)))
+            err_console.print(f"wrote {json_out}")
+    show_serve(bench.get_run(run_id), summarize(bench.get_run(run_id), bench.samples(run_id, with_requests=False)))
+
+
+def show_serve(run: StoredRun, tiers: list[TierSummary]) -> None:
+    """The rate tiers as a table, figures shown as median (min–max) over repeats."""
+    table = Table(title=run_title(run), title_justify="left")
+    cols = ("rate", "achieved", "req/s", "goodput (share)", "out tok/s", "TPOT p50 ms (engine)",
+            "TTFT p50/p90/p99 ms", "ITL p99", "E2E p50/p99 ms", "KV max", "")  # fmt: skip
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("rate", "") else "right")
+    for t in tiers:
+        f = t.figures
+        flags = []
+        if t.foreign_requests:
+            flags.append(f"FOREIGN {t.foreign_requests}")
+        elif t.foreign_requests is None:
+            flags.append("running count unknown")
+        if t.failed:
+            flags.append(f"{t.failed} failed")
+        if t.length_mismatch:
+            flags.append(f"{t.length_mismatch} length mismatch")
+        if t.cached_tokens:
+            flags.append(f"{t.cached_tokens} cached tokens")
+        good = f["goodput"]
+        share = f["good_share"].median
+        kv = f["kv_usage_max"].median
+        table.add_row(
+            t.tier, fmt(f["achieved_rate"].median, 2), fmt(f["request_throughput"].median, 2),
+            "–" if good.median is None else f"{fmt_spread(good, 2)} ({100 * (share or 0):.0f}%)",
+            fmt_spread(f["output_throughput"]),
+            f"{fmt(f['tpot_p50'].median)} ({fmt(f['server_tpot_ms'].median)})",
+            f"{fmt(f['ttft_p50'].median, 0)}/{fmt(f['ttft_p90'].median, 0)}/{fmt(f['ttft_p99'].median, 0)}",
+            fmt(f["itl_p99"].median), f"{fmt(f['e2el_p50'].median, 0)}/{fmt(f['e2el_p99'].median, 0)}",
+            "–" if kv is None else f"{100 * kv:.0f}%",
+            "[yellow]" + ", ".join(flags) + "[/]" if flags else "",
+        )  # fmt: skip
+    console.print(table)
+    accept = [t.figures["spec_accept_length"].median for t in tiers if t.figures["spec_accept_length"].median]
+    if accept:
+        console.print(f"speculative decoding: {', '.join(f'{a:.2f}' for a in accept)} tokens per step by tier")
+    if run.status != "complete":
+        console.print(f"[yellow]run {run.id} is {run.status}: {run.note or ''}[/]")
+
+
+COMPARED = (
+    ("output tok/s", "output_throughput", 1),
+    ("goodput /s", "goodput", 2),
+    ("achieved /s", "achieved_rate", 2),
+    ("TTFT p50 ms", "ttft_p50", 0),
+    ("TPOT p50 ms", "tpot_p50", 1),
+    ("E2E p99 ms", "e2el_p99", 0),
+)
+
+
+def _figure(key: str) -> Callable[[TierSummary], Spread]:
+    return lambda t: t.figures[key]
+
+
+def compare_serve(run_a: StoredRun, tiers_a: list[TierSummary], run_b: StoredRun, tiers_b: list[TierSummary]) -> None:
+    """Per common rate tier and figure: both medians, B/A, and whether it exceeds the spread."""
+    table = Table(title=f"rate tiers: A = run {run_a.id}, B = run {run_b.id}", title_justify="left")
+    for col in ("rate", "figure", "A median (min–max)", "B median (min–max)", "B/A", "verdict"):
+        table.add_column(col, justify="left" if col in ("rate", "figure", "verdict") else "right")
+    rows = 0
+    for name, key, digits in COMPARED:
+        for row in compare(tiers_a, tiers_b, figure=_figure(key)):
+            if row.a.median is None and row.b.median is None:
+                continue
+            rows += 1
+            verdict = "different" if row.exceeds_spread else "within spread"
+            table.add_row(row.tier, name, fmt_spread(row.a, digits), fmt_spread(row.b, digits),
+                          fmt(row.ratio, 3), verdict)  # fmt: skip
+    if not rows:
+        raise BenchError(f"runs {run_a.id} and {run_b.id} have no rate tier in common")
+    console.print(table)
+    dirty = [f"{r.id}:{t.tier}" for r, ts in ((run_a, tiers_a), (run_b, tiers_b)) for t in ts if t.foreign_requests]
+    if dirty:
+        console.print(f"[yellow]foreign requests ran in {', '.join(dirty)}: those figures are not clean[/]")
