@@ -68,16 +68,32 @@ def imported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, obje
     return folder / "recipe.toml", folder / "cluster.toml", result
 
 
+@pytest.fixture(scope="module")
+def imported_variants(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, object]:
+    """The seed profile exactly as shipped: its switched-off blocks become variants."""
+    result = import_mia_env(parse_profile(PROFILE.read_text(), "env.tp4"))
+    folder = tmp_path_factory.mktemp("imported-variants")
+    (folder / "recipe.toml").write_text(result.recipe_toml)
+    assert result.cluster_toml is not None
+    (folder / "cluster.toml").write_text(result.cluster_toml)
+    return folder / "recipe.toml", folder / "cluster.toml", result
+
+
+# The seed recipe's line, two ways: the profile hand-edited as docs/tp4.md says, or the profile as
+# shipped with its production block chosen as a variant.
+LINES = {"edited": ("imported", "base"), "variant": ("imported_variants", "production")}
+
+
 @pytest.mark.skipif(not SHARED_PROFILE.is_file(), reason="../shared/seeds not beside this checkout")
 def test_test_copy_is_the_seed_profile_unchanged() -> None:
     assert PROFILE.read_bytes() == SHARED_PROFILE.read_bytes()
 
 
-def _plans(imported: tuple[Path, Path, object]) -> tuple[object, object]:
+def _plans(imported: tuple[Path, Path, object], variant: str = "base") -> tuple[object, object]:
     recipe, cluster, _ = imported
     ready = recipe.with_name("filled.toml")
     ready.write_text(filled(recipe.read_text()))
-    mine = plan(load_recipe(ready), load_cluster(cluster), "imported")
+    mine = plan(load_recipe(ready, variant=variant), load_cluster(cluster), "imported")
     seed = plan(load_recipe(SEED), load_cluster(SPARK4), "seed")
     return mine, seed
 
@@ -90,8 +106,11 @@ SITE_FLAGS = {"--port", "--dist-init-addr"}  # PORT=8888 vs 30000; HEAD_IP vs th
 SEED_OMITS_FLAGS = {"--sleep-on-idle"}
 
 
-def test_engine_flags_identical_to_seed_recipe_apart_from_site_values(imported) -> None:  # type: ignore[no-untyped-def]
-    mine, seed = _plans(imported)
+@pytest.mark.parametrize("line", sorted(LINES))
+def test_engine_flags_identical_to_seed_recipe_apart_from_site_values(request: pytest.FixtureRequest,
+                                                                     line: str) -> None:  # fmt: skip
+    fixture, variant = LINES[line]
+    mine, seed = _plans(request.getfixturevalue(fixture), variant)
     for r in range(4):
         a, b = _flags(mine.ranks[r].argv), _flags(seed.ranks[r].argv)  # type: ignore[attr-defined]
         differ = {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
@@ -127,8 +146,11 @@ PROFILE_ONLY_ENV = {
 SEED_CHOICE_ENV = {"SGLANG_DSV41_REASONING_EFFORT"}
 
 
-def test_adapter_gates_and_env_identical_to_seed_recipe_key_by_key(imported) -> None:  # type: ignore[no-untyped-def]
-    mine, seed = _plans(imported)
+@pytest.mark.parametrize("line", sorted(LINES))
+def test_adapter_gates_and_env_identical_to_seed_recipe_key_by_key(request: pytest.FixtureRequest,
+                                                                  line: str) -> None:  # fmt: skip
+    fixture, variant = LINES[line]
+    mine, seed = _plans(request.getfixturevalue(fixture), variant)
     gates = _gate_keys()
     assert len(gates) == 38
     for r in range(4):
@@ -207,3 +229,29 @@ def test_per_rank_flag_in_extra_args_is_listed_not_duplicated(tmp_path: Path) ->
     recipe = load_recipe(tmp_path / "recipe.toml")
     assert "--port" not in recipe.args and recipe.args.count("--enable-cache-report") == 1
     assert any("--port 9" in n.detail for n in result.not_carried)
+
+
+def test_the_profiles_switched_off_blocks_are_variants_in_a_chain(imported_variants) -> None:  # type: ignore[no-untyped-def]
+    recipe = load_recipe(imported_variants[0])
+    assert list(recipe.variants) == ["switchless-ring", "canary", "canary-roce", "prefill-tp-split", "production"]
+    assert recipe.variants["production"].extends == "canary-roce"  # "(canary-roce image, …)"
+    assert recipe.variants["prefill-tp-split"].extends == "canary-roce"
+    assert recipe.variants["canary"].extends == "base"
+    assert recipe.docker_image == "dsv41-4x-spark:local"  # the active profile is the base
+    assert load_recipe(imported_variants[0], variant="canary").docker_image == "dsv41-4x-spark:canary"
+    ring = load_recipe(imported_variants[0], variant="switchless-ring").env
+    assert (ring["NCCL_ALGO"], ring["NCCL_MAX_NCHANNELS"]) == ("Ring", "4")
+
+
+def test_production_variant_plans_exactly_the_hand_edited_profile(imported, imported_variants) -> None:  # type: ignore[no-untyped-def]
+    edited, _ = _plans(imported)
+    chosen, _ = _plans(imported_variants, "production")
+    for a, b in zip(edited.ranks, chosen.ranks, strict=True):  # type: ignore[attr-defined]
+        assert _flags(a.argv) == _flags(b.argv)
+        assert a.env_dict() == b.env_dict() and a.image == b.image
+
+
+def test_what_a_variant_cannot_carry_is_reported_with_its_name(imported_variants) -> None:  # type: ignore[no-untyped-def]
+    result = imported_variants[2]
+    carried = {n.key for n in result.not_carried}
+    assert {"BUILD_DOCKERFILE (variant canary)", "NCCL_SWITCHLESS_RING_ONLY (variant switchless-ring)"} <= carried

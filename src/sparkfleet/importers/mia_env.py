@@ -12,13 +12,15 @@ for: mapped, listed as not carried (with the reason), or listed as not understoo
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from sparkfleet.importers.report import ImportResult, Note, comment_block, placeholder
-from sparkfleet.importers.shell_profile import Profile
+from sparkfleet.importers.shell_profile import OptionalBlock, Profile
 from sparkfleet.importers.toml_text import TomlDoc
-from sparkfleet.plan.flags import flag_name
+from sparkfleet.plan.flags import flag_groups, flag_name
 from sparkfleet.plan.model import CONTAINER_HF_HOME
 from sparkfleet.spec.secrets import is_secret
 
@@ -121,17 +123,6 @@ class _Build:
         return value if value not in (None, "") else default
 
 
-def _flag_groups(words: list[str]) -> list[list[str]]:
-    """Split flag words into [flag, value...] groups (a word not starting with -- is a value)."""
-    groups: list[list[str]] = []
-    for word in words:
-        if word.startswith("--") or not groups:
-            groups.append([word])
-        else:
-            groups[-1].append(word)
-    return groups
-
-
 def _args(b: _Build) -> list[tuple[list[str], str | None]]:
     """The engine flags boot.py would build from the profile, each with the key it came from."""
     served = b.take("SERVED_MODEL_NAME", DEFAULT_SERVED_NAME)
@@ -167,7 +158,7 @@ def _args(b: _Build) -> list[tuple[list[str], str | None]]:
     extra = b.take("EXTRA_SGLANG_ARGS")
     if extra:
         # boot.py appends EXTRA_SGLANG_ARGS.split(): a later flag wins, so replace in place.
-        for group in _flag_groups(extra.split()):
+        for group in flag_groups(extra.split()):
             flag = flag_name(group[0])
             if flag in PER_RANK:
                 b.not_carried.append(Note("EXTRA_SGLANG_ARGS", f"{' '.join(group)}: set by sparkfleet per rank"))
@@ -263,9 +254,21 @@ def _cluster_toml(b: _Build, profile: Profile) -> str:
     return doc.text()
 
 
-def import_mia_env(profile: Profile, tp4: bool = True) -> ImportResult:
-    """Map a parsed profile to recipe (and cluster) TOML, accounting for every key."""
-    b = _Build(dict(profile.values()))
+@dataclass
+class _Line:
+    """What the launcher runs for one set of profile values: the engine flags, the container env
+    and the fields sparkfleet's recipe holds them in."""
+
+    args: list[tuple[list[str], str | None]]
+    env: dict[str, tuple[str, str]]
+    image: str | None
+    port: int
+    rendezvous_port: int
+    required_nodes: int
+    tp: int
+
+
+def _line(b: _Build, tp4: bool) -> _Line:
     v = b.values
     args = _args(b)
     env = _env(b, tp4)
@@ -285,6 +288,157 @@ def import_mia_env(profile: Profile, tp4: bool = True) -> ImportResult:
         )
         if not revision:
             b.placeholders.append(Note("DSV41_SOURCE", "snapshot commit of the checkpoint in the HF cache"))
+    return _Line(args, env, image, int(port or 8888), int(dist_port or 20000), int(nnodes or 1),
+                 int(v.get("TP_SIZE") or 3))  # fmt: skip
+
+
+def _account(b: _Build, keys: Iterable[str]) -> None:
+    """Every key of ``keys`` the line did not use: not carried (with the reason) or not understood."""
+    for key in keys:
+        if key in CLUSTER_KEYS:
+            b.used.add(key)
+        elif key in NOT_CARRIED and key not in b.used:
+            b.used.add(key)
+            b.not_carried.append(Note(key, NOT_CARRIED[key]))
+    for key in keys:
+        if key not in b.used:
+            detail = f"= {b.values[key]!r} (not used by the launcher as far as sparkfleet knows)"
+            b.not_understood.append(Note(key, detail))
+
+
+# Words of a block's description that say nothing about which line it is.
+_FILLER = {"the", "a", "an", "of", "on", "for", "to", "with", "and", "full", "profile", "line", "top", "optional",
+           "either", "image", "from"}  # fmt: skip
+# "KEY=VALUE" written in a block's description: a change of an active key the block needs
+# (the production line's "(canary-roce image, EP_SIZE=1 above)").
+_MENTIONED = re.compile(r"\b([A-Z][A-Z0-9_]*)=([^\s,;)]+)")
+
+
+@dataclass
+class _Variant:
+    """One switched-off block of the profile as a ``[variants.NAME]`` overlay."""
+
+    name: str
+    extends: str
+    block: OptionalBlock
+    fields: list[tuple[str, str | int, str]]
+    args_set: list[tuple[list[str], str | None]]
+    args_remove: list[str]
+    env_set: dict[str, tuple[str, str]]
+    env_unset: list[str]
+    mentioned: list[str]
+
+    def write(self, doc: TomlDoc) -> None:
+        lines = [a.line for a in self.block.assignments]
+        doc.blank()
+        doc.comment(f"Profile lines {min(lines)}-{max(lines)}, switched off there ({self.block.section}).")
+        doc.table(f"variants.{self.name}")
+        if self.extends != "base":
+            doc.set("extends", self.extends)
+        doc.set("description", self.block.section if self.block.follows is None else self.block.description)
+        for key in self.mentioned:
+            doc.comment(f"{key} is changed too: the block's description says {key}=…")
+        for key, item, note in self.fields:
+            doc.set(key, item, note)
+        if self.args_remove:
+            doc.set("args_remove", self.args_remove)
+        if self.args_set:
+            doc.words("args_set", self.args_set)
+        if self.env_unset:
+            doc.set("env_unset", self.env_unset)
+        if self.env_set:
+            doc.table(f"variants.{self.name}.env")
+            for key, (item, src) in self.env_set.items():
+                doc.set(key, item, src if src != key else None)
+
+
+def _slug(text: str) -> str:
+    words = re.split(r"[\s,]+", re.split(r"[(:]", text, maxsplit=1)[0].lower())
+    kept = [w for w in words if w and w not in _FILLER and "/" not in w and "." not in w]
+    return "-".join(re.sub(r"[^a-z0-9-]", "", w) for w in kept[:3]).strip("-")
+
+
+def _variant_name(block: OptionalBlock, taken: set[str]) -> str:
+    """The image's tag for a block that switches the image; else the words of its section title
+    (a block of its own) or of its description (a line on top of another block)."""
+    image = block.values().get("IMAGE", "")
+    name = image.rsplit(":", 1)[1] if ":" in image else _slug(block.section if block.follows is None
+                                                             else block.description)  # fmt: skip
+    name = name or f"variant-{len(taken) + 1}"
+    unique, n = name, 2
+    while unique in taken or unique == "base":
+        unique, n = f"{name}-{n}", n + 1
+    taken.add(unique)
+    return unique
+
+
+def _overlay(name: str, extends: str, block: OptionalBlock, parent: _Line, line: _Line) -> _Variant:
+    """What ``line`` changes relative to ``parent``, as a variant's keys."""
+    fields: list[tuple[str, str | int, str]] = []
+    for key, a, b, src in (("docker_image", parent.image, line.image, "IMAGE"),
+                           ("port", parent.port, line.port, "PORT"),
+                           ("rendezvous_port", parent.rendezvous_port, line.rendezvous_port, "DIST_PORT"),
+                           ("required_nodes", parent.required_nodes, line.required_nodes, "NNODES"),
+                           ("tensor_parallel_size", parent.tp, line.tp, "TP_SIZE")):  # fmt: skip
+        if a != b and b is not None:
+            fields.append((key, b, src))
+    before = {g[0]: g for g, _ in parent.args}
+    after = {g[0]: (g, src) for g, src in line.args}
+    args_set = [(g, src) for flag, (g, src) in after.items() if before.get(flag) != g]
+    args_remove = [flag for flag in before if flag not in after]
+    env_set = {k: (val, src) for k, (val, src) in line.env.items() if parent.env.get(k, (None,))[0] != val}
+    env_unset = [k for k in parent.env if k not in line.env]
+    return _Variant(name, extends, block, fields, args_set, args_remove, env_set, env_unset, [])
+
+
+def _variants(profile: Profile, base: _Line, tp4: bool, b: _Build) -> list[_Variant]:
+    """The profile's switched-off blocks as variants, each on top of the active profile or of the
+    block it follows; what a block holds that sparkfleet cannot carry is reported with its name."""
+    taken: set[str] = set()
+    names: list[str] = []
+    lines: list[_Line] = []
+    out: list[_Variant] = []
+    for block in profile.optional:
+        name = _variant_name(block, taken)
+        chain = [block]
+        while chain[0].follows is not None:
+            chain.insert(0, profile.optional[chain[0].follows])
+        values = dict(b.values)
+        mentioned: list[str] = []
+        for step in chain:
+            values.update(step.values())
+            for key, item in _MENTIONED.findall(step.description):
+                if key in b.values:
+                    values[key] = item
+                    mentioned.append(key)
+        vb = _Build(values)
+        line = _line(vb, tp4)
+        _account(vb, [*block.values(), *mentioned])
+        for note in vb.not_carried:
+            b.not_carried.append(Note(f"{note.key} (variant {name})", note.detail))
+        for note in vb.not_understood:
+            b.not_understood.append(Note(f"{note.key} (variant {name})", note.detail))
+        for skipped in block.skipped:
+            detail = f"{skipped.text[:60]!r}: {skipped.reason}"
+            b.not_understood.append(Note(f"line {skipped.line} (variant {name})", detail))
+        parent_name, parent = ("base", base) if block.follows is None else (names[block.follows], lines[block.follows])
+        out.append(_overlay(name, parent_name, block, parent, line))
+        out[-1].mentioned = mentioned
+        names.append(name)
+        lines.append(line)
+    return out
+
+
+def import_mia_env(profile: Profile, tp4: bool = True) -> ImportResult:
+    """Map a parsed profile to recipe (and cluster) TOML, accounting for every key; the profile's
+    switched-off blocks become ``[variants.NAME]``."""
+    b = _Build(dict(profile.values()))
+    v = b.values
+    line = _line(b, tp4)
+    args, env = line.args, line.env
+    repo = b.take("HF_REPO", DEFAULT_REPO) or DEFAULT_REPO
+    revision = b.take("HF_REVISION")
+    image = line.image
     mounts: list[tuple[str, str, str]] = []
     worker_dir = b.take("WORKER_DIR")
     user = v.get("WORKER_USER")
@@ -298,15 +452,8 @@ def import_mia_env(profile: Profile, tp4: bool = True) -> ImportResult:
     staging = bool(engram_dir and packed and packed.startswith("/"))
     if staging and engram_dir and packed:
         mounts.append((engram_dir, packed, "ENGRAM_DIR → DSV41_PACKED_DIR (packed Engram shards)"))
-    for key in v:
-        if key in CLUSTER_KEYS:
-            b.used.add(key)
-        elif key in NOT_CARRIED and key not in b.used:
-            b.used.add(key)
-            b.not_carried.append(Note(key, NOT_CARRIED[key]))
-    for key in v:
-        if key not in b.used:
-            b.not_understood.append(Note(key, f"= {v[key]!r} (not used by the launcher as far as sparkfleet knows)"))
+    _account(b, list(v))
+    variants = _variants(profile, line, tp4, b)
     for skipped in profile.skipped:
         b.not_understood.append(Note(f"line {skipped.line}", f"{skipped.text[:60]!r}: {skipped.reason}"))
     for name in profile.unresolved:
@@ -329,10 +476,10 @@ def import_mia_env(profile: Profile, tp4: bool = True) -> ImportResult:
     doc.set("model", repo, "HF_REPO" if "HF_REPO" in v else "the launcher's default HF_REPO")
     if revision:
         doc.set("revision", revision, "HF_REVISION")
-    doc.set("port", int(port or 8888), "PORT")
-    doc.set("rendezvous_port", int(dist_port or 20000), "DIST_PORT")
-    doc.set("required_nodes", int(nnodes or 1), "NNODES")
-    doc.set("tensor_parallel_size", int(v.get("TP_SIZE") or 3), "TP_SIZE")
+    doc.set("port", line.port, "PORT")
+    doc.set("rendezvous_port", line.rendezvous_port, "DIST_PORT")
+    doc.set("required_nodes", line.required_nodes, "NNODES")
+    doc.set("tensor_parallel_size", line.tp, "TP_SIZE")
     doc.set("distributed_backend", "mp")
     doc.set("shm_size", "32g", "start.sh --shm-size 32g")
     doc.set("entrypoint", list(ENTRYPOINT), "boot.py runs sglang.launch_server")
@@ -360,6 +507,8 @@ def import_mia_env(profile: Profile, tp4: bool = True) -> ImportResult:
         doc.set("id", "engram")
         doc.set("src", _snapshot(repo, revision, "{{hf}}"))
         doc.set("dst", engram_dir, "ENGRAM_DIR")
+    for variant in variants:
+        variant.write(doc)
     comment_block(doc, "Placeholders to fill in", b.placeholders)
     comment_block(doc, "Profile keys not carried over", b.not_carried)
     comment_block(doc, "Profile keys and lines NOT UNDERSTOOD (review them)", b.not_understood)

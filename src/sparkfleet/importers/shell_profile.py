@@ -17,6 +17,10 @@ from sparkfleet.errors import RecipeError
 
 _ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A line the profile's author switched off: "#KEY=value", the hash right before the key. Prose
+# that quotes an assignment is written "#   KEY=value" or "# … KEY=value" and is not one.
+_COMMENTED = re.compile(r"^#(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*=.*)$", re.S)
+_SECTION = re.compile(r"^#\s*─+\s*(.*?)\s*─*\s*$")
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,25 @@ class Skipped:
 
 
 @dataclass(frozen=True)
+class OptionalBlock:
+    """A run of commented-out assignments: one way of running the profile that its author left
+    switched off (an image, a fabric, a line of adapter gates).
+
+    ``section`` is the ``# ─── title ───`` it sits under; ``description`` the comment line right
+    above it; ``follows`` the index of the section's first block when this one repeats a key of
+    it (another line on top of the same image), else None (on top of the active profile)."""
+
+    section: str
+    description: str
+    assignments: tuple[Assignment, ...]
+    skipped: tuple[Skipped, ...]
+    follows: int | None = None
+
+    def values(self) -> dict[str, str]:
+        return {a.key: a.value for a in self.assignments}
+
+
+@dataclass(frozen=True)
 class Profile:
     """The active assignments of a profile, in file order, and what could not be read."""
 
@@ -45,6 +68,7 @@ class Profile:
     assignments: tuple[Assignment, ...]
     skipped: tuple[Skipped, ...]
     unresolved: tuple[str, ...]
+    optional: tuple[OptionalBlock, ...] = ()
 
     def values(self) -> dict[str, str]:
         """Key → value; a key assigned twice keeps its last value, as in the shell."""
@@ -172,15 +196,69 @@ def _open_quote(text: str) -> bool:
     return quote is not None
 
 
+class _Blocks:
+    """Collects OptionalBlocks while parse_profile walks the lines."""
+
+    def __init__(self) -> None:
+        self.done: list[OptionalBlock] = []
+        self.section = ""
+        self.section_first: int | None = None
+        self.prose = ""
+        self.open: list[Assignment] = []
+        self.open_skipped: list[Skipped] = []
+        self.open_description = ""
+
+    def close(self) -> None:
+        if not self.open:
+            return
+        follows = None
+        if self.section_first is not None:
+            first_keys = {a.key for a in self.done[self.section_first].assignments}
+            follows = self.section_first if first_keys & {a.key for a in self.open} else None
+        self.done.append(OptionalBlock(self.section, self.open_description, tuple(self.open),
+                                       tuple(self.open_skipped), follows))  # fmt: skip
+        if self.section_first is None:
+            self.section_first = len(self.done) - 1
+        self.open, self.open_skipped = [], []
+
+    def line(self, number: int, stripped: str, env: dict[str, str]) -> None:
+        section = _SECTION.match(stripped)
+        if section:
+            self.close()
+            self.section, self.section_first, self.prose = section.group(1), None, ""
+            return
+        commented = _COMMENTED.match(stripped)
+        if commented is None:
+            text = stripped.lstrip("#").strip()
+            if text:
+                self.prose = text
+            return
+        key, raw = commented.group(1).split("=", 1)
+        if any(a.key == key for a in self.open):
+            self.close()  # the same key again: another alternative, not more of this one
+        if not self.open:
+            self.open_description = self.prose
+        try:
+            value = _value(raw, dict(env), [])
+        except _Unsupported as exc:
+            self.open_skipped.append(Skipped(number, stripped, str(exc)))
+            return
+        self.open.append(Assignment(key, value, number))
+
+
 def parse_profile(text: str, source: str, home: str = "{{home}}") -> Profile:
     """Parse profile text; ``$HOME`` expands to ``home``."""
     env: dict[str, str] = {"HOME": home}
     assignments: list[Assignment] = []
     skipped: list[Skipped] = []
     unresolved: list[str] = []
+    blocks = _Blocks()
     for number, line in _logical_lines(text):
         stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
+        if stripped.startswith("#"):
+            blocks.line(number, stripped, env)
+            continue
+        if not stripped:
             continue
         m = _ASSIGN.match(stripped)
         if not m:
@@ -194,7 +272,8 @@ def parse_profile(text: str, source: str, home: str = "{{home}}") -> Profile:
             continue
         env[key] = value
         assignments.append(Assignment(key, value, number))
-    return Profile(source, tuple(assignments), tuple(skipped), tuple(dict.fromkeys(unresolved)))
+    blocks.close()
+    return Profile(source, tuple(assignments), tuple(skipped), tuple(dict.fromkeys(unresolved)), tuple(blocks.done))
 
 
 def read_profile(path: str, home: str = "{{home}}") -> Profile:
