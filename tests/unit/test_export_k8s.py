@@ -62,10 +62,11 @@ def test_sglang_rendezvous_uses_lws_leader_address_and_worker_index() -> None:
     lwt = lws["spec"]["leaderWorkerTemplate"]
     assert lwt["size"] == 4 and lwt["restartPolicy"] == "RecreateGroupOnPodRestart"
     leader, worker = _container(lws, "leader"), _container(lws, "worker")
-    for c, rank in ((leader, "0"), (worker, "$(LWS_WORKER_INDEX)")):
+    # The leader rendezvouses at its own host IP; workers reach that IP by the leader's name.
+    for c, rank, head in ((leader, "0", "$(SPARKFLEET_HOST_IP)"), (worker, "$(LWS_WORKER_INDEX)", "$(LWS_LEADER_ADDRESS)")):
         argv = c["command"]
         assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
-        assert _flag(argv, "--dist-init-addr") == "$(LWS_LEADER_ADDRESS):20000"
+        assert _flag(argv, "--dist-init-addr") == f"{head}:20000"
         assert _flag(argv, "--node-rank") == rank and _flag(argv, "--nnodes") == "4"
         env = {e["name"]: e for e in c["env"]}
         assert env["SGLANG_HOST_IP"]["value"] == "$(SPARKFLEET_HOST_IP)"
@@ -96,7 +97,8 @@ def test_sglang_rendezvous_uses_lws_leader_address_and_worker_index() -> None:
 def test_vllm_workers_are_headless_with_lws_master_addr() -> None:
     lws, _ = _docs(EUGR, "eugr")
     leader, worker = _container(lws, "leader"), _container(lws, "worker")
-    assert _flag(leader["command"], "--master-addr") == "$(LWS_LEADER_ADDRESS)"
+    assert _flag(leader["command"], "--master-addr") == "$(SPARKFLEET_HOST_IP)"
+    assert _flag(worker["command"], "--master-addr") == "$(LWS_LEADER_ADDRESS)"
     assert "--headless" in worker["command"] and "--headless" not in leader["command"]
     assert _flag(worker["command"], "--node-rank") == "$(LWS_WORKER_INDEX)"
     assert "--port" not in worker["command"]
@@ -127,6 +129,9 @@ def test_process_recipe_needs_an_image_and_llamacpp_workers_are_rpc_servers() ->
     _validate([lws, svc])
     leader, worker = _container(lws, "leader"), _container(lws, "worker")
     assert _flag(leader["command"], "--rpc") == "g-0-1.g:50052"
+    # Pods start together: the leader waits until every rpc-server it names accepts connections.
+    assert leader["command"][:2] == ["bash", "-c"] and leader["command"][3:5] == ["wait-rpc", "g-0-1.g:50052"]
+    assert leader["command"][5] == "llama-server"
     assert worker["command"][:5] == ["rpc-server", "--host", "$(SPARKFLEET_HOST_IP)", "--port", "50052"]
     assert worker["readinessProbe"] == {"tcpSocket": {"port": 50052}, "periodSeconds": 10}
     assert "resources" not in leader and leader["readinessProbe"]["httpGet"]["path"] == "/health"
@@ -213,6 +218,35 @@ def test_literal_dollar_paren_is_escaped_for_kubelet() -> None:
         assert _kubelet_expand(env["WRAPPED"], pods) == "pre-$(HF_TOKEN)-post"
         assert env["VLLM_HOST_IP"] == "$(SPARKFLEET_HOST_IP)"
     leader, worker = _container(lws, "leader")["command"], _container(lws, "worker")["command"]
-    assert _flag(leader, "--master-addr") == "$(LWS_LEADER_ADDRESS)"
+    assert _flag(leader, "--master-addr") == "$(SPARKFLEET_HOST_IP)"
     assert _flag(worker, "--node-rank") == "$(LWS_WORKER_INDEX)"
     assert _kubelet_expand(_flag(worker, "--master-addr"), pods) == "10.1.0.1"
+
+
+def _pod_env(container: dict[str, Any], pod: dict[str, str]) -> dict[str, str]:
+    """The container's env as kubelet gives it to the process (downward API values from pod)."""
+    out: dict[str, str] = {}
+    for e in container["env"]:
+        if "valueFrom" in e:
+            out[e["name"]] = pod[e["name"]]
+        else:
+            out[e["name"]] = _kubelet_expand(e["value"], {**pod, **out})
+    return out
+
+
+def test_ray_head_advertises_the_address_vllm_binds() -> None:
+    data = {"engine": "vllm", "model": "m/x", "docker_image": "img:1", "required_nodes": 2,
+            "tensor_parallel_size": 2, "distributed_backend": "ray"}  # fmt: skip
+    lws, _ = k8s_manifests(parse_recipe(data, "r.toml"), "ray")
+    _validate([lws, _])
+    pods = {"LWS_LEADER_ADDRESS": "ray-0.ray", "LWS_WORKER_INDEX": "1"}
+    leader = _container(lws, "leader")
+    env = _pod_env(leader, {**pods, "SPARKFLEET_HOST_IP": "10.1.0.1"})
+    script = _kubelet_expand(leader["command"][2], {**pods, **env})
+    node_ip = script.split("--node-ip-address=", 1)[1].split()[0].strip("'")
+    assert node_ip == env["VLLM_HOST_IP"] == "10.1.0.1"
+    worker = _container(lws, "worker")
+    wenv = _pod_env(worker, {**pods, "SPARKFLEET_HOST_IP": "10.1.0.2"})
+    join = _kubelet_expand(worker["command"][2], {**pods, **wenv})
+    assert "--address='ray-0.ray:29501'" in join and "--node-ip-address='10.1.0.2'" in join
+    assert wenv["VLLM_HOST_IP"] == "10.1.0.2"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -65,14 +66,35 @@ def test_every_rank_runs_the_planned_command(engine: str, tmp_path: Path) -> Non
         assert {k: env.get(k) for k in want} == want
 
 
-def test_llamacpp_head_lists_every_peer_and_workers_bind_their_own_address(tmp_path: Path) -> None:
+def test_llamacpp_head_waits_for_every_rpc_server_and_workers_bind_their_own_address(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     recipe = parse_recipe({"engine": "llama-cpp", "model": "/m", "model_file": "f.gguf", "required_nodes": 3,
-                           "tensor_parallel_size": 3, "entrypoint": ECHO}, "r.toml")  # fmt: skip
-    script = slurm_script(recipe, "t")
-    argv, _ = _run_rank(script, 0, tmp_path)
-    assert argv[argv.index("--rpc") + 1] == "10.1.0.6:50052,10.1.0.7:50052"
+                           "tensor_parallel_size": 3, "entrypoint": ECHO, "rendezvous_port": port}, "r.toml")  # fmt: skip
+    task = _task(slurm_script(recipe, "t"))
+    peers = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+    env = {"PATH": os.environ["PATH"], "HOME": str(Path.home()), "SLURM_PROCID": "0", "PEER_ADDRS": " ".join(peers),
+           "HEAD_ADDR": peers[0], "HF_CACHE": f"{tmp_path}/hf", "STATE_DIR": f"{tmp_path}/state"}  # fmt: skip
+    listeners = []
+    head = subprocess.Popen(["bash", "-c", task], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # Only one rpc-server is up: the leader must not start.
+        listeners.append(socket.create_server((peers[1], port)))
+        with pytest.raises(subprocess.TimeoutExpired):
+            head.wait(timeout=3)
+        listeners.append(socket.create_server((peers[2], port)))
+        out, err = head.communicate(timeout=20)
+    finally:
+        head.kill()
+        for s in listeners:
+            s.close()
+    assert head.returncode == 0, err
+    assert f"waiting for rpc-server {peers[2]}:{port}" in err
+    argv, _ = json.loads(out.strip().splitlines()[-1])
+    assert argv[argv.index("--rpc") + 1] == f"{peers[1]}:{port},{peers[2]}:{port}"
     # Ranks above 0 are rpc-server (not the entrypoint): check the script line itself.
-    assert 'exec rpc-server --host "$SELF_ADDR" --port 50052' in script
+    assert f'exec rpc-server --host "$SELF_ADDR" --port {port}' in task
 
 
 def test_secrets_are_required_from_the_environment_never_written(tmp_path: Path) -> None:

@@ -171,6 +171,9 @@ def k8s_manifests(
         head=_LEADER,
         self_addr=_HOST_IP,
         rank=_INDEX,
+        # Rank 0 plans itself at its host IP, the value VLLM_HOST_IP/SGLANG_HOST_IP get: a Ray
+        # head advertising the leader's DNS name instead never sees vLLM's placement group ready.
+        leader_self=_HOST_IP,
         # Worker pods are <lws>-<group>-<index> under the LWS headless service <lws>.
         peer=lambda i: f"{name}-0-{i}.{name}",
     )

@@ -28,6 +28,9 @@ class Markers:
     self_addr: str
     rank: str
     peer: Callable[[int], str]
+    # The address rank 0 plans itself at (default: head). Kubernetes gives the leader its own
+    # host IP: the name workers reach it by is not an address Ray or vLLM can bind or advertise.
+    leader_self: str | None = None
 
 
 @dataclass(frozen=True)
@@ -104,9 +107,43 @@ def rank_templates(recipe: Recipe, name: str, markers: Markers, shape: NodeShape
     """Plan rank 0 with peers at their markers, and rank 1 at its own-address marker."""
     n = recipe.required_nodes
     recipe = _rank_marked(recipe, markers.rank)
-    leader_plan = _plan(recipe, name, [markers.head] + [markers.peer(i) for i in range(1, n)], shape)
+    leader_addr = markers.leader_self or markers.head
+    leader_plan = _plan(recipe, name, [leader_addr] + [markers.peer(i) for i in range(1, n)], shape)
+    leader = leader_plan.ranks[0]
+    if recipe.engine == "llama-cpp" and n > 1:
+        leader = wait_for_rpc_servers(leader)
     worker = None
     if n > 1:
         worker_plan = _plan(recipe, name, [markers.head] + [markers.self_addr] * (n - 1), shape)
         worker = _with_rank(worker_plan.ranks[1], markers.rank)
-    return RankTemplates(plan=leader_plan, leader=leader_plan.ranks[0], worker=worker)
+    return RankTemplates(plan=leader_plan, leader=leader, worker=worker)
+
+
+# Runs as `bash -c SCRIPT wait-rpc HOST:PORT,... ARGV...`: the command's words stay words.
+_WAIT_RPC = (
+    'IFS=, read -r -a peers <<< "$1"; shift; '
+    'for peer in "${peers[@]}"; do '
+    'until (: < "/dev/tcp/${peer%:*}/${peer##*:}") 2>/dev/null; do '
+    'echo "sparkfleet: waiting for rpc-server $peer" >&2; sleep 2; done; done; '
+    'exec "$@"'
+)
+
+
+def wait_for_rpc_servers(rank: RankPlan) -> RankPlan:
+    """The llama.cpp leader started only once every rpc-server it names accepts connections.
+
+    ``sparkfleet up`` starts the rpc-servers first and waits for their ports; a scheduler starts
+    every pod or task at once, and llama-server gives up on an rpc-server that is not there yet.
+    """
+    argv = list(rank.argv)
+    peers = next((argv[i + 1] for i, w in enumerate(argv[:-1]) if w in ("--rpc", "--rpc_servers")), None)
+    if peers is None:
+        return rank
+    wrapped = ("bash", "-c", _WAIT_RPC, "wait-rpc", peers, *argv)
+    container = rank.container_argv
+    if container is not None:
+        # docker run … --entrypoint PROGRAM IMAGE ARGS: the command's program is the entrypoint.
+        at = len(container) - len(argv)
+        assert container[at - 1] == argv[0] and tuple(container[at + 1 :]) == rank.argv[1:], container
+        container = (*container[: at - 1], wrapped[0], container[at], *wrapped[1:])
+    return replace(rank, argv=wrapped, container_argv=container)
