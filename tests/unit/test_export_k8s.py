@@ -63,7 +63,8 @@ def test_sglang_rendezvous_uses_lws_leader_address_and_worker_index() -> None:
     assert lwt["size"] == 4 and lwt["restartPolicy"] == "RecreateGroupOnPodRestart"
     leader, worker = _container(lws, "leader"), _container(lws, "worker")
     # The leader rendezvouses at its own host IP; workers reach that IP by the leader's name.
-    for c, rank, head in ((leader, "0", "$(SPARKFLEET_HOST_IP)"), (worker, "$(LWS_WORKER_INDEX)", "$(LWS_LEADER_ADDRESS)")):
+    roles = ((leader, "0", "$(SPARKFLEET_HOST_IP)"), (worker, "$(LWS_WORKER_INDEX)", "$(LWS_LEADER_ADDRESS)"))
+    for c, rank, head in roles:
         argv = c["command"]
         assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
         assert _flag(argv, "--dist-init-addr") == f"{head}:20000"

@@ -70,8 +70,9 @@ def test_llamacpp_head_waits_for_every_rpc_server_and_workers_bind_their_own_add
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    recipe = parse_recipe({"engine": "llama-cpp", "model": "/m", "model_file": "f.gguf", "required_nodes": 3,
-                           "tensor_parallel_size": 3, "entrypoint": ECHO, "rendezvous_port": port}, "r.toml")  # fmt: skip
+    data = {"engine": "llama-cpp", "model": "/m", "model_file": "f.gguf", "required_nodes": 3,
+            "tensor_parallel_size": 3, "entrypoint": ECHO, "rendezvous_port": port}  # fmt: skip
+    recipe = parse_recipe(data, "r.toml")
     task = _task(slurm_script(recipe, "t"))
     peers = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
     env = {"PATH": os.environ["PATH"], "HOME": str(Path.home()), "SLURM_PROCID": "0", "PEER_ADDRS": " ".join(peers),

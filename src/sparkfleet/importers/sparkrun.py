@@ -1,18 +1,21 @@
-"""Import a sparkrun YAML recipe (reference: sparkrun.md §2-3) as a sparkfleet recipe.
+"""Import a sparkrun YAML recipe as a sparkfleet recipe, by sparkrun's own rules (sparkrun_rules).
 
-sparkrun fills the ``command`` template's ``{key}`` placeholders from ``defaults`` (and
-``model``), runs it on every node, and appends the per-rank flags itself (SGLang:
-``--dist-init-addr head:25000 --nnodes N --node-rank r``; vLLM: ``--nnodes --node-rank
---master-addr --master-port`` and ``--headless`` above rank 0). sparkfleet appends the same
-per-rank flags, so the import keeps the template's other flags as ``args`` and moves the model,
-parallel sizes and port into recipe fields; the rendezvous port stays sparkrun's 25000.
+sparkrun renders the ``command`` template from ``defaults`` (and ``model``), or, without one,
+builds the engine command from its per-runtime flag map; it runs that on every node and appends
+the per-rank flags itself (SGLang: ``--dist-init-addr head:25000 --nnodes N --node-rank r``;
+vLLM: ``--nnodes --node-rank --master-addr --master-port`` and ``--headless`` above rank 0).
+sparkfleet appends the same per-rank flags, so the import keeps the command's other flags as
+``args`` and moves the model, parallel sizes and port into recipe fields; the rendezvous port
+stays sparkrun's 25000. Every key of the file is carried, noted as not carried, or listed as not
+understood; malformed input is a RecipeError naming the file and the key.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -20,15 +23,25 @@ import yaml
 
 from sparkfleet.errors import RecipeError
 from sparkfleet.importers.report import ImportResult, Note, comment_block, placeholder
-from sparkfleet.importers.toml_text import TomlDoc
+from sparkfleet.importers.sparkrun_rules import (
+    LLAMA_CPP_DEFAULTS,
+    TEMPLATES_VERSION,
+    env_parts,
+    flag_rules,
+    flag_words,
+    parse_version,
+    render_template,
+    required_nodes,
+)
+from sparkfleet.importers.toml_text import TomlDoc, typed
 from sparkfleet.plan.flags import is_flag
+from sparkfleet.plan.model import CONTAINER_HF_HOME
 from sparkfleet.spec.secrets import is_secret
 
 SPARKRUN_INIT_PORT = 25000
 SPARKRUN_RAY_PORT = 46379
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
-# Env each sparkrun runtime sets on every rank (sparkrun.md §3); recipe env wins over it.
+# Env each sparkrun runtime sets on every rank (get_cluster_env); recipe env wins over it.
 RUNTIME_ENV = {
     "sglang": {"NCCL_CUMEM_ENABLE": "0", "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "0"},
     "vllm": {"NCCL_CUMEM_ENABLE": "0", "OMP_NUM_THREADS": "4"},
@@ -47,18 +60,10 @@ FIELD_FLAGS = {
 }  # fmt: skip
 PER_RANK = {"--nnodes", "--node-rank", "--dist-init-addr", "--master-addr", "--master-port", "--headless",
             "--rpc", "-n", "-r"}  # fmt: skip
-# Without a command template, sparkrun builds flags from ``defaults`` through a flag map.
-FLAG_MAPS = {
-    "sglang": {"tensor_parallel": "--tp-size", "pipeline_parallel": "--pp-size", "port": "--port",
-               "host": "--host", "gpu_memory_utilization": "--mem-fraction-static",
-               "max_model_len": "--context-length", "served_model_name": "--served-model-name"},
-    "vllm": {"tensor_parallel": "--tensor-parallel-size", "pipeline_parallel": "--pipeline-parallel-size",
-             "port": "--port", "host": "--host", "gpu_memory_utilization": "--gpu-memory-utilization",
-             "max_model_len": "--max-model-len", "served_model_name": "--served-model-name"},
-    "llama-cpp": {"port": "--port", "host": "--host", "max_model_len": "--ctx-size"},
-}  # fmt: skip
 ENTRYPOINTS = {"sglang": ("python3", "-m", "sglang.launch_server"), "vllm": ("vllm", "serve"),
                "llama-cpp": ("llama-server",)}  # fmt: skip
+# sparkrun 0.4's SGLang runtime builds `sglang serve` (the entrypoint that replaced launch_server).
+SGLANG_SERVE = ("sglang", "serve")
 NOT_CARRIED = {
     "pre_exec": "runs in every container before serve; bake it into the image",
     "post_exec": "runs in the head container after health; run it after `sparkfleet up`",
@@ -67,18 +72,25 @@ NOT_CARRIED = {
     "mods": "directories copied into containers; bake them into the image",
     "builder": "image builder; use docker_image_dir or a prebuilt docker_image",
     "builder_config": "image builder settings",
+    "build_args": "eugr build-and-copy.sh flags; build the image with them, then name it in docker_image",
     "distribution_config": "sparkfleet reads weights from each node's HF cache and streams images itself",
     "benchmark": "use `sparkfleet bench`",
     "max_nodes": "sparkfleet runs exactly required_nodes",
     "metadata": "kept as comments; the [memory] table takes figures the memory plan needs",
     "recipe_version": "format version",
+    "sparkrun_version": "format version",
+    "min_sparkrun_version": "chose which sparkrun version's rules the import follows",
     "name": "sparkrun ignores it too (the name is the file stem)",
+    "description": "kept as a comment",
+    "runtime_version": "informational in sparkrun",
     "mode": "deprecated in sparkrun",
     "solo_only": "deprecated in sparkrun",
-    "cluster_only": "deprecated in sparkrun",
+    "cluster_only": "deprecated in sparkrun (folded into the node count)",
 }
 KNOWN = {"model", "model_revision", "runtime", "container", "defaults", "env", "command", "min_nodes",
          "executor_config", *NOT_CARRIED}  # fmt: skip
+# executor_config keys sparkfleet carries; the rest are the docker runtime's own choice.
+EXECUTOR_CARRIED = {"shm_size", "volumes"}
 
 
 @dataclass(frozen=True)
@@ -89,75 +101,185 @@ class SparkrunFile:
     data: dict[str, Any]
 
 
-def read_sparkrun(path: Path | str) -> SparkrunFile:
-    """Read a sparkrun YAML recipe; malformed input is a RecipeError naming the file."""
+def read_yaml_mapping(path: Path | str, what: str) -> SparkrunFile:
+    """Read a YAML file that must hold a mapping; every failure is one line naming the file."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
     except OSError as exc:
         raise RecipeError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise RecipeError(f"{path}: is not a UTF-8 text file") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise RecipeError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise RecipeError(f"{path}: invalid YAML{where}: {problem}") from None
     if not isinstance(data, dict):
-        raise RecipeError(f"{path}: a sparkrun recipe is a YAML mapping")
-    return SparkrunFile(str(path), data)
+        raise RecipeError(f"{path}: {what} is a YAML mapping, not {type(data).__name__}")
+    return SparkrunFile(str(path), {str(k): v for k, v in data.items()})
+
+
+def read_sparkrun(path: Path | str) -> SparkrunFile:
+    """Read a sparkrun YAML recipe; malformed input is a RecipeError naming the file."""
+    return read_yaml_mapping(path, "a sparkrun recipe")
 
 
 def substitute(template: str, values: dict[str, Any]) -> tuple[str, list[str]]:
-    """sparkrun's iterative ``{key}`` substitution; unknown placeholders stay as they are."""
-    text = template
-    for _ in range(10):
-        new = _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), text)
-        if new == text:
-            break
-        text = new
-    return text, sorted(set(_PLACEHOLDER.findall(text)))
+    """sparkrun's ``{key}`` rendering of a command template (see sparkrun_rules.render_template)."""
+    return render_template(template, values)
 
 
-def _runtime(data: dict[str, Any], command: str, source: str) -> tuple[str, str]:
-    """(sparkfleet engine, sparkrun runtime key for its env)."""
-    runtime = str(data.get("runtime") or "").lower()
-    defaults = data.get("defaults") or {}
-    ray = (
-        runtime == "vllm-ray"
-        or defaults.get("distributed_executor_backend") == "ray"
-        or bool(re.search(r"--distributed-executor-backend[ =]ray", command))
-    )
-    if runtime in ("", "vllm", "vllm-distributed", "vllm-ray"):
-        first = command.split()[:3]
-        if runtime == "" and any("sglang" in w for w in first):
-            return "sglang", "sglang"
-        if runtime == "" and first and first[0] == "llama-server":
-            return "llama-cpp", "llama-cpp"
+# --- checking the file's shape --------------------------------------------------------------
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number", type(None): "empty"}.get(type(value), type(value).__name__)  # fmt: skip
+
+
+class _Checker:
+    """One-line errors naming the file and the key, for every shape sparkrun itself would refuse
+    (or crash on)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, key: str, message: str) -> RecipeError:
+        return RecipeError(f"{self.source}: {key}: {message}")
+
+    def mapping(self, data: Mapping[str, Any], key: str) -> dict[str, Any]:
+        value = data.get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(key, f"must be a mapping, not {_type_name(value)}")
+        return {str(k): v for k, v in value.items()}
+
+    def string(self, data: Mapping[str, Any], key: str, required: bool = False) -> str | None:
+        value = data.get(key)
+        if value is None or value == "":
+            if required:
+                raise self.fail(key, "required")
+            return None
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            raise self.fail(key, f"must be a string, not {_type_name(value)}")
+        return str(value)
+
+    def integer(self, data: Mapping[str, Any], key: str, where: str | None = None) -> int | None:
+        value = data.get(key)
+        if value is None:
+            return None
+        try:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            number = int(value)
+        except (TypeError, ValueError):
+            raise self.fail(where or key, f"must be a whole number, not {value!r}") from None
+        if number < 1:
+            raise self.fail(where or key, f"must be at least 1, not {number}")
+        return number
+
+    def scalar_map(self, data: Mapping[str, Any], key: str) -> dict[str, Any]:
+        table = self.mapping(data, key)
+        for name, value in table.items():
+            if isinstance(value, dict | list):
+                raise self.fail(f"{key}.{name}", f"must be a single value, not {_type_name(value)}")
+        return table
+
+    def string_list(self, data: Mapping[str, Any], key: str) -> list[str]:
+        value = data.get(key)
+        if value is None:
+            return []
+        if isinstance(value, str):
+            return [value]
+        if not isinstance(value, list) or any(isinstance(v, dict | list) for v in value):
+            raise self.fail(key, f"must be a list of strings, not {_type_name(value)}")
+        return [str(v) for v in value]
+
+
+# --- the import -----------------------------------------------------------------------------
+
+
+@dataclass
+class _Notes:
+    placeholders: list[Note] = field(default_factory=list)
+    not_carried: list[Note] = field(default_factory=list)
+    not_understood: list[Note] = field(default_factory=list)
+
+
+def _runtime(data: dict[str, Any], defaults: dict[str, Any], command: str, check: _Checker) -> tuple[str, str]:
+    """(sparkfleet engine, sparkrun runtime) by sparkrun's resolvers (core/recipe.py)."""
+    runtime = (check.string(data, "runtime") or "").lower()
+    cmd = command.strip()
+    if not runtime:
+        if re.match(r"^(?:sglang\s+serve|python3?\s+-m\s+sglang\.launch_server)\b", cmd):
+            runtime = "sglang"
+        elif re.match(r"^llama-server\b", cmd):
+            runtime = "llama-cpp"
+    if runtime in ("", "vllm", "vllm-distributed", "vllm-ray", "eugr-vllm"):
+        ray = (
+            runtime in ("vllm-ray", "eugr-vllm")
+            or str(defaults.get("distributed_executor_backend", "")).lower() == "ray"
+            or bool(re.search(r"--distributed-executor-backend\s+ray\b", cmd))
+        )
         return "vllm", "vllm-ray" if ray else "vllm"
     if runtime == "sglang":
         return "sglang", "sglang"
     if runtime in ("llama-cpp", "llama.cpp", "llamacpp", "llama-server"):
         return "llama-cpp", "llama-cpp"
-    raise RecipeError(f"{source}: runtime: {runtime!r} has no sparkfleet engine (sglang, vllm, llama-cpp)")
+    raise check.fail("runtime", f"{runtime!r} has no sparkfleet engine (sglang, vllm, llama-cpp)")
 
 
-def _command_words(engine: str, data: dict[str, Any], values: dict[str, Any], notes: list[Note]) -> list[str]:
-    template = data.get("command")
+def _command_words(
+    engine: str,
+    runtime: str,
+    data: dict[str, Any],
+    values: dict[str, Any],
+    min_version: tuple[int, ...] | None,
+    check: _Checker,
+    notes: _Notes,
+) -> list[str]:
+    template = check.string(data, "command")
+    defaults = {k: v for k, v in values.items() if k != "model"}
     if template:
-        text, unknown = substitute(str(template), values)
+        text, unknown = substitute(template.strip(), values)
         for name in unknown:
-            notes.append(Note(f"{{{name}}}", "placeholder with no value in defaults; left in the command"))
-        return shlex.split(text.replace("\\\n", " "))
-    words = list(ENTRYPOINTS[engine])
-    if engine == "vllm":
-        words.append(str(values["model"]))
+            detail = "placeholder with no value in defaults; left in the command"
+            notes.not_understood.append(Note(f"{{{name}}}", detail))
+        try:
+            words = shlex.split(text.replace("\\\n", " "))
+        except ValueError as exc:
+            raise check.fail("command", f"not a complete shell command line: {exc}") from None
+        served = values.get("served_model_name")
+        if served is not None and "--served-model-name" not in text and engine != "llama-cpp":
+            # sparkrun's _augment_served_model_name appends it when the template omits it.
+            words += ["--served-model-name", str(served)]
+        return words
+    rules = flag_rules(engine, runtime == "vllm-ray", min_version)
+    model = str(values["model"])
+    if engine == "sglang":
+        new = min_version is not None and min_version >= TEMPLATES_VERSION
+        words = [*(SGLANG_SERVE if new else ENTRYPOINTS["sglang"]), "--model-path", model]
+        if values.get("tensor_parallel"):
+            words += ["--tp-size", str(values["tensor_parallel"])]
+    elif engine == "vllm":
+        words = ["vllm", "serve", model]
+        if values.get("tensor_parallel"):
+            words += ["-tp", str(values["tensor_parallel"])]
     else:
-        words += ["--model-path" if engine == "sglang" else "-m", str(values["model"])]
-    for key, value in (data.get("defaults") or {}).items():
-        flag = FLAG_MAPS[engine].get(key)
-        if flag:
-            words += [flag, str(value)]
-        elif value is True:
-            words.append("--" + key.replace("_", "-"))
-        else:
-            notes.append(Note(f"defaults.{key}", "no flag in sparkrun's flag map; not passed"))
-    return words
+        words = ["llama-server", "-hf" if "/" in model and not model.endswith(".gguf") else "-m", model]
+        defaults = {**LLAMA_CPP_DEFAULTS, **defaults}
+        if "max_model_len" in defaults and "ctx_size" not in defaults:
+            defaults["ctx_size"] = defaults["max_model_len"]
+    flags, dropped = flag_words(defaults, rules)
+    for key in dropped:
+        if engine == "llama-cpp" and key == "max_model_len":
+            continue  # carried as --ctx-size above
+        notes.not_carried.append(Note(f"defaults.{key}", f"sparkrun {rules.version} has no flag for it: not passed"))
+    return words + flags
 
 
 def _split(engine: str, words: list[str]) -> tuple[list[str], list[list[str]], str | None]:
@@ -180,18 +302,111 @@ def _split(engine: str, words: list[str]) -> tuple[list[str], list[list[str]], s
     return head, groups, positional
 
 
-def import_sparkrun(file: SparkrunFile) -> ImportResult:
+def _hub_dir(repo: str) -> str:
+    return "models--" + repo.replace("/", "--")
+
+
+def _env(
+    data: dict[str, Any],
+    runtime: str,
+    launch: dict[str, str],
+    values: dict[str, Any],
+    min_version: tuple[int, ...] | None,
+    check: _Checker,
+    notes: _Notes,
+) -> dict[str, tuple[str, str | None]]:
+    """The recipe env: runtime defaults, then the recipe's own, templates resolved."""
+    env: dict[str, tuple[str, str | None]] = {k: (v, f"sparkrun {runtime} default")
+                                              for k, v in RUNTIME_ENV[runtime].items()}  # fmt: skip
+    expands_vars = min_version is None or min_version < TEMPLATES_VERSION
+    for key, raw in check.scalar_map(data, "env").items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise check.fail(f"env.{key}", "is not a valid environment variable name")
+        text = "" if raw is None else str(raw)
+        if is_secret(key):
+            notes.not_carried.append(Note(f"env.{key}", f"a secret: pass it at launch with --env {key}"))
+            continue
+        if expands_vars and "$" in text:
+            notes.not_carried.append(Note(f"env.{key}", "expanded from your environment by sparkrun: "
+                                          f"pass it at launch with --env {key}"))  # fmt: skip
+            continue
+        try:
+            parts = env_parts(text)
+        except ValueError as exc:
+            raise check.fail(f"env.{key}", str(exc)) from None
+        out: list[str] = []
+        resolved: list[str] = []
+        for literal, name in parts:
+            out.append(literal)
+            if name is None:
+                continue
+            namespace, _, field_name = name.partition(".")
+            if namespace == "config":
+                value = values.get(field_name)
+                if value is None or isinstance(value, dict | list):
+                    raise check.fail(f"env.{key}", f"{{{name}}}: no scalar value in defaults (sparkrun refuses "
+                                     "to launch such a recipe)")  # fmt: skip
+                out.append(str(value))
+            else:
+                out.append(launch[field_name])
+            resolved.append("{" + name + "}")
+        note = f"from {' '.join(resolved)}" if resolved else None
+        env[key] = ("".join(out), note)
+    return env
+
+
+def _mounts(executor: dict[str, Any], check: _Checker) -> list[tuple[str, str, bool]]:
+    """executor_config.volumes: ``host:container[:ro]`` strings, or a host → container mapping."""
+    raw = executor.get("volumes")
+    if raw is None:
+        return []
+    items: list[str]
+    if isinstance(raw, dict):
+        items = [f"{k}:{v}" for k, v in raw.items()]
+    elif isinstance(raw, list) and all(isinstance(v, str) for v in raw):
+        items = list(raw)
+    else:
+        raise check.fail("executor_config.volumes", "must be a list of HOST:CONTAINER[:ro] strings or a mapping")
+    mounts = []
+    for item in items:
+        parts = item.split(":")
+        if len(parts) not in (2, 3) or not parts[0].startswith("/") or not parts[1].startswith("/"):
+            raise check.fail("executor_config.volumes", f"{item!r}: expected /HOST:/CONTAINER[:ro|rw]")
+        if len(parts) == 3 and parts[2] not in ("ro", "rw"):
+            raise check.fail("executor_config.volumes", f"{item!r}: mode must be ro or rw")
+        mounts.append((parts[0], parts[1], len(parts) == 3 and parts[2] == "ro"))
+    return mounts
+
+
+def import_sparkrun(file: SparkrunFile, label: str = "sparkrun") -> ImportResult:
     """Map a sparkrun recipe to recipe TOML, listing what could not be carried over."""
     data, source = file.data, file.source
-    if not data.get("model"):
-        raise RecipeError(f"{source}: model: required")
-    defaults = dict(data.get("defaults") or {})
-    values: dict[str, Any] = {**defaults, "model": data["model"]}
-    not_understood: list[Note] = []
-    not_carried: list[Note] = []
-    placeholders: list[Note] = []
-    engine, runtime = _runtime(data, str(data.get("command") or ""), source)
-    words = _command_words(engine, data, values, not_understood)
+    check = _Checker(source)
+    model_name = check.string(data, "model", required=True)
+    assert model_name is not None
+    defaults = check.mapping(data, "defaults")
+    executor = check.mapping(data, "executor_config")
+    metadata = check.mapping(data, "metadata")
+    min_nodes = check.integer(data, "min_nodes") or 1
+    check.integer(data, "max_nodes")
+    if data.get("cluster_only"):
+        min_nodes = max(min_nodes, 2)
+    for key in ("tensor_parallel", "pipeline_parallel", "data_parallel"):
+        check.integer(defaults, key, f"defaults.{key}")
+    min_version = None
+    if data.get("min_sparkrun_version") is not None:
+        try:
+            min_version = parse_version(data["min_sparkrun_version"], "min_sparkrun_version")
+        except ValueError as exc:
+            raise RecipeError(f"{source}: {exc}") from None
+    for key in ("build_args", "mods", "post_exec", "post_commands"):
+        check.string_list(data, key)
+    revision = check.string(data, "model_revision")
+    values: dict[str, Any] = {**defaults, "model": model_name}
+    notes = _Notes()
+    command = check.string(data, "command") or ""
+    engine, runtime = _runtime(data, defaults, command, check)
+    words = _command_words(engine, runtime, data, values, min_version, check, notes)
     entrypoint, groups, positional = _split(engine, words)
     fields: dict[str, str] = {}
     if positional:
@@ -203,12 +418,19 @@ def import_sparkrun(file: SparkrunFile) -> ImportResult:
         if target and len(group) >= 2:
             fields[target] = group[1]
         elif flag in PER_RANK:
-            not_carried.append(Note(" ".join(group), "sparkfleet appends the per-rank flags itself"))
+            notes.not_carried.append(Note(" ".join(group), "sparkfleet appends the per-rank flags itself"))
+        elif flag == "--revision" and len(group) >= 2 and engine != "llama-cpp":
+            # The adapter writes --revision from the recipe's revision field.
+            revision = revision or group[1]
         else:
             args.append((group, None))
     if fields.get("host") not in (None, "0.0.0.0"):
-        not_carried.append(Note("--host " + fields["host"], "sparkfleet serves on 0.0.0.0"))
-    model = fields.get("model", str(data["model"]))
+        notes.not_carried.append(Note("--host " + fields["host"], "sparkfleet serves on the node's bind address"))
+    for name in ("tp", "pp", "port"):
+        if name in fields and not fields[name].isdigit():
+            flag = "--port" if name == "port" else name
+            raise check.fail("command", f"{flag} value {fields[name]!r} is not a number")
+    model = fields.get("model", model_name)
     model_file: str | None = None
     if engine == "llama-cpp":
         if "hf" in fields:
@@ -222,35 +444,61 @@ def import_sparkrun(file: SparkrunFile) -> ImportResult:
             model = repo
             model_file = fields.get("file") or placeholder(f"GGUF file name in {repo} for quant {quant}")
         if model_file and model_file.startswith("<SET ME"):
-            placeholders.append(Note("model_file", "sparkrun resolves repo:QUANT at download time"))
-        if not model.startswith("/") and not data.get("model_revision"):
-            placeholders.append(Note("revision", "sparkrun downloads the latest; pin the snapshot you have"))
-    env: dict[str, tuple[str, str | None]] = {k: (v, f"sparkrun {runtime} default")
-                                              for k, v in RUNTIME_ENV[runtime].items()}  # fmt: skip
-    for key, value in (data.get("env") or {}).items():
-        text = str(value)
-        if is_secret(str(key)) or "$" in text:
-            not_carried.append(Note(f"env.{key}", "expanded from your environment by sparkrun: "
-                                    f"pass it at launch with --env {key}"))  # fmt: skip
-            continue
-        env[str(key)] = (text, None)
-    executor = data.get("executor_config") or {}
-    shm = executor.get("shm_size")
-    for key in executor:
-        if key != "shm_size":
-            not_carried.append(Note(f"executor_config.{key}", "sparkfleet's docker runtime sets its own flags"))
-    for key in data:
+            notes.placeholders.append(Note("model_file", "sparkrun resolves repo:QUANT at download time"))
+        if not model.startswith("/") and not revision:
+            notes.placeholders.append(Note("revision", "sparkrun downloads the latest; pin the snapshot you have"))
+    tp = int(fields.get("tp") or defaults.get("tensor_parallel") or 1)
+    pp = int(fields.get("pp") or defaults.get("pipeline_parallel") or 1)
+    nodes = required_nodes(tp, pp, min_nodes) if engine != "llama-cpp" else min_nodes
+    if defaults.get("data_parallel") and int(defaults["data_parallel"]) > 1:
+        notes.not_carried.append(Note("defaults.data_parallel", "sparkfleet runs one replica per deployment: "
+                                      "deploy one per replica"))  # fmt: skip
+
+    docker = bool(data.get("container"))
+    hf_root = CONTAINER_HF_HOME if docker else "{{hf}}"
+    model_path = (
+        model
+        if model.startswith("/")
+        else f"{hf_root}/hub/{_hub_dir(model)}/snapshots/{revision}"
+        if revision
+        else placeholder(f"snapshot path of {model} (sparkrun resolves it on each node)")
+    )
+    launch = {
+        "model_path": model_path,
+        "model_revision": revision or placeholder(f"revision of {model} (sparkrun reads the node's cache)"),
+        "num_nodes": str(nodes),
+        "node_rank": "{{rank}}",
+        "node_host": "{{node}}",
+        "cluster_id": "{{name}}",
+        "runtime_cache_dir": placeholder("a host directory for compile caches (sparkrun's runtime cache)"),
+    }
+    env = _env(data, runtime, launch, values, min_version, check, notes)
+    for key, (text, _) in env.items():
+        if text.startswith("<SET ME") or "<SET ME" in text:
+            notes.placeholders.append(Note(f"env.{key}", "a {launch.*} value sparkrun finds at launch"))
+    mounts = _mounts(executor, check)
+    for key, value in executor.items():
+        if key not in EXECUTOR_CARRIED:
+            detail = f"= {typed(value)}: sparkfleet's docker runtime sets its own flags"
+            notes.not_carried.append(Note(f"executor_config.{key}", detail))
+    for key, value in data.items():
         if key in NOT_CARRIED:
-            not_carried.append(Note(key, NOT_CARRIED[key]))
+            shown = f"= {typed(value)}: " if key in ("build_args", "mods", "max_nodes", "builder") else ""
+            notes.not_carried.append(Note(key, shown + NOT_CARRIED[key]))
         elif key not in KNOWN:
-            not_understood.append(Note(key, "unknown sparkrun key (sparkrun sweeps these into runtime_config)"))
+            notes.not_understood.append(Note(key, f"= {typed(value)}: unknown sparkrun key "
+                                             "(sparkrun sweeps these into runtime_config)"))  # fmt: skip
 
     doc = TomlDoc()
-    doc.comment(f"Imported from {source} by `sparkfleet import sparkrun`.")
+    doc.comment(f"Imported from {source} by `sparkfleet import {label}`")
+    rules = "sparkrun " + ("0.4.0" if min_version and min_version >= TEMPLATES_VERSION else "0.2.40")
+    doc.comment(f"following {rules}'s rules (min_sparkrun_version: {data.get('min_sparkrun_version') or 'none'}).")
     doc.comment("sparkfleet appends the per-rank flags (node count and rank, rendezvous address, host, port)")
     doc.comment("as sparkrun did; the rendezvous port is sparkrun's init port.")
-    for key, value in (data.get("metadata") or {}).items():
-        doc.comment(f"metadata.{key}: {value}")
+    if data.get("description"):
+        doc.comment(f"description = {typed(data['description'])}")
+    for key, value in metadata.items():
+        doc.comment(f"metadata.{key} = {typed(value)}")
     doc.blank()
     doc.set("engine", engine)
     doc.set("name", Path(source).stem)
@@ -259,23 +507,23 @@ def import_sparkrun(file: SparkrunFile) -> ImportResult:
     doc.set("model", model)
     if model_file:
         doc.set("model_file", model_file)
-    if data.get("model_revision"):
-        doc.set("revision", str(data["model_revision"]), "model_revision")
+    if revision:
+        doc.set("revision", revision, "model_revision (passed to the engine as --revision)")
     elif engine == "llama-cpp" and not model.startswith("/"):
         # llama.cpp opens the GGUF by path inside the pinned snapshot of the node's HF cache.
         doc.set("revision", placeholder(f"snapshot revision of {model} in the HF cache"))
     if fields.get("port"):
         doc.set("port", int(fields["port"]))
     doc.set("rendezvous_port", SPARKRUN_RAY_PORT if runtime == "vllm-ray" else SPARKRUN_INIT_PORT)
-    doc.set("required_nodes", int(data.get("min_nodes") or 1), "min_nodes")
-    if fields.get("tp"):
-        doc.set("tensor_parallel_size", int(fields["tp"]))
-    if fields.get("pp"):
-        doc.set("pipeline_parallel_size", int(fields["pp"]))
+    doc.set("required_nodes", nodes, "max(min_nodes, tensor_parallel x pipeline_parallel) as sparkrun counts")
+    if engine != "llama-cpp":
+        doc.set("tensor_parallel_size", tp)
+        if pp > 1:
+            doc.set("pipeline_parallel_size", pp)
     if engine == "vllm":
         doc.set("distributed_backend", "ray" if runtime == "vllm-ray" else "mp")
-    if shm:
-        doc.set("shm_size", str(shm), "executor_config.shm_size")
+    if executor.get("shm_size"):
+        doc.set("shm_size", str(executor["shm_size"]), "executor_config.shm_size")
     if tuple(entrypoint) != ENTRYPOINTS[engine]:
         doc.set("entrypoint", entrypoint)
     doc.blank()
@@ -285,12 +533,18 @@ def import_sparkrun(file: SparkrunFile) -> ImportResult:
         doc.table("env")
         for key, (value, note) in env.items():
             doc.set(key, value, note)
-    comment_block(doc, "Placeholders to fill in", placeholders)
-    comment_block(doc, "sparkrun keys not carried over", not_carried)
-    comment_block(doc, "NOT UNDERSTOOD (review them)", not_understood)
+    for host, container, read_only in mounts:
+        doc.blank()
+        doc.array_table("extra_mounts")
+        doc.set("host", host, "executor_config.volumes")
+        doc.set("container", container)
+        doc.set("read_only", read_only)
+    comment_block(doc, "Placeholders to fill in", notes.placeholders)
+    comment_block(doc, f"{label} keys not carried over", notes.not_carried)
+    comment_block(doc, "NOT UNDERSTOOD (review them)", notes.not_understood)
     return ImportResult(
         recipe_toml=doc.text(),
-        placeholders=tuple(placeholders),
-        not_carried=tuple(not_carried),
-        not_understood=tuple(not_understood),
+        placeholders=tuple(notes.placeholders),
+        not_carried=tuple(notes.not_carried),
+        not_understood=tuple(notes.not_understood),
     )

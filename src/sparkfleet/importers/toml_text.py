@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -20,8 +21,13 @@ def key(name: str) -> str:
     return name if _BARE_KEY.match(name) else json.dumps(name)
 
 
-def value(item: Scalar | Sequence[str]) -> str:
-    """A TOML value for a string, number, bool or list of strings."""
+def value(item: Any) -> str:
+    """A TOML value for a string, number, bool, date-free list or mapping (as an inline table).
+
+    YAML's null has no TOML spelling: it is written as the empty string ``""``, and callers that
+    must tell the two apart keep nulls out (see ``typed``)."""
+    if item is None:
+        return '""'
     if isinstance(item, bool):
         return "true" if item else "false"
     if isinstance(item, int | float):
@@ -29,7 +35,16 @@ def value(item: Scalar | Sequence[str]) -> str:
     if isinstance(item, str):
         # JSON string escapes are valid TOML basic-string escapes.
         return json.dumps(item, ensure_ascii=False)
-    return "[" + ", ".join(value(v) for v in item) + "]"
+    if isinstance(item, Mapping):
+        return "{" + ", ".join(f"{key(str(k))} = {value(v)}" for k, v in item.items()) + "}"
+    if isinstance(item, Sequence):
+        return "[" + ", ".join(value(v) for v in item) + "]"
+    return json.dumps(str(item), ensure_ascii=False)
+
+
+def typed(item: Any) -> str:
+    """A value for a comment line: TOML for what TOML can hold, ``null`` for YAML's null."""
+    return "null" if item is None else value(item)
 
 
 class TomlDoc:
@@ -46,7 +61,7 @@ class TomlDoc:
     def blank(self) -> None:
         self._lines.append("")
 
-    def set(self, name: str, item: Scalar | Sequence[str], note: str | None = None) -> None:
+    def set(self, name: str, item: Any, note: str | None = None) -> None:
         """``name = value``, with an optional trailing comment."""
         line = f"{key(name)} = {value(item)}"
         self._lines.append(f"{line}  # {note}" if note else line)
