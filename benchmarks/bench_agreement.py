@@ -69,6 +69,7 @@ def load_jsonl(self):
         random.shuffle(self.data)
 
 vllm_datasets.CustomDataset.load_data = load_jsonl
+# PRELUDE
 parser = FlexibleArgumentParser()
 add_cli_args(parser)
 print(json.dumps({"ready": True}), flush=True)
@@ -132,11 +133,12 @@ def start_server(port: int, max_len: int) -> subprocess.Popen[bytes]:
 class VllmBench:
     """The long-lived driver process running vLLM's benchmark."""
 
-    def __init__(self) -> None:
+    def __init__(self, prelude: str = "") -> None:
+        """``prelude``: code run in the driver before its loop (e.g. a patch of vLLM's arrivals)."""
         env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
         self.log = Path(tempfile.gettempdir()) / "bench-agreement-vllm-driver.log"
         self.proc = subprocess.Popen(
-            [str(vllm_python()), "-c", DRIVER],
+            [str(vllm_python()), "-c", DRIVER.replace("# PRELUDE", prelude)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log.open("w"),
@@ -216,7 +218,17 @@ def theirs(
     return vllm_run(driver, endpoint, prompts, conc, tokens, workdir)
 
 
-def vllm_run(driver: VllmBench, endpoint: Endpoint, prompts: list[str], conc: int, tokens: int, workdir: Path) -> dict:
+def vllm_run(
+    driver: VllmBench,
+    endpoint: Endpoint,
+    prompts: list[str],
+    conc: int | None,
+    tokens: int,
+    workdir: Path,
+    rate: float = float("inf"),
+    seed: int = 0,
+) -> dict:
+    """One ``vllm bench serve`` run; ``conc`` None = no concurrency cap, ``rate`` requests/s (Poisson)."""
     path = workdir / f"prompts-{prompts[0][5:15]}.jsonl"
     path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
     argv = [
@@ -240,10 +252,11 @@ def vllm_run(driver: VllmBench, endpoint: Endpoint, prompts: list[str], conc: in
         "--disable-shuffle",
         "--num-prompts",
         str(len(prompts)),
-        "--max-concurrency",
-        str(conc),
+        *(["--max-concurrency", str(conc)] if conc else []),
         "--request-rate",
-        "inf",
+        str(rate),
+        "--seed",
+        str(seed),
         "--ignore-eos",
         "--temperature",
         "0",

@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -65,6 +66,7 @@ class ReplayServer:
         self.script = script or Script()
         self.seen_prefixes: set[str] = set()
         self.bodies: list[dict[str, Any]] = []
+        self.arrived: list[float] = []  # perf_counter() at which each completion request was read
         self.open_streams = 0  # completions being streamed now (not named `running`: that is the method)
         self.peak_streams = 0
         self.counters = {"prefix_hits": 0, "prefix_queries": 0, "tpot_sum": 0.0, "tpot_count": 0}
@@ -119,6 +121,7 @@ class ReplayServer:
             n = len(prompt_text(body)) // 4
             await self._json(writer, 200, {"count": n, "max_model_len": script.max_model_len, "tokens": list(range(n))})
         elif method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
+            self.arrived.append(time.perf_counter())
             body = json.loads(raw or b"{}")
             self.bodies.append(body)
             await self._complete(writer, body, chat=path.endswith("chat/completions"))

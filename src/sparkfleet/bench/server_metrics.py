@@ -272,10 +272,9 @@ class ServerWatch:
                 break
         note = None
         if source is None:
-            note = self.metrics_error or (
-                "the server exports no running-requests gauge"
-                + ("" if self.log_path else " (an SGLang log can be read with --engine-log)")
-            )
+            why = f" ({self.metrics_error})" if self.metrics_error else ""
+            hint = "" if self.log_path else "; an SGLang log can be read with --engine-log"
+            note = f"the server exports no running-requests gauge{why}{hint}"
         return ServerFigures(
             source=source,
             polls=len(s.running),

@@ -291,7 +291,9 @@ class ServeRunStats:
     ``achieved_rate`` = arrivals / (last arrival's send − the tier's start): what the sender
     managed, which a concurrency cap or a slow client holds below the asked rate. ``goodput`` =
     requests meeting every SLO / duration (vLLM's and DistServe's definition); with no SLO set it
-    is None. ``server`` holds the engine's own figures (``ServerFigures`` as a dict).
+    is None. ``duration`` runs from the tier's start to the last stream's end (vLLM's
+    benchmark duration); ``output_throughput`` = completion tokens / duration. ``server`` holds
+    the engine's own figures (``ServerFigures`` as a dict).
     """
 
     request_rate: float  # asked, requests (conversations) per second; inf = all at once
@@ -349,7 +351,9 @@ def serve_run_stats(
     ok = [r for r in records if r.ok]
     span = max(arrival_times) - tier_start if arrival_times else 0.0
     good = sum(1 for r in records if slo is not None and slo.met(r))
-    duration = base.duration
+    # From the schedule's start, not the first send (which waits for the first gap): vLLM's
+    # benchmark duration, so that output tok/s lines up with ``vllm bench serve`` at a rate.
+    duration = max((r.start + r.done for r in records), default=tier_start) - tier_start
     return ServeRunStats(
         request_rate=rate,
         process=process,
@@ -368,7 +372,7 @@ def serve_run_stats(
         total_input_tokens=base.total_input_tokens,
         total_output_tokens=base.total_output_tokens,
         cached_tokens=base.cached_tokens,
-        output_throughput=base.output_throughput,
+        output_throughput=base.total_output_tokens / duration if duration > 0 and ok else None,
         max_in_flight=max_in_flight(records),
         length_mismatch=sum(
             1 for r, want in zip(records, requested_tokens, strict=True) if r.ok and r.completion_tokens != want

@@ -10,7 +10,8 @@ Datasets:
   per tier, so each tier pays one cold prefix and no tier inherits another's cache.
 - ``multiturn``: conversations of ``turns`` user messages; turn k is sent when turn k − 1 has
   been answered, with the whole history (the real answers included) in front of it.
-- a JSONL file: one request per line, ``{"prompt": "…"}`` with an optional ``"output_len"``, or
+- a JSONL file, sent in its order (going round when a tier wants more): one request per
+  line, ``{"prompt": "…"}`` with an optional ``"output_len"``, or
   ``{"turns": ["…", "…"]}`` for a conversation.
 
 Lengths are tokens: ``256`` (fixed) or ``128:512`` (uniform, inclusive, seeded). Prompt text is
@@ -134,6 +135,7 @@ class Workload:
         self.cpt = chars_per_token
         self.rng = random.Random(seed)
         self.file: list[Conversation] | None = None
+        self.file_pos = 0
         if config.dataset not in DATASETS:
             self.file = load_dataset(Path(config.dataset), config.output_len, self.rng)
 
@@ -148,7 +150,9 @@ class Workload:
         """``count`` conversations for one tier (a fresh shared prefix for the prefix dataset)."""
         cfg = self.config
         if self.file is not None:
-            return [self.file[self.rng.randrange(len(self.file))] for _ in range(count)]
+            # In file order, going round, so two tools given one file send the same sequence.
+            start, self.file_pos = self.file_pos, self.file_pos + count
+            return [self.file[i % len(self.file)] for i in range(start, start + count)]
         if cfg.dataset == "prefix":
             system = "You answer questions about the reference text below.\n\n" + self._text(cfg.prefix_len)
             return [Conversation((self._turn(),), system) for _ in range(count)]
