@@ -181,3 +181,27 @@ def test_malformed_input_is_exit_2_and_one_line(name: str, capsys: pytest.Captur
     lines = err.strip().splitlines()
     assert len(lines) == 1 and str(path) in lines[0] and BAD[name] in lines[0], err
     assert "Traceback" not in err
+
+
+EUGR = ROOT / "tests" / "data" / "import" / "eugr"
+
+
+def test_eugr_recipe_and_env(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "recipe.toml"
+    code, _, err = run_main(capsys, "import", "eugr", str(EUGR / "glm-4.7-nvfp4-2x.yaml"), "--out", str(out))
+    assert code == 0, err
+    recipe = load_recipe(out)
+    # No model key: it is the command's `vllm serve` argument; cluster_only means two nodes at least.
+    assert recipe.model == "Salyut1/GLM-4.7-NVFP4" and recipe.required_nodes == 2
+    args = list(recipe.args)
+    assert json.loads(args[args.index("--compilation-config") + 1]) == {"cudagraph_mode": "PIECEWISE"}
+    assert "NOT UNDERSTOOD" not in err and 'build_args: = ["--pre-tf"]' in err
+    cluster_file = tmp_path / "cluster.toml"
+    code, _, err = run_main(capsys, "import", "eugr", str(EUGR / ".env"), "--out", str(cluster_file))
+    assert code == 0, err
+    from sparkfleet.spec.cluster import load_cluster
+
+    cluster = load_cluster(cluster_file)
+    assert [n.fabric_ip for n in cluster.nodes] == ["192.168.177.11", "192.168.177.12"]
+    assert cluster.nodes[1].fabric_ifname == "enp1s0f1np1" and cluster.nodes[0].ib_hca == "rocep1s0f1,roceP2p1s0f1"
+    assert len(plan(recipe, cluster, "glm").ranks) == 2

@@ -1,4 +1,4 @@
-"""``import mia-env`` and ``import sparkrun``: bring a user's existing launcher config in as a recipe."""
+"""``import mia-env``, ``import sparkrun``, ``import eugr``: a launcher config brought in as a recipe."""
 
 from __future__ import annotations
 
@@ -78,6 +78,14 @@ def sparkrun(file: FileArg, out: OutOpt = None, force: ForceOpt = False) -> None
     from sparkfleet.importers.sparkrun import import_sparkrun, read_sparkrun
 
     _emit(import_sparkrun(read_sparkrun(file)), out, None, force)
+
+
+@import_app.command("eugr")
+def eugr(file: FileArg, out: OutOpt = None, force: ForceOpt = False) -> None:
+    """Import an eugr/spark-vllm-docker recipe (recipes/*.yaml) as a recipe, or its .env as a cluster file."""
+    from sparkfleet.importers.eugr import import_eugr
+
+    _emit(import_eugr(str(file)), out, None, force)
 
 
 def register(app: typer.Typer) -> None:

@@ -199,7 +199,8 @@ def render_template(template: str, values: Mapping[str, Any]) -> tuple[str, list
         if new == text:
             break
         text = new
-    left = sorted({m for m in _PLACEHOLDER.findall(text)})
+    # Only identifier-like spans are placeholders a user meant; a JSON object is literal text.
+    left = sorted({m for m in _PLACEHOLDER.findall(text) if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", m)})
     return text.replace(_L, "{").replace(_R, "}"), left
 
 
