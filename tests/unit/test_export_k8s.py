@@ -251,3 +251,47 @@ def test_ray_head_advertises_the_address_vllm_binds() -> None:
     join = _kubelet_expand(worker["command"][2], {**pods, **wenv})
     assert "--address='ray-0.ray:29501'" in join and "--node-ip-address='10.1.0.2'" in join
     assert wenv["VLLM_HOST_IP"] == "10.1.0.2"
+
+
+def _crd_validator() -> jsonschema.Draft7Validator:
+    """The upstream LeaderWorkerSet CRD's v1 openAPIV3Schema (kubernetes-sigs/lws, vendored)."""
+    import gzip
+
+    with gzip.open(SCHEMAS / "leaderworkerset.x-k8s.io_leaderworkersets.yaml.gz") as fh:
+        crd = yaml.safe_load(fh)
+    (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    schema = v1["schema"]["openAPIV3Schema"]
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+CRD = _crd_validator()
+_RAY = {"engine": "vllm", "model": "m/x", "docker_image": "img:1", "required_nodes": 2, "tensor_parallel_size": 2,
+        "distributed_backend": "ray", "revision": "a" * 40}  # fmt: skip
+_LLAMA = {"engine": "llama-cpp", "model": "/models", "model_file": "g.gguf", "required_nodes": 3,
+          "tensor_parallel_size": 3, "docker_image": "llama:cpu"}  # fmt: skip
+
+
+@pytest.mark.parametrize("source", ["mia", "eugr", "ray", "llama"])
+def test_manifests_validate_against_the_full_upstream_crd(source: str) -> None:
+    if source in ("mia", "eugr"):
+        lws, _ = _docs(MIA if source == "mia" else EUGR, source)
+    else:
+        lws, _ = k8s_manifests(parse_recipe(_RAY if source == "ray" else _LLAMA, "r.toml"), source)
+    errors = sorted(CRD.iter_errors(lws), key=str)
+    assert not errors, [f"{list(e.absolute_path)}: {e.message}" for e in errors[:5]]
+
+
+def test_full_crd_rejects_what_the_api_server_would() -> None:
+    lws, _ = _docs(MIA, "mia")
+    for path, bad in ((("leaderWorkerTemplate", "restartPolicy"), "Sometimes"),
+                      (("leaderWorkerTemplate", "size"), "four"), (("startupPolicy",), "Eventually")):  # fmt: skip
+        broken = copy.deepcopy(lws)
+        target = broken["spec"]
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = bad
+        assert not CRD.is_valid(broken), path
+    broken = copy.deepcopy(lws)
+    del broken["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["name"]
+    assert not CRD.is_valid(broken)
