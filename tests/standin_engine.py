@@ -7,6 +7,11 @@ after the delay), STANDIN_LOG_LINE (an extra boot-log line), STANDIN_ANSWER, and
 STANDIN_FAULT_RANK (apply the delay, line and exit to this rank only), STANDIN_HEAD_DELAY (rank 0
 waits this long before serving, whatever the fault rank), STANDIN_LEAK=NAME (print env
 NAME's value and a bearer header with it at boot, as careless engines do).
+
+Streaming requests (``"stream": true``, completions or chat) get SSE chunks of one token each,
+``--standin-itl SECONDS`` apart (default 0.005), then a usage chunk: a server with a known decode
+speed, for the A/B runner's verdicts. ``--standin-itl`` is a flag so a recipe variant changes it
+the way it changes an engine's speed knob.
 """
 
 from __future__ import annotations
@@ -23,6 +28,11 @@ def _arg(flag: str, default: str) -> str:
     return argv[argv.index(flag) + 1] if flag in argv and argv.index(flag) + 1 < len(argv) else default
 
 
+def _model() -> str:
+    """The served name, as an engine derives it from its flags (the bench looks it up)."""
+    return _arg("--served-model-name", _arg("--model-path", _arg("--model", "standin")))
+
+
 class Handler(BaseHTTPRequestHandler):
     def _send(self, code: int, body: dict) -> None:
         data = json.dumps(body).encode()
@@ -36,13 +46,38 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             self._send(200, {"status": "ok"})
         elif self.path == "/v1/models":
-            self._send(200, {"object": "list", "data": [{"id": "standin", "object": "model"}]})
+            self._send(200, {"object": "list", "data": [{"id": _model(), "object": "model"}]})
         else:
             self._send(404, {"error": "not found"})
 
+    def _stream(self, body: dict, chat: bool) -> None:
+        tokens = int(body.get("max_tokens") or 16)
+        itl = float(_arg("--standin-itl", "0.005"))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        kind = "chat.completion.chunk" if chat else "text_completion"
+
+        def send(obj: dict) -> None:
+            self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+            self.wfile.flush()
+
+        start = time.monotonic()
+        for i in range(tokens):
+            time.sleep(max(0.0, start + i * itl - time.monotonic()))
+            piece = {"delta": {"content": f" t{i}"}} if chat else {"text": f" t{i}"}
+            send({"object": kind, "model": "standin",
+                  "choices": [{"index": 0, **piece, "finish_reason": "length" if i == tokens - 1 else None}]})
+        send({"object": kind, "model": "standin", "choices": [],
+              "usage": {"prompt_tokens": 5, "completion_tokens": tokens, "total_tokens": 5 + tokens}})
+        self.wfile.write(b"data: [DONE]\n\n")
+
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", 0))
-        self.rfile.read(length)
+        body = json.loads(self.rfile.read(length) or b"{}")
+        if body.get("stream"):
+            self._stream(body, chat=self.path.endswith("/chat/completions"))
+            return
         answer = os.environ.get("STANDIN_ANSWER", "42")
         self._send(200, {"object": "text_completion", "model": "standin",
                          "choices": [{"index": 0, "text": f" {answer}", "finish_reason": "stop"}],

@@ -97,8 +97,14 @@ def quality(
     ] = 0,
     timeout: Annotated[float, typer.Option(help="Seconds per request.")] = 600.0,
     json_out: JsonOpt = None,
+    gate: Annotated[
+        float | None,
+        typer.Option(help="Pass fraction the deployment's gate needs (default: no fewer than its last passing "
+                     "configuration's quality run)."),
+    ] = None,
 ) -> None:
-    """Run the auto-scored quality tasks (temperature 0, one request at a time) and store the result."""
+    """Run the auto-scored quality tasks (temperature 0, one request at a time) and store the result.
+    Against a deployment name, the result joins that configuration's gate (see `sparkfleet rollback`)."""
     if api not in ("auto", "chat", "completions"):
         raise EvalError(f"--api must be auto, chat or completions, not {api!r}")
     tasks = load_tasks(tasks_dir, categories=_csv(categories), ids=_csv(only))
@@ -126,6 +132,12 @@ def quality(
     if json_out:
         json_out.write_text(json.dumps(run.to_json(), indent=2))
     _print_quality(run)
+    if endpoint.deployment is not None:
+        from sparkfleet.apply.configurations import quality_gate
+
+        line = quality_gate(Store(), endpoint.deployment, run.passed, run.total, run.id, gate)
+        if line:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _print_comparison(cmp: Comparison) -> None:

@@ -12,7 +12,7 @@ from rich.live import Live
 from rich.table import Table
 
 from sparkfleet.cli.console import console, err_console
-from sparkfleet.cli.options import ClusterOpt, EnvOpt, JsonOpt, NameOpt, RecipeArg, SetOpt, build_plan
+from sparkfleet.cli.options import ClusterOpt, EnvOpt, JsonOpt, NameOpt, RecipeArg, SetOpt, VariantOpt, parse_env
 from sparkfleet.errors import SparkfleetError
 
 AcceptNewOpt = Annotated[
@@ -58,19 +58,35 @@ def up(
     allow_image_mismatch: Annotated[
         bool, typer.Option("--allow-image-mismatch", help="Start even if nodes hold different image IDs.")
     ] = False,
+    variant: VariantOpt = "base",
 ) -> None:
-    """Start a deployment on every node; done only when it really serves (else everything is stopped)."""
+    """Start a deployment on every node; done only when it really serves (else everything is stopped).
+    What it was started from, and whether it passed, is recorded for `sparkfleet rollback`."""
+    from sparkfleet.apply.configurations import ConfigSpec, up_recorded
     from sparkfleet.apply.up import up as run_up
     from sparkfleet.spec.cluster import load_cluster  # deploy pulls in httpx: load it only for up
 
-    planned = build_plan(recipe, cluster, set_, env, name)
+    spec = ConfigSpec(recipe, variant, tuple(set_ or ()), parse_env(env), cluster, name)
+    planned = spec.plan()
     progress = _Progress([(r.rank, r.node.name) for r in planned.ranks])
     with progress.live:
-        result = run_up(planned, load_cluster(cluster), report=progress, timeout=timeout,
-                        accept_new_host_keys=accept_new, allow_image_mismatch=allow_image_mismatch)  # fmt: skip
+        result, _ = up_recorded(spec, planned, run_up=lambda p: run_up(
+            p, load_cluster(cluster), report=progress, timeout=timeout, accept_new_host_keys=accept_new,
+            allow_image_mismatch=allow_image_mismatch))  # fmt: skip
         progress(None, None, f"ready in {result.seconds:.1f}s")
     console.print(f"[green]ready[/] {result.name} at [bold]{result.endpoint}[/] "
                   f"(smoke answer: {result.smoke_answer.strip()[:60]!r})")  # fmt: skip
+
+
+def rollback(name: Annotated[str, typer.Argument(help="Deployment name.")]) -> None:
+    """Take NAME's running configuration down and bring back the last one that passed its gate
+    (ready, smoke-tested, and its quality run if one was made); refuses, saying why, when none did."""
+    from sparkfleet.apply.configurations import rollback as run_rollback
+
+    target, result = run_rollback(name, report=lambda line: console.print(line, markup=False, highlight=False,
+                                                                          soft_wrap=True))  # fmt: skip
+    console.print(f"[green]rolled back[/] {result.name} to configuration #{target.id} "
+                  f"(variant {target.variant}) at [bold]{result.endpoint}[/] in {result.seconds:.1f}s")  # fmt: skip
 
 
 def _record(name: str):  # type: ignore[no-untyped-def]
@@ -194,8 +210,9 @@ def logs(
 
 
 def register(app: typer.Typer) -> None:
-    """Add up, down, status and logs."""
+    """Add up, down, rollback, status and logs."""
     app.command("up")(up)
     app.command("down")(down)
+    app.command("rollback")(rollback)
     app.command("status")(status)
     app.command("logs")(logs)

@@ -24,11 +24,12 @@ from sparkfleet.state.store import state_dir
 # Keyed by the command names each one adds, so a run imports only the module it needs.
 COMMAND_MODULES = {
     "sparkfleet.cli.recipes": ("validate", "plan"),
-    "sparkfleet.cli.lifecycle": ("up", "down", "status", "logs"),
+    "sparkfleet.cli.lifecycle": ("up", "down", "rollback", "status", "logs"),
     "sparkfleet.cli.stage": ("stage",),
     "sparkfleet.cli.doctor": ("doctor",),
     "sparkfleet.cli.image": ("image",),
     "sparkfleet.cli.bench": ("bench",),
+    "sparkfleet.cli.ab": ("ab",),
     "sparkfleet.cli.evals": ("eval",),
     "sparkfleet.cli.imports": ("import",),
     "sparkfleet.cli.export": ("export",),

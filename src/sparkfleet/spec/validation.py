@@ -64,13 +64,13 @@ def _under_secret(loc: Sequence[int | str]) -> bool:
     return any(isinstance(part, str) and is_secret(part) for part in loc)
 
 
-def _masked(value: Any) -> Any:
+def masked_secrets(value: Any) -> Any:
     """value with whatever a secret-named key holds replaced by ``***``: a mistyped ``[env]`` table
     or list still carries the token, and an error message ends up in terminals and CI logs."""
     if isinstance(value, dict):
-        return {k: (MASK if isinstance(k, str) and is_secret(k) else _masked(v)) for k, v in value.items()}
+        return {k: (MASK if isinstance(k, str) and is_secret(k) else masked_secrets(v)) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return type(value)(_masked(v) for v in value)
+        return type(value)(masked_secrets(v) for v in value)
     if isinstance(value, str):
         match = _ASSIGNMENT.match(value)  # "HF_TOKEN=hf_…" written where a table was expected
         if match and is_secret(match.group(1)):
@@ -82,7 +82,7 @@ def _got(err: Any, loc: Sequence[int | str]) -> str:
     """`` (got …)`` for a wrongly typed value, or nothing when the value belongs to a secret."""
     if _under_secret(loc):
         return ""
-    return f" (got {_masked(err.get('input'))!r})"
+    return f" (got {masked_secrets(err.get('input'))!r})"
 
 
 def shown_error(exc: ValidationError) -> Any:

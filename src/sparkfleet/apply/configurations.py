@@ -1,0 +1,203 @@
+"""What a deployment was brought up from, recorded with its gate, and ``rollback`` to the last
+configuration that passed it.
+
+``up`` itself stays as it is: the callers (``up``, ``ab``, ``rollback``) describe what they plan
+as a ConfigSpec, run ``up``, and record the outcome here."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparkfleet.apply.down import down
+from sparkfleet.apply.images import image_ids
+from sparkfleet.apply.up import UpResult, up
+from sparkfleet.errors import SparkfleetError
+from sparkfleet.nodes.transport import transport_for
+from sparkfleet.plan.build import plan
+from sparkfleet.plan.model import Overrides, Plan
+from sparkfleet.spec.cluster import load_cluster
+from sparkfleet.spec.recipe import (
+    apply_sets,
+    deployment_name,
+    load_recipe,
+    parse_recipe,
+    read_toml,
+    recipe_file,
+)
+from sparkfleet.spec.secrets import MASK, is_secret
+from sparkfleet.spec.validation import masked_secrets
+from sparkfleet.spec.variants import BASE, apply_variant
+from sparkfleet.state.deployments import Deployments
+from sparkfleet.state.history import Configuration, History
+from sparkfleet.state.store import Store
+
+
+@dataclass(frozen=True)
+class ConfigSpec:
+    """Everything a plan is made from, as the user gave it."""
+
+    recipe: Path
+    variant: str = BASE
+    sets: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    cluster: Path | None = None
+    name: str | None = None
+
+    @property
+    def deployment(self) -> str:
+        return self.name or deployment_name(self.recipe)
+
+    def plan(self) -> Plan:
+        recipe = load_recipe(self.recipe, self.sets, self.variant)
+        return plan(recipe, load_cluster(self.cluster), deployment_name(self.recipe),
+                    Overrides(env=self.env, name=self.name))  # fmt: skip
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _image_ids(planned: Plan) -> dict[str, str | None]:
+    docker = [r for r in planned.ranks if r.runtime == "docker" and r.image]
+    if not docker:
+        return {}
+    ids = image_ids({r.node.name: transport_for(r.node) for r in docker}, docker[0].image or "")
+    return dict(ids)
+
+
+def record(spec: ConfigSpec, planned: Plan, ready: bool, store: Store | None = None, note: str | None = None) -> int:
+    """Record an up of spec (ready: it passed verify and smoke); returns the configuration's id."""
+    store = store or Store()
+    file = recipe_file(spec.recipe)
+    current = Deployments(store).get(planned.name)
+    try:
+        images = _image_ids(planned) if ready else {}
+    except SparkfleetError as exc:  # an unreachable node must not lose the record of what ran
+        images, note = {}, (note or "") + f" (image IDs not read: {exc.message})"
+    return History(store).add(
+        name=planned.name, instance=current.instance if current else None, recipe=str(file.resolve()),
+        recipe_digest=_digest(file), variant=spec.variant, sets=spec.sets,
+        env=tuple((k, MASK if is_secret(k) else v) for k, v in spec.env),
+        cluster=str(spec.cluster.resolve()) if spec.cluster else None,
+        recipe_data=masked_secrets(read_toml(file)), image_ids=images, ready=ready, note=note,
+    )  # fmt: skip
+
+
+def up_recorded(spec: ConfigSpec, planned: Plan, store: Store | None = None,
+                run_up: Callable[[Plan], UpResult] | None = None) -> tuple[UpResult, int]:  # fmt: skip
+    """Run up for planned and record the outcome, failed or not."""
+    store = store or Store()
+    try:
+        result = (run_up or (lambda p: up(p, deployments=Deployments(store))))(planned)
+    except BaseException as exc:
+        record(spec, planned, False, store, note=getattr(exc, "message", None) or type(exc).__name__)
+        raise
+    return result, record(spec, planned, True, store)
+
+
+def quality_gate(store: Store, name: str, passed: int, total: int, run_id: str, minimum: float | None) -> str | None:
+    """Record a quality run against name's running configuration; returns a line saying whether
+    the gate still holds, or None when name has no recorded configuration.
+
+    With ``minimum`` (a pass fraction) the run must reach it; without, it must pass at least as
+    many tasks as the last earlier passing configuration's quality run of the same name, when
+    there was one (no regression)."""
+    history = History(store)
+    current_dep = Deployments(store).get(name)
+    current = history.current(name, current_dep.instance if current_dep else None)
+    if current is None:
+        return None
+    if minimum is not None:
+        ok, rule = passed >= minimum * total, f"needs {minimum:.0%} of {total}"
+    else:
+        earlier = next((c for c in history.of(name) if c.id < current.id and c.passed and c.quality), None)
+        floor = int(earlier.quality["passed"]) if earlier and earlier.quality else 0
+        ok = passed >= floor
+        rule = f"needs at least {floor}, what configuration #{earlier.id} passed" if earlier else "no earlier run"
+    history.set_quality(current.id, {"run": run_id, "passed": passed, "total": total, "minimum": minimum}, ok)
+    verdict = "passes" if ok else "FAILS"
+    return f"{name}: configuration #{current.id} {verdict} its quality gate ({passed}/{total}; {rule})"
+
+
+def _spec_of(config: Configuration) -> ConfigSpec:
+    """The ConfigSpec a recorded configuration was planned from (secret --env values from this
+    environment, since they were never stored)."""
+    env = []
+    for key, value in config.env:
+        if value == MASK:
+            if key not in os.environ:
+                raise SparkfleetError(f"configuration #{config.id} was started with --env {key}; set {key} in "
+                                      "this environment to roll back to it (secrets are never stored)")  # fmt: skip
+            value = os.environ[key]
+        env.append((key, value))
+    return ConfigSpec(Path(config.recipe), config.variant, config.sets, tuple(env),
+                      Path(config.cluster) if config.cluster else None, config.name)  # fmt: skip
+
+
+def _contains_mask(data: Any) -> bool:
+    if isinstance(data, dict):
+        return any(_contains_mask(v) for v in data.values())
+    if isinstance(data, list):
+        return any(_contains_mask(v) for v in data)
+    return data == MASK
+
+
+def _plan_of(config: Configuration, spec: ConfigSpec) -> Plan:
+    """The recorded configuration's plan: from the recipe file when it is unchanged, else from the
+    copy recorded with it (when that copy holds no masked secret)."""
+    path = Path(config.recipe)
+    if path.is_file() and _digest(path) == config.recipe_digest:
+        return spec.plan()
+    if _contains_mask(config.recipe_data):
+        raise SparkfleetError(
+            f"{config.recipe} changed since configuration #{config.id} (digest {config.recipe_digest[:12]}) and "
+            "its recorded copy has masked secrets: restore that version of the file to roll back to it"
+        )
+    source = f"{config.recipe} (as recorded in configuration #{config.id})"
+    data = config.recipe_data
+    set_by: dict[str, str] = {}
+    if config.variant != BASE:
+        data, set_by = apply_variant(data, config.variant, source)
+    data = apply_sets(data, config.sets, source) if config.sets else data
+    recipe = parse_recipe(data, source, config.variant, set_by).model_copy(update={"source": config.recipe})
+    return plan(recipe, load_cluster(spec.cluster), deployment_name(path), Overrides(env=spec.env, name=config.name))
+
+
+def rollback_target(name: str, store: Store) -> tuple[Configuration, Configuration | None]:
+    """The last passing configuration of name other than the running one, and the running one's."""
+    history = History(store)
+    configs = history.of(name)
+    record_ = Deployments(store).get(name)
+    current = history.current(name, record_.instance if record_ else None)
+    if not configs:
+        raise SparkfleetError(f"{name}: nothing to roll back to: no configuration of {name!r} was ever recorded "
+                              "(configurations are recorded by up, ab and rollback)")  # fmt: skip
+    passing = [c for c in configs if c.passed and (current is None or (c.id != current.id and c.key != current.key))]
+    if not passing:
+        if not any(c.passed for c in configs):
+            why = f"none of its {len(configs)} recorded configuration(s) passed its gate"
+        else:
+            why = "the only configuration that passed its gate is the one running now"
+        raise SparkfleetError(f"{name}: nothing to roll back to: {why}")
+    return passing[0], current
+
+
+def rollback(name: str, store: Store | None = None, report: Callable[[str], None] = lambda _m: None,
+             run_up: Callable[[Plan], UpResult] | None = None) -> tuple[Configuration, UpResult]:  # fmt: skip
+    """Take name's running configuration down and bring the last passing one back up."""
+    store = store or Store()
+    target, current = rollback_target(name, store)
+    spec = _spec_of(target)
+    planned = _plan_of(target, spec)  # before anything is stopped: a target that cannot plan stops nothing
+    report(f"rolling back to {target.describe()}")
+    running = Deployments(store).get(name)
+    if running is not None and running.status != "stopped":
+        stopped = down(running, deployments=Deployments(store))
+        report(f"took {name} down" + (f" ({current.describe()})" if current else "") + f": {len(stopped)} rank(s)")
+    result, _ = up_recorded(spec, planned, store, run_up)
+    return target, result

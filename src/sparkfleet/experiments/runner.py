@@ -1,0 +1,260 @@
+"""``sparkfleet ab``: rounds of two variants in alternating order (A B, then B A, …), each one
+brought up (verify + smoke), measured with the bench's own decode/prefill runs and optionally
+the quality tasks, and taken down; then one report.
+
+Every finished variant-round is stored as it ends. Ctrl-C (or SIGTERM) takes the running variant
+down, marks the experiment interrupted and reports the rounds that finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from sparkfleet.apply.configurations import ConfigSpec, up_recorded
+from sparkfleet.apply.down import down
+from sparkfleet.apply.observe import logs
+from sparkfleet.apply.up import up
+from sparkfleet.bench.decode import DecodeConfig, DecodeTierRun, run_decode
+from sparkfleet.bench.endpoint import Endpoint, resolve_endpoint
+from sparkfleet.bench.meta import run_meta
+from sparkfleet.bench.prefill import PrefillConfig, PrefillRun, run_prefill
+from sparkfleet.bench.store import BenchStore
+from sparkfleet.errors import SparkfleetError
+from sparkfleet.experiments.report import build_report
+from sparkfleet.experiments.store import Experiments, VariantRound
+from sparkfleet.experiments.verdict import MIN_EFFECT
+from sparkfleet.state.deployments import Deployments
+from sparkfleet.state.store import Store
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ABConfig:
+    """What ``ab`` runs."""
+
+    recipe: Path
+    variants: tuple[str, str]
+    rounds: int = 3
+    cluster: Path | None = None
+    name: str | None = None
+    sets: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    decode: DecodeConfig | None = field(default_factory=lambda: DecodeConfig(concurrency=(1,), repeats=3))
+    prefill: PrefillConfig | None = None
+    quality: bool = False
+    quality_categories: tuple[str, ...] | None = None
+    min_effect: float = MIN_EFFECT
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise SparkfleetError("--rounds must be at least 1")
+        if self.variants[0] == self.variants[1]:
+            raise SparkfleetError(f"--variants names {self.variants[0]!r} twice: an A/B needs two variants "
+                                  "(define an identical one with extends to measure the noise)")  # fmt: skip
+        if self.decode is None and self.prefill is None and not self.quality:
+            raise SparkfleetError("nothing to measure: give --bench decode and/or prefill, or --eval quality")
+
+    def spec(self, variant: str) -> ConfigSpec:
+        return ConfigSpec(self.recipe, variant, self.sets, self.env, self.cluster, self.name)
+
+
+# What engines print about their KV pool and memory at boot; first match per figure wins.
+FIGURES: tuple[tuple[str, re.Pattern[str], float], ...] = (
+    ("kv cache MiB", re.compile(r"(?:KV self size|llama_kv_cache\w*:.*?size)\s*=\s*([\d.]+)\s*MiB"), 1.0),
+    ("kv cache tokens", re.compile(r"GPU KV cache size:\s*([\d,]+)\s*tokens"), 1.0),
+    ("kv cache tokens", re.compile(r"KV Cache is allocated\.\s*#tokens:\s*(\d+)"), 1.0),
+    ("kv cache tokens", re.compile(r"max_total_num_tokens=(\d+)"), 1.0),
+    ("weights GiB", re.compile(r"Model loading took\s*([\d.]+)\s*GiB"), 1.0),
+    ("model buffer MiB", re.compile(r"(?:CPU|CUDA\d*)_Mapped model buffer size\s*=\s*([\d.]+)\s*MiB"), 1.0),
+)
+
+
+def engine_figures(text: str) -> dict[str, float]:
+    """The KV pool and memory figures an engine's boot log states (llama.cpp, vLLM, SGLang)."""
+    out: dict[str, float] = {}
+    for name, pattern, scale in FIGURES:
+        found = pattern.search(text)
+        if found and name not in out:
+            out[name] = float(found.group(1).replace(",", "")) * scale
+    return out
+
+
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops an experiment the way Ctrl-C does."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(_signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _decode_metrics(part: VariantRound, runs: list[DecodeTierRun]) -> None:
+    for run in runs:
+        for metric, value, unit, higher in (
+            (f"decode {run.tier} tok/s", run.stats.steady_tps, "tok/s", True),
+            (f"decode {run.tier} TTFT p50", run.stats.ttft.p50, "ms", False),
+        ):
+            if value is not None:
+                part.metrics.setdefault(metric, []).append(value)
+                part.units[metric], part.higher_is_better[metric] = unit, higher
+
+
+def _prefill_metrics(part: VariantRound, runs: list[PrefillRun]) -> None:
+    for run in runs:
+        if run.sample.rate is not None:
+            metric = f"prefill {run.length} tok/s"
+            part.metrics.setdefault(metric, []).append(run.sample.rate)
+            part.units[metric], part.higher_is_better[metric] = "tok/s", True
+
+
+def _bench(kind: str, bench: BenchStore, endpoint: Endpoint, config: Any, label: str,
+           work: Callable[[int], Any]) -> int:  # fmt: skip
+    """Run work (given the stored run's id) as one stored bench run: complete, or partial when cut."""
+    run_id = bench.create_run(kind, endpoint.base_url, model=endpoint.model, engine=endpoint.engine,
+                              engine_version=endpoint.engine_version, deployment=endpoint.deployment,
+                              meta=run_meta(endpoint, config), label=label)  # fmt: skip
+    try:
+        work(run_id)
+    except BaseException as exc:
+        bench.finish_run(run_id, "partial", "interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc))
+        raise
+    bench.finish_run(run_id, "complete")
+    return run_id
+
+
+def _measure(cfg: ABConfig, part: VariantRound, name: str, store: Store, label: str) -> None:
+    endpoint = resolve_endpoint(name, store=store)
+    bench = BenchStore(store)
+    if cfg.decode is not None:
+        decode = cfg.decode
+        got: list[DecodeTierRun] = []
+
+        def run_d(run_id: int) -> None:
+            def keep(run: DecodeTierRun) -> None:
+                bench.add_sample(run_id, run.tier, run.repeat, run.stats, run.records)
+
+            got.extend(asyncio.run(run_decode(endpoint, decode, None, keep)))
+
+        part.bench_runs.append(_bench("decode", bench, endpoint, decode, label, run_d))
+        _decode_metrics(part, got)
+    if cfg.prefill is not None:
+        prefill = cfg.prefill
+        pre: list[PrefillRun] = []
+
+        def run_p(run_id: int) -> None:
+            def keep(run: PrefillRun) -> None:
+                bench.add_sample(run_id, run.tier, run.repeat, run.sample, (run.record,))
+
+            pre.extend(asyncio.run(run_prefill(endpoint, prefill, None, keep)))
+
+        part.bench_runs.append(_bench("prefill", bench, endpoint, prefill, label, run_p))
+        _prefill_metrics(part, pre)
+    if cfg.quality:
+        part.quality, part.quality_run = _quality(cfg, endpoint, label, store)
+
+
+def _quality(cfg: ABConfig, endpoint: Endpoint, label: str, store: Store) -> tuple[dict[str, bool], str]:
+    from sparkfleet.evals.client import EvalClient
+    from sparkfleet.evals.runner import run_quality
+    from sparkfleet.evals.sandbox import SandboxLimits
+    from sparkfleet.evals.store import RunRow, save_run
+    from sparkfleet.evals.tasks import load_tasks
+
+    tasks = load_tasks(None, categories=cfg.quality_categories)
+    client = EvalClient(endpoint.base_url, endpoint.model)
+    try:
+        run = run_quality(client, tasks, label=label, engine=endpoint.engine, api_choice="auto",
+                          thinking_budget=0, limits=SandboxLimits())  # fmt: skip
+    finally:
+        client.close()
+    save_run(store, RunRow(run.id, "quality", run.label, run.endpoint, run.model, run.started_utc, run.passed,
+                           run.total), run.to_json())  # fmt: skip
+    return {r.id: r.passed for r in run.results}, run.id
+
+
+def _variant_round(cfg: ABConfig, experiment: int, variant: str, rnd: int, position: int, store: Store,
+                   say: Say) -> VariantRound:  # fmt: skip
+    spec = cfg.spec(variant)
+    planned = spec.plan()
+    say(f"round {rnd + 1}/{cfg.rounds}: {variant} up")
+    result, config_id = up_recorded(spec, planned, store,
+                                    lambda p: up(p, deployments=Deployments(store), timeout=cfg.timeout))  # fmt: skip
+    part = VariantRound(rnd, position, variant, result.seconds, configuration=config_id)
+    try:
+        record = Deployments(store).get(planned.name)
+        if record is not None:
+            part.figures = engine_figures("\n".join(logs(record, tail=2000).values()))
+        say(f"round {rnd + 1}/{cfg.rounds}: {variant} ready in {result.seconds:.1f}s; measuring")
+        _measure(cfg, part, planned.name, store, f"ab {experiment} r{rnd + 1} {variant}")
+    finally:
+        record = Deployments(store).get(planned.name)
+        if record is not None:
+            with _shielded():
+                down(record, deployments=Deployments(store))
+            say(f"round {rnd + 1}/{cfg.rounds}: {variant} down")
+    return part
+
+
+@contextmanager
+def _shielded() -> Iterator[None]:
+    """A second Ctrl-C must not cut the running variant's down short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def run_ab(cfg: ABConfig, store: Store | None = None, say: Say = lambda _m: None) -> dict[str, Any]:
+    """Run the experiment and return its report (also stored, whatever the outcome)."""
+    store = store or Store()
+    for variant in cfg.variants:
+        cfg.spec(variant).plan()  # a variant that cannot plan is refused before anything starts
+    name = cfg.spec(cfg.variants[0]).deployment
+    experiments = Experiments(store)
+    config = {"rounds": cfg.rounds, "sets": list(cfg.sets), "env": [k for k, _ in cfg.env],
+              "decode": asdict(cfg.decode) if cfg.decode else None,
+              "prefill": asdict(cfg.prefill) if cfg.prefill else None, "quality": cfg.quality,
+              "min_effect": cfg.min_effect}  # fmt: skip
+    experiment = experiments.create(str(cfg.recipe), name, cfg.variants, cfg.rounds, config)
+    say(f"experiment {experiment}: {cfg.variants[0]} vs {cfg.variants[1]}, {cfg.rounds} round(s) as {name!r}")
+    status, note = "complete", None
+    try:
+        with _terminate_as_interrupt():
+            for rnd in range(cfg.rounds):
+                order = cfg.variants if rnd % 2 == 0 else cfg.variants[::-1]
+                for position, variant in enumerate(order):
+                    experiments.add_round(experiment, _variant_round(cfg, experiment, variant, rnd, position, store,
+                                                                     say))  # fmt: skip
+    except KeyboardInterrupt:
+        status, note = "interrupted", "interrupted by the user; the running variant was taken down"
+    except SparkfleetError as exc:
+        status, note = "failed", exc.message
+    experiments.finish(experiment, status, None, note)
+    report = build_report(experiments.get(experiment), experiments.rounds(experiment), cfg.min_effect)
+    report["note"] = note
+    experiments.finish(experiment, status, report, note)
+    return report
