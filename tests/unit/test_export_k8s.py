@@ -15,6 +15,7 @@ import yaml
 
 from sparkfleet.errors import RecipeError
 from sparkfleet.exporters.k8s_lws import K8sOptions, k8s_manifests, k8s_name, k8s_yaml
+from sparkfleet.spec.cluster import parse_cluster
 from sparkfleet.spec.recipe import load_recipe, parse_recipe
 from tests.conftest import ROOT, SEEDS
 
@@ -295,3 +296,24 @@ def test_full_crd_rejects_what_the_api_server_would() -> None:
     broken = copy.deepcopy(lws)
     del broken["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["name"]
     assert not CRD.is_valid(broken)
+
+
+def test_staged_host_paths_follow_the_state_dir() -> None:
+    data = {"engine": "vllm", "model": "m/x", "docker_image": "img:1",
+            "extra_mounts": [{"host": "{{state}}/staged/{{name}}", "container": "/staged", "read_only": True}],
+            "staging": [{"kind": "sync", "id": "w", "src": "/data/w", "dst": "{{state}}/staged/{{name}}"}]}  # fmt: skip
+    recipe = parse_recipe(data, "r.toml")
+
+    def host_path(lws: dict[str, Any]) -> str:
+        pod = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]
+        return next(v["hostPath"]["path"] for v in pod["volumes"] if v["name"].startswith("mount-"))
+
+    lws, _ = k8s_manifests(recipe, "st")
+    assert host_path(lws) == "/root/.local/state/sparkfleet/staged/st"
+    lws, _ = k8s_manifests(recipe, "st", K8sOptions(state_dir="/srv/sf"))
+    assert host_path(lws) == "/srv/sf/staged/st"
+    cluster = parse_cluster({"name": "c", "defaults": {"state_dir": "/data/sf"}, "nodes": [{"name": "a", "host": "h"}]},
+                            "c")  # fmt: skip
+    text = k8s_yaml(recipe, "st", like=cluster.nodes[0])
+    lws = next(yaml.safe_load_all(text))
+    assert host_path(lws) == "/data/sf/staged/st" and "/data/sf/staged/st (state_dir /data/sf)" in text

@@ -166,3 +166,30 @@ def test_imported_profile_exports_with_its_cluster_nics(tmp_path: Path) -> None:
     assert script.count("export NCCL_SOCKET_IFNAME=enP7s7") == 2
     assert script.count("NCCL_IB_HCA=rocep1s0f0,rocep1s0f1") == 4
     assert out.stat().st_mode & 0o111
+
+
+def test_image_forms_gpus_and_staging_checked_before_a_rank_starts(tmp_path: Path) -> None:
+    from sparkfleet.exporters.slurm import pyxis_image
+
+    assert pyxis_image("ghcr.io/spark-arena/vllm:1") == "ghcr.io#spark-arena/vllm:1"
+    assert pyxis_image("localhost:5000/img") == "localhost:5000#img"
+    assert pyxis_image("lmsysorg/sglang:spark") == "lmsysorg/sglang:spark"
+    recipe = _echo_recipe("vllm", 2, docker_image="nvcr.io/nvidia/vllm:25.09", staging=[
+        {"kind": "sync", "id": "weights", "src": "/data/w", "dst": "{{state}}/staged/{{name}}/w"}])  # fmt: skip
+    script = slurm_script(recipe, "t", SlurmOptions(container="pyxis"))
+    assert "--container-image=nvcr.io#nvidia/vllm:25.09" in script
+    assert "#SBATCH --gpus-per-node=1" in script  # one GPU per node unless told otherwise
+    assert "#SBATCH --gpus-per-node=4" in slurm_script(recipe, "t", SlurmOptions(gpus_per_node=4))
+    like = _cluster(tmp_path).nodes[0].model_copy(update={"gpus": "0,1", "state_dir": "/srv/sf"})
+    from_cluster = slurm_script(recipe, "t", SlurmOptions(container="pyxis"), like=like)
+    assert "#SBATCH --gpus-per-node=2" in from_cluster
+    assert 'STATE_DIR="${SPARKFLEET_STATE_DIR:-/srv/sf}"' in from_cluster
+    # Without what `sparkfleet stage` writes the rank stops with a line naming the path.
+    env = {"PATH": os.environ["PATH"], "HOME": str(Path.home()), "SLURM_PROCID": "1", "PEER_ADDRS": " ".join(PEERS),
+           "HEAD_ADDR": PEERS[0], "HF_CACHE": f"{tmp_path}/hf", "STATE_DIR": f"{tmp_path}/state"}  # fmt: skip
+    done = subprocess.run(["bash", "-c", _task(script)], env=env, capture_output=True, text=True, timeout=30)
+    missing = f"{tmp_path}/state/staged/t/w"
+    assert done.returncode == 1 and f"{missing} is missing: run sparkfleet stage" in done.stderr
+    Path(missing).mkdir(parents=True)
+    argv, _ = _run_rank(script, 1, tmp_path)
+    assert "--headless" in argv

@@ -20,7 +20,18 @@ NicsOpt = Annotated[
     Path | None,
     typer.Option("--cluster", "-c", help="Give every rank the NIC settings of this cluster's first node."),
 ]
-GpusOpt = Annotated[int, typer.Option("--gpus-per-node", help="GPUs each rank asks for.")]
+GpusOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--gpus-per-node", help="GPUs each rank asks for (default: the --cluster device list, else 1)."
+    ),
+]
+StateOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--state-dir", help="Where `sparkfleet stage` wrote (default: the --cluster state_dir)."
+    ),
+]
 
 
 def _like(cluster: Path | None) -> Node | None:
@@ -50,7 +61,8 @@ def k8s(
     name: NameOpt = None,
     image: Annotated[str | None, typer.Option("--image", help="Image for a recipe without docker_image.")] = None,
     namespace: Annotated[str | None, typer.Option("--namespace", "-n")] = None,
-    gpus: GpusOpt = 1,
+    gpus: GpusOpt = None,
+    state_dir: StateOpt = None,
     hf_cache: Annotated[str, typer.Option("--hf-cache", help="Hugging Face cache on the nodes.")] = (
         "/root/.cache/huggingface"
     ),
@@ -60,10 +72,14 @@ def k8s(
     """A LeaderWorkerSet (size = required_nodes) and a leader Service, as YAML."""
     # PyYAML is imported only here, to keep `sparkfleet` start-up fast.
     from sparkfleet.exporters.k8s_lws import K8sOptions, k8s_yaml
+    from sparkfleet.exporters.rank_templates import gpus_per_node
 
     loaded = load_recipe(recipe, tuple(set_ or ()))
-    opts = K8sOptions(image=image, namespace=namespace, gpus_per_node=gpus, hf_cache=hf_cache, rdma=not no_rdma)
-    _emit(k8s_yaml(loaded, name or deployment_name(recipe), opts, _like(cluster)), out)
+    like = _like(cluster)
+    count = gpus if gpus is not None else gpus_per_node(like)
+    opts = K8sOptions(image=image, namespace=namespace, gpus_per_node=count, hf_cache=hf_cache, rdma=not no_rdma,
+                      state_dir=state_dir)  # fmt: skip
+    _emit(k8s_yaml(loaded, name or deployment_name(recipe), opts, like), out)
 
 
 @export_app.command("slurm")
@@ -75,7 +91,8 @@ def slurm(
     container: Annotated[str, typer.Option("--container", help="docker or pyxis (recipes with an image).")] = (
         "docker"
     ),
-    gpus: GpusOpt = 0,
+    gpus: GpusOpt = None,
+    state_dir: StateOpt = None,
     partition: Annotated[str | None, typer.Option("--partition", "-p")] = None,
     time_limit: Annotated[str | None, typer.Option("--time", help="sbatch --time.")] = None,
     exclusive: Annotated[bool, typer.Option("--exclusive", help="sbatch --exclusive.")] = False,
@@ -90,6 +107,7 @@ def slurm(
     opts = SlurmOptions(
         container=container,  # type: ignore[arg-type]
         gpus_per_node=gpus,
+        state_dir=state_dir,
         partition=partition,
         time_limit=time_limit,
         exclusive=exclusive,

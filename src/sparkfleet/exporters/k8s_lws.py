@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from sparkfleet.errors import RecipeError
-from sparkfleet.exporters.rank_templates import Markers, NodeShape, rank_templates
+from sparkfleet.exporters.rank_templates import Markers, NodeShape, rank_templates, staged_paths
 from sparkfleet.plan.engines import engine_for
 from sparkfleet.plan.model import CONTAINER_HF_HOME, RankPlan
 from sparkfleet.spec.cluster import Node
@@ -68,6 +68,12 @@ class K8sOptions:
     home: str = "/root"
     rdma: bool = True
     replicas: int = 1
+    # Where `sparkfleet stage` wrote on the nodes (staged and composed data): None = the
+    # cluster's state_dir when one is given, else sparkfleet's default for root.
+    state_dir: str | None = None
+
+
+DEFAULT_STATE_DIR = "/root/.local/state/sparkfleet"
 
 
 def k8s_name(name: str) -> str:
@@ -177,7 +183,8 @@ def k8s_manifests(
         # Worker pods are <lws>-<group>-<index> under the LWS headless service <lws>.
         peer=lambda i: f"{name}-0-{i}.{name}",
     )
-    shape = NodeShape(opts.hf_cache, opts.home, "/var/lib/sparkfleet", like)
+    state = opts.state_dir or (like.state_dir if like is not None else DEFAULT_STATE_DIR)
+    shape = NodeShape(opts.hf_cache, opts.home, state, like)
     templates = rank_templates(recipe, name, markers, shape)
     secret = f"{name}-secrets"
     leader, leader_volumes = _container("leader", templates.leader, recipe, image, opts, secret)
@@ -222,7 +229,12 @@ def k8s_yaml(recipe: Recipe, deployment: str, opts: K8sOptions | None = None, li
     steps = [s.id for s in recipe.staging] + (["composed_model"] if recipe.composed_model else [])
     if steps:
         # Staging runs on each node before serving; Kubernetes only mounts what it left there.
-        header += f"# Stage on every node first (sparkfleet stage): {', '.join(steps)}.\n"
+        opts = opts or K8sOptions()
+        state = opts.state_dir or (like.state_dir if like is not None else DEFAULT_STATE_DIR)
+        values = {"hf": opts.hf_cache.rstrip("/"), "state": state, "home": opts.home,
+                  "name": k8s_name(deployment), "node": "<node>", "rank": "<rank>"}  # fmt: skip
+        header += f"# Stage on every node first (sparkfleet stage): {', '.join(steps)}; the pods mount\n"
+        header += f"# {', '.join(staged_paths(recipe, k8s_name(deployment), values))} (state_dir {state}).\n"
     return header + yaml.dump_all(docs, Dumper=_NoAliases, sort_keys=False, default_flow_style=False)
 
 

@@ -16,6 +16,7 @@ from sparkfleet.plan.build import plan
 from sparkfleet.plan.model import Plan, RankPlan
 from sparkfleet.spec.cluster import Cluster, Node
 from sparkfleet.spec.recipe import Recipe
+from sparkfleet.spec.templates import render
 
 _RANK_TEMPLATE = re.compile(r"\{\{\s*rank\s*\}\}")
 
@@ -147,3 +148,21 @@ def wait_for_rpc_servers(rank: RankPlan) -> RankPlan:
         assert container[at - 1] == argv[0] and tuple(container[at + 1 :]) == rank.argv[1:], container
         container = (*container[: at - 1], wrapped[0], container[at], *wrapped[1:])
     return replace(rank, argv=wrapped, container_argv=container)
+
+
+def gpus_per_node(like: Node | None, default: int = 1) -> int:
+    """GPUs each rank asks the scheduler for: the count a cluster node's ``gpus`` names (a device
+    list such as ``0,1``), else one, as on a DGX Spark (sparkrun's rule: tensor_parallel N = N hosts)."""
+    if like is not None and like.gpus not in ("all", "none", ""):
+        return len([g for g in like.gpus.replace("device=", "").split(",") if g.strip()])
+    return default
+
+
+def staged_paths(recipe: Recipe, deployment: str, values: dict[str, str]) -> list[str]:
+    """Where ``sparkfleet stage`` leaves each staging step's output and the composed model on a
+    node, with the node-dependent parts given as ``values`` (template name -> text)."""
+    paths = [render(step.dst, values) for step in recipe.staging]
+    if recipe.composed_model is not None:
+        base = recipe.composed_model.dir or f"{{{{state}}}}/composed/{deployment}"
+        paths.append(render(base, values) + "/model")
+    return paths

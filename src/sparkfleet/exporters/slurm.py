@@ -17,7 +17,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Literal
 
-from sparkfleet.exporters.rank_templates import Markers, NodeShape, rank_templates
+from sparkfleet.exporters.rank_templates import Markers, NodeShape, gpus_per_node, rank_templates, staged_paths
 from sparkfleet.plan.model import EnvVar, RankPlan
 from sparkfleet.spec.cluster import Node
 from sparkfleet.spec.recipe import Recipe
@@ -33,9 +33,10 @@ _EXPR = {
     "@@HOME@@": '"$HOME"',
     "@@STATE@@": '"$STATE_DIR"',
     "@@ENVFILE@@": '"$ENV_FILE"',
+    "@@NODE@@": '"$(hostname -s)"',
 }
 _PEER = re.compile(r"@@PEER(\d+)@@")
-_MARKER = re.compile(r"@@(?:HEAD|SELF|RANK|HF|HOME|STATE|ENVFILE|PEER\d+)@@")
+_MARKER = re.compile(r"@@(?:HEAD|SELF|RANK|HF|HOME|STATE|ENVFILE|NODE|PEER\d+)@@")
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,10 @@ class SlurmOptions:
     """What the site, not the recipe, decides."""
 
     container: ContainerTool = "docker"
-    gpus_per_node: int = 0
+    # None: the cluster node's GPU count when --cluster names a device list, else one per node.
+    gpus_per_node: int | None = None
+    # Where `sparkfleet stage` wrote on the nodes; None: the cluster's state_dir, else the default.
+    state_dir: str | None = None
     partition: str | None = None
     time_limit: str | None = None
     exclusive: bool = False
@@ -140,13 +144,41 @@ def _launch(rank: RankPlan, recipe: Recipe, opts: SlurmOptions) -> list[str]:
     ]
 
 
-def _task_script(leader: RankPlan, worker: RankPlan | None, recipe: Recipe, opts: SlurmOptions) -> str:
+def pyxis_image(ref: str) -> str:
+    """A docker image reference as pyxis/enroot's ``--container-image`` takes it: a registry host
+    is separated by ``#`` (``ghcr.io#org/img:tag``); a Docker Hub reference stays as it is."""
+    first, sep, rest = ref.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return f"{first}#{rest}"
+    return ref
+
+
+def _staging_check(recipe: Recipe, deployment: str) -> list[str]:
+    """Lines that stop a rank before it starts when what `sparkfleet stage` writes is missing."""
+    values = {"hf": "@@HF@@", "state": "@@STATE@@", "home": "@@HOME@@", "name": deployment, "node": "@@NODE@@",
+              "rank": "@@RANK@@"}  # fmt: skip
+    paths = staged_paths(recipe, deployment, values)
+    if not paths:
+        return []
+    hint = f"run sparkfleet stage for deployment {deployment} (same state_dir) before sbatch"
+    return [
+        f"for staged in {' '.join(shell_word(p) for p in paths)}; do",
+        '  if [ ! -e "$staged" ]; then',
+        f'    echo "sparkfleet: $(hostname): $staged is missing: {hint}" >&2; exit 1',
+        "  fi",
+        "done",
+    ]
+
+
+def _task_script(leader: RankPlan, worker: RankPlan | None, recipe: Recipe, opts: SlurmOptions,
+                 deployment: str) -> str:  # fmt: skip
     lines = [
         "set -euo pipefail",
         "RANK=$SLURM_PROCID  # one task per node, so this is also SLURM_NODEID",
         'read -r -a PEERS <<< "$PEER_ADDRS"',
         "SELF_ADDR=${PEERS[$RANK]}",
         'echo "sparkfleet: rank $RANK on $(hostname) ($SELF_ADDR)"',
+        *_staging_check(recipe, deployment),
         'if [ "$RANK" = 0 ]; then',
         *("  " + x for x in _launch(leader, recipe, opts)),
     ]
@@ -173,8 +205,9 @@ def slurm_script(recipe: Recipe, deployment: str, opts: SlurmOptions | None = No
     health = ready.health_path or "/"
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", deployment)
     sbatch = [f"#SBATCH --job-name=sparkfleet-{name}", f"#SBATCH --nodes={n}", "#SBATCH --ntasks-per-node=1"]
-    if opts.gpus_per_node:
-        sbatch.append(f"#SBATCH --gpus-per-node={opts.gpus_per_node}")
+    gpus = opts.gpus_per_node if opts.gpus_per_node is not None else gpus_per_node(like)
+    if gpus:
+        sbatch.append(f"#SBATCH --gpus-per-node={gpus}")
     if opts.partition:
         sbatch.append(f"#SBATCH --partition={opts.partition}")
     if opts.time_limit:
@@ -183,18 +216,20 @@ def slurm_script(recipe: Recipe, deployment: str, opts: SlurmOptions | None = No
         sbatch.append("#SBATCH --exclusive")
     srun = ["srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     if recipe.docker_image and opts.container == "pyxis":
-        srun.append(f"--container-image={recipe.docker_image}")
+        srun.append(f"--container-image={pyxis_image(recipe.docker_image)}")
         mounts = ",".join(f"{m.host}:{m.container}" + (":ro" if m.read_only else "") for m in t.leader.mounts)
         if mounts:
             srun.append(f"--container-mounts={mounts}")
     runtime = "process" if not recipe.docker_image else opts.container
-    task = _task_script(t.leader, t.worker, recipe, opts)
+    task = _task_script(t.leader, t.worker, recipe, opts, deployment)
+    state_default = opts.state_dir or (like.state_dir if like is not None else "$HOME/.local/state/sparkfleet")
     return f"""#!/bin/bash
 # sparkfleet export slurm of {recipe.source}: deployment {deployment!r}, {n} rank(s), {runtime}.
 # Submit with: sbatch THIS_FILE   (secrets the recipe names must be set in that environment)
 # Optional env at submit time: SPARKFLEET_HEAD_ADDR (address ranks reach the head at, e.g. its
 # fabric IP; default: the first host's resolved address), SPARKFLEET_HF_CACHE (default
-# ~/.cache/huggingface on the nodes), SPARKFLEET_STATE_DIR (default ~/.local/state/sparkfleet).
+# ~/.cache/huggingface on the nodes), SPARKFLEET_STATE_DIR (default {state_default}: where
+# `sparkfleet stage` wrote; each rank checks the staged paths there before it starts).
 {chr(10).join(sbatch)}
 set -euo pipefail
 
@@ -202,7 +237,7 @@ PORT={plan.port}
 HEALTH_URL_PATH={shlex.quote(health)}
 READY_TIMEOUT={int(recipe.verify.timeout)}
 HF_CACHE="${{SPARKFLEET_HF_CACHE:-$HOME/.cache/huggingface}}"
-STATE_DIR="${{SPARKFLEET_STATE_DIR:-$HOME/.local/state/sparkfleet}}"
+STATE_DIR="${{SPARKFLEET_STATE_DIR:-{state_default}}}"
 export HF_CACHE STATE_DIR
 
 resolve() {{ getent ahostsv4 "$1" | awk 'NR == 1 {{ print $1 }}'; }}
