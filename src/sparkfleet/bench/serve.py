@@ -62,7 +62,9 @@ class ServeConfig:
     timeout: float = 600.0
     watch_metrics: bool = True
     engine_log: str | None = None
-    poll_interval: float = 0.5
+    # Each scrape costs the engine's API process a little (docs/tp4.md: a 2 s nvidia-smi poll costs
+    # ~0.6 ms per step); once a second still catches any foreign request that lasts a second.
+    poll_interval: float = 1.0
     extra_body: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
