@@ -60,8 +60,10 @@ def test_poisson_rate_is_met_within_10_percent_as_the_server_saw_it(fast: Replay
 
 
 def test_constant_rate_and_concurrency_cap(fast: ReplayServer) -> None:
-    (steady,) = bench(fast, rates=(40.0,), requests=40, burstiness=INF)
-    assert cv(fast.arrived[-40:]) < 0.15
+    (steady,) = bench(fast, rates=(20.0,), requests=30, burstiness=INF)
+    # Even gaps (a Poisson process has CV ≈ 1); the first send also opens a connection, so it
+    # is left out, and a busy machine's jitter stays far below 0.7.
+    assert cv(fast.arrived[-29:]) < 0.3
     assert steady.stats.process == "constant"
     # One slot and requests of ~20 ms each cannot carry 200/s: the achieved rate says so.
     with ReplayServer(Script(base_ttft=0.02, itl=0.01)).running() as slow:
