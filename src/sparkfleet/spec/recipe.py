@@ -142,6 +142,15 @@ class Memory(_Strict):
     device_memory: Size | None = None
 
 
+class Serve(_Strict):
+    """``[serve]``: what ``sparkfleet watch`` does while the deployment serves (docs/watch.md)."""
+
+    restart: Literal["no", "on-failure"] = "no"
+    max_restarts: int = Field(default=3, ge=0)
+    backoff: float = Field(default=10.0, ge=0)  # seconds before the first restart, doubled per retry
+    mem_floor: Size | None = None  # a node's MemAvailable under this is an event
+
+
 class Recipe(_Strict):
     """A deployment recipe (see DESIGN.md "Recipe")."""
 
@@ -169,6 +178,7 @@ class Recipe(_Strict):
     composed_model: ComposedModel | None = None
     verify: Verify = Field(default_factory=Verify)
     memory: Memory = Field(default_factory=Memory)
+    serve: Serve = Field(default_factory=Serve)
     variants: dict[str, Variant] = Field(default_factory=dict)
     source: str = Field(default="", exclude=True)
     variant: str = Field(default=BASE, exclude=True)  # which overlay this recipe is (spec/variants.py)
