@@ -22,6 +22,7 @@ from sparkfleet.plan.model import (
     Overrides,
     Plan,
     RankPlan,
+    ServeSpec,
     StagingOptions,
     StagingStep,
     VerifySpec,
@@ -99,6 +100,7 @@ def plan(recipe: Recipe, cluster: Cluster, deployment: str, overrides: Overrides
         revision=recipe.revision,
         model_repo=_model_repo(recipe),
         variant=recipe.variant,
+        serve=ServeSpec(recipe.serve.restart, recipe.serve.max_restarts, recipe.serve.backoff, recipe.serve.mem_floor),
     )
 
 

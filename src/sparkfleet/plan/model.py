@@ -165,6 +165,18 @@ class VerifySpec:
 
 
 @dataclass(frozen=True)
+class ServeSpec:
+    """What ``watch`` does while the deployment serves: the restart policy (the whole deployment
+    is taken down and brought up again: a multi-node engine cannot lose one rank) and the
+    MemAvailable floor in bytes (None: no floor)."""
+
+    restart: Literal["no", "on-failure"] = "no"
+    max_restarts: int = 3
+    backoff: float = 10.0
+    mem_floor: int | None = None
+
+
+@dataclass(frozen=True)
 class ImageSpec:
     """The deployment's container image and, when the recipe names ``docker_image_dir``, its
     build context: an absolute path, or None when no such folder was found (``looked_in``)."""
@@ -216,6 +228,7 @@ class Plan:
     revision: str | None = None  # the model's pinned snapshot revision
     model_repo: str | None = None  # the Hugging Face repo the weights come from (None: a path)
     variant: str = "base"  # the recipe's overlay this plan was made from (spec/variants.py)
+    serve: ServeSpec = ServeSpec()
 
     @property
     def head(self) -> RankPlan:
