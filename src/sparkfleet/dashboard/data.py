@@ -192,6 +192,12 @@ def bench_run(store: Store, run_id: int) -> dict[str, Any]:
             series.setdefault(t.prompt_type or "?", []).append({"x": t.concurrency, **_point(t)})
         out["series"] = series
         out["x_label"] = "concurrency"
+    elif run.kind == "serve":
+        # x is the achieved rate: finite even for the inf tier, and what the server really got.
+        out["series"] = {
+            "output tok/s": [{"x": t.figures["achieved_rate"].median, "tier": t.tier, **_point(t)} for t in tiers]
+        }
+        out["x_label"] = "achieved requests/s"
     else:
         out["series"] = {"prefill": [{"x": t.length, **_point(t)} for t in tiers]}
         out["x_label"] = "prompt tokens"
