@@ -16,6 +16,7 @@ from sparkfleet.plan.engines import Readiness
 from sparkfleet.plan.model import MountSpec, Plan, RankHandle
 from sparkfleet.spec.cluster import Node, NodeSpec, parse_cluster
 from sparkfleet.spec.secrets import redact
+from sparkfleet.state.plans import plan_from_json, plan_to_json
 from sparkfleet.state.store import Store
 
 SCHEMA = """
@@ -65,6 +66,7 @@ class Deployment:
     ranks: tuple[RankHandle, ...]
     instance: str | None = None  # None: recorded before instance ids (stops match by name)
     owner: str | None = None
+    restarts: int = 0  # how often watch's restart policy brought it up again
 
 
 def rank_to_json(rank: RankHandle) -> dict[str, Any]:
@@ -151,6 +153,8 @@ class Deployments:
         self.store.ensure(SCHEMA)
         # A state store written before instance ids lacks the columns.
         self.store.add_columns("deployments", {"instance": "TEXT", "owner": "TEXT"})
+        # The Plan itself (secrets masked), for watch's restart; how often watch restarted it.
+        self.store.add_columns("deployments", {"plan_json": "TEXT", "restarts": "INTEGER"})
 
     def acquire(self, plan: Plan, cluster_source: str, instance: Instance) -> None:
         """Record plan as starting, or refuse if a deployment of that name is up or starting."""
@@ -168,11 +172,12 @@ class Deployments:
             conn.execute("DELETE FROM deployments WHERE name = ?", (plan.name,))
             conn.execute(
                 "INSERT INTO deployments (name, engine, recipe, cluster, endpoint, served_model, status,"
-                " owner_pid, owner_host, created, updated, ranks_json, instance, owner)"
-                " VALUES (?, ?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?, ?, ?)",
+                " owner_pid, owner_host, created, updated, ranks_json, instance, owner, plan_json)"
+                " VALUES (?, ?, ?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?, ?, ?, ?)",
                 (plan.name, plan.engine, plan.recipe_source, cluster_source, plan.endpoint, plan.served_model,
                  os.getpid(), socket.gethostname(), now, now,
-                 json.dumps([rank_to_json(r.handle) for r in plan.ranks]), instance.id, instance.owner),
+                 json.dumps([rank_to_json(r.handle) for r in plan.ranks]), instance.id, instance.owner,
+                 plan_to_json(plan)),
             )  # fmt: skip
 
     def set_status(self, name: str, status: str) -> None:
@@ -184,6 +189,18 @@ class Deployments:
                 " ELSE ready_at END WHERE name = ?",
                 (status, now, status, now, name),
             )
+
+    def stored_plan(self, name: str) -> Plan | None:
+        """The Plan the deployment was last brought up from (secret env values masked), or None
+        for a record written before plans were stored."""
+        with self.store.connect() as conn:
+            row = conn.execute("SELECT plan_json FROM deployments WHERE name = ?", (name,)).fetchone()
+        return plan_from_json(row["plan_json"]) if row and row["plan_json"] else None
+
+    def set_restarts(self, name: str, count: int) -> None:
+        """How many times watch brought the deployment up again (shown by status)."""
+        with self.store.connect() as conn:
+            conn.execute("UPDATE deployments SET restarts = ? WHERE name = ?", (count, name))
 
     def event(self, name: str, kind: str, message: str, node: str | None = None,
               env: dict[str, str] | None = None) -> None:  # fmt: skip
@@ -227,4 +244,5 @@ def _from_row(row: Any) -> Deployment:
         ranks=tuple(rank_from_json(r) for r in json.loads(row["ranks_json"])),
         instance=row["instance"],
         owner=row["owner"],
+        restarts=row["restarts"] or 0,
     )
