@@ -25,6 +25,7 @@ from sparkfleet.state.store import state_dir
 COMMAND_MODULES = {
     "sparkfleet.cli.recipes": ("validate", "plan"),
     "sparkfleet.cli.lifecycle": ("up", "down", "rollback", "status", "logs"),
+    "sparkfleet.cli.watch": ("watch",),
     "sparkfleet.cli.stage": ("stage",),
     "sparkfleet.cli.doctor": ("doctor",),
     "sparkfleet.cli.image": ("image",),
