@@ -30,6 +30,7 @@ def ab(
     lengths: Annotated[str, typer.Option(help="Prefill prompt lengths (k = 1024).")] = "1k,4k",
     eval_: Annotated[str | None, typer.Option("--eval", help="quality: run the quality tasks each round.")] = None,
     categories: Annotated[str | None, typer.Option(help="Quality: only these categories.")] = None,
+    only: Annotated[str | None, typer.Option(help="Quality: only these task ids (comma-separated).")] = None,
     min_effect: Annotated[float, typer.Option(help="Smallest difference (%) a verdict may name.")] = 5.0,
     timeout: Annotated[float | None, typer.Option(help="Seconds to wait for each up's readiness.")] = None,
     name: NameOpt = None,
@@ -66,6 +67,7 @@ def ab(
         recipe=recipe, variants=(pair[0], pair[1]), rounds=rounds, cluster=cluster, name=name,
         sets=tuple(set_ or ()), env=parse_env(env), decode=decode, prefill=prefill, quality=eval_ == "quality",
         quality_categories=tuple(c.strip() for c in categories.split(",")) if categories else None,
+        quality_ids=tuple(c.strip() for c in only.split(",")) if only else None,
         min_effect=min_effect / 100.0, timeout=timeout,
     )  # fmt: skip
     report = run_ab(config, say=lambda line: err_console.print(line, markup=False, highlight=False))

@@ -119,6 +119,12 @@ def create_app(store: Store, *, token: str | None = None, allowed_hosts: list[st
     async def doctor(_: Request) -> Response:
         return await json_of(data.doctor)()
 
+    async def experiments(_: Request) -> Response:
+        return await json_of(data.experiments)()
+
+    async def experiment(request: Request) -> Response:
+        return await json_of(data.experiment, request.path_params["experiment_id"])()
+
     routes = [
         Route("/", index),
         Route("/favicon.ico", no_icon),
@@ -131,6 +137,8 @@ def create_app(store: Store, *, token: str | None = None, allowed_hosts: list[st
         Route("/api/evals/quality/{run_id}", quality_run),
         Route("/api/evals/needle/{run_id}", needle_run),
         Route("/api/doctor", doctor),
+        Route("/api/experiments", experiments),
+        Route("/api/experiments/{experiment_id:int}", experiment),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts or ["*"])]

@@ -306,3 +306,31 @@ def doctor(store: Store) -> list[dict[str, Any]]:
          "counts": d.counts(), "checks": sorted(d.checks, key=lambda c: order.get(c.get("status", ""), 3))}
         for d in last_doctor(store)
     ]  # fmt: skip
+
+
+# ---------------------------------------------------------------- A/B experiments
+
+
+def experiments(store: Store, limit: int = 100) -> list[dict[str, Any]]:
+    """Stored A/B experiments, newest first, with each one's verdict per metric."""
+    from sparkfleet.experiments.store import Experiments
+
+    out = []
+    for e in Experiments(store).all(limit):
+        metrics = (e.report or {}).get("metrics", [])
+        out.append({"id": e.id, "created": e.created, "recipe": e.recipe, "deployment": e.name,
+                    "variants": list(e.variants), "status": e.status, "rounds": (e.report or {}).get("rounds", 0),
+                    "rounds_planned": e.rounds,
+                    "verdicts": {m["name"]: m["verdict_text"] for m in metrics}})  # fmt: skip
+    return out
+
+
+def experiment(store: Store, experiment_id: int) -> dict[str, Any]:
+    """One experiment's report (metrics with both variants' per-round values, quality, rule)."""
+    from sparkfleet.experiments.store import Experiments
+
+    try:
+        found = Experiments(store).get(experiment_id)
+    except SparkfleetError as exc:
+        raise NotFound(str(exc)) from exc
+    return found.report or {"experiment": found.id, "status": found.status, "metrics": [], "note": found.note}

@@ -29,6 +29,7 @@ from sparkfleet.bench.meta import run_meta
 from sparkfleet.bench.prefill import PrefillConfig, PrefillRun, run_prefill
 from sparkfleet.bench.store import BenchStore
 from sparkfleet.errors import SparkfleetError
+from sparkfleet.evals.results import QualityRun
 from sparkfleet.experiments.report import build_report
 from sparkfleet.experiments.store import Experiments, VariantRound
 from sparkfleet.experiments.verdict import MIN_EFFECT
@@ -53,6 +54,7 @@ class ABConfig:
     prefill: PrefillConfig | None = None
     quality: bool = False
     quality_categories: tuple[str, ...] | None = None
+    quality_ids: tuple[str, ...] | None = None
     min_effect: float = MIN_EFFECT
     timeout: float | None = None
 
@@ -169,17 +171,24 @@ def _measure(cfg: ABConfig, part: VariantRound, name: str, store: Store, label: 
         part.bench_runs.append(_bench("prefill", bench, endpoint, prefill, label, run_p))
         _prefill_metrics(part, pre)
     if cfg.quality:
-        part.quality, part.quality_run = _quality(cfg, endpoint, label, store)
+        run = _quality(cfg, endpoint, label, store)
+        part.quality, part.quality_run = {r.id: r.passed for r in run.results}, run.id
+        # Completion speed from each answer's usage (not streamed): the speed figure of engines
+        # whose streams carry no usage, which the decode bench rightly refuses to guess at.
+        speed = run.median_tok_s()
+        if speed is not None:
+            part.metrics["quality median tok/s"] = [speed]
+            part.units["quality median tok/s"], part.higher_is_better["quality median tok/s"] = "tok/s", True
 
 
-def _quality(cfg: ABConfig, endpoint: Endpoint, label: str, store: Store) -> tuple[dict[str, bool], str]:
+def _quality(cfg: ABConfig, endpoint: Endpoint, label: str, store: Store) -> QualityRun:
     from sparkfleet.evals.client import EvalClient
     from sparkfleet.evals.runner import run_quality
     from sparkfleet.evals.sandbox import SandboxLimits
     from sparkfleet.evals.store import RunRow, save_run
     from sparkfleet.evals.tasks import load_tasks
 
-    tasks = load_tasks(None, categories=cfg.quality_categories)
+    tasks = load_tasks(None, categories=cfg.quality_categories, ids=cfg.quality_ids)
     client = EvalClient(endpoint.base_url, endpoint.model)
     try:
         run = run_quality(client, tasks, label=label, engine=endpoint.engine, api_choice="auto",
@@ -188,7 +197,7 @@ def _quality(cfg: ABConfig, endpoint: Endpoint, label: str, store: Store) -> tup
         client.close()
     save_run(store, RunRow(run.id, "quality", run.label, run.endpoint, run.model, run.started_utc, run.passed,
                            run.total), run.to_json())  # fmt: skip
-    return {r.id: r.passed for r in run.results}, run.id
+    return run
 
 
 def _variant_round(cfg: ABConfig, experiment: int, variant: str, rnd: int, position: int, store: Store,

@@ -410,9 +410,60 @@ async function loadDoctor() {
   }
 }
 
+// ---------------------------------------------------------------- A/B experiments
+
+async function drawExperiment(id) {
+  const box = document.getElementById("ab-summary");
+  clearCharts("ab-");
+  const report = await api(`/api/experiments/${id}`);
+  const a = report.variants ? report.variants.a : "A";
+  const b = report.variants ? report.variants.b : "B";
+  box.replaceChildren(
+    el("p", {}, `${report.recipe || ""} · ${report.rounds || 0} of ${report.rounds_planned || 0} round(s) · ${report.status}`
+      + (report.note ? ` · ${report.note}` : "")),
+    el("table", { id: "ab-metrics" },
+      el("thead", {}, el("tr", {}, ["metric", a, b, "B vs A", "95% interval", "verdict"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, (report.metrics || []).map((m) => el("tr", { "data-metric": m.name },
+        el("td", {}, `${m.name} (${m.unit})`), el("td", {}, fmtNum(m.a.value)), el("td", {}, fmtNum(m.b.value)),
+        el("td", {}, `${m.diff_pct > 0 ? "+" : ""}${fmtNum(m.diff_pct)} %`),
+        el("td", {}, `${fmtNum(m.interval_pct[0])} … ${fmtNum(m.interval_pct[1])} %`),
+        el("td", {}, badge(m.verdict ? "pass" : "warn"), " ", m.verdict_text))))),
+    report.quality ? el("p", {}, `quality: ${a} ${report.quality.a_passed}/${report.quality.paired}, ${b} `
+      + `${report.quality.b_passed}/${report.quality.paired}, McNemar p ${fmtNum(report.quality.mcnemar_p, 3)}: `
+      + report.quality.verdict_text) : "",
+    el("p", { class: "muted" }, report.rule || ""));
+  const charts = document.getElementById("ab-charts");
+  charts.replaceChildren();
+  (report.metrics || []).forEach((m, i) => {
+    const canvas = el("canvas", { id: `ab-chart-${i}` });
+    charts.append(el("div", { class: "chart-box" }, canvas));
+    const rounds = m.a.rounds.map((_, r) => `round ${r + 1}`);
+    drawChart(`ab-chart-${i}`, { type: "bar", data: { labels: rounds, datasets: [
+      { label: a, data: m.a.rounds }, { label: b, data: m.b.rounds }] },
+      options: { plugins: { title: { display: true, text: `${m.name} (${m.unit}): ${m.verdict_text}` } } } });
+  });
+}
+
+async function loadExperiments() {
+  const select = document.getElementById("ab-run");
+  try {
+    const runs = await api("/api/experiments");
+    if (!runs.length) {
+      document.getElementById("ab-summary").replaceChildren(el("p", { class: "muted" }, "No experiments stored: `sparkfleet ab` makes one."));
+      return;
+    }
+    select.replaceChildren(...runs.map((r) => el("option", { value: String(r.id) },
+      `#${r.id} ${r.variants[0]} vs ${r.variants[1]} (${r.status})`)));
+    select.onchange = () => drawExperiment(select.value);
+    await drawExperiment(select.value || runs[0].id);
+  } catch (err) {
+    showError(document.getElementById("ab-summary"), err);
+  }
+}
+
 // ---------------------------------------------------------------- router
 
-const PAGES = { deployments: loadDeployments, bench: loadBench, evals: loadEvals, doctor: loadDoctor };
+const PAGES = { deployments: loadDeployments, bench: loadBench, evals: loadEvals, ab: loadExperiments, doctor: loadDoctor };
 
 function route() {
   const page = (location.hash.slice(1) || "deployments").split("?")[0];
