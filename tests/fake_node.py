@@ -55,6 +55,11 @@ class FakeNode:
     # Called before every answer: tests block here, or send a signal, or raise.
     on_call: Callable[[Call], None] | None = None
     fail_start: bool = False
+    # What the agent's leftovers scan reports after a stop, and nvidia-smi's compute-apps CSV
+    # (None: the node has no nvidia-smi); MemAvailable in bytes.
+    leftovers: list[dict[str, Any]] = field(default_factory=list)
+    gpu_apps: str | None = None
+    mem_available: int = 8 << 30
     _next_pid: int = 1000
 
     def running(self) -> list[Rank]:
@@ -122,6 +127,18 @@ class FakeNode:
                     rank.running = False
                     stopped.append(rank.pid)
             return {"stopped": stopped}
+        if command == "watch":
+            states = []
+            for spec in payload["ranks"]:
+                rank = self._rank_of(spec)
+                states.append({"state": "absent", "pid": None, "exit_code": None, "started_at": None} if rank is None
+                              else {"state": "running" if rank.running else "exited", "pid": rank.pid,
+                                    "exit_code": rank.exit_code, "started_at": 1.0,
+                                    "exited_at": None if rank.running else 1700000100.0})  # fmt: skip
+            return {"ranks": states, "mem_available": self.mem_available, "cpu_s": 0.01}
+        if command == "leftovers":
+            return {"found": self.leftovers, "mem_available": self.mem_available, "gpu_apps": self.gpu_apps,
+                    "gpu_error": None if self.gpu_apps is not None else "no nvidia-smi"}
         raise AssertionError(f"fake node: agent command {command!r}")
 
     def _holders(self, ports: list[int]) -> list[dict[str, Any]]:

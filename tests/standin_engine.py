@@ -6,7 +6,11 @@ Env knobs for faults: STANDIN_DELAY (seconds before serving), STANDIN_EXIT (exit
 after the delay), STANDIN_LOG_LINE (an extra boot-log line), STANDIN_ANSWER, and
 STANDIN_FAULT_RANK (apply the delay, line and exit to this rank only), STANDIN_HEAD_DELAY (rank 0
 waits this long before serving, whatever the fault rank), STANDIN_LEAK=NAME (print env
-NAME's value and a bearer header with it at boot, as careless engines do).
+NAME's value and a bearer header with it at boot, as careless engines do), STANDIN_ORPHAN
+(``keep`` or ``drop``: at boot, start a child in its own session, ``setsid`` as a leaky engine's
+helper does, that outlives the rank; ``keep`` leaves it the rank's environment, sparkfleet's
+markers included, ``drop`` starts it with an empty one; its pid goes to the log as
+``standin: orphan pid N``).
 
 Streaming requests (``"stream": true``, completions or chat) get SSE chunks of one token each,
 ``--standin-itl SECONDS`` apart (default 0.005), then a usage chunk: a server with a known decode
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -97,6 +102,12 @@ def main() -> None:
         print(f"standin: using {name}={token} for downloads", flush=True)
         print(f"standin: sending Authorization: Bearer {token}", flush=True)
     only = os.environ.get("STANDIN_FAULT_RANK")  # faults hit only this rank when set
+    orphan = os.environ.get("STANDIN_ORPHAN")
+    if orphan in ("keep", "drop") and (only is None or int(only) == rank):
+        child = subprocess.Popen(["sleep", "600"], start_new_session=True, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 env=None if orphan == "keep" else {"PATH": "/usr/bin:/bin"})  # fmt: skip
+        print(f"standin: orphan pid {child.pid}", flush=True)
     faulty = only is None or int(only) == rank
     if faulty:
         time.sleep(float(os.environ.get("STANDIN_DELAY", "0")))

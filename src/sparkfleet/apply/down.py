@@ -1,25 +1,99 @@
-"""``down``: stop a recorded deployment's own instance on every node; ``down --sweep``: find a
+"""``down``: stop a recorded deployment's own instance on every node, then prove it: every node is
+checked for anything of the instance still there (the agent's ``leftovers`` rule: markers, or
+the deployment's workdir, files or ports held) and for the memory still held (MemAvailable
+before and after, nvidia-smi's compute apps where there is one). ``down --sweep``: find a
 deployment's ranks by name on a cluster, whoever started them, and stop them."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from sparkfleet.apply.stopping import stop_ranks
+from sparkfleet.doctor.probes.gpu import APPS_COMMAND, GpuProcess, parse_apps
 from sparkfleet.errors import SparkfleetError
 from sparkfleet.nodes.fanout import fan_out, raise_first
 from sparkfleet.nodes.identity import FoundRank
+from sparkfleet.nodes.inspection import Leftover, NodeAfter, leftovers_on, mem_available
 from sparkfleet.nodes.runtime.docker import DockerRuntime
 from sparkfleet.nodes.runtime.process import ProcessRuntime
 from sparkfleet.nodes.transport import Connector, transport_for
+from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.spec.cluster import Cluster
+from sparkfleet.spec.sizes import format_size
 from sparkfleet.state.deployments import Deployment, Deployments
+
+# A node's clock may be behind this one's: a process is "started after the instance" within this.
+CLOCK_SLACK_S = 60.0
+
+
+@dataclass(frozen=True)
+class NodeMemory:
+    """What one node holds after down: MemAvailable before and after, and its GPU compute apps
+    (None where the node has no nvidia-smi), each with the leftover pid it belongs to, if any."""
+
+    node: str
+    before: int | None
+    after: int | None
+    gpu_apps: tuple[GpuProcess, ...] | None
+    gpu_note: str | None = None
+
+    def describe(self, leftover_pids: set[str]) -> str:
+        def size(v: int | None) -> str:
+            return format_size(v) if v is not None else "?"
+
+        line = f"{self.node}: MemAvailable {size(self.before)} before, {size(self.after)} after"
+        if self.before is not None and self.after is not None:
+            line += f" ({'+' if self.after >= self.before else '-'}{format_size(abs(self.after - self.before))})"
+        if self.gpu_apps is None:
+            return line + "; no nvidia-smi" + (f" ({self.gpu_note})" if self.gpu_note not in (None, "no nvidia-smi")
+                                               else "")  # fmt: skip
+        if not self.gpu_apps:
+            return line + "; GPU: no compute apps"
+        apps = [f"pid {a.pid} {a.name} {'?' if a.used_mib is None else f'{a.used_mib} MiB'}"
+                + (" (left by this instance)" if str(a.pid) in leftover_pids else " (not this instance's)")
+                for a in self.gpu_apps]  # fmt: skip
+        return line + "; GPU compute apps: " + ", ".join(apps)
+
+
+@dataclass(frozen=True)
+class DownReport:
+    """What down stopped, what it found left on each node, and the memory per node."""
+
+    name: str
+    stopped: list[str]
+    leftovers: list[Leftover] = field(default_factory=list)
+    memory: list[NodeMemory] = field(default_factory=list)
+    unchecked: dict[str, str] = field(default_factory=dict)  # node -> why it could not be checked
+
+    def problem(self) -> str | None:
+        """One message naming what is left (node and pid), or None when the nodes are clean."""
+        parts = [f.describe() for f in self.leftovers]
+        parts += [f"{node}: not checked ({why})" for node, why in self.unchecked.items()]
+        if not parts:
+            return None
+        return (f"{self.name}: stopped, but not everything of the instance is gone:\n  " + "\n  ".join(parts))
 
 
 def down(deployment: Deployment, *, deployments: Deployments | None = None,
          accept_new_host_keys: bool = False, connect: Connector | None = None) -> list[str]:  # fmt: skip
-    """Stop every rank of a recorded deployment's own instance (idempotent); returns what was stopped."""
+    """Stop every rank of a recorded deployment's own instance (idempotent); returns what was
+    stopped. SparkfleetError naming node and pid when anything of the instance is left."""
+    report = take_down(deployment, deployments=deployments, accept_new_host_keys=accept_new_host_keys,
+                       connect=connect)  # fmt: skip
+    problem = report.problem()
+    if problem:
+        raise SparkfleetError(problem)
+    return report.stopped
+
+
+def take_down(deployment: Deployment, *, deployments: Deployments | None = None,
+              accept_new_host_keys: bool = False, connect: Connector | None = None) -> DownReport:  # fmt: skip
+    """Stop the instance's ranks, then check every node for what is left and the memory held."""
     records = deployments or Deployments()
     connect = connect or (lambda n: transport_for(n, accept_new_host_keys=accept_new_host_keys))
     transports = {r.node.name: connect(r.node) for r in deployment.ranks}
+    nodes = {r.node.name: r.node for r in deployment.ranks}
+    before = fan_out(list(transports), lambda n: mem_available(transports[n], nodes[n]))
     records.set_status(deployment.name, "stopping")
     result = stop_ranks(deployment.ranks, transports, deployment.name, deployment.instance)
     stopped = result.stopped
@@ -27,9 +101,38 @@ def down(deployment: Deployment, *, deployments: Deployments | None = None,
     if errors:
         records.event(deployment.name, "down-failed", "; ".join(errors))
         raise SparkfleetError(f"{deployment.name}: could not stop every rank: " + "; ".join(errors))
-    records.set_status(deployment.name, "stopped")
-    records.event(deployment.name, "down", f"stopped {len(stopped)} container(s)/process(es)")
-    return stopped
+    report = _check_nodes(deployment, transports, {n: o.value if o.ok else None for n, o in before.items()})
+    report = DownReport(deployment.name, stopped, report.leftovers, report.memory, report.unchecked)
+    problem = report.problem()
+    if problem:
+        records.set_status(deployment.name, "leftover")
+        records.event(deployment.name, "down-leftover", problem)
+    else:
+        records.set_status(deployment.name, "stopped")
+        records.event(deployment.name, "down", f"stopped {len(stopped)} container(s)/process(es); nothing left")
+    return report
+
+
+def _check_nodes(deployment: Deployment, transports: dict[str, Transport], before: dict[str, int | None]) -> DownReport:
+    since = deployment.created - CLOCK_SLACK_S if deployment.instance else None
+
+    def check(node_name: str) -> NodeAfter:
+        ranks = [r for r in deployment.ranks if r.node.name == node_name]
+        return leftovers_on(transports[node_name], ranks[0].node, deployment.name, deployment.instance, since, ranks,
+                            APPS_COMMAND)  # fmt: skip
+
+    leftovers: list[Leftover] = []
+    memory: list[NodeMemory] = []
+    unchecked: dict[str, str] = {}
+    for node, outcome in fan_out(list(transports), check).items():
+        if not outcome.ok or outcome.value is None:
+            unchecked[node] = str(outcome.error)
+            continue
+        after = outcome.value
+        leftovers += after.leftovers
+        apps = parse_apps(after.gpu_apps_csv) if after.gpu_apps_csv is not None else None
+        memory.append(NodeMemory(node, before.get(node), after.mem_available, apps, after.gpu_error))
+    return DownReport(deployment.name, [], leftovers, memory, unchecked)
 
 
 def find_by_name(cluster: Cluster, name: str) -> list[FoundRank]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import httpx
 
 from sparkfleet.nodes.fanout import fan_out
+from sparkfleet.nodes.identity import when
 from sparkfleet.nodes.runtime import runtime_for
 from sparkfleet.nodes.runtime.base import RankState
 from sparkfleet.nodes.transport import Connector, transport_for
@@ -31,6 +32,7 @@ class RankStatus:
     uptime: float | None
     health: str
     detail: str = ""
+    exited_at: float | None = None  # when an exited rank ended, where its runtime knows
 
 
 def _health(deployment: Deployment) -> str:
@@ -66,11 +68,23 @@ def status(deployment: Deployment, connect: Connector = transport_for) -> list[R
         st = outcome.value
         assert st is not None
         uptime = now - st.started_at if st.started_at and st.state == "running" else None
-        detail = f"exit code {st.exit_code}" if st.exit_code is not None else ""
         health = head_health if rank.rank == 0 else ("alive" if st.state == "running" else "-")
         out.append(RankStatus(rank.rank, rank.node.name, rank.node.host, rank.runtime, st.state, uptime, health,
-                              detail))  # fmt: skip
+                              exit_detail(st, deployment.ready_at), st.exited_at))  # fmt: skip
     return sorted(out, key=lambda s: s.rank)
+
+
+def exit_detail(state: RankState, ready_at: float | None) -> str:
+    """How an exited rank ended: its exit code (negative: the signal) and when, and whether that
+    was after the deployment was ready."""
+    if state.state != "exited":
+        return ""
+    code = (f"exit code {state.exit_code}" if state.exit_code is not None
+            else "exit code unknown (its monitor is gone too)")  # fmt: skip
+    if state.exited_at is None:
+        return code
+    after = f", {state.exited_at - ready_at:.0f}s after ready" if ready_at and state.exited_at >= ready_at else ""
+    return f"{code} at {when(state.exited_at)}{after}"
 
 
 def logs(deployment: Deployment, rank: int | None = None, tail: int | None = 200,

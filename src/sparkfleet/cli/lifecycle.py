@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import replace
 from typing import Annotated
 
 import typer
@@ -110,8 +111,7 @@ def down(
     ] = False,
 ) -> None:
     """Stop every rank of a deployment this controller started (idempotent)."""
-    from sparkfleet.apply.down import down as run_down
-    from sparkfleet.apply.down import find_by_name, sweep
+    from sparkfleet.apply.down import find_by_name, sweep, take_down
     from sparkfleet.spec.cluster import load_cluster
     from sparkfleet.state.deployments import Deployments
 
@@ -134,11 +134,18 @@ def down(
             f"no local record of {name!r} in this state dir; if its ranks are still running somewhere, "
             f"`sparkfleet down {name} --sweep --cluster FILE` lists them with their owner and stops them"
         )
-    stopped = run_down(record)
-    if stopped:
-        console.print(f"[green]stopped[/] {name}: " + ", ".join(stopped))
+    report = take_down(record)
+    if report.stopped:
+        console.print(f"[green]stopped[/] {name}: " + ", ".join(report.stopped), highlight=False, soft_wrap=True)
     else:
         console.print(f"{name}: nothing was running")
+    pids = {f.ident for f in report.leftovers if f.kind == "process"}
+    for memory in report.memory:
+        console.print(f"  {memory.describe(pids)}", markup=False, highlight=False, soft_wrap=True)
+    problem = report.problem()
+    if problem:
+        raise SparkfleetError(problem)
+    console.print(f"{name}: checked every node: nothing of the instance is left")
 
 
 def _uptime(seconds: float | None) -> str:
@@ -159,18 +166,21 @@ def status(name: Annotated[str | None, typer.Argument(help="Deployment name (all
     out = []
     for rec in records:
         ranks = live_status(rec) if rec.status not in ("stopped",) else []
+        if rec.status == "ready" and any(r.state in ("exited", "absent") for r in ranks):
+            rec = replace(rec, status="degraded")  # a rank died after ready, whether or not watch saw it
         out.append((rec, ranks))
     if as_json:
         typer.echo(json.dumps([
             {"name": rec.name, "status": rec.status, "engine": rec.engine, "endpoint": rec.endpoint,
-             "ready_at": rec.ready_at, "ranks": [r.__dict__ for r in ranks]}
+             "ready_at": rec.ready_at, "restarts": rec.restarts, "ranks": [r.__dict__ for r in ranks]}
             for rec, ranks in out
         ], indent=2))  # fmt: skip
         return
     if not out:
         console.print("no deployments")
     for rec, ranks in out:
-        table = Table(title=f"{rec.name}  {rec.status}  {rec.engine}  {rec.endpoint}", title_justify="left")
+        restarts = f"  restarted {rec.restarts}x" if rec.restarts else ""
+        table = Table(title=f"{rec.name}  {rec.status}  {rec.engine}  {rec.endpoint}{restarts}", title_justify="left")
         for col in ("rank", "node", "host", "runtime", "state", "uptime", "health", "detail"):
             table.add_column(col)
         for r in ranks:

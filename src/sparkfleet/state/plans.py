@@ -49,7 +49,7 @@ def _decode(kind: Any, data: Any) -> Any:
         return data
     if isinstance(kind, type) and issubclass(kind, BaseModel):
         return kind.model_validate(data)
-    if dataclasses.is_dataclass(kind):
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
         hints = typing.get_type_hints(kind)
         known = {f.name for f in dataclasses.fields(kind)}
         # A field a newer sparkfleet added is absent from an older record: its default applies.

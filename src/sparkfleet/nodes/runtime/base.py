@@ -27,6 +27,7 @@ class RankState:
     exit_code: int | None = None
     started_at: float | None = None
     ident: str | None = None
+    exited_at: float | None = None  # when it ended, where the runtime knows
 
 
 class Runtime(Protocol):

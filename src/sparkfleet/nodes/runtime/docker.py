@@ -93,6 +93,7 @@ class DockerRuntime:
             None if running else int(state.get("ExitCode", 0)),
             _epoch(state.get("StartedAt")),
             rank.container_name,
+            None if running else _epoch(state.get("FinishedAt")),
         )
 
     def probe(self, rank: RankHandle, transport: Transport) -> tuple[RankState, str]:

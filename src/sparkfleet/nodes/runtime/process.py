@@ -17,10 +17,10 @@ from sparkfleet.plan.model import RankHandle, RankPlan
 from sparkfleet.spec.cluster import Node
 from sparkfleet.spec.secrets import TOKEN_PATTERNS
 
-# Prints "running PID STARTTICKS BTIME HZ", "exited CODE" or "absent". The pid file holds
+# Prints "running PID STARTTICKS BTIME HZ", "exited CODE MTIME" or "absent". The pid file holds
 # "PGID PID STARTTICKS"; a pid whose start time differs was reused by another process.
 _INSPECT_SH = r"""
-if [ -f "$2" ]; then echo exited "$(cat "$2")"; exit 0; fi
+if [ -f "$2" ]; then echo exited "$(cat "$2")" "$(stat -c %Y "$2" 2>/dev/null)"; exit 0; fi
 [ -r "$1" ] || { echo absent; exit 0; }
 read pgid pid start < "$1"
 now=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1,20)
@@ -95,7 +95,8 @@ class ProcessRuntime:
             return RankState(rank.rank, rank.node.name, "running", None, int(btime) + int(ticks) / int(hz), pid)
         if words[0] == "exited":
             code = int(words[1]) if len(words) > 1 and words[1].lstrip("-").isdigit() else None
-            return RankState(rank.rank, rank.node.name, "exited", code, None, None)
+            ended = float(words[2]) if len(words) > 2 and words[2].isdigit() else None
+            return RankState(rank.rank, rank.node.name, "exited", code, None, None, ended)
         return RankState(rank.rank, rank.node.name, "absent")
 
     def probe(self, rank: RankHandle, transport: Transport) -> tuple[RankState, str]:

@@ -10,6 +10,10 @@ Shipped as ``python3 -c <this source> COMMAND JSON``. Commands:
   holders who listens on the given TCP ports (pid, command, sparkfleet markers)
   preflight  find + holders in one round trip (what ``up`` checks before starting anything)
   kill    SIGTERM, then SIGKILL, the given pids of a deployment (``down --sweep``)
+  watch   every given rank's state (with when it exited) and the node's MemAvailable, in one
+          round trip per node and poll (``sparkfleet watch``)
+  leftovers  after ``down``: every process still of the instance on this node (see
+          ``leftovers``), the node's MemAvailable, and nvidia-smi's compute apps where there is one
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ import contextlib
 import json
 import os
 import re
+import resource
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -348,6 +354,138 @@ def kill(spec: dict) -> None:
     print(json.dumps({"stopped": members}))
 
 
+def mem_available() -> int | None:
+    """The node's MemAvailable in bytes (on a GB10 this is what CUDA can still allocate)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def watch(spec: dict) -> dict:
+    """Each rank's inspect answer plus when its exit file was written, and MemAvailable."""
+    ranks = []
+    for rank in spec.get("ranks", []):
+        state = inspect(rank)
+        try:
+            state["exited_at"] = os.stat(rank["exit_path"]).st_mtime
+        except OSError:
+            state["exited_at"] = None
+        ranks.append(state)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"ranks": ranks, "mem_available": mem_available(), "cpu_s": usage.ru_utime + usage.ru_stime}
+
+
+# What makes a process sparkfleet's (SPARKFLEET_STATE_DIR and the like are a user's settings).
+_MARKERS = ("SPARKFLEET_DEPLOYMENT", "SPARKFLEET_INSTANCE", "SPARKFLEET_CONTAINER_DEPLOYMENT")
+
+
+def _started(pid: str) -> float | None:
+    ticks = _starttime(pid)
+    return _boot_time() + int(ticks) / CLK_TCK if ticks is not None else None
+
+
+def _ancestors() -> set[int]:
+    """This agent and the processes it runs under (sshd, a shell, the controller itself)."""
+    out, pid = set(), os.getpid()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                pid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return out
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _holds(pid: str, workdir: str, sockets: dict[str, tuple[int, int]]) -> str | None:
+    """What of the deployment a process without markers still holds, or None."""
+    try:
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        cwd = ""
+    if workdir and _under(cwd, workdir):
+        return f"its working directory is {cwd}"
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if workdir and _under(link, workdir):
+            return f"it holds {link} open"
+        if link.startswith("socket:[") and link[8:-1] in sockets:
+            return f"it listens on port {sockets[link[8:-1]][0]}"
+    return None
+
+
+def leftovers(spec: dict) -> list[dict]:
+    """Every process on this node still of the instance after its ranks were stopped.
+
+    Of the instance means either (1) it carries the instance's markers in its environment
+    (SPARKFLEET_INSTANCE, and this node's SPARKFLEET_RANK_NODE): a rank's child that left the
+    rank's process group (setsid, a daemon) inherits them; or (2) it carries no sparkfleet
+    marker at all, started after the instance did, and still holds something of the
+    deployment on this node: its working directory or an open file under the deployment's
+    workdir, or a listening socket on one of its ranks' ports. A process that dropped its
+    markers and holds none of these cannot be told apart from any other process of the user.
+    """
+    deployment, node, instance = spec["deployment"], spec.get("node"), spec.get("instance")
+    workdir = os.path.realpath(spec["workdir"]) if spec.get("workdir") else ""
+    since = float(spec.get("since") or 0)
+    sockets = _listeners({int(p) for p in spec.get("ports", [])})
+    skip = _ancestors()
+    out = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit() and int(p) not in skip):
+        env = _environ(pid)
+        started = _started(pid)
+        if env is None or started is None:
+            continue  # gone meanwhile, a zombie, or another user's
+        why = None
+        if any(k in env for k in _MARKERS):
+            if _belongs(pid, deployment, None, node, instance):
+                why = "it carries the instance's markers (it left its rank's process group)"
+        elif started >= since - 1:
+            held = _holds(pid, workdir, sockets)
+            if held:
+                why = f"it carries no sparkfleet markers, but {held}"
+        if why is None:
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                command = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()[:160]
+        except OSError:
+            command = ""
+        rank = env.get("SPARKFLEET_RANK", "")
+        out.append({"pid": int(pid), "command": command, "why": why, "started": started,
+                    "rank": int(rank) if rank.isdigit() else None})
+    return out
+
+
+def gpu_apps(command: list[str]) -> dict:
+    """nvidia-smi's compute apps (its CSV as printed), or why there is none."""
+    if not command or shutil.which(command[0]) is None:
+        return {"gpu_apps": None, "gpu_error": "no nvidia-smi"}
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"gpu_apps": None, "gpu_error": str(exc)}
+    if done.returncode != 0:
+        return {"gpu_apps": None, "gpu_error": (done.stderr or done.stdout).strip()[-200:]}
+    return {"gpu_apps": done.stdout, "gpu_error": None}
+
+
 if __name__ == "__main__":
     command, payload = sys.argv[1], json.loads(sys.argv[2])
     if command == "start":
@@ -366,3 +504,8 @@ if __name__ == "__main__":
         print(json.dumps({"found": find(payload), "holders": holders(payload)}))
     elif command == "kill":
         kill(payload)
+    elif command == "watch":
+        print(json.dumps(watch(payload)))
+    elif command == "leftovers":
+        print(json.dumps({"found": leftovers(payload), "mem_available": mem_available(),
+                          **gpu_apps(payload.get("gpu_command") or [])}))

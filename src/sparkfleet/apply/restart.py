@@ -1,0 +1,109 @@
+"""The restart policy (``[serve] restart = "on-failure"``): a multi-node engine cannot lose one
+rank, so a rank's death takes the whole deployment down and brings it up again from the same
+Plan, the one the state store kept. Every step is an event; after ``max_restarts`` restarts it
+gives up, saying so.
+
+The stored Plan has no secret values; they are read back from each rank's env file on its node
+(``up`` wrote it, ``down`` leaves it), so a restart needs nothing from the user's shell.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sparkfleet.apply.down import take_down
+from sparkfleet.apply.observe import rank_secrets
+from sparkfleet.apply.up import up
+from sparkfleet.errors import SparkfleetError
+from sparkfleet.nodes.fanout import fan_out
+from sparkfleet.nodes.transport import Connector
+from sparkfleet.plan.model import Plan, ServeSpec
+from sparkfleet.state.deployments import Deployment, Deployments
+from sparkfleet.state.plans import masked_keys, with_secrets
+
+MAX_BACKOFF_S = 600.0
+# Called with (event kind, message, node or None) for every step.
+Emit = Callable[[str, str, str | None], None]
+
+
+def backoff_delay(policy: ServeSpec, done: int) -> float:
+    """Seconds to wait before restart number done + 1: backoff, doubled per restart already
+    made, at most MAX_BACKOFF_S."""
+    return float(min(policy.backoff * (2**done), MAX_BACKOFF_S))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a recovery ended: ready again (restarts counts it) or given up."""
+
+    ready: bool
+    restarts: int
+    message: str
+
+
+def _secret_files(plan: Plan, connect: Connector) -> dict[int, dict[str, str] | None]:
+    """Each rank's secret env values as its node holds them (only for ranks that need them)."""
+    needing = {str(r.rank): r for r in plan.ranks if masked_keys(r)}
+
+    def read(key: str) -> dict[str, str] | None:
+        rank = needing[key]
+        return rank_secrets(rank.handle, connect(rank.node)) or None
+
+    return {int(k): o.value if o.ok else None for k, o in fan_out(list(needing), read).items()}
+
+
+def recover(record: Deployment, why: str, *, records: Deployments, connect: Connector, emit: Emit,
+            stop: threading.Event) -> Outcome:  # fmt: skip
+    """Take record down and bring its stored Plan up again, retrying with backoff until it is
+    ready or max_restarts restarts were made; stop (set by Ctrl-C/SIGTERM) ends the waiting."""
+    stored = records.stored_plan(record.name)
+    if stored is None:
+        message = f"cannot restart {record.name}: its record predates stored plans; bring it up again with `up`"
+        emit("gave-up", message, None)
+        return Outcome(False, record.restarts, message)
+    policy = stored.serve
+    done = record.restarts
+    # Secrets are read before anything is stopped: the env files are the only copy.
+    try:
+        secrets = _secret_files(stored, connect)
+    except SparkfleetError as exc:
+        secrets, why = {}, f"{why}; {exc.message}"
+    while True:
+        if done >= policy.max_restarts:
+            message = (f"gave up on {record.name}: {why}; {done} restart(s) made, max_restarts = {policy.max_restarts}"
+                       "; it stays down")  # fmt: skip
+            emit("gave-up", message, None)
+            current = records.get(record.name)
+            if current is not None and current.status not in ("stopped", "leftover"):
+                take_down(current, deployments=records, connect=connect)
+            records.set_status(record.name, "failed")
+            records.set_restarts(record.name, done)
+            return Outcome(False, done, message)
+        delay = backoff_delay(policy, done)
+        emit("restart", f"restart {done + 1}/{policy.max_restarts} of {record.name} in {delay:.0f}s: {why}", None)
+        if stop.wait(delay):
+            return Outcome(False, done, "watch was stopped before the restart")
+        current = records.get(record.name) or record
+        report = take_down(current, deployments=records, connect=connect)
+        left = report.problem()
+        emit("restart-down", f"took {record.name} down: {len(report.stopped)} container(s)/process(es) stopped"
+             + (f"; {left}" if left else "; nothing left"), None)  # fmt: skip
+        done += 1
+        try:
+            plan = with_secrets(stored, secrets)
+            result = up(plan, deployments=records, connect=connect)
+        except SparkfleetError as exc:
+            if isinstance(exc.__cause__, KeyboardInterrupt):
+                records.set_restarts(record.name, done)
+                raise KeyboardInterrupt from exc
+            why = exc.message.splitlines()[0]
+            records.set_restarts(record.name, done)
+            emit("restart-failed", f"restart {done}/{policy.max_restarts} of {record.name} failed: {exc.message}", None)
+            continue
+        records.set_restarts(record.name, done)
+        message = (f"restart {done}/{policy.max_restarts}: {record.name} ready again at {result.endpoint} "
+                   f"in {result.seconds:.1f}s")  # fmt: skip
+        emit("restarted", message, None)
+        return Outcome(True, done, message)

@@ -1,0 +1,353 @@
+"""``watch``: poll a deployment in the foreground while it serves, record a bounded time series,
+and turn what changes into events (and, with ``[serve] restart = "on-failure"``, restarts).
+
+Per poll: one process-agent call per node (every rank's state with when it ended, and the
+node's MemAvailable), rank 0's health endpoint, and the engine's Prometheus ``/metrics`` (the
+parser and metric names are the bench's: running and waiting requests, KV-cache usage,
+speculative acceptance where exported). No nvidia-smi: on a GB10 MemAvailable is the device
+budget, and polling nvidia-smi on every node costs the engine decode time (the seeds measured
+~0.6 ms per decode step at a 2 s poll).
+
+Events (the deployment's timeline in the state store): ``rank-exited`` (with its exit code,
+when, and its last log lines), ``node-unreachable``/``node-back``, ``health-lost``/
+``health-back``, ``mem-low``/``mem-ok`` (MemAvailable under/over ``[serve] mem_floor``),
+``foreign-requests`` (while a bench of this deployment runs, more requests running than the
+bench itself sends), and the restart policy's ``restart``, ``restart-down``, ``restart-failed``,
+``restarted``, ``gave-up``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import httpx
+
+from sparkfleet.apply.observe import exit_detail, rank_secrets
+from sparkfleet.apply.readiness import tail
+from sparkfleet.apply.restart import Outcome, recover
+from sparkfleet.bench.server_metrics import (
+    KV_USAGE,
+    RUNNING,
+    SPEC_ACCEPT_GAUGE,
+    SPEC_ACCEPTED,
+    SPEC_DRAFTS,
+    WAITING,
+    first,
+    parse_prometheus,
+)
+from sparkfleet.bench.store import BenchStore
+from sparkfleet.errors import SparkfleetError
+from sparkfleet.nodes.fanout import fan_out
+from sparkfleet.nodes.inspection import NodeWatch, watch_node
+from sparkfleet.nodes.runtime import runtime_for
+from sparkfleet.nodes.runtime.base import RankState
+from sparkfleet.nodes.transport import Connector, transport_for
+from sparkfleet.nodes.transport.base import Transport
+from sparkfleet.plan.model import RankHandle, ServeSpec
+from sparkfleet.spec.cluster import Node
+from sparkfleet.spec.secrets import redact
+from sparkfleet.spec.sizes import format_size
+from sparkfleet.state.deployments import Deployment, Deployments
+from sparkfleet.state.store import Store
+from sparkfleet.state.watch_series import Sample, WatchSeries
+
+MIN_INTERVAL_S = 1.0
+DEFAULT_INTERVAL_S = 10.0
+LOG_LINES = 20
+# A bench run recorded as running longer ago than this was interrupted without finishing.
+BENCH_STALE_S = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class Event:
+    """One line of the timeline as watch records and prints it."""
+
+    time: float
+    kind: str
+    message: str
+    node: str | None = None
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """What the engine's /metrics said at one poll (None: not exported)."""
+
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None
+    spec_accept: float | None = None
+
+
+@dataclass(frozen=True)
+class Poll:
+    """One poll's findings."""
+
+    time: float
+    status: str  # the deployment record's status after the poll
+    nodes: dict[str, NodeWatch | str]  # the node's answer, or why it gave none
+    health: str
+    metrics: Metrics
+    events: list[Event]
+    seconds: float
+
+    def line(self) -> str:
+        """One status line: time, ranks, health, memory, requests."""
+        stamp = datetime.fromtimestamp(self.time, tz=UTC).strftime("%H:%M:%S")
+        states, mems = [], []
+        for node, answer in self.nodes.items():
+            if isinstance(answer, str):
+                states.append(f"{node} unreachable")
+                continue
+            states += [f"r{r} {s.state}" for r, s in sorted(answer.ranks.items())]
+            if answer.mem_available is not None:
+                mems.append(f"{node} {format_size(answer.mem_available)}")
+        m = self.metrics
+        figures = [f"{label} {value:g}" for label, value in
+                   (("running", m.running), ("waiting", m.waiting)) if value is not None]  # fmt: skip
+        if m.kv_usage is not None:
+            figures.append(f"KV {m.kv_usage:.0%}")
+        if m.spec_accept is not None:
+            figures.append(f"accept {m.spec_accept:.2f}")
+        parts = [stamp, self.status, ", ".join(states), f"health {self.health}", "MemAvailable " + ", ".join(mems)]
+        return "  ".join(p for p in [*parts, ", ".join(figures)] if p)
+
+
+@dataclass
+class _Seen:
+    """What the previous polls saw, so only changes become events."""
+
+    exited: set[tuple[str | None, int]] = field(default_factory=set)  # (instance, rank) reported
+    unreachable: set[str] = field(default_factory=set)
+    healthy: bool | None = None
+    low: set[str] = field(default_factory=set)
+    low_water: dict[str, int] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)
+    foreign: bool = False
+
+
+def _bench_cap(store: Store, name: str, now: float) -> int | None:
+    """The most requests a bench of deployment name running now sends at once, or None when no
+    bench of it runs (or it states no cap: an open-loop run without --max-concurrency)."""
+    for run in BenchStore(store).list_runs(limit=20):
+        if run.deployment != name or run.status != "running":
+            continue
+        started = datetime.fromisoformat(run.created_at)
+        started = started if started.tzinfo else started.replace(tzinfo=UTC)
+        if now - started.timestamp() > BENCH_STALE_S:
+            continue
+        config = run.meta.get("config", {}) if isinstance(run.meta, dict) else {}
+        if run.kind == "prefill":
+            return 1
+        conc = config.get("concurrency")
+        if isinstance(conc, list | tuple) and conc:
+            return int(max(conc))
+        if isinstance(config.get("max_concurrency"), int):
+            return int(config["max_concurrency"])
+    return None
+
+
+class Watcher:
+    """Polls one deployment; ``poll()`` once, ``run()`` until stopped."""
+
+    def __init__(self, name: str, *, store: Store | None = None, connect: Connector | None = None,
+                 interval: float = DEFAULT_INTERVAL_S, on_event: Callable[[Event], None] = lambda _e: None,
+                 http: httpx.Client | None = None) -> None:  # fmt: skip
+        self.name = name
+        self.store = store or Store()
+        self.records = Deployments(self.store)
+        self.series = WatchSeries(self.store)
+        self.interval = max(interval, MIN_INTERVAL_S)
+        self.on_event = on_event
+        self.http = http or httpx.Client(timeout=5.0)
+        self._transports: dict[str, Transport] = {}
+        self._connect_fn = connect or transport_for
+        self.seen = _Seen()
+        self.stop = threading.Event()
+        self.outcome: Outcome | None = None
+
+    def connect(self, node: Node) -> Transport:
+        """One transport per node for the watcher's life (ssh keeps its master connection)."""
+        if node.name not in self._transports:
+            self._transports[node.name] = self._connect_fn(node)
+        return self._transports[node.name]
+
+    def _record(self) -> Deployment:
+        record = self.records.get(self.name)
+        if record is None:
+            raise SparkfleetError(f"no deployment named {self.name!r} (see `sparkfleet status`)")
+        return record
+
+    def _event(self, events: list[Event], kind: str, message: str, node: str | None = None) -> None:
+        event = Event(time.time(), kind, message, node)
+        self.records.event(self.name, kind, message, node)
+        events.append(event)
+        self.on_event(event)
+
+    def poll(self) -> Poll:
+        """One round: every node, rank 0's health and metrics; record, compare, react."""
+        start = time.monotonic()
+        record = self._record()
+        now = time.time()
+        events: list[Event] = []
+        by_node: dict[str, list[RankHandle]] = {}
+        for rank in record.ranks:
+            by_node.setdefault(rank.node.name, []).append(rank)
+        outcomes = fan_out(list(by_node), lambda n: watch_node(self.connect(by_node[n][0].node), by_node[n][0].node,
+                                                                by_node[n]))  # fmt: skip
+        nodes: dict[str, NodeWatch | str] = {}
+        for node, outcome in outcomes.items():
+            nodes[node] = outcome.value if outcome.ok and outcome.value is not None else str(outcome.error)
+        health, healthy = self._health(record)
+        metrics = self._metrics(record) if healthy else Metrics()
+        plan = self.records.stored_plan(self.name)
+        serve = plan.serve if plan else ServeSpec()
+        watching = record.status in ("ready", "degraded")
+        dead = self._rank_events(record, nodes, events) if watching else []
+        self._node_events(nodes, serve, events)
+        if watching:
+            self._health_events(health, healthy, events)
+            self._foreign_events(metrics, now, events)
+        self.series.add(self.name, self._samples(record, nodes, now, health, metrics))
+        if dead and record.status == "ready":
+            self.records.set_status(self.name, "degraded")
+        if dead and serve.restart == "on-failure":
+            self.outcome = recover(self._record(), "; ".join(dead), records=self.records, connect=self.connect,
+                                   emit=lambda k, m, n: self._event(events, k, m, n), stop=self.stop)  # fmt: skip
+            # The restarted deployment is another instance: its ranks are new to this watcher.
+            self.seen.healthy = None
+        status = self._record().status
+        return Poll(now, status, nodes, health, metrics, events, time.monotonic() - start)
+
+    def _rank_events(self, record: Deployment, nodes: dict[str, NodeWatch | str], events: list[Event]) -> list[str]:
+        dead = []
+        for rank in record.ranks:
+            answer = nodes.get(rank.node.name)
+            if not isinstance(answer, NodeWatch):
+                continue
+            state = answer.ranks.get(rank.rank)
+            key = (record.instance, rank.rank)
+            if state is None or state.state == "running" or key in self.seen.exited:
+                continue
+            self.seen.exited.add(key)
+            what = self._describe_exit(record, rank, state)
+            dead.append(what.splitlines()[0])
+            self._event(events, "rank-exited", what, rank.node.name)
+        return dead
+
+    def _describe_exit(self, record: Deployment, rank: RankHandle, state: RankState) -> str:
+        how = exit_detail(state, record.ready_at) if state.state == "exited" else "it is gone (no pid file)"
+        head = f"rank {rank.rank} on {rank.node.name} exited: {how}"
+        try:
+            transport = self.connect(rank.node)
+            text = redact(runtime_for(rank).logs(rank, transport, tail=LOG_LINES), rank_secrets(rank, transport))
+        except SparkfleetError as exc:
+            return f"{head}\n(its log could not be read: {exc.message})"
+        return f"{head}\nlast log lines:\n{tail(text, LOG_LINES)}"
+
+    def _node_events(self, nodes: dict[str, NodeWatch | str], serve: ServeSpec, events: list[Event]) -> None:
+        for node, answer in nodes.items():
+            if isinstance(answer, str):
+                if node not in self.seen.unreachable:
+                    self.seen.unreachable.add(node)
+                    self._event(events, "node-unreachable", f"{node} did not answer: {answer}", node)
+                continue
+            if node in self.seen.unreachable:
+                self.seen.unreachable.discard(node)
+                self._event(events, "node-back", f"{node} answers again", node)
+            mem = answer.mem_available
+            if mem is None:
+                continue
+            self.seen.low_water[node] = min(mem, self.seen.low_water.get(node, mem))
+            if serve.mem_floor is None:
+                continue
+            if mem < serve.mem_floor and node not in self.seen.low:
+                self.seen.low.add(node)
+                self._event(events, "mem-low", f"{node}: MemAvailable {format_size(mem)} is under the floor "
+                            f"{format_size(serve.mem_floor)} ([serve] mem_floor)", node)  # fmt: skip
+            elif mem >= serve.mem_floor and node in self.seen.low:
+                self.seen.low.discard(node)
+                self._event(events, "mem-ok", f"{node}: MemAvailable {format_size(mem)} is over the floor again "
+                            f"(low-water {format_size(self.seen.low_water[node])})", node)  # fmt: skip
+
+    def _health(self, record: Deployment) -> tuple[str, bool]:
+        head = record.ranks[0]
+        if not head.readiness.serves_http or not head.readiness.health_path:
+            return "-", True
+        try:
+            code = self.http.get(record.endpoint + head.readiness.health_path).status_code
+        except httpx.HTTPError as exc:
+            return f"unreachable ({type(exc).__name__})", False
+        return ("healthy", True) if code == 200 else (f"HTTP {code}", False)
+
+    def _health_events(self, health: str, healthy: bool, events: list[Event]) -> None:
+        if self.seen.healthy and not healthy:
+            self._event(events, "health-lost", f"rank 0 health: {health}")
+        elif self.seen.healthy is False and healthy:
+            self._event(events, "health-back", "rank 0 is healthy again")
+        self.seen.healthy = healthy
+
+    def _metrics(self, record: Deployment) -> Metrics:
+        try:
+            answer = self.http.get(record.endpoint + "/metrics")
+        except httpx.HTTPError:
+            return Metrics()
+        if answer.status_code != 200:
+            return Metrics()
+        values = parse_prometheus(answer.text)
+        accept = first(values, SPEC_ACCEPT_GAUGE)
+        accepted, drafts = first(values, SPEC_ACCEPTED), first(values, SPEC_DRAFTS)
+        if accept is None and accepted is not None and drafts is not None:
+            # vLLM exports counters: tokens per step over the last interval, as `vllm bench serve`.
+            d_acc = accepted - self.seen.counters.get("accepted", accepted)
+            d_drafts = drafts - self.seen.counters.get("drafts", drafts)
+            self.seen.counters.update(accepted=accepted, drafts=drafts)
+            accept = d_acc / d_drafts + 1 if d_drafts > 0 else None
+        return Metrics(first(values, RUNNING), first(values, WAITING), first(values, KV_USAGE), accept)
+
+    def _foreign_events(self, metrics: Metrics, now: float, events: list[Event]) -> None:
+        if metrics.running is None:
+            return
+        cap = _bench_cap(self.store, self.name, now)
+        foreign = cap is not None and metrics.running > cap
+        if foreign and not self.seen.foreign:
+            self._event(events, "foreign-requests", f"{metrics.running:g} requests running while the bench sends at "
+                        f"most {cap}: someone else's requests land on the server during the bench")  # fmt: skip
+        self.seen.foreign = foreign
+
+    def _samples(self, record: Deployment, nodes: dict[str, NodeWatch | str], now: float, health: str,
+                 metrics: Metrics) -> list[Sample]:  # fmt: skip
+        head = record.ranks[0].node.name
+        out = []
+        for node, answer in nodes.items():
+            if isinstance(answer, str):
+                out.append(Sample(now, node, None, None, "unreachable"))
+                continue
+            ranks = ", ".join(f"r{r} {s.state}" for r, s in sorted(answer.ranks.items()))
+            if node == head:
+                out.append(Sample(now, node, answer.mem_available, answer.seconds * 1000, ranks, health,
+                                  metrics.running, metrics.waiting, metrics.kv_usage, metrics.spec_accept))  # fmt: skip
+            else:
+                out.append(Sample(now, node, answer.mem_available, answer.seconds * 1000, ranks))
+        return out
+
+    def run(self, count: int | None = None, on_poll: Callable[[Poll], None] = lambda _p: None) -> int:
+        """Poll every interval until stopped, count polls were made, the deployment was taken
+        down (0), or the restart policy gave up (1)."""
+        polls = 0
+        while not self.stop.is_set():
+            began = time.monotonic()
+            result = self.poll()
+            polls += 1
+            on_poll(result)
+            if result.status in ("stopped", "leftover"):
+                return 0
+            if self.outcome is not None and not self.outcome.ready:
+                return 1
+            if count is not None and polls >= count:
+                return 0
+            self.stop.wait(max(0.0, self.interval - (time.monotonic() - began)))
+        return 0

@@ -1,0 +1,104 @@
+"""One round trip per node for what ``watch`` polls and what ``down`` checks afterwards.
+
+``watch_node``: every rank's state on the node (with when it ended) and the node's
+MemAvailable, through the process agent's ``watch`` (docker ranks add a ``docker inspect``
+each). ``leftovers_on``: after a stop, whatever is still of the instance on the node (the
+agent's ``leftovers`` rule, plus the instance's containers in any state), MemAvailable, and
+nvidia-smi's compute-apps CSV where the node has nvidia-smi.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sparkfleet.nodes.runtime.base import RankState
+from sparkfleet.nodes.runtime.docker import DockerRuntime
+from sparkfleet.nodes.runtime.process import node_agent
+from sparkfleet.nodes.transport.base import Transport
+from sparkfleet.plan.model import RankHandle
+from sparkfleet.spec.cluster import Node
+
+
+@dataclass(frozen=True)
+class NodeWatch:
+    """One node's answer to one poll."""
+
+    node: str
+    ranks: dict[int, RankState]
+    mem_available: int | None  # bytes
+    agent_cpu_s: float | None  # CPU the agent itself used on the node (the watcher's cost there)
+    seconds: float  # the round trip, as the controller waited for it
+
+
+def _paths(rank: RankHandle) -> dict[str, object]:
+    return {"pid_path": rank.pid_path, "exit_path": rank.exit_path}
+
+
+def watch_node(transport: Transport, node: Node, ranks: Sequence[RankHandle]) -> NodeWatch:
+    """States of ranks (all on node) and the node's MemAvailable."""
+    start = time.monotonic()
+    process = [r for r in ranks if r.runtime == "process"]
+    answer = node_agent(transport, node.python, "watch", {"ranks": [_paths(r) for r in process]}, timeout=30)
+    states: dict[int, RankState] = {}
+    for rank, s in zip(process, answer["ranks"], strict=True):
+        states[rank.rank] = RankState(rank.rank, node.name, s["state"], s["exit_code"], s["started_at"],
+                                      str(s["pid"]) if s["pid"] else None, s.get("exited_at"))  # fmt: skip
+    for rank in (r for r in ranks if r.runtime == "docker"):
+        states[rank.rank] = DockerRuntime().inspect(rank, transport)
+    return NodeWatch(node.name, states, answer.get("mem_available"), answer.get("cpu_s"), time.monotonic() - start)
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """Something of the instance still on a node after its ranks were stopped."""
+
+    node: str
+    kind: str  # "process" or "container"
+    ident: str  # pid or container name
+    why: str
+    command: str = ""
+    rank: int | None = None
+
+    def describe(self) -> str:
+        what = f"pid {self.ident}" if self.kind == "process" else f"container {self.ident}"
+        rank = f", rank {self.rank}" if self.rank is not None else ""
+        command = f" ({self.command})" if self.command else ""
+        return f"{self.node}: {what}{command}{rank}: {self.why}"
+
+
+@dataclass(frozen=True)
+class NodeAfter:
+    """A node as down left it."""
+
+    node: str
+    leftovers: tuple[Leftover, ...]
+    mem_available: int | None
+    gpu_apps_csv: str | None  # nvidia-smi's compute apps, None where there is no nvidia-smi
+    gpu_error: str | None
+
+
+def leftovers_on(transport: Transport, node: Node, deployment: str, instance: str | None, since: float | None,
+                 ranks: Sequence[RankHandle], gpu_command: Sequence[str]) -> NodeAfter:  # fmt: skip
+    """What is left of the instance on node (ranks: the deployment's ranks there)."""
+    payload: dict[str, object] = {
+        "deployment": deployment, "node": node.name, "instance": instance, "since": since or 0,
+        "workdir": ranks[0].workdir if ranks else "", "ports": sorted({p for r in ranks for p in r.ports}),
+        "gpu_command": list(gpu_command),
+    }  # fmt: skip
+    answer = node_agent(transport, node.python, "leftovers", payload, timeout=60)
+    found = [Leftover(node.name, "process", str(f["pid"]), f["why"], f["command"], f["rank"]) for f in answer["found"]]
+    if any(r.runtime == "docker" for r in ranks):
+        for c in DockerRuntime().find(transport, deployment, node):
+            if instance is None or c.instance == instance:
+                state = "running" if c.running else "stopped but not removed"
+                found.append(Leftover(node.name, "container", c.ident, f"the instance's container ({state})",
+                                      rank=c.rank))  # fmt: skip
+    return NodeAfter(node.name, tuple(found), answer.get("mem_available"), answer.get("gpu_apps"),
+                     answer.get("gpu_error"))  # fmt: skip
+
+
+def mem_available(transport: Transport, node: Node) -> int | None:
+    """The node's MemAvailable in bytes (down reads it before stopping anything)."""
+    return node_agent(transport, node.python, "watch", {"ranks": []}, timeout=30).get("mem_available")
