@@ -1,4 +1,5 @@
-"""``export k8s`` and ``export slurm``: hand a recipe to Kubernetes (LeaderWorkerSet) or Slurm."""
+"""``export k8s`` and ``export slurm``: hand a recipe to Kubernetes (LeaderWorkerSet) or Slurm;
+``export systemd``: a unit that watches a running deployment across reboots."""
 
 from __future__ import annotations
 
@@ -113,6 +114,28 @@ def slurm(
         exclusive=exclusive,
     )
     _emit(slurm_script(loaded, name or deployment_name(recipe), opts, _like(cluster)), out, executable=True)
+
+
+@export_app.command("systemd")
+def systemd(
+    name: Annotated[str, typer.Argument(help="Deployment name (one this controller brought up).")],
+    out: OutOpt = None,
+    interval: Annotated[float, typer.Option(help="watch --interval of the service.")] = 10.0,
+    user_unit: Annotated[bool, typer.Option("--user-unit", help="A unit for systemctl --user.")] = False,
+) -> None:
+    """A systemd unit that runs `sparkfleet watch NAME` (and its restart policy) across reboots."""
+    import getpass
+
+    from sparkfleet.exporters.systemd import UnitOptions, systemd_unit
+    from sparkfleet.state.deployments import Deployments
+    from sparkfleet.state.store import state_dir
+
+    if Deployments().get(name) is None:
+        raise SparkfleetError(f"no deployment named {name!r} in {state_dir()} (bring it up first; "
+                              "see `sparkfleet status`)")  # fmt: skip
+    opts = UnitOptions(state_dir=str(state_dir().resolve()), interval=interval, user=getpass.getuser(),
+                       user_unit=user_unit)  # fmt: skip
+    _emit(systemd_unit(name, opts), out)
 
 
 def register(app: typer.Typer) -> None:
