@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -270,3 +271,31 @@ def test_down_stops_a_child_that_escaped_with_markers(fleet2: LoopbackFleet, tmp
         if _alive(orphan):
             os.kill(orphan, signal.SIGKILL)
     assert leftover_processes(name) == []
+
+
+def test_the_systemd_unit_verifies_and_runs_watch_of_the_deployment(fleet2: LoopbackFleet, tmp_path: Path) -> None:
+    name = "test-watch-unit"
+    recipe = standin_recipe(tmp_path / name, nodes=2, port=free_port())
+    assert sparkfleet("up", str(recipe), "--cluster", str(fleet2.cluster_file)).returncode == 0
+    try:
+        unit = tmp_path / f"sparkfleet-watch-{name}.service"
+        out = sparkfleet("export", "systemd", name, "--out", str(unit), "--interval", "2")
+        assert out.returncode == 0, out.stderr
+        verify = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+        assert verify.returncode == 0, verify.stderr
+        # What systemd would run: ExecStart with the unit's Environment= (its quoting is the shell's
+        # for these words; %% is its escaped %).
+        text = unit.read_text()
+        env = dict(shlex.split(line.removeprefix("Environment="))[0].split("=", 1)
+                   for line in text.splitlines() if line.startswith("Environment="))  # fmt: skip
+        assert env["SPARKFLEET_STATE_DIR"] == str(Path(os.environ["SPARKFLEET_STATE_DIR"]).resolve())
+        exec_start = next(line for line in text.splitlines() if line.startswith("ExecStart="))
+        argv = [w.replace("%%", "%") for w in shlex.split(exec_start.removeprefix("ExecStart="))]
+        assert Path(argv[0]).is_absolute() and argv[3:5] == ["watch", name]
+        run = subprocess.run([*argv, "--count", "2"], capture_output=True, text=True, timeout=120,
+                             env={"PATH": "/usr/bin:/bin", **env})  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert {s["node"] for s in _series(name)} == {"node0", "node1"}
+        assert "KillMode=process" in text and "WantedBy=multi-user.target" in text
+    finally:
+        assert sparkfleet("down", name).returncode == 0

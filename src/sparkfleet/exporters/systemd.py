@@ -55,7 +55,7 @@ def systemd_unit(deployment: str, opts: UnitOptions) -> str:
         f"#   systemctl {'--user ' if opts.user_unit else ''}daemon-reload && "
         f"systemctl {'--user ' if opts.user_unit else ''}enable --now {unit_name(deployment)}",
         "[Unit]",
-        f"Description=sparkfleet watch {deployment}",
+        f"Description=sparkfleet watch {deployment.replace('%', '%%')}",
         "Wants=network-online.target",
         "After=network-online.target",
         "",
