@@ -10,19 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import re
-import signal
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from sparkfleet.apply.configurations import ConfigSpec, up_recorded
 from sparkfleet.apply.down import down
 from sparkfleet.apply.observe import logs
-from sparkfleet.apply.up import up
+from sparkfleet.apply.up import _shielded, _signals_interrupt, up  # up's SIGTERM-as-Ctrl-C and shield
 from sparkfleet.bench.decode import DecodeConfig, DecodeTierRun, run_decode
 from sparkfleet.bench.endpoint import Endpoint, resolve_endpoint
 from sparkfleet.bench.meta import run_meta
@@ -90,23 +86,6 @@ def engine_figures(text: str) -> dict[str, float]:
         if found and name not in out:
             out[name] = float(found.group(1).replace(",", "")) * scale
     return out
-
-
-@contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM stops an experiment the way Ctrl-C does."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(_signum: int, _frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 def _decode_metrics(part: VariantRound, runs: list[DecodeTierRun]) -> None:
@@ -205,36 +184,24 @@ def _variant_round(cfg: ABConfig, experiment: int, variant: str, rnd: int, posit
     spec = cfg.spec(variant)
     planned = spec.plan()
     say(f"round {rnd + 1}/{cfg.rounds}: {variant} up")
-    result, config_id = up_recorded(spec, planned, store,
-                                    lambda p: up(p, deployments=Deployments(store), timeout=cfg.timeout))  # fmt: skip
-    part = VariantRound(rnd, position, variant, result.seconds, configuration=config_id)
     try:
+        run_up = lambda p: up(p, deployments=Deployments(store), timeout=cfg.timeout)  # noqa: E731
+        result, config_id = up_recorded(spec, planned, store, run_up)
+        part = VariantRound(rnd, position, variant, result.seconds, configuration=config_id)
         record = Deployments(store).get(planned.name)
         if record is not None:
             part.figures = engine_figures("\n".join(logs(record, tail=2000).values()))
         say(f"round {rnd + 1}/{cfg.rounds}: {variant} ready in {result.seconds:.1f}s; measuring")
         _measure(cfg, part, planned.name, store, f"ab {experiment} r{rnd + 1} {variant}")
     finally:
+        # Also after an interrupt that lands between up's success and here: up rolled back only
+        # what it had not finished ("failed"), a ready deployment is this runner's to stop.
         record = Deployments(store).get(planned.name)
-        if record is not None:
+        if record is not None and record.status not in ("stopped", "failed"):
             with _shielded():
                 down(record, deployments=Deployments(store))
             say(f"round {rnd + 1}/{cfg.rounds}: {variant} down")
     return part
-
-
-@contextmanager
-def _shielded() -> Iterator[None]:
-    """A second Ctrl-C must not cut the running variant's down short."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
 
 
 def run_ab(cfg: ABConfig, store: Store | None = None, say: Say = lambda _m: None) -> dict[str, Any]:
@@ -252,7 +219,7 @@ def run_ab(cfg: ABConfig, store: Store | None = None, say: Say = lambda _m: None
     say(f"experiment {experiment}: {cfg.variants[0]} vs {cfg.variants[1]}, {cfg.rounds} round(s) as {name!r}")
     status, note = "complete", None
     try:
-        with _terminate_as_interrupt():
+        with _signals_interrupt():
             for rnd in range(cfg.rounds):
                 order = cfg.variants if rnd % 2 == 0 else cfg.variants[::-1]
                 for position, variant in enumerate(order):
