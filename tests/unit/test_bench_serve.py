@@ -61,9 +61,10 @@ def test_poisson_rate_is_met_within_10_percent_as_the_server_saw_it(fast: Replay
 
 def test_constant_rate_and_concurrency_cap(fast: ReplayServer) -> None:
     (steady,) = bench(fast, rates=(20.0,), requests=30, burstiness=INF)
-    # Even gaps (a Poisson process has CV ≈ 1); the first send also opens a connection, so it
-    # is left out, and a busy machine's jitter stays far below 0.7.
-    assert cv(fast.arrived[-29:]) < 0.3
+    # Even gaps: nearly all within ±50 % of 50 ms, where a Poisson process puts only ~38 % of
+    # its gaps; a share, not a CV, so one stall of a busy machine cannot fail it.
+    gaps = [b - a for a, b in itertools.pairwise(fast.arrived[-30:])]
+    assert sum(1 for g in gaps if 0.025 <= g <= 0.075) >= 0.8 * len(gaps)
     assert steady.stats.process == "constant"
     # One slot and requests of ~20 ms each cannot carry 200/s: the achieved rate says so.
     with ReplayServer(Script(base_ttft=0.02, itl=0.01)).running() as slow:
