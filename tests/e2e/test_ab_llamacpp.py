@@ -1,0 +1,81 @@
+"""`sparkfleet ab` on the real llama.cpp example (Gemma 3 270M on this machine's CPU): a pair of
+variants that differ in a real speed knob (one decode thread against two) gets the faster one
+named beyond noise; an identical pair gets no difference; both leave nothing running.
+
+llama-cpp-python's streams carry no usage, so the decode bench refuses it (test_bench_engines);
+the speed measured here is the quality tasks' completion tok/s, from each answer's own usage.
+
+Each A/B brings the example up under its own name on free ports, never `gemma-llamacpp`'s."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import CACHE, HUB, ROOT, RUN, free_ports
+from tests.integration.conftest import leftover_processes
+
+# Short answers, so a round takes seconds on one CPU thread.
+TASKS = "format_one_word,format_python_list,format_caps_line,json_sorted_array"
+VARIANTS = """
+[variants.one-thread]
+args_set = ["--n_threads", "1"]
+[variants.two-threads]
+args_set = ["--n_threads", "2"]
+[variants.two-threads-again]
+extends = "two-threads"
+"""
+
+
+@pytest.fixture
+def recipe(tmp_path: Path) -> Path:
+    engine, model = CACHE / "venv-llama" / "bin" / "python", HUB / "models--sparkfleet--gemma3-270m-gguf"
+    if not engine.exists() or not model.exists():
+        pytest.skip("the llama.cpp venv or the Gemma GGUF is missing: run scripts/setup.sh")
+    folder = tmp_path / "gemma-ab"
+    shutil.copytree(ROOT / "examples" / "gemma-llamacpp", folder)
+    (folder / "recipe.toml").write_text((folder / "recipe.toml").read_text() + VARIANTS)
+    return folder
+
+
+def _ab(recipe: Path, tmp_path: Path, pair: str, rounds: int) -> dict:
+    name = f"test-e2e-ab-{pair.split(',')[0]}-{RUN}"
+    port, rpc = free_ports(2)
+    report = tmp_path / "report.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "sparkfleet.cli.main", "ab", str(recipe), "--variants", pair, "--name", name,
+         "--rounds", str(rounds), "--bench", "none", "--eval", "quality", "--only", TASKS,
+         "--set", f"port={port}", "--set", f"rendezvous_port={rpc}", "--json", str(report)],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "SPARKFLEET_STATE_DIR": str(tmp_path / "state")},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    print(out.stdout)
+    assert leftover_processes(name) == []
+    return json.loads(report.read_text())
+
+
+def _decode(report: dict) -> dict:
+    return next(m for m in report["metrics"] if m["name"] == "quality median tok/s")
+
+
+def test_two_threads_decode_faster_than_one(recipe: Path, tmp_path: Path) -> None:
+    report = _ab(recipe, tmp_path, "one-thread,two-threads", rounds=2)
+    decode = _decode(report)
+    assert decode["verdict"] == "two-threads", decode
+    assert decode["interval_pct"][0] > 5, decode
+    assert report["quality"]["mcnemar_p"] == 1.0  # a thread count changes speed, not answers
+
+
+def test_identical_variants_no_difference(recipe: Path, tmp_path: Path) -> None:
+    report = _ab(recipe, tmp_path, "two-threads,two-threads-again", rounds=2)
+    assert _decode(report)["verdict"] is None, _decode(report)
+    assert [m["verdict"] for m in report["metrics"]] == [None] * len(report["metrics"]), report["metrics"]
+    quality = report["quality"]  # greedy decoding: the same answers, no flips
+    assert (quality["broke"], quality["fixed"], quality["verdict"]) == (0, 0, None), quality
