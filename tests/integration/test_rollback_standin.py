@@ -36,8 +36,9 @@ def _free_port() -> int:
 
 
 def _cli(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SPARKFLEET_STATE_DIR": str(state), "COLUMNS": "200"}
     return subprocess.run([sys.executable, "-m", "sparkfleet.cli.main", *args], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "SPARKFLEET_STATE_DIR": str(state), "COLUMNS": "200"})  # fmt: skip
+                          timeout=120, env=env)  # fmt: skip
 
 
 def _recipe(tmp_path: Path, name: str) -> Path:
