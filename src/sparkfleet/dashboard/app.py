@@ -23,7 +23,7 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from sparkfleet.dashboard import data
+from sparkfleet.dashboard import data, watch_data
 from sparkfleet.errors import SparkfleetError
 from sparkfleet.state.store import Store
 
@@ -125,6 +125,12 @@ def create_app(store: Store, *, token: str | None = None, allowed_hosts: list[st
     async def experiment(request: Request) -> Response:
         return await json_of(data.experiment, request.path_params["experiment_id"])()
 
+    async def watched(_: Request) -> Response:
+        return await json_of(watch_data.watched)()
+
+    async def watch_series(request: Request) -> Response:
+        return await json_of(watch_data.watch_series, request.path_params["name"])()
+
     routes = [
         Route("/", index),
         Route("/favicon.ico", no_icon),
@@ -137,6 +143,8 @@ def create_app(store: Store, *, token: str | None = None, allowed_hosts: list[st
         Route("/api/evals/quality/{run_id}", quality_run),
         Route("/api/evals/needle/{run_id}", needle_run),
         Route("/api/doctor", doctor),
+        Route("/api/watch", watched),
+        Route("/api/watch/{name}", watch_series),
         Route("/api/experiments", experiments),
         Route("/api/experiments/{experiment_id:int}", experiment),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),

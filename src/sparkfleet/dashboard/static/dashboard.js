@@ -461,9 +461,58 @@ async function loadExperiments() {
   }
 }
 
+// ---------------------------------------------------------------- watch
+
+function watchChart(id, title, times, nodes, key, scale) {
+  const labels = times.map((t) => new Date(t * 1000).toLocaleTimeString());
+  const datasets = Object.entries(nodes)
+    .filter(([, series]) => series[key].some((v) => v !== null))
+    .map(([node, series]) => ({ label: node, data: series[key].map((v) => (v === null ? null : v * scale)),
+                                spanGaps: false, pointRadius: 0 }));
+  drawChart(id, { type: "line", data: { labels, datasets },
+    options: { animation: false, plugins: { title: { display: true, text: title } } } });
+}
+
+async function drawWatch(name) {
+  const box = document.getElementById("watch-events");
+  try {
+    const w = await api(`/api/watch/${encodeURIComponent(name)}`);
+    watchChart("watch-mem", "MemAvailable per node (GiB)", w.times, w.nodes, "mem_available", 1 / 2 ** 30);
+    watchChart("watch-kv", "KV-cache usage (%)", w.times, w.nodes, "kv_usage", 100);
+    watchChart("watch-running", "running requests", w.times, w.nodes, "running", 1);
+    box.replaceChildren(w.events.length ? el("table", { class: "events" },
+      el("thead", {}, el("tr", {}, ["time", "event", "node", "message"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, w.events.map((e) => el("tr", { "data-kind": e.kind },
+        el("td", {}, new Date(e.time * 1000).toLocaleString()), el("td", {}, badge(e.kind)),
+        el("td", {}, e.node || "–"), el("td", {}, el("pre", { class: "log" }, e.message))))))
+      : el("p", { class: "muted" }, "No events."));
+  } catch (err) {
+    showError(box, err);
+  }
+}
+
+async function loadWatch() {
+  const select = document.getElementById("watch-name");
+  try {
+    const names = await api("/api/watch");
+    if (!names.length) {
+      document.getElementById("watch-events").replaceChildren(
+        el("p", { class: "muted" }, "Nothing watched yet. `sparkfleet watch NAME` records a deployment's series."));
+      return;
+    }
+    const chosen = names.includes(select.value) ? select.value : names[0];
+    select.replaceChildren(...names.map((n) => el("option", { value: n }, n)));
+    select.value = chosen;
+    select.onchange = () => drawWatch(select.value);
+    drawWatch(chosen);
+  } catch (err) {
+    showError(document.getElementById("watch-events"), err);
+  }
+}
+
 // ---------------------------------------------------------------- router
 
-const PAGES = { deployments: loadDeployments, bench: loadBench, evals: loadEvals, ab: loadExperiments, doctor: loadDoctor };
+const PAGES = { deployments: loadDeployments, bench: loadBench, evals: loadEvals, ab: loadExperiments, watch: loadWatch, doctor: loadDoctor };
 
 function route() {
   const page = (location.hash.slice(1) || "deployments").split("?")[0];
