@@ -6,6 +6,7 @@ import json
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from sparkfleet.cli.console import console
 from sparkfleet.cli.options import (
@@ -19,8 +20,12 @@ from sparkfleet.cli.options import (
     build_plan,
 )
 from sparkfleet.plan.build import check_plannable
+from sparkfleet.plan.model import Plan
 from sparkfleet.spec.recipe import load_recipe, recipe_variants
 
+StrictOpt = Annotated[
+    bool, typer.Option("--strict", help="Refuse when a recipe/--env value overrides a per-node cluster value.")
+]
 DiffOpt = Annotated[
     tuple[str, str] | None,
     typer.Option("--diff", help="Two variants: per rank, the argv words, env keys and image that differ."),
@@ -50,6 +55,7 @@ def plan_cmd(
     as_json: JsonOpt = False,
     variant: VariantOpt = "base",
     diff: DiffOpt = None,
+    strict: StrictOpt = False,
 ) -> None:
     """Show what `up` will do on every node: commands, env (with sources), mounts, staging."""
     from sparkfleet.plan.render import plan_json, print_plan  # rich tables only when printing
@@ -65,10 +71,22 @@ def plan_cmd(
                 console.print(line, markup=False, highlight=False, soft_wrap=True)
         return
     planned = build_plan(recipe, cluster, set_, env, name, variant)
+    report_overrides(planned, strict)
     if as_json:
         typer.echo(json.dumps(plan_json(planned), indent=2, sort_keys=False))
     else:
         print_plan(planned, console)
+
+
+def report_overrides(planned: Plan, strict: bool) -> None:
+    """The plan's per-node overrides on stderr (the JSON on stdout stays clean); --strict refuses."""
+    from sparkfleet.cli.console import err_console
+    from sparkfleet.errors import PlanError
+
+    if strict and planned.warnings:
+        raise PlanError(f"{planned.recipe_source}: --strict: " + "; ".join(w.message for w in planned.warnings))
+    for w in planned.warnings:
+        err_console.print(f"[yellow]warning:[/] {escape(w.message)}", soft_wrap=True, highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -14,6 +14,7 @@ from sparkfleet.nodes.runtime.docker import docker_run_argv
 from sparkfleet.plan.engines import RankContext, engine_for
 from sparkfleet.plan.model import (
     CONTAINER_HF_HOME,
+    EnvOverride,
     EnvSource,
     EnvVar,
     ImageSpec,
@@ -101,7 +102,40 @@ def plan(recipe: Recipe, cluster: Cluster, deployment: str, overrides: Overrides
         model_repo=_model_repo(recipe),
         variant=recipe.variant,
         serve=ServeSpec(recipe.serve.restart, recipe.serve.max_restarts, recipe.serve.backoff, recipe.serve.mem_floor),
+        warnings=env_overrides(ranks, {n.name: cluster_env(n, adapter.host_ip_env) for n in nodes}),
     )
+
+
+def cluster_env(node: Node, host_ip_env: tuple[str, ...]) -> dict[str, str]:
+    """The cluster layer of a node's env: the engine's host-IP keys from its fabric address,
+    the socket interfaces, HCAs and GID index from its settings, then its ``[nodes.env]``."""
+    env: dict[str, str] = {key: node.fabric_ip for key in host_ip_env}
+    if node.fabric_ifname:
+        env["NCCL_SOCKET_IFNAME"] = node.fabric_ifname
+        env["GLOO_SOCKET_IFNAME"] = node.fabric_ifname
+    if node.ib_hca:
+        env["NCCL_IB_HCA"] = node.ib_hca
+    if node.ib_gid_index is not None:
+        env["NCCL_IB_GID_INDEX"] = str(node.ib_gid_index)
+    env.update(node.env)
+    return env
+
+
+def env_overrides(ranks: tuple[RankPlan, ...], per_node: dict[str, dict[str, str]]) -> tuple[EnvOverride, ...]:
+    """Where a recipe or --env value replaced a cluster value that the cluster sets per node
+    (differently between nodes): one value for all nodes hides a node whose NIC is named
+    otherwise (the seed's NCCL_SOCKET_IFNAME on a node with enp1s0f1np1)."""
+    found: list[EnvOverride] = []
+    for rank in ranks:
+        mine = per_node[rank.node.name]
+        for var in rank.env:
+            if var.source not in ("recipe", "cli") or var.key not in mine or mine[var.key] == var.value:
+                continue
+            values = {name: env.get(var.key) for name, env in per_node.items()}
+            if len(set(values.values())) > 1:
+                found.append(EnvOverride(rank.node.name, var.key, var.value, var.source, mine[var.key],
+                                         tuple((n, v) for n, v in values.items() if v is not None)))  # fmt: skip
+    return tuple(found)
 
 
 _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -241,16 +275,7 @@ def _env(
     layers: list[tuple[EnvSource, dict[str, str]]] = []
     engine_env = {"HF_HUB_OFFLINE": "1", "HF_HOME": CONTAINER_HF_HOME if docker else node.hf_cache}
     layers.append(("engine", engine_env))
-    cluster_env: dict[str, str] = {key: node.fabric_ip for key in adapter.host_ip_env}
-    if node.fabric_ifname:
-        cluster_env["NCCL_SOCKET_IFNAME"] = node.fabric_ifname
-        cluster_env["GLOO_SOCKET_IFNAME"] = node.fabric_ifname
-    if node.ib_hca:
-        cluster_env["NCCL_IB_HCA"] = node.ib_hca
-    if node.ib_gid_index is not None:
-        cluster_env["NCCL_IB_GID_INDEX"] = str(node.ib_gid_index)
-    cluster_env.update(node.env)
-    layers.append(("cluster", cluster_env))
+    layers.append(("cluster", cluster_env(node, adapter.host_ip_env)))
     layers.append(("recipe", {k: render(v, values) for k, v in recipe.env.items()}))
     layers.append(("cli", dict(overrides.env)))
     merged: dict[str, EnvVar] = {}

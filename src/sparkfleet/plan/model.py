@@ -48,6 +48,29 @@ class EnvVar:
 
 
 @dataclass(frozen=True)
+class EnvOverride:
+    """A recipe (or --env) value that replaced, on one node, a cluster value the cluster sets
+    differently per node: `plan` warns, `plan --strict` refuses."""
+
+    node: str
+    key: str
+    value: str
+    source: EnvSource
+    cluster_value: str
+    cluster_values: tuple[tuple[str, str], ...]  # (node, value) for every planned node that sets key
+
+    @property
+    def message(self) -> str:
+        where = "recipe [env]" if self.source == "recipe" else "--env"
+        shown = "***" if is_secret(self.key) else None
+        per_node = ", ".join(f"{n} {shown or v}" for n, v in self.cluster_values)
+        return (
+            f"node {self.node}: {where} {self.key}={shown or self.value} overrides the cluster's "
+            f"{self.key}={shown or self.cluster_value} for this node (the cluster sets it per node: {per_node})"
+        )
+
+
+@dataclass(frozen=True)
 class StagingOptions:
     """The kind-specific keys of one ``[[staging]]`` entry, as the steps run them."""
 
@@ -229,6 +252,7 @@ class Plan:
     model_repo: str | None = None  # the Hugging Face repo the weights come from (None: a path)
     variant: str = "base"  # the recipe's overlay this plan was made from (spec/variants.py)
     serve: ServeSpec = ServeSpec()
+    warnings: tuple[EnvOverride, ...] = ()  # per-node cluster values replaced by one value for all
 
     @property
     def head(self) -> RankPlan:
