@@ -27,6 +27,7 @@ COMMAND_MODULES = {
     "sparkfleet.cli.lifecycle": ("up", "down", "rollback", "status", "logs"),
     "sparkfleet.cli.watch": ("watch",),
     "sparkfleet.cli.stage": ("stage",),
+    "sparkfleet.cli.init": ("init",),
     "sparkfleet.cli.doctor": ("doctor",),
     "sparkfleet.cli.image": ("image",),
     "sparkfleet.cli.bench": ("bench",),

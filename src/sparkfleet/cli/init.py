@@ -1,0 +1,99 @@
+"""``sparkfleet init HOST…``: discover every node's fabric over SSH and write cluster.toml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from sparkfleet.cli.console import console
+from sparkfleet.errors import ClusterError
+
+HostsArg = Annotated[list[str], typer.Argument(help="The nodes' SSH addresses, head first (rank order).")]
+OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="Where to write the cluster file.")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite the output file if it exists.")]
+ClusterNameOpt = Annotated[str | None, typer.Option("--name", help="The cluster's name (default: the file's stem).")]
+UserOpt = Annotated[str | None, typer.Option("--user", help="SSH user (default: ssh's own choice).")]
+PortOpt = Annotated[int | None, typer.Option("--ssh-port", help="SSH port.")]
+KeyOpt = Annotated[str | None, typer.Option("--ssh-key", help="SSH private key.")]
+ConfigOpt = Annotated[str | None, typer.Option("--ssh-config", help="An ssh_config file (ssh -F).")]
+SubnetOpt = Annotated[
+    str | None, typer.Option("--fabric-subnet", help="The fabric network, when several could be (CIDR).")
+]
+IfnameOpt = Annotated[
+    list[str] | None,
+    typer.Option("--ifname", help="NODE=IFNAME: the fabric interface of a node with several in the subnet."),
+]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for each node's answer.")]
+AcceptNewOpt = Annotated[
+    bool, typer.Option("--insecure-accept-new", help="Accept unknown SSH host keys (first contact only).")
+]
+
+
+def _pairs(items: list[str] | None) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        node, sep, ifname = item.partition("=")
+        if not sep or not node or not ifname:
+            raise ClusterError(f"--ifname {item!r}: expected NODE=IFNAME")
+        out[node] = ifname
+    return out
+
+
+def init(
+    hosts: HostsArg,
+    output: OutputOpt = Path("cluster.toml"),
+    force: ForceOpt = False,
+    name: ClusterNameOpt = None,
+    user: UserOpt = None,
+    ssh_port: PortOpt = None,
+    ssh_key: KeyOpt = None,
+    ssh_config: ConfigOpt = None,
+    fabric_subnet: SubnetOpt = None,
+    ifname: IfnameOpt = None,
+    timeout: TimeoutOpt = 20.0,
+    accept_new: AcceptNewOpt = False,
+) -> None:
+    """Ask every node (in parallel, over SSH) for its interfaces, RDMA ports and GIDs; pick the
+    fabric on the network all of them share; write a commented cluster file. Stops with the
+    candidates when the choice is not clear."""
+    from sparkfleet.doctor.discovery import choose, cluster_toml, discover
+    from sparkfleet.nodes.transport import transport_for
+    from sparkfleet.spec.cluster import load_cluster, parse_cluster
+
+    if len(set(hosts)) != len(hosts):
+        raise ClusterError(f"init: a host is given twice ({', '.join(hosts)})")
+    if output.exists() and not force:
+        raise ClusterError(f"{output}: exists; pass --force to overwrite it")
+    ifnames = _pairs(ifname)
+    ssh = {"ssh_port": ssh_port, "ssh_key": ssh_key, "ssh_config": ssh_config}
+    defaults = {k: v for k, v in {"user": user, **ssh}.items() if v is not None}
+    reach = parse_cluster(
+        {"name": "init", "defaults": defaults, "nodes": [{"name": f"h{i}", "host": h} for i, h in enumerate(hosts)]},
+        "(init)",
+    )
+    transports = {n.host: transport_for(n, accept_new_host_keys=accept_new) for n in reach.nodes}
+    try:
+        found = discover(hosts, transports, timeout=timeout)
+    finally:
+        for t in transports.values():
+            t.close()
+    choices = choose(found, fabric_subnet, ifnames)
+    text = cluster_toml(name or output.stem, choices, hosts, ssh)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text)
+    load_cluster(output)  # what was written must load: a bug here is not the user's to find later
+    for c in choices:
+        a = c.address
+        hca = ",".join(dict.fromkeys(p.hca for p in a.roce)) or "no RoCE"
+        gid = f"GID {c.gid_index}" if c.gid_index is not None else ""
+        console.print(escape(f"{c.name:<10} {c.found.host:<16} {a.ip:<16} {a.iface.name:<14} MTU {a.iface.mtu:<6} "
+                             f"{hca} {gid}"), highlight=False, soft_wrap=True)  # fmt: skip
+    console.print(f"[green]wrote[/] {escape(str(output))}: {len(choices)} node(s), fabric {choices[0].address.network}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add init."""
+    app.command("init")(init)
