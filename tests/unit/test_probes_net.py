@@ -7,6 +7,7 @@ from pathlib import Path
 
 from sparkfleet.doctor.probes import netif, ports, rdma, reach
 from sparkfleet.nodes.transport.local import LocalTransport
+from tests.fleet.connectx import ipv4_gid, link_local_gid, write_dev, write_port
 from tests.unit._captures import h200_section, vm
 
 
@@ -20,36 +21,13 @@ def test_rdma_cm_without_sysfs_devices_is_not_rdma_capable() -> None:
     assert not facts.capable
 
 
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text + "\n")
-
-
 def _connectx_tree(root: Path) -> tuple[Path, Path]:
-    """A sysfs tree laid out per the kernel ABI (sysfs-class-infiniband) for one RoCE port:
-    GID 0/1 RoCE v1/v2 link-local, 2/3 RoCE v1/v2 of 192.168.200.11, 4 unpopulated."""
+    """One ACTIVE RoCE port (GID 0/1 RoCE v1/v2 link-local, 2/3 RoCE v1/v2 of 192.168.200.11, the
+    rest unpopulated) and one DOWN port without a netdev."""
     sys_root, dev_root = root / "sys", root / "dev"
-    port = sys_root / "class/infiniband/rocep1s0f0/ports/1"
-    _write(port / "state", "4: ACTIVE")
-    _write(port / "link_layer", "Ethernet")
-    gids = [
-        ("fe80:0000:0000:0000:0e42:a1ff:fe01:0203", "IB/RoCE v1"),
-        ("fe80:0000:0000:0000:0e42:a1ff:fe01:0203", "RoCE v2"),
-        ("0000:0000:0000:0000:0000:ffff:c0a8:c80b", "IB/RoCE v1"),
-        ("0000:0000:0000:0000:0000:ffff:c0a8:c80b", "RoCE v2"),
-        ("0000:0000:0000:0000:0000:0000:0000:0000", None),
-    ]
-    for i, (gid, kind) in enumerate(gids):
-        _write(port / "gids" / str(i), gid)
-        if kind:
-            _write(port / "gid_attrs/types" / str(i), kind)
-            _write(port / "gid_attrs/ndevs" / str(i), "enp1s0f0np0")
-    down = sys_root / "class/infiniband/rocep1s0f1/ports/1"
-    _write(down / "state", "1: DOWN")
-    _write(down / "link_layer", "Ethernet")
-    (sys_root / "class/infiniband/rocep1s0f0/device/net/enp1s0f0np0").mkdir(parents=True)
-    for name in ("rdma_cm", "uverbs0", "uverbs1"):
-        _write(dev_root / "infiniband" / name, "")
+    write_port(sys_root, "rocep1s0f0", "enp1s0f0np0", ("192.168.200.11",))
+    write_port(sys_root, "rocep1s0f1", None, state="1: DOWN")
+    write_dev(dev_root, 2)
     return sys_root, dev_root
 
 
@@ -64,6 +42,21 @@ def test_rdma_probe_reads_port_state_and_the_roce_v2_ipv4_gid(tmp_path: Path) ->
     assert port.roce_v2_index() == 3 and port.roce_v2_index("192.168.200.11") == 3
     assert [g.index for g in port.gids] == [0, 1, 2, 3]
     assert facts.netdevs == {"rocep1s0f0": ("enp1s0f0np0",)}
+    assert [(g.type, g.ipv4) for g in port.gids] == [("IB/RoCE v1", None), ("RoCE v2", None),
+                                                     ("IB/RoCE v1", "192.168.200.11"), ("RoCE v2", "192.168.200.11")]
+
+
+def test_fake_tree_gids_have_the_kernel_forms() -> None:
+    # The shapes show_gids prints for a ConnectX with MAC 0c:42:a1:01:02:03 and 192.168.200.11.
+    assert link_local_gid("0c:42:a1:01:02:03") == "fe80:0000:0000:0000:0e42:a1ff:fe01:0203"
+    assert ipv4_gid("192.168.200.11") == "0000:0000:0000:0000:0000:ffff:c0a8:c80b"
+
+
+def test_the_probe_follows_the_sysfs_root_the_node_names(tmp_path: Path) -> None:
+    sys_root, dev_root = _connectx_tree(tmp_path)
+    env = {"SPARKFLEET_SYSFS_ROOT": str(sys_root), "SPARKFLEET_DEV_ROOT": str(dev_root)}
+    out = LocalTransport().run(["env", *(f"{k}={v}" for k, v in env.items()), *rdma.command()]).stdout
+    assert rdma.parse(out).capable
 
 
 def test_rdma_probe_on_this_machine_finds_nothing() -> None:

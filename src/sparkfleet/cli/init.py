@@ -59,7 +59,7 @@ def init(
     """Ask every node (in parallel, over SSH) for its interfaces, RDMA ports and GIDs; pick the
     fabric on the network all of them share; write a commented cluster file. Stops with the
     candidates when the choice is not clear."""
-    from sparkfleet.doctor.discovery import choose, cluster_toml, discover
+    from sparkfleet.doctor.discovery import choose, cluster_toml, discover, hca_list
     from sparkfleet.nodes.transport import transport_for
     from sparkfleet.spec.cluster import load_cluster, parse_cluster
 
@@ -87,7 +87,7 @@ def init(
     load_cluster(output)  # what was written must load: a bug here is not the user's to find later
     for c in choices:
         a = c.address
-        hca = ",".join(dict.fromkeys(p.hca for p in a.roce)) or "no RoCE"
+        hca = hca_list(c) or "no RoCE"
         gid = f"GID {c.gid_index}" if c.gid_index is not None else ""
         console.print(escape(f"{c.name:<10} {c.found.host:<16} {a.ip:<16} {a.iface.name:<14} MTU {a.iface.mtu:<6} "
                              f"{hca} {gid}"), highlight=False, soft_wrap=True)  # fmt: skip

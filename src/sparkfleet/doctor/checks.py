@@ -4,64 +4,23 @@
 so each check is tested on captured outputs. Check ids (per node unless marked fleet-wide):
 
     ssh.reachable  docker.version  docker.gpus  docker.memlock  gpu.present  gpu.idle  rdma.devices
-    fabric.reachable  fabric.mtu (fleet)  disk.staging_free  mem.available  mem.gpu_free  mem.plan
-    image.same_id (fleet)  model.snapshot_same (fleet)  ports.free  clock.skew  probe.output
+    disk.staging_free  mem.available  mem.gpu_free  mem.plan  image.same_id (fleet)
+    model.snapshot_same (fleet)  ports.free  clock.skew  probe.output
+    and the network's (sparkfleet.doctor.fabric): fabric.reachable  fabric.mtu  net.socket_ifname
+    net.advertise  rdma.hca  rdma.gid_index
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Literal
 
+from sparkfleet.doctor import fabric
 from sparkfleet.doctor.probes.facts import NodeFacts
+from sparkfleet.doctor.targets import FLEET, Check, DoctorSpec, NodeTarget, Status
 from sparkfleet.plan.memory import MIB, MemoryPlan, gb
 
-Status = Literal["pass", "warn", "fail"]
-FLEET = "fleet"
 CLOCK_WARN_S = 1.0
 CLOCK_FAIL_S = 30.0
-
-
-@dataclass(frozen=True)
-class Check:
-    """One verdict: which check, on which node (or `fleet`), what was seen, how to fix it."""
-
-    id: str
-    node: str
-    status: Status
-    evidence: str
-    fix: str = ""
-
-
-@dataclass(frozen=True)
-class NodeTarget:
-    """What doctor expects of one node."""
-
-    name: str
-    fabric_ip: str
-    ssh_port: int = 22
-    user: str | None = None
-    gpus: str = "all"
-    rdma: bool = False
-    rdma_required: bool = False
-    ib_gid_index: int | None = None
-    hf_cache: str | None = None
-    staging: tuple[tuple[str, str, int], ...] = ()
-    ports: tuple[int, ...] = ()
-    memlock: str | None = None
-    head: bool = False
-
-
-@dataclass(frozen=True)
-class DoctorSpec:
-    """The fleet and what the recipe (if any) needs from it."""
-
-    nodes: tuple[NodeTarget, ...]
-    image: str | None = None
-    model_repo: str | None = None
-    needs_docker: bool = False
-
 
 MemoryFn = Callable[[NodeTarget, Mapping[str, NodeFacts]], MemoryPlan | None]
 
@@ -200,84 +159,11 @@ def _check_rdma(t: NodeTarget, f: NodeFacts) -> Check | None:
             "put the fabric address on a RoCE port's netdev",
         )
     index = port.roce_v2_index(t.fabric_ip)
+    # Whether NCCL_IB_GID_INDEX (from the cluster's ib_gid_index or the recipe) names it is rdma.gid_index's.
     evidence = (
         f"{port.hca}/{port.port} {port.state} {port.link_layer}, RoCE v2 GID index {index} for {t.fabric_ip}"
     )
-    if t.ib_gid_index is not None and index is not None and index != t.ib_gid_index:
-        return Check(
-            "rdma.devices",
-            t.name,
-            "fail",
-            f"{evidence}; cluster says ib_gid_index = {t.ib_gid_index}",
-            f"set ib_gid_index = {index} for this node",
-        )
     return Check("rdma.devices", t.name, "pass", evidence)
-
-
-def _fabric_iface(t: NodeTarget, f: NodeFacts) -> tuple[str, int] | None:
-    if f.net is None:
-        return None
-    iface = f.net.with_address(t.fabric_ip)
-    return (iface.name, iface.mtu) if iface else None
-
-
-def _check_fabric(spec: DoctorSpec, facts: Mapping[str, NodeFacts]) -> list[Check]:
-    head = next((n for n in spec.nodes if n.head), None)
-    out: list[Check] = []
-    head_facts = facts.get(head.name) if head else None
-    reach = {r.ip: r for r in head_facts.reach} if head_facts else {}
-    for t in spec.nodes:
-        f = facts[t.name]
-        if f.reachable and f.net is not None and f.net.addresses_known and _fabric_iface(t, f) is None:
-            out.append(
-                Check(
-                    "fabric.reachable",
-                    t.name,
-                    "fail",
-                    f"no interface holds fabric_ip {t.fabric_ip}",
-                    "fix fabric_ip in the cluster file or configure the fabric interface",
-                )
-            )
-            continue
-        r = reach.get(t.fabric_ip)
-        if head is None or head_facts is None or not head_facts.reachable:
-            out.append(Check("fabric.reachable", t.name, "warn", "the head could not be asked"))
-        elif r is None:
-            out.append(Check("fabric.reachable", t.name, "warn", "no reach result from the head"))
-        elif not r.tested:
-            out.append(Check("fabric.reachable", t.name, "warn", r.detail, "install bash on the head"))
-        elif r.reachable:
-            out.append(
-                Check("fabric.reachable", t.name, "pass", f"{head.name} → {t.fabric_ip}:{r.port}: {r.detail}")
-            )
-        else:
-            out.append(
-                Check(
-                    "fabric.reachable",
-                    t.name,
-                    "fail",
-                    f"{head.name} → {t.fabric_ip}:{r.port}: {r.detail}",
-                    "check the fabric link, addressing and routes between head and node",
-                )
-            )
-    mtus = {t.name: _fabric_iface(t, facts[t.name]) for t in spec.nodes if facts[t.name].reachable}
-    known = {name: v for name, v in mtus.items() if v is not None}
-    if len(known) >= 2:
-        values = {mtu for _, mtu in known.values()}
-        listing = ", ".join(f"{name} {iface} {mtu}" for name, (iface, mtu) in known.items())
-        if len(values) == 1:
-            out.append(Check("fabric.mtu", FLEET, "pass", f"MTU {values.pop()} on every fabric interface"))
-        else:
-            out.append(
-                Check(
-                    "fabric.mtu",
-                    FLEET,
-                    "fail",
-                    f"MTUs differ: {listing}",
-                    "set the same MTU on every node's fabric interface (ip link set DEV mtu N)",
-                )
-            )
-    return out
 
 
 def _check_disks(t: NodeTarget, f: NodeFacts) -> list[Check]:
@@ -506,7 +392,7 @@ def evaluate(
         clock_check = _check_clock(t, f)
         checks += [clock_check] if clock_check else []
         checks += [Check("probe.output", t.name, "warn", e) for e in f.errors]
-    checks += _check_fabric(spec, facts)
+    checks += fabric.evaluate_network(spec, facts)
     checks += _check_image(spec, facts)
     checks += _check_snapshot(spec, facts)
     return tuple(checks)

@@ -17,6 +17,7 @@ memlock limit, the login user and host name. Then, pure (`choose`):
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -122,12 +123,29 @@ def _listing(nodes: Sequence[Found], network: ipaddress.IPv4Network) -> str:
     return ", ".join(parts)
 
 
+def _usable(names: Sequence[str]) -> bool:
+    return len(set(names)) == len(names) and all(n and n.replace("-", "").replace("_", "").isalnum() for n in names)
+
+
 def node_names(nodes: Sequence[Found]) -> list[str]:
-    """The nodes' host names where they are unique and usable, else node1, node2, …"""
-    names = [f.hostname.split(".")[0] for f in nodes]
-    if len(set(names)) == len(names) and all(n and n.replace("-", "").replace("_", "").isalnum() for n in names):
-        return names
+    """The nodes' host names where they are unique, else the SSH names given (when none is an
+    address), else node1, node2, …"""
+    for names in ([f.hostname.split(".")[0] for f in nodes], [f.host for f in nodes]):
+        if _usable(names):
+            return names
     return [f"node{i + 1}" for i in range(len(nodes))]
+
+
+_DOMAIN = re.compile(r"^roceP\d+")
+
+
+def twins(ports: Sequence[RdmaPort], carriers: Sequence[RdmaPort]) -> list[RdmaPort]:
+    """ACTIVE ports that are the same physical port as a carrier under another PCIe domain: a
+    DGX Spark's GB10 shows each 200G ConnectX-7 port as two x4 links, two RDMA devices
+    (rocep1s0f1 and roceP2p1s0f1), and NCCL needs both for the full bandwidth, though only one
+    holds the address (../shared/reference/engines.md, eugr's notes)."""
+    names = {p.hca for p in carriers}
+    return [p for p in ports if p.active and p not in carriers and _DOMAIN.sub("roce", p.hca) in names]
 
 
 def choose(nodes: Sequence[Found], subnet: str | None = None, ifnames: Mapping[str, str] | None = None) -> list[Choice]:
@@ -186,8 +204,9 @@ def choose(nodes: Sequence[Found], subnet: str | None = None, ifnames: Mapping[s
 
 
 def hca_list(c: Choice) -> str | None:
-    """NCCL_IB_HCA for the node: the devices whose GIDs carry its fabric address."""
-    hcas = list(dict.fromkeys(p.hca for p in c.address.roce))
+    """NCCL_IB_HCA for the node: the devices whose GIDs carry its fabric address, and their twins."""
+    carriers = list(c.address.roce)
+    hcas = list(dict.fromkeys(p.hca for p in [*carriers, *twins(c.found.rdma.ports, carriers)]))
     return ",".join(hcas) or None
 
 
@@ -232,7 +251,9 @@ def cluster_toml(
         if others:
             rest = ", ".join(f"{o.iface.name} {o.ip}/{o.network.prefixlen}" for o in others)
             lines.append(f"# not the fabric: {rest}")
-        idle = [p for p in c.found.rdma.ports if p not in a.roce]
+        for p in twins(c.found.rdma.ports, a.roce):
+            lines.append(f"# {p.hca} port {p.port}: {p.state}, the same physical port as {a.roce[0].hca} (twin link)")
+        idle = [p for p in c.found.rdma.ports if p not in a.roce and p not in twins(c.found.rdma.ports, a.roce)]
         if idle:
             lines.append("# other RDMA ports: " + ", ".join(f"{p.hca}/{p.port} {p.state}" for p in idle))
         lines += [f"fabric_ip = {toml(a.ip)}", f"fabric_ifname = {toml(a.iface.name)}"]

@@ -15,6 +15,7 @@ from sparkfleet.doctor.checks import Check, DoctorSpec, MemoryFn, NodeTarget, ev
 from sparkfleet.doctor.probes.facts import FactsRequest, NodeFacts, collect
 from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.transport.base import Transport
+from sparkfleet.plan.build import cluster_env
 from sparkfleet.plan.memory import MemoryPlan, memory_plan
 from sparkfleet.plan.model import Plan
 from sparkfleet.spec.cluster import Cluster
@@ -58,14 +59,22 @@ class Report:
         }
 
 
+def mesh_targets(spec: DoctorSpec, target: NodeTarget) -> tuple[tuple[str, int], ...]:
+    """What one node tries: every other node's fabric address on the rendezvous ports (each
+    node's ssh_port without a recipe) — the full mesh, as NCCL rings connect every pair; a node
+    alone tries its own."""
+    others = [n for n in spec.nodes if n.name != target.name] or [target]
+    return tuple((n.fabric_ip, p) for n in others for p in (spec.mesh_ports or (n.ssh_port,)))
+
+
 def request_for(spec: DoctorSpec, target: NodeTarget) -> FactsRequest:
-    """What to probe on one node: the head also tries every node's fabric address."""
+    """What to probe on one node: its part of the mesh, and on the head the checkpoint."""
     return FactsRequest(
         image=spec.image,
         disk_paths=tuple(dst for _, dst, _ in target.staging),
         hf_cache=target.hf_cache,
         model_repo=spec.model_repo,
-        reach_targets=tuple((n.fabric_ip, n.ssh_port) for n in spec.nodes) if target.head else (),
+        reach_targets=mesh_targets(spec, target),
         checkpoint_headers=target.head,
     )
 
@@ -107,6 +116,7 @@ def spec_for(cluster: Cluster, p: Plan | None = None) -> DoctorSpec:
     """What to check: the plan's nodes, image, staging, ports and model, or (without a
     recipe) only the cluster's nodes."""
     if p is None:
+        # The cluster layer each rank would get (no engine: no host-IP keys).
         targets = tuple(
             NodeTarget(
                 name=n.name,
@@ -118,6 +128,7 @@ def spec_for(cluster: Cluster, p: Plan | None = None) -> DoctorSpec:
                 ib_gid_index=n.ib_gid_index,
                 hf_cache=n.hf_cache,
                 head=i == 0,
+                env=tuple((k, v, "cluster") for k, v in sorted(cluster_env(n, ()).items())),
             )
             for i, n in enumerate(cluster.nodes)
         )
@@ -142,6 +153,8 @@ def spec_for(cluster: Cluster, p: Plan | None = None) -> DoctorSpec:
                 ports=rank.ports,
                 memlock=n.memlock,
                 head=rank.rank == 0,
+                env=tuple((e.key, e.value, e.source) for e in rank.env if e.key in _NETWORK_ENV),
+                argv=rank.argv,
             )
         )
     return DoctorSpec(
@@ -149,7 +162,22 @@ def spec_for(cluster: Cluster, p: Plan | None = None) -> DoctorSpec:
         image=p.image.ref if p.image else None,
         model_repo=p.model_repo,
         needs_docker=p.image is not None,
+        mesh_ports=rendezvous_ports(p),
     )
+
+
+# What the network checks read of a rank's env (never a secret).
+_NETWORK_ENV = frozenset({
+    "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_IB_DISABLE",
+    "NCCL_NET", "SGLANG_HOST_IP", "VLLM_HOST_IP",
+})  # fmt: skip
+
+
+def rendezvous_ports(p: Plan) -> tuple[int, ...]:
+    """The ports ranks open for each other (every rank's planned ports but the HTTP one)."""
+    if len(p.ranks) < 2:
+        return ()
+    return tuple(sorted({port for r in p.ranks for port in r.ports} - {p.port}))
 
 
 def memory_for(p: Plan) -> MemoryFn:

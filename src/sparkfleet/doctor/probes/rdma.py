@@ -5,6 +5,10 @@ Layout per the kernel ABI (Documentation/ABI/testing/sysfs-class-infiniband): `s
 "0000:...:ffff:c0a8:c801"), `gid_attrs/types/<i>` ("RoCE v2"), `gid_attrs/ndevs/<i>` (netdev).
 A node with `/dev/infiniband/rdma_cm` but an empty `/sys/class/infiniband` (seen on a cloud
 H200) has no RDMA device: only ports found in sysfs count.
+
+The roots default to `$SPARKFLEET_SYSFS_ROOT` / `$SPARKFLEET_DEV_ROOT` on the node, else /sys and
+/dev: RDMA hardware cannot exist on a test machine, so a test fleet's nodes point these at a
+sysfs tree laid out like a ConnectX's (tests/fleet/connectx.py); everything else is real.
 """
 
 from __future__ import annotations
@@ -14,7 +18,11 @@ from dataclasses import dataclass
 _ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 
 
-def command(sysfs: str = "/sys", dev: str = "/dev") -> list[str]:
+SYSFS_ROOT = "${SPARKFLEET_SYSFS_ROOT:-/sys}"
+DEV_ROOT = "${SPARKFLEET_DEV_ROOT:-/dev}"
+
+
+def command(sysfs: str = SYSFS_ROOT, dev: str = DEV_ROOT) -> list[str]:
     """The argv that dumps the RDMA sysfs tree as `path:value` lines (grep -H)."""
     ib = f"{sysfs}/class/infiniband"
     script = (
@@ -61,6 +69,10 @@ class RdmaPort:
     @property
     def active(self) -> bool:
         return self.state.endswith("ACTIVE")
+
+    def gid(self, index: int) -> Gid | None:
+        """The populated GID at this index, or None."""
+        return next((g for g in self.gids if g.index == index), None)
 
     def roce_v2_index(self, ipv4: str | None = None) -> int | None:
         """The GID index NCCL_IB_GID_INDEX should name: RoCE v2 with an IPv4 (that one, if given)."""
