@@ -118,6 +118,18 @@ def _memlock_setting() -> str:
     return "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
 
 
+def client_options(client_key: Path, known_hosts: Path, cm_dir: Path, persist: int) -> str:
+    """The ssh_config lines every fleet's Host entry shares: the one client key, strict host
+    keys from the fleet's known_hosts, no prompts, and a multiplexed master."""
+    return (
+        f"  IdentityFile {client_key}\n  IdentitiesOnly yes\n"
+        f"  UserKnownHostsFile {known_hosts}\n  GlobalKnownHostsFile /dev/null\n"
+        "  StrictHostKeyChecking yes\n  BatchMode yes\n  ConnectTimeout 5\n"
+        "  ServerAliveInterval 5\n  ServerAliveCountMax 2\n  LogLevel ERROR\n"
+        f"  ControlMaster auto\n  ControlPath {cm_dir}/%C\n  ControlPersist {persist}\n\n"
+    )
+
+
 def _toml_str(s: object) -> str:
     return '"' + str(s).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -212,11 +224,7 @@ class LoopbackFleet:
             cfg.append(
                 f"Host {name} {host}\n"
                 f"  HostName {host}\n  Port {self.port}\n  User {self.user}\n"
-                f"  IdentityFile {self.client_key}\n  IdentitiesOnly yes\n"
-                f"  UserKnownHostsFile {self.known_hosts}\n  GlobalKnownHostsFile /dev/null\n"
-                "  StrictHostKeyChecking yes\n  BatchMode yes\n  ConnectTimeout 5\n"
-                "  ServerAliveInterval 5\n  ServerAliveCountMax 2\n  LogLevel ERROR\n"
-                f"  ControlMaster auto\n  ControlPath {self._cm_dir}/%C\n  ControlPersist 60\n\n"
+                + client_options(self.client_key, self.known_hosts, self._cm_dir, 60)
             )
             self.nodes.append(node)
         self.known_hosts.write_text("".join(kh))

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.fleet.connectx import write_dev, write_port
+from tests.fleet.loopback import client_options
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 IP = shutil.which("ip") or "/usr/sbin/ip"
@@ -138,10 +139,7 @@ class NetnsFleet:
             cfg.append(
                 f"Host {node.name}\n  HostKeyAlias {node.name}\n  User root\n"
                 f"  ProxyCommand {IP} netns exec {node.netns} {SSHD} -i -f {d / 'sshd_config'} -E {d / 'sshd.log'}\n"
-                f"  IdentityFile {self.client_key}\n  IdentitiesOnly yes\n"
-                f"  UserKnownHostsFile {self.known_hosts}\n  GlobalKnownHostsFile /dev/null\n"
-                "  StrictHostKeyChecking yes\n  BatchMode yes\n  ConnectTimeout 5\n  LogLevel ERROR\n"
-                f"  ControlMaster auto\n  ControlPath {self._cm_dir}/%C\n  ControlPersist 30\n\n"
+                + client_options(self.client_key, self.known_hosts, self._cm_dir, 30)
             )
             self.nodes.append(node)
         self.known_hosts.write_text("".join(known))
