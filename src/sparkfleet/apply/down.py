@@ -22,8 +22,9 @@ from sparkfleet.spec.cluster import Cluster
 from sparkfleet.spec.sizes import format_size
 from sparkfleet.state.deployments import Deployment, Deployments
 
-# A node's clock may be behind this one's: a process is "started after the instance" within this.
-CLOCK_SLACK_S = 60.0
+# A node's clock may be a little behind this one's (NTP keeps them within milliseconds; a few
+# seconds is generous): a process started this long before the instance counts as after it.
+CLOCK_SLACK_S = 5.0
 
 
 @dataclass(frozen=True)

@@ -389,6 +389,13 @@ def _started(pid: str) -> float | None:
     return _boot_time() + int(ticks) / CLK_TCK if ticks is not None else None
 
 
+def _group(pid: str) -> int | None:
+    try:
+        return os.getpgid(int(pid))
+    except OSError:
+        return None
+
+
 def _ancestors() -> set[int]:
     """This agent and the processes it runs under (sshd, a shell, the controller itself)."""
     out, pid = set(), os.getpid()
@@ -446,9 +453,16 @@ def leftovers(spec: dict) -> list[dict]:
     since = float(spec.get("since") or 0)
     sockets = _listeners({int(p) for p in spec.get("ports", [])})
     skip = _ancestors()
+    envs = {p: _environ(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in skip}
+    # Process groups that hold a marked process: a rank's monitor leads its group unmarked, and
+    # another instance's monitor (one sharing this workdir) is that instance's, not a leftover.
+    marked_groups = set()
+    for pid, env in envs.items():
+        if env and any(k in env for k in _MARKERS):
+            with contextlib.suppress(OSError):
+                marked_groups.add(os.getpgid(int(pid)))
     out = []
-    for pid in (p for p in os.listdir("/proc") if p.isdigit() and int(p) not in skip):
-        env = _environ(pid)
+    for pid, env in envs.items():
         started = _started(pid)
         if env is None or started is None:
             continue  # gone meanwhile, a zombie, or another user's
@@ -456,7 +470,7 @@ def leftovers(spec: dict) -> list[dict]:
         if any(k in env for k in _MARKERS):
             if _belongs(pid, deployment, None, node, instance):
                 why = "it carries the instance's markers (it left its rank's process group)"
-        elif started >= since - 1:
+        elif started >= since and _group(pid) not in marked_groups:
             held = _holds(pid, workdir, sockets)
             if held:
                 why = f"it carries no sparkfleet markers, but {held}"
