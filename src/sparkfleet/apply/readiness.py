@@ -70,12 +70,29 @@ def check_logs(plan: Plan, verify: VerifySpec, logs: dict[int, str], boot: BootL
                 boot.expected[pattern] = f"{rank.node.name} rank {r}"
 
 
+# A Python exception line, also behind an engine's log prefix ("(EngineCore pid=1) ERROR ... ").
+_EXCEPTION = re.compile(r"^(?:.*\] |\s*)((?:\w+\.)*\w*(?:Error|Exception): .+)$")
+
+
+def first_exception(log: str) -> str | None:
+    """The first exception a log shows. Engines re-raise a worker's failure as a generic one
+    ("Engine core initialization failed. See root cause above"): the cause is the first."""
+    for line in log.splitlines():
+        match = _EXCEPTION.match(line)
+        if match:
+            return match.group(1).strip()
+    return None
+
+
 def rank_exited(rank: RankPlan, state: RankState, log: str) -> ReadinessError:
     """The error for a rank that stopped during start-up."""
     code = f" with code {state.exit_code}" if state.exit_code is not None else ""
     what = "is gone" if state.state == "absent" else f"exited{code}"
+    shown = tail(log)
+    cause = first_exception(log)
+    first = f"\nfirst error in its log:\n    {cause}" if cause and cause not in shown else ""
     return ReadinessError(
-        f"rank {rank.rank} on {rank.node.name} {what} during start-up; last log lines:\n{tail(log)}"
+        f"rank {rank.rank} on {rank.node.name} {what} during start-up; last log lines:\n{shown}{first}"
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
+from pathlib import PurePosixPath
 
 from sparkfleet.plan.engines.base import (
     AdapterDefaults,
@@ -85,10 +86,11 @@ class VLLM(AdapterDefaults):
 
     def _ray_argv(self, spec: LaunchSpec, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
         address = f"{ctx.head_fabric_ip}:{ctx.rendezvous_port}"
+        ray, python = _ray_tools(entrypoint)
         if ctx.rank > 0:
             # Workers may start before the head; keep trying to join until it answers.
             join = (
-                f"until ray start --block --address={shlex.quote(address)} "
+                f"until {ray} start --block --address={shlex.quote(address)} "
                 f"--node-ip-address={shlex.quote(ctx.fabric_ip)}; do sleep 2; done"
             )
             return ("bash", "-c", join)
@@ -101,8 +103,8 @@ class VLLM(AdapterDefaults):
             f"sys.exit(0 if sum(n['Alive'] for n in ray.nodes()) >= {ctx.nnodes} else 1)"
         )
         script = (
-            f"ray start --head --port={ctx.rendezvous_port} --node-ip-address={shlex.quote(ctx.fabric_ip)}"
-            f" && until python3 -c {shlex.quote(wait_nodes)}; do sleep 2; done"
+            f"{ray} start --head --port={ctx.rendezvous_port} --node-ip-address={shlex.quote(ctx.fabric_ip)}"
+            f" && until {python} -c {shlex.quote(wait_nodes)}; do sleep 2; done"
             f" && exec {shlex.join(serve)}"
         )
         return ("bash", "-c", script)
@@ -116,3 +118,16 @@ class VLLM(AdapterDefaults):
         if has_flag(argv, "--enforce-eager"):
             return 0, "--enforce-eager: no graphs"
         return VLLM_GRAPH_DEFAULT, "estimate: vLLM graph pool"
+
+
+def _ray_tools(entrypoint: tuple[str, ...]) -> tuple[str, str]:
+    """The ``ray`` and ``python3`` of the environment vLLM runs from: beside an entrypoint given
+    as a path (a venv's bin/vllm or bin/python), else the names as the node's PATH finds them
+    (an image). A login shell's PATH on the node may put another python first (pyenv shims),
+    one without ray."""
+    first = entrypoint[0] if entrypoint else ""
+    if "/" not in first:
+        return "ray", "python3"
+    bin_dir = PurePosixPath(first).parent
+    python = first if PurePosixPath(first).name.startswith("python") else str(bin_dir / "python3")
+    return shlex.quote(str(bin_dir / "ray")), shlex.quote(python)
