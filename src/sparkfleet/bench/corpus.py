@@ -81,6 +81,9 @@ def decode_prompt(kind: str, index: int) -> str:
     return f"[{nonce()}] {prompts[index % len(prompts)]}"
 
 
+# The prompt lengths (tokens) of a default prefill sweep; here, not in prefill.py, because
+# `bench prefill --help` shows them and must not load httpx and numpy to do so.
+PREFILL_LENGTHS = (4096, 16384, 32768, 65536, 131072, 262144)
 PREFILL_HEAD = "[prefill {tag}] Read the text below, then reply with the single word OK.\n\n"
 PREFILL_TAIL = "\n\nReply with the single word OK."
 

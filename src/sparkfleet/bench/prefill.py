@@ -20,13 +20,13 @@ from typing import Any
 import httpx
 
 from sparkfleet.bench.client import Api, RequestRecord, RequestSpec, stream_request
-from sparkfleet.bench.corpus import haystack, nonce, prefill_frame
+from sparkfleet.bench.corpus import PREFILL_LENGTHS, haystack, nonce, prefill_frame
 from sparkfleet.bench.endpoint import Endpoint
 from sparkfleet.bench.progress import NullProgress, Progress
 from sparkfleet.bench.stats import PrefillSample, prefill_sample
 from sparkfleet.errors import BenchError
 
-DEFAULT_LENGTHS = (4096, 16384, 32768, 65536, 131072, 262144)
+DEFAULT_LENGTHS = PREFILL_LENGTHS
 CONTEXT_MARGIN = 16  # tokens left for the answer and any template the server adds
 CALIBRATION_CHARS = 24_000
 

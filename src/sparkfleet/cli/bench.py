@@ -6,43 +6,32 @@ so Ctrl-C or an endpoint failure keeps everything measured so far, marked ``part
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from sparkfleet.bench.client import RequestRecord
-from sparkfleet.bench.corpus import PROMPT_TYPES, prompt_types
-from sparkfleet.bench.decode import DecodeConfig, DecodeTierRun, ExactLength, run_decode
-from sparkfleet.bench.endpoint import Endpoint, resolve_endpoint
-from sparkfleet.bench.meta import run_meta
-from sparkfleet.bench.prefill import DEFAULT_LENGTHS, PrefillConfig, PrefillPlan, PrefillRun, run_prefill
-from sparkfleet.bench.report import (
-    TierSummary,
-    compare,
-    fmt,
-    fmt_spread,
-    markdown,
-    run_title,
-    summarize,
-    to_csv,
-    to_json,
-)
-from sparkfleet.bench.store import BenchStore
+from sparkfleet.bench.corpus import PREFILL_LENGTHS, PROMPT_TYPES, prompt_types
+from sparkfleet.cli.app import group
 from sparkfleet.cli.console import console, err_console
 from sparkfleet.cli.extras import require_extra
 from sparkfleet.cli.int_lists import parse_int_list
 from sparkfleet.errors import BenchError
 
-bench_app = typer.Typer(
-    help="Decode, prefill and open-loop (serve) benchmarks, history, comparison and export.", no_args_is_help=True
-)
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from sparkfleet.bench.client import RequestRecord
+    from sparkfleet.bench.decode import DecodeTierRun, ExactLength
+    from sparkfleet.bench.endpoint import Endpoint
+    from sparkfleet.bench.prefill import PrefillPlan, PrefillRun
+    from sparkfleet.bench.report import TierSummary
+    from sparkfleet.bench.store import BenchStore
+
+bench_app = group("Decode, prefill and open-loop (serve) benchmarks, history, comparison and export.")
 
 
 def register(app: typer.Typer) -> None:
@@ -96,6 +85,8 @@ class RichProgress:
 
 
 def _progress_bar() -> Progress:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -108,6 +99,8 @@ def _progress_bar() -> Progress:
 
 def _execute(bench: BenchStore, run_id: int, work: Callable[[RichProgress], Coroutine[Any, Any, Any]]) -> None:
     """Run ``work``; mark the run complete, or partial on Ctrl-C / BenchError (then re-raise)."""
+    import asyncio
+
     with _progress_bar() as bar:
         try:
             asyncio.run(work(RichProgress(bar)))
@@ -161,6 +154,10 @@ def decode_cmd(
     from the server's usage, never from counting chunks. Warm-up waves are discarded; a tier
     whose repeats spread more than 10 % is flagged.
     """
+    from sparkfleet.bench.decode import DecodeConfig, run_decode
+    from sparkfleet.bench.endpoint import resolve_endpoint
+    from sparkfleet.bench.store import BenchStore
+
     if api not in ("chat", "completions"):
         raise BenchError(f"--api must be chat or completions, not {api!r}")
     config = DecodeConfig(
@@ -196,7 +193,7 @@ def prefill_cmd(
     target: Target,
     model: ModelOpt = None,
     lengths: Annotated[str, typer.Option(help="Prompt lengths in tokens (k = 1024).")] = ",".join(
-        f"{n // 1024}k" for n in DEFAULT_LENGTHS
+        f"{n // 1024}k" for n in PREFILL_LENGTHS
     ),
     repeats: Annotated[int, typer.Option(help="Passes over all lengths.")] = 2,
     max_context: Annotated[
@@ -212,6 +209,10 @@ def prefill_cmd(
     TTFT of tiny requests; lengths above the model's context are replaced by the context limit;
     a request that reports cached prompt tokens is flagged.
     """
+    from sparkfleet.bench.endpoint import resolve_endpoint
+    from sparkfleet.bench.prefill import PrefillConfig, run_prefill
+    from sparkfleet.bench.store import BenchStore
+
     config = PrefillConfig(
         lengths=parse_ints(lengths, "prompt length"),
         repeats=repeats,
@@ -250,6 +251,8 @@ def prefill_cmd(
 
 
 def _create(bench: BenchStore, kind: str, endpoint: Endpoint, config: Any, label: str | None) -> int:
+    from sparkfleet.bench.meta import run_meta
+
     run_id = bench.create_run(
         kind,
         endpoint.base_url,
@@ -271,11 +274,17 @@ def _create(bench: BenchStore, kind: str, endpoint: Endpoint, config: Any, label
 
 
 def _tiers(bench: BenchStore, run_id: int) -> tuple[Any, list[TierSummary]]:
+    from sparkfleet.bench.report import summarize
+
     run = bench.get_run(run_id)
     return run, summarize(run, bench.samples(run_id, with_requests=False))
 
 
 def _show(bench: BenchStore, run_id: int) -> None:
+    from rich.table import Table
+
+    from sparkfleet.bench.report import fmt, fmt_spread, run_title
+
     run, tiers = _tiers(bench, run_id)
     if run.kind == "serve":
         from sparkfleet.cli.bench_serve import show_serve
@@ -334,6 +343,10 @@ def show_cmd(
     limit: Annotated[int, typer.Option(help="How many runs to list.")] = 20,
 ) -> None:
     """List stored runs, or show one run's tiers."""
+    from rich.table import Table
+
+    from sparkfleet.bench.store import BenchStore
+
     bench = BenchStore()
     if run is not None:
         _show(bench, bench.resolve(run))
@@ -355,6 +368,11 @@ def compare_cmd(
     b: Annotated[str, typer.Argument(help="Run compared with it.")],
 ) -> None:
     """Per tier: both medians, the ratio B/A, and whether the difference exceeds the runs' spread."""
+    from rich.table import Table
+
+    from sparkfleet.bench.report import compare, fmt, fmt_spread
+    from sparkfleet.bench.store import BenchStore
+
     bench = BenchStore()
     run_a, tiers_a = _tiers(bench, bench.resolve(a))
     run_b, tiers_b = _tiers(bench, bench.resolve(b))
@@ -389,6 +407,9 @@ def export_cmd(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="File to write (default: stdout).")] = None,
 ) -> None:
     """Export a run: JSON (vLLM key names where they exist), CSV, Markdown tables, or a PNG plot."""
+    from sparkfleet.bench.report import markdown, summarize, to_csv, to_json
+    from sparkfleet.bench.store import BenchStore
+
     if fmt_ == "png":
         require_extra("plots", ("matplotlib",), "--format png")
     bench = BenchStore()

@@ -6,19 +6,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
-from sparkfleet.bench.arrivals import parse_rates
-from sparkfleet.bench.decode import ExactLength
-from sparkfleet.bench.endpoint import resolve_endpoint
-from sparkfleet.bench.report import TierSummary, compare, fmt, fmt_spread, run_title, summarize, to_json
-from sparkfleet.bench.serve import ServeBench, ServeConfig, ServeTierRun
-from sparkfleet.bench.stats import SLO, Spread
-from sparkfleet.bench.store import BenchStore, StoredRun
-from sparkfleet.bench.workload import Lengths, WorkloadConfig
 from sparkfleet.cli.bench import (
     ExtraOpt,
     LabelOpt,
@@ -33,11 +24,20 @@ from sparkfleet.cli.bench import (
 from sparkfleet.cli.console import console, err_console
 from sparkfleet.errors import BenchError
 
+if TYPE_CHECKING:
+    from sparkfleet.bench.decode import ExactLength
+    from sparkfleet.bench.report import TierSummary
+    from sparkfleet.bench.serve import ServeTierRun
+    from sparkfleet.bench.stats import SLO, Spread
+    from sparkfleet.bench.store import StoredRun
+
 SLO_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e", "e2el": "e2e"}
 
 
 def parse_slo(text: str | None) -> SLO | None:
     """``ttft=500ms,tpot=50,e2e=10s`` → an SLO in seconds; a bare number is milliseconds (as vLLM's)."""
+    from sparkfleet.bench.stats import SLO
+
     if not text:
         return None
     targets: dict[str, float] = {}
@@ -118,6 +118,13 @@ def serve_cmd(
     TPOT, ITL and E2E, KV-cache use, speculative acceptance when exported, and foreign requests:
     the most requests the engine reported running beyond the bench's own (flagged; --strict aborts).
     """
+    from sparkfleet.bench.arrivals import parse_rates
+    from sparkfleet.bench.endpoint import resolve_endpoint
+    from sparkfleet.bench.report import summarize, to_json
+    from sparkfleet.bench.serve import ServeBench, ServeConfig
+    from sparkfleet.bench.store import BenchStore
+    from sparkfleet.bench.workload import Lengths, WorkloadConfig
+
     if api not in ("chat", "completions"):
         raise BenchError(f"--api must be chat or completions, not {api!r}")
     if requests is not None and duration is not None:
@@ -192,6 +199,10 @@ def serve_cmd(
 
 def show_serve(run: StoredRun, tiers: list[TierSummary]) -> None:
     """The rate tiers as a table, figures shown as median (min–max) over repeats."""
+    from rich.table import Table
+
+    from sparkfleet.bench.report import fmt, fmt_spread, run_title
+
     table = Table(title=run_title(run), title_justify="left")
     cols = ("rate", "achieved", "req/s", "goodput (share)", "out tok/s", "TPOT p50 ms (engine)",
             "TTFT p50/p90/p99 ms", "ITL p99", "E2E p50/p99 ms", "KV max", "")  # fmt: skip
@@ -247,6 +258,10 @@ def _figure(key: str) -> Callable[[TierSummary], Spread]:
 
 def compare_serve(run_a: StoredRun, tiers_a: list[TierSummary], run_b: StoredRun, tiers_b: list[TierSummary]) -> None:
     """Per common rate tier and figure: both medians, B/A, and whether it exceeds the spread."""
+    from rich.table import Table
+
+    from sparkfleet.bench.report import compare, fmt, fmt_spread
+
     table = Table(title=f"rate tiers: A = run {run_a.id}, B = run {run_b.id}", title_justify="left")
     for col in ("rate", "figure", "A median (min–max)", "B median (min–max)", "B/A", "verdict"):
         table.add_column(col, justify="left" if col in ("rate", "figure", "verdict") else "right")

@@ -4,31 +4,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
-from sparkfleet.bench.endpoint import resolve_endpoint
+from sparkfleet.cli.app import group
 from sparkfleet.cli.console import console, err_console
 from sparkfleet.cli.extras import require_extra
 from sparkfleet.cli.int_lists import parse_int_list
 from sparkfleet.errors import EvalError
 from sparkfleet.evals.checks import CATEGORIES
-from sparkfleet.evals.client import EvalClient
-from sparkfleet.evals.compare import Comparison, compare_runs
-from sparkfleet.evals.memguard import MemGuard, abort_action_for
-from sparkfleet.evals.needle import DEFAULT_DEPTHS, DEFAULT_LENGTHS, NeedleRun, run_needle
-from sparkfleet.evals.results import QualityRun, TaskResult
-from sparkfleet.evals.runner import ApiChoice, run_quality
-from sparkfleet.evals.sandbox import SandboxLimits
-from sparkfleet.evals.store import RunRow, list_runs, load_run, save_run
-from sparkfleet.evals.tasks import load_tasks
-from sparkfleet.nodes.transport import transport_for
-from sparkfleet.spec.cluster import load_cluster
-from sparkfleet.state.store import Store
+from sparkfleet.evals.needle import DEFAULT_DEPTHS, DEFAULT_LENGTHS
 
-eval_app = typer.Typer(help="Quality gate, paired comparison and long-context needle checks.", no_args_is_help=True)
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from sparkfleet.evals.compare import Comparison
+    from sparkfleet.evals.needle import NeedleRun
+    from sparkfleet.evals.results import QualityRun, TaskResult
+    from sparkfleet.evals.runner import ApiChoice
+
+eval_app = group("Quality gate, paired comparison and long-context needle checks.")
 
 TargetArg = Annotated[str, typer.Argument(help="Deployment name or server URL (http://host:port).")]
 ModelOpt = Annotated[str | None, typer.Option(help="Model id, when the server serves several.")]
@@ -60,6 +56,8 @@ def _print_result_line(i: int, total: int, r: TaskResult) -> None:
 
 def quality_table(run: QualityRun) -> Table:
     """Per-category tallies of a run."""
+    from rich.table import Table
+
     table = Table(title=f"{run.label}: {run.passed}/{run.total} passed ({100 * run.passed / run.total:.0f}%)")
     table.add_column("category")
     table.add_column("passed", justify="right")
@@ -105,6 +103,14 @@ def quality(
 ) -> None:
     """Run the auto-scored quality tasks (temperature 0, one request at a time) and store the result.
     Against a deployment name, the result joins that configuration's gate (see `sparkfleet rollback`)."""
+    from sparkfleet.bench.endpoint import resolve_endpoint
+    from sparkfleet.evals.client import EvalClient
+    from sparkfleet.evals.runner import run_quality
+    from sparkfleet.evals.sandbox import SandboxLimits
+    from sparkfleet.evals.store import RunRow, save_run
+    from sparkfleet.evals.tasks import load_tasks
+    from sparkfleet.state.store import Store
+
     if api not in ("auto", "chat", "completions"):
         raise EvalError(f"--api must be auto, chat or completions, not {api!r}")
     tasks = load_tasks(tasks_dir, categories=_csv(categories), ids=_csv(only))
@@ -141,6 +147,8 @@ def quality(
 
 
 def _print_comparison(cmp: Comparison) -> None:
+    from rich.table import Table
+
     table = Table(title=f"A = {cmp.a}   B = {cmp.b}   ({cmp.paired} paired tasks)")
     for col in ("block", "categories", "both pass", "broke", "fixed", "both fail", "McNemar p"):
         table.add_column(col, justify="left" if col in ("block", "categories") else "right")
@@ -171,6 +179,11 @@ def compare(
     b: Annotated[str, typer.Argument(help="Candidate run: id, label or result JSON file.")],
 ) -> None:
     """Pair two quality runs task by task: flips, exact McNemar p per block, and a verdict."""
+    from sparkfleet.evals.compare import compare_runs
+    from sparkfleet.evals.results import QualityRun
+    from sparkfleet.evals.store import load_run
+    from sparkfleet.state.store import Store
+
     store = Store()
     run_a = QualityRun.from_json(load_run(store, a, "quality"))
     run_b = QualityRun.from_json(load_run(store, b, "quality"))
@@ -178,6 +191,8 @@ def compare(
 
 
 def _print_needle(run: NeedleRun, png: Path | None) -> None:
+    from rich.table import Table
+
     table = Table(title=f"needle {run.label}: effective length {run.effective_length or 'none'} tokens")
     table.add_column("tokens \\ depth %")
     for d in run.depths:
@@ -219,6 +234,15 @@ def needle(
     json_out: JsonOpt = None,
 ) -> None:
     """Needle-in-a-haystack over a length x depth grid; exact-match scoring; effective length."""
+    from sparkfleet.bench.endpoint import resolve_endpoint
+    from sparkfleet.evals.client import EvalClient
+    from sparkfleet.evals.memguard import MemGuard, abort_action_for
+    from sparkfleet.evals.needle import run_needle
+    from sparkfleet.evals.store import RunRow, save_run
+    from sparkfleet.nodes.transport import transport_for
+    from sparkfleet.spec.cluster import load_cluster
+    from sparkfleet.state.store import Store
+
     if png:
         require_extra("plots", ("matplotlib",), "--png")
     endpoint = resolve_endpoint(target, model)
@@ -266,6 +290,13 @@ def show(
     failures: Annotated[bool, typer.Option(help="List failed tasks with their reasons.")] = True,
 ) -> None:
     """List stored eval runs, or show one."""
+    from rich.table import Table
+
+    from sparkfleet.evals.needle import NeedleRun
+    from sparkfleet.evals.results import QualityRun
+    from sparkfleet.evals.store import list_runs, load_run
+    from sparkfleet.state.store import Store
+
     store = Store()
     if run is None:
         rows = list_runs(store)

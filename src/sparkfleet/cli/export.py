@@ -4,17 +4,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from sparkfleet.cli.app import group
 from sparkfleet.cli.console import err_console
 from sparkfleet.cli.options import NameOpt, RecipeArg, SetOpt
 from sparkfleet.errors import SparkfleetError
-from sparkfleet.spec.cluster import Node, load_cluster
-from sparkfleet.spec.recipe import deployment_name, load_recipe
 
-export_app = typer.Typer(help="Write a recipe as a Kubernetes manifest or an sbatch script.", no_args_is_help=True)
+if TYPE_CHECKING:
+    from sparkfleet.spec.cluster import Node
+
+export_app = group("Write a recipe as a Kubernetes manifest or an sbatch script.")
 
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Write here (default: stdout).")]
 NicsOpt = Annotated[
@@ -37,6 +39,8 @@ StateOpt = Annotated[
 
 def _like(cluster: Path | None) -> Node | None:
     """The cluster's first node, whose NIC settings every exported rank gets (or None)."""
+    from sparkfleet.spec.cluster import load_cluster
+
     return load_cluster(cluster).nodes[0] if cluster is not None else None
 
 
@@ -74,6 +78,7 @@ def k8s(
     # PyYAML is imported only here, to keep `sparkfleet` start-up fast.
     from sparkfleet.exporters.k8s_lws import K8sOptions, k8s_yaml
     from sparkfleet.exporters.rank_templates import gpus_per_node
+    from sparkfleet.spec.recipe import deployment_name, load_recipe
 
     loaded = load_recipe(recipe, tuple(set_ or ()))
     like = _like(cluster)
@@ -101,6 +106,7 @@ def slurm(
 ) -> None:
     """An sbatch script: one rank per node with srun, then a wait until rank 0 is healthy."""
     from sparkfleet.exporters.slurm import SlurmOptions, slurm_script
+    from sparkfleet.spec.recipe import deployment_name, load_recipe
 
     if container not in ("docker", "pyxis"):
         raise SparkfleetError(f"--container {container!r}: expected docker or pyxis")

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
+from sparkfleet.cli.app import group
 from sparkfleet.cli.console import console, err_console
 from sparkfleet.cli.options import ClusterOpt, RecipeArg, SetOpt
 
@@ -16,9 +17,7 @@ if TYPE_CHECKING:
     from sparkfleet.nodes.transport.base import Transport
     from sparkfleet.plan.build import Plan
 
-image_app = typer.Typer(
-    help="Build the recipe's image and give every node the same image ID.", no_args_is_help=True
-)
+image_app = group("Build the recipe's image and give every node the same image ID.")
 
 EachOpt = Annotated[
     bool, typer.Option("--on-each-node", help="Build on every node instead of building once and streaming.")

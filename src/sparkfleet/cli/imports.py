@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from sparkfleet.cli.app import group
 from sparkfleet.cli.console import console, err_console
 from sparkfleet.errors import SparkfleetError
-from sparkfleet.importers.report import ImportResult
 
-import_app = typer.Typer(help="Turn a launcher profile or a sparkrun recipe into a sparkfleet recipe.",
-                         no_args_is_help=True)  # fmt: skip
+if TYPE_CHECKING:
+    from sparkfleet.importers.report import ImportResult
+
+import_app = group("Turn a launcher profile or a sparkrun recipe into a sparkfleet recipe.")
 
 FileArg = Annotated[Path, typer.Argument(help="The file to import.")]
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Write the recipe here (default: stdout).")]

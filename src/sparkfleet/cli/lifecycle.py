@@ -6,15 +6,16 @@ import json
 import threading
 import time
 from dataclasses import replace
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.live import Live
-from rich.table import Table
 
 from sparkfleet.cli.console import console, err_console
 from sparkfleet.cli.options import ClusterOpt, EnvOpt, JsonOpt, NameOpt, RecipeArg, SetOpt, VariantOpt, parse_env
 from sparkfleet.errors import SparkfleetError
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 AcceptNewOpt = Annotated[
     bool, typer.Option("--insecure-accept-new", help="Accept unknown SSH host keys (first contact only).")
@@ -25,6 +26,8 @@ class _Progress:
     """A live table, one row per node, updated as up goes."""
 
     def __init__(self, nodes: list[tuple[int, str]]) -> None:
+        from rich.live import Live
+
         self.rows: dict[str, tuple[int, str, float]] = {n: (r, "waiting", time.monotonic()) for r, n in nodes}
         self.phase = "planning"
         self.start = time.monotonic()
@@ -32,6 +35,8 @@ class _Progress:
         self.live = Live(self._table(), console=err_console, refresh_per_second=4, transient=False)
 
     def _table(self) -> Table:
+        from rich.table import Table
+
         table = Table(title=f"{self.phase}  ({time.monotonic() - self.start:.1f}s)", title_justify="left")
         for col in ("rank", "node", "state"):
             table.add_column(col)

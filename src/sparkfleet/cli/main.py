@@ -17,11 +17,11 @@ from typing import NoReturn
 import typer
 from rich.markup import escape
 
+from sparkfleet.cli.app import group
 from sparkfleet.errors import SparkfleetError
-from sparkfleet.state.store import state_dir
 
-# Each module exposes register(app); the order here is the order of `sparkfleet --help`.
-# Keyed by the command names each one adds, so a run imports only the module it needs.
+# Each module exposes register(app); keyed by the command names each one adds, so a run
+# imports only the module it needs.
 COMMAND_MODULES = {
     "sparkfleet.cli.recipes": ("validate", "plan"),
     "sparkfleet.cli.lifecycle": ("up", "down", "rollback", "status", "logs"),
@@ -37,16 +37,39 @@ COMMAND_MODULES = {
     "sparkfleet.cli.export": ("export",),
     "sparkfleet.cli.dashboard": ("dashboard",),
 }
+# What `sparkfleet --help` says of each command, in its order. The listing is built from these
+# lines alone: importing the 13 command modules and letting typer read 37 signatures would take
+# longer than the whole answer may.
+SUMMARIES = {
+    "validate": "Check a recipe and every variant it defines.",
+    "plan": "Show what `up` will do on every node.",
+    "up": "Start a deployment; done only when it really serves.",
+    "down": "Stop every rank of a deployment this controller started.",
+    "rollback": "Bring back the last configuration that passed its gate.",
+    "status": "Per rank: node, state, uptime, health.",
+    "logs": "Every rank's log, each line prefixed by rank and node.",
+    "watch": "Poll a deployment, record its series and events, restart it.",
+    "stage": "Run the recipe's staging on every node in parallel.",
+    "init": "Discover the nodes' fabric and write a cluster file.",
+    "doctor": "Check every node: SSH, docker, GPUs, RDMA, fabric, disk, ...",
+    "ab": "A/B two variants of a recipe, round by round, with a verdict.",
+    "dashboard": "Serve the dashboard: deployments, bench, quality, doctor.",
+    "image": "Build the recipe's image and give every node the same ID.",
+    "bench": "Decode, prefill and open-loop (serve) benchmarks.",
+    "eval": "Quality gate, paired comparison and needle checks.",
+    "import": "Turn a launcher profile or sparkrun recipe into a recipe.",
+    "export": "Write a recipe as a Kubernetes manifest or an sbatch script.",
+}
 
 EXIT_USER_ERROR = 2
 
 
 def build_app(argv: list[str] | None = None) -> typer.Typer:
-    """The command tree: only the module that owns argv's command, or all of them for help."""
-    app = typer.Typer(
+    """The command tree: only the module that owns argv's command; with argv but no command,
+    the listing alone; without argv (a caller that wants the tree), every module."""
+    app = group(
+        "Launch, stage, verify, benchmark and evaluate multi-node LLM deployments.",
         name="sparkfleet",
-        help="Launch, stage, verify, benchmark and evaluate multi-node LLM deployments.",
-        no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,
     )
@@ -59,13 +82,24 @@ def build_app(argv: list[str] | None = None) -> typer.Typer:
         return None
 
     command = next((a for a in argv or [] if not a.startswith("-")), None)
+    if command is None and argv is not None:
+        # Nothing to run, only the listing to show (--help, or no arguments at all).
+        for name, summary in SUMMARIES.items():
+            app.command(name, help=summary, add_help_option=False)(_listed)
+        return app
     owners = [m for m, names in COMMAND_MODULES.items() if command in names]
     for module in owners or COMMAND_MODULES:
         importlib.import_module(module).register(app)
     return app
 
 
+def _listed() -> None:
+    """A command as the root listing shows it; never run, since no command was named."""
+
+
 def _crash_log() -> Path:
+    from sparkfleet.state.store import state_dir
+
     return state_dir() / "crash.log"
 
 

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from sparkfleet.errors import SparkfleetError
-from sparkfleet.plan.build import plan
-from sparkfleet.plan.model import Overrides, Plan
-from sparkfleet.spec.cluster import load_cluster
-from sparkfleet.spec.recipe import deployment_name, load_recipe
 from sparkfleet.spec.secrets import MASK, is_secret
+
+if TYPE_CHECKING:
+    from sparkfleet.plan.model import Plan
 
 RecipeArg = Annotated[Path, typer.Argument(help="A recipe.toml file, or a folder holding one.")]
 ClusterOpt = Annotated[
@@ -51,6 +50,12 @@ def build_plan(
     variant: str = "base",
 ) -> Plan:
     """Load, validate and plan: the first step of plan, up, stage, doctor and export."""
+    # pydantic and the planner load here, not with the module, so every --help stays fast.
+    from sparkfleet.plan.build import plan
+    from sparkfleet.plan.model import Overrides
+    from sparkfleet.spec.cluster import load_cluster
+    from sparkfleet.spec.recipe import deployment_name, load_recipe
+
     loaded = load_recipe(recipe, tuple(sets or ()), variant)
     inventory = load_cluster(cluster)
     return plan(loaded, inventory, deployment_name(recipe), Overrides(env=parse_env(env), name=name))

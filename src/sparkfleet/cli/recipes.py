@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -19,9 +19,9 @@ from sparkfleet.cli.options import (
     VariantOpt,
     build_plan,
 )
-from sparkfleet.plan.build import check_plannable
-from sparkfleet.plan.model import Plan
-from sparkfleet.spec.recipe import load_recipe, recipe_variants
+
+if TYPE_CHECKING:
+    from sparkfleet.plan.model import Plan
 
 StrictOpt = Annotated[
     bool, typer.Option("--strict", help="Refuse when a recipe/--env value overrides a per-node cluster value.")
@@ -35,6 +35,9 @@ DiffOpt = Annotated[
 def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
     """Check a recipe and every variant it defines: exit 0 when all are valid, 2 with one line
     naming the problem otherwise."""
+    from sparkfleet.plan.build import check_plannable
+    from sparkfleet.spec.recipe import load_recipe, recipe_variants
+
     loaded = load_recipe(recipe, tuple(set_ or ()))
     check_plannable(loaded)  # what plan checks before it needs a cluster
     variants = recipe_variants(recipe)[1:]

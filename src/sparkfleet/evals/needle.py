@@ -17,13 +17,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkfleet.bench.corpus import load_haystack
 from sparkfleet.errors import EvalError
-from sparkfleet.evals.client import Api, EvalClient
-from sparkfleet.evals.memguard import MemGuard
-from sparkfleet.evals.runner import choose_api, new_run_id
+
+if TYPE_CHECKING:
+    # The client brings httpx; `sparkfleet eval needle --help` reads this module's grid without it.
+    from sparkfleet.evals.client import Api, EvalClient
+    from sparkfleet.evals.memguard import MemGuard
 
 DEFAULT_LENGTHS = (1024, 2048, 4096)
 DEFAULT_DEPTHS = (0.0, 25.0, 50.0, 75.0, 100.0)
@@ -206,6 +208,8 @@ def run_needle(
     With a memory guard, the grid stops at the first trip: the cell in flight is recorded as
     failed ("aborted by the memory guard") and the guard's low-water marks go into the result.
     """
+    from sparkfleet.evals.runner import choose_api, new_run_id
+
     if any(d < 0 or d > 100 for d in depths):
         raise EvalError("needle depths must be between 0 and 100 percent")
     if any(n < 64 for n in lengths):
