@@ -117,3 +117,27 @@ def llama_url(llama_server: Served) -> str:
 def vllm_url(vllm_server: Served) -> str:
     """The 2-node vLLM example's endpoint (one deployment for every e2e test)."""
     return vllm_server.endpoint
+
+
+@contextlib.contextmanager
+def up_in_background(name: str, recipe: Path, cluster: Path, sets: list[str], state: Path,
+                     err_path: Path) -> Iterator[subprocess.Popen[str]]:  # fmt: skip
+    """`sparkfleet up` of recipe as name, running while the test acts on its ranks (stderr to
+    err_path: a full pipe nobody reads would stall it). Afterwards nothing of name is left, also
+    when the test failed half-way: up is killed, and a `down` stops what it had started."""
+    from tests.integration.conftest import leftover_processes
+
+    env = {**os.environ, "SPARKFLEET_STATE_DIR": str(state), "COLUMNS": "200"}
+    argv = [sys.executable, "-m", "sparkfleet.cli.main", "up", str(recipe), "--name", name,
+            "--cluster", str(cluster), *(a for s in sets for a in ("--set", s))]  # fmt: skip
+    with err_path.open("w") as err:
+        up = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, text=True, env=env)
+    try:
+        yield up
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        if leftover_processes(name):
+            subprocess.run([sys.executable, "-m", "sparkfleet.cli.main", "down", name, "--cluster", str(cluster)],
+                           capture_output=True, env=env, timeout=300)  # fmt: skip

@@ -13,16 +13,13 @@ rollback leaves no raylet, GCS or Ray worker on either node.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from sparkfleet.spec import caches
-from tests.e2e.conftest import CACHE, HUB, ROOT, RUN, _require, free_ports
+from tests.e2e.conftest import CACHE, HUB, ROOT, RUN, _require, free_ports, up_in_background
 from tests.e2e.test_engine_failures import _read_environ
 from tests.fleet import loopback_fleet
 from tests.integration.conftest import leftover_processes
@@ -53,29 +50,16 @@ def test_vllm_ray_backend_forms_the_cluster_and_leaves_no_ray_behind(tmp_path: P
     _require(HUB / "models--sparkfleet--gemma3-270m", "the Gemma HF conversion")
     name = f"test-e2e-ray-{RUN}"
     port, gcs = free_ports(2)
-    env = {**os.environ, "SPARKFLEET_STATE_DIR": str(tmp_path / "state"), "COLUMNS": "200"}
+    err_path = tmp_path / "up.err"
+    seen: dict[str, set[str]] = {}
     with loopback_fleet(2, tmp_path / "fleet", shared_hf_cache=caches.local_hf_cache()) as fleet:
-        err_path = tmp_path / "up.err"
-        with err_path.open("w") as err:
-            up = subprocess.Popen(
-                [sys.executable, "-m", "sparkfleet.cli.main", "up", str(RAY), "--name", name,
-                 "--cluster", str(fleet.cluster_file), "--set", f"port={port}", "--set", f"rendezvous_port={gcs}"],
-                stdout=subprocess.DEVNULL, stderr=err, text=True, env=env,
-            )  # fmt: skip
-        seen: dict[str, set[str]] = {}
-        try:
+        sets = [f"port={port}", f"rendezvous_port={gcs}"]
+        with up_in_background(name, RAY, fleet.cluster_file, sets, tmp_path / "state", err_path) as up:
             while up.poll() is None:
                 for rank, kinds in _ray_daemons(name).items():
                     seen.setdefault(rank, set()).update(kinds)
                 time.sleep(0.5)
             left = leftover_processes(name)
-        finally:
-            if up.poll() is None:
-                up.kill()
-                up.wait()
-            if leftover_processes(name):
-                subprocess.run([sys.executable, "-m", "sparkfleet.cli.main", "down", name, "--cluster",
-                                str(fleet.cluster_file)], capture_output=True, env=env, timeout=300)  # fmt: skip
     stderr = err_path.read_text()
     # The Ray cluster formed: a raylet per node, the GCS on the head.
     assert seen.get("0", set()) >= {"raylet", "gcs_server"} and "raylet" in seen.get("1", set()), (seen, stderr)

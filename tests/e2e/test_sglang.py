@@ -28,7 +28,7 @@ import pytest
 from sparkfleet.bench.store import BenchStore
 from sparkfleet.spec import caches
 from sparkfleet.state.store import Store
-from tests.e2e.conftest import CACHE, HUB, ROOT, RUN, _require, free_ports
+from tests.e2e.conftest import CACHE, HUB, ROOT, RUN, _require, free_ports, up_in_background
 from tests.e2e.test_engine_failures import rank_top_process
 from tests.fleet import loopback_fleet
 from tests.integration.conftest import leftover_processes
@@ -150,16 +150,10 @@ def test_sglang_worker_killed_during_boot_rolls_back_every_rank(tmp_path: Path) 
     _needs_sglang()
     name = f"test-e2e-sglang-kill-{RUN}"
     port, rdv = free_ports(2)
-    env = {**os.environ, "SPARKFLEET_STATE_DIR": str(tmp_path / "state"), "COLUMNS": "200"}
+    err_path = tmp_path / "up.err"
     with loopback_fleet(2, tmp_path / "fleet", shared_hf_cache=caches.local_hf_cache()) as fleet:
-        out_path, err_path = tmp_path / "up.out", tmp_path / "up.err"
-        with out_path.open("w") as out, err_path.open("w") as err:
-            up = subprocess.Popen(
-                [sys.executable, "-m", "sparkfleet.cli.main", "up", str(TWO), "--name", name,
-                 "--cluster", str(fleet.cluster_file), "--set", f"port={port}", "--set", f"rendezvous_port={rdv}"],
-                stdout=out, stderr=err, text=True, env=env,
-            )  # fmt: skip
-        try:
+        sets = [f"port={port}", f"rendezvous_port={rdv}"]
+        with up_in_background(name, TWO, fleet.cluster_file, sets, tmp_path / "state", err_path) as up:
             worker = _wait_for_rank(name, 1, up, err_path)
             _wait_for_rank(name, 0, up, err_path)  # the head runs too: the rollback must stop it
             time.sleep(5)
@@ -167,13 +161,6 @@ def test_sglang_worker_killed_during_boot_rolls_back_every_rank(tmp_path: Path) 
             os.kill(worker, signal.SIGKILL)
             up.wait(timeout=600)
             left = leftover_processes(name)
-        finally:
-            if up.poll() is None:
-                up.kill()
-                up.wait()
-            if leftover_processes(name):
-                subprocess.run([sys.executable, "-m", "sparkfleet.cli.main", "down", name, "--cluster",
-                                str(fleet.cluster_file)], capture_output=True, env=env, timeout=300)  # fmt: skip
     stderr = err_path.read_text()
     assert up.returncode == 2, stderr
     assert "rank 1 on node1 exited" in stderr and "during start-up" in stderr, stderr
