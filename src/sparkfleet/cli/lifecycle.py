@@ -164,6 +164,8 @@ def _uptime(seconds: float | None) -> str:
 def status(name: Annotated[str | None, typer.Argument(help="Deployment name (all when left out).")] = None,
            as_json: JsonOpt = False) -> None:  # fmt: skip
     """Per rank: node, state, uptime, health."""
+    from rich.table import Table
+
     from sparkfleet.apply.observe import status as live_status
     from sparkfleet.state.deployments import Deployments
 
