@@ -1,18 +1,31 @@
-"""Orchestration overhead of up / status / down on a 4-node loopback fleet (Bar: up ≤ 2 s,
-status ≤ 0.5 s, down ≤ 2 s), with a stand-in rank that is ready at once.
+"""Orchestration overhead of up / status / down on loopback fleets of several sizes, side by side
+(Bar: sparkfleet's own `up` time at 16 nodes ≤ 1.5 × at 4; `status` ≤ 0.5 s at 4 nodes).
+
+    python benchmarks/lifecycle_overhead.py --nodes 4 16 [--rounds 5] [--root]
 
 Each node is a real sshd on its own 127.0.0.x address; the CLI runs as a user would
-(`sparkfleet up|status|down`, wall time of the whole command, Python start-up included).
+(`sparkfleet up|status|down`, wall time of the whole command, Python start-up included), with
+a stand-in rank that serves as soon as its interpreter is up. Per command it reports, from the
+transport's trace (SPARKFLEET_TRACE) and the CLI's rusage:
+
+* wall: the whole command;
+* cpu: the controller's CPU (sparkfleet and its ssh clients, user + sys);
+* rt/node: SSH round trips per node (the most any node got);
+* engines: up's readiness wait — the stand-in engines starting on this shared machine (N
+  Python interpreters on 2 cores), which sparkfleet only watches;
+* own: wall minus that wait — sparkfleet's own time (CPU, round trips, its waits).
 
 The nodes' login user is a dedicated account with a plain /bin/sh: on this test machine root's
 ~/.bashrc runs `pyenv init`, which adds ~0.3 s to every SSH command (bash sources ~/.bashrc for
-ssh sessions). That cost belongs to the machine, not to sparkfleet; the figures for root are
-printed too, for comparison. Run as root.
+ssh sessions). That cost belongs to the machine, not to sparkfleet; --root prints those figures
+too. Run as root.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -27,8 +40,9 @@ sys.path.insert(0, str(ROOT))
 from tests.fleet import loopback_fleet  # noqa: E402
 
 USER = "sparkfleet-bench"
-ROUNDS = 5
-BARS = {"up": 2.0, "status": 0.5, "down": 2.0}
+OPS = ("up", "status", "down")
+GROWTH_BAR = 1.5  # own up time at the largest fleet / at the smallest
+STATUS_BAR_S = 0.5  # status at 4 nodes
 
 
 def ensure_user() -> None:
@@ -38,32 +52,54 @@ def ensure_user() -> None:
     subprocess.run(["usermod", "-p", "*", USER], check=True)
 
 
-def cli(*args: str, env: dict[str, str]) -> float:
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def cli(*args: str, env: dict[str, str]) -> dict[str, float]:
+    """Run one command; its wall and CPU time and, from its trace, round trips and the wait."""
+    trace = Path(env["SPARKFLEET_TRACE"])
+    trace.write_text("")
+    cpu = _children_cpu()
     start = time.perf_counter()
-    proc = subprocess.run([shutil.which("sparkfleet") or "sparkfleet", *args], capture_output=True, text=True,
-                          env=env)  # fmt: skip
+    beside = Path(sys.executable).with_name("sparkfleet")  # this interpreter's venv first
+    exe = str(beside) if beside.exists() else shutil.which("sparkfleet") or "sparkfleet"
+    proc = subprocess.run([exe, *args], capture_output=True, text=True, env=env)
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"sparkfleet {' '.join(args)} failed:\n{proc.stderr}")
-    return elapsed
+    per_node: dict[str, int] = {}
+    wait = 0.0
+    for line in trace.read_text().splitlines():
+        kind, node, t0, t1, _ = line.split("\t")
+        if kind.startswith("ssh"):
+            per_node[node] = per_node.get(node, 0) + 1
+        elif kind == "phase":
+            wait += float(t1) - float(t0)
+    return {"wall": elapsed, "cpu": _children_cpu() - cpu, "rt": max(per_node.values(), default=0),
+            "engines": wait, "own": elapsed - wait}  # fmt: skip
 
 
-def measure(user: str | None, label: str) -> dict[str, list[float]]:
+def measure(nodes: int, rounds: int, user: str | None, label: str) -> dict[str, dict[str, float]]:
+    """Median of each figure of each command over ``rounds`` up/status/down cycles."""
     work = Path(tempfile.mkdtemp(prefix="sfbench"))
     work.chmod(0o755)
     standin = work / "standin_engine.py"
     shutil.copy(ROOT / "tests" / "standin_engine.py", standin)
     standin.chmod(0o644)
-    recipe = work / "bench4"
+    name = f"bench{nodes}"
+    recipe = work / name
     recipe.mkdir()
     python = "/usr/bin/python3" if user else sys.executable
     (recipe / "recipe.toml").write_text(
         'engine = "sglang"\nmodel = "org/standin"\nport = 18950\nrendezvous_port = 18951\n'
-        f'required_nodes = 4\ntensor_parallel_size = 4\nentrypoint = ["{python}", "{standin}"]\n'
+        f'required_nodes = {nodes}\ntensor_parallel_size = {nodes}\nentrypoint = ["{python}", "{standin}"]\n'
     )
-    env = {**os.environ, "SPARKFLEET_STATE_DIR": str(work / "controller-state")}
-    times: dict[str, list[float]] = {"up": [], "status": [], "down": []}
-    with loopback_fleet(4, work / "fleet", user=user, first_octet=60) as fleet:
+    env = {**os.environ, "SPARKFLEET_STATE_DIR": str(work / "controller-state"),
+           "SPARKFLEET_TRACE": str(work / "trace.tsv")}  # fmt: skip
+    runs: dict[str, list[dict[str, float]]] = {op: [] for op in OPS}
+    with loopback_fleet(nodes, work / "fleet", user=user, first_octet=60) as fleet:
         if user:
             fleet.authorized_keys.chmod(0o644)
             for node in fleet.nodes:
@@ -73,30 +109,52 @@ def measure(user: str | None, label: str) -> dict[str, list[float]]:
                 if path.exists():
                     path.chmod(0o755)
         cluster = str(fleet.cluster_file)
-        cli("up", str(recipe), "--cluster", cluster, env=env)  # warm-up: opens the SSH masters
-        cli("down", "bench4", env=env)
-        for _ in range(ROUNDS):
-            times["up"].append(cli("up", str(recipe), "--cluster", cluster, env=env))
-            times["status"].append(cli("status", "bench4", env=env))
-            times["down"].append(cli("down", "bench4", env=env))
+        try:
+            cli("up", str(recipe), "--cluster", cluster, env=env)  # warm-up: opens the SSH masters
+            cli("down", name, env=env)
+            for _ in range(rounds):
+                runs["up"].append(cli("up", str(recipe), "--cluster", cluster, env=env))
+                runs["status"].append(cli("status", name, env=env))
+                runs["down"].append(cli("down", name, env=env))
+        finally:
+            # A failed command must not leave stand-in ranks behind the fleet it tears down.
+            subprocess.run([str(Path(sys.executable).with_name("sparkfleet")), "down", name], env=env,
+                           capture_output=True)  # fmt: skip
     shutil.rmtree(work, ignore_errors=True)
-    print(f"\n{label}:")
-    for op, values in times.items():
-        print(f"  {op:<6} median {statistics.median(values):.2f} s  min {min(values):.2f}  max {max(values):.2f}"
-              f"  (bar ≤ {BARS[op]} s)")  # fmt: skip
-    return times
+    medians = {op: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for op, rs in runs.items()}
+    print(f"\n{nodes} nodes, {label}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}:")
+    for op, m in medians.items():
+        print(f"  {op:<6} wall {m['wall']:.2f} s  own {m['own']:.2f} s  engines {m['engines']:.2f} s  "
+              f"cpu {m['cpu']:.2f} s  rt/node {m['rt']:.0f}   (median of {rounds})")  # fmt: skip
+    return medians
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[4], help="fleet sizes, measured in this order")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--root", action="store_true", help="also measure with root as the nodes' login user")
+    opts = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root (it creates the benchmark's node user and binds sshd to port 22)")
     ensure_user()
-    load = os.getloadavg()[0]
-    print(f"4-node loopback fleet, stand-in ranks, {ROUNDS} rounds; load average {load:.1f} on {os.cpu_count()} cores")
-    lean = measure(USER, f"nodes log in as {USER} (plain /bin/sh)")
-    measure(None, "nodes log in as root (this machine's ~/.bashrc runs pyenv init on every SSH command)")
-    ok = all(statistics.median(lean[op]) <= bar for op, bar in BARS.items())
-    print(f"\nbar (lean login shell): {'PASS' if ok else 'FAIL'}")
+    print(f"loopback fleets of {opts.nodes} nodes, stand-in ranks, {opts.rounds} rounds; {os.cpu_count()} cores")
+    lean = {n: measure(n, opts.rounds, USER, f"nodes log in as {USER} (plain /bin/sh)") for n in opts.nodes}
+    if opts.root:
+        for n in opts.nodes:
+            measure(n, opts.rounds, None, "nodes log in as root (~/.bashrc runs pyenv init)")
+    ok = True
+    if 4 in lean:
+        status = lean[4]["status"]["wall"]
+        ok &= status <= STATUS_BAR_S
+        print(f"\nstatus at 4 nodes: {status:.2f} s (bar ≤ {STATUS_BAR_S} s)")
+    small, large = min(opts.nodes), max(opts.nodes)
+    if large > small:
+        growth = lean[large]["up"]["own"] / lean[small]["up"]["own"]
+        ok &= growth <= GROWTH_BAR
+        print(f"sparkfleet's own up time, {large} vs {small} nodes: {growth:.2f}x (bar ≤ {GROWTH_BAR}x); "
+              f"engines' start-up {lean[large]['up']['engines']:.2f} s vs {lean[small]['up']['engines']:.2f} s")
+    print(f"bar: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
 
 

@@ -17,11 +17,12 @@ from sparkfleet.nodes.fanout import fan_out, raise_first
 from sparkfleet.nodes.identity import Instance
 from sparkfleet.nodes.runtime.base import RankState, Runtime
 from sparkfleet.nodes.runtime.process import port_holders
-from sparkfleet.nodes.transport.base import Transport
+from sparkfleet.nodes.transport.base import Transport, trace
 from sparkfleet.plan.model import Plan, RankPlan, VerifySpec
 
 LOG_TAIL_LINES = 15
 POLL_S = 0.5
+FIRST_POLL_S = 0.05
 LOG_POLL_S = 2.0
 
 
@@ -158,6 +159,8 @@ def wait_ready(
     verify = plan.verify
     boot = BootLog({p: None for p in verify.expect})
     began = time.monotonic()
+    began_wall = time.time()
+    pause = FIRST_POLL_S
     deadline = began + timeout
     next_logs = 0.0
     healthy = False
@@ -199,6 +202,7 @@ def wait_ready(
         )
         missing = boot.missing()
         if healthy and workers_ok and not missing:
+            trace("phase", plan.head.node.name, began_wall, time.time(), "readiness")
             return boot
         waiting = f"rank 0 health ({answer})" if not healthy else ("worker ports" if not workers_ok else
                                                                    f"log lines {missing}")  # fmt: skip
@@ -209,7 +213,10 @@ def wait_ready(
                 f"{plan.name} not ready after {timeout:.0f}s: still waiting for {waiting}; "
                 f"rank 0 on {head.node.name}, last log lines:\n{tail(log)}"
             )
-        time.sleep(POLL_S)
+        # Short pauses first, then POLL_S: a rank that is ready at once is seen at once, and a
+        # slow one is not probed more than twice a second.
+        time.sleep(pause)
+        pause = min(POLL_S, pause * 2)
 
 
 def served_model_id(endpoint: str, fallback: str) -> str:

@@ -9,6 +9,7 @@ it holds.
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 import subprocess
 import threading
@@ -22,6 +23,22 @@ from sparkfleet.errors import CommandError, TransportError, TransportTimeout
 
 _TAIL_LINES = 20
 CHUNK = 1 << 20
+# A file that every node command (and up's readiness wait) is appended to, one tab-separated
+# line each: kind, node, wall-clock start and end, the command's first words. Set by
+# benchmarks/lifecycle_overhead.py to count round trips per node and split sparkfleet's own
+# time from the engines' start-up; unset, tracing costs one dict lookup.
+TRACE_ENV = "SPARKFLEET_TRACE"
+_trace_lock = threading.Lock()
+
+
+def trace(kind: str, node: str, started: float, ended: float, what: str) -> None:
+    """Append one line to the trace file, when one is set (``time.time()`` stamps)."""
+    path = os.environ.get(TRACE_ENV)
+    if not path:
+        return
+    line = "\t".join((kind, node, f"{started:.6f}", f"{ended:.6f}", " ".join(what.split())[:80])) + "\n"
+    with _trace_lock, open(path, "a", encoding="utf-8") as fh:
+        fh.write(line)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sparkfleet.errors import TransportError, TransportTimeout
-from sparkfleet.nodes.transport.base import Capabilities, ProcessStream, Result
+from sparkfleet.nodes.transport.base import Capabilities, ProcessStream, Result, trace
 from sparkfleet.spec.cluster import Node
 
 SSH_FAILED = 255
@@ -108,6 +108,7 @@ class SshTransport:
         if not argv:
             raise ValueError("empty command")
         start = time.monotonic()
+        wall = time.time()
         try:
             proc = subprocess.run(
                 self._command(argv, env),
@@ -123,6 +124,7 @@ class SshTransport:
             raise TransportError(self.node, "the ssh client is not installed on this machine") from exc
         except subprocess.TimeoutExpired as exc:
             raise TransportTimeout(self.node, shlex.join(argv)[:120], timeout or 0, self.destination) from exc
+        trace("ssh", self.node, wall, time.time(), shlex.join(argv))
         if proc.returncode == SSH_FAILED and _SSH_ERROR.search(proc.stderr.decode(errors="replace")):
             last = proc.stderr.decode(errors="replace").strip().splitlines()[-1]
             raise TransportError(self.node, f"cannot reach {self.destination} over SSH: {last}")
@@ -169,6 +171,8 @@ class SshTransport:
     def stream(self, argv: Sequence[str], *, stdin: bool = False, merge_stderr: bool = True) -> ProcessStream:
         """Start argv on the node over the master connection; a handle on its output (and its
         stdin with ``stdin=True``), the bytes flowing through this machine's ssh process."""
+        now = time.time()
+        trace("ssh-stream", self.node, now, now, shlex.join(argv))
         try:
             return ProcessStream(self.node, self._command(argv, None), stdin=stdin, merge_stderr=merge_stderr,
                                  shown=shlex.join(argv)[:120])  # fmt: skip
