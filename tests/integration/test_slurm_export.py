@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.exporters.slurm import slurm_script
+from sparkfleet.exporters.slurm import SlurmOptions, slurm_script
 from sparkfleet.spec import caches
 from sparkfleet.spec.recipe import load_recipe
 from tests.conftest import ROOT
@@ -143,7 +143,8 @@ def test_docker_rank_runs_in_a_foreground_container_removed_on_scancel(slurm: No
         'entrypoint = ["standin-rank"]\n[env]\nSTANDIN_DELAY = "2"\nMY_KNOB = "two words"\n'
     )
     script = tmp_path / "docker.sbatch"
-    script.write_text(slurm_script(load_recipe(recipe), "docker-test"))
+    # An SGLang recipe asks each node for its GPU by default; this Slurm node has none.
+    script.write_text(slurm_script(load_recipe(recipe), "docker-test", SlurmOptions(gpus_per_node=0)))
     out = tmp_path / "job.out"
     job = _sbatch(script, out)
     name = "sparkfleet-docker-test-r0"

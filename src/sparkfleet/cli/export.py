@@ -26,7 +26,9 @@ NicsOpt = Annotated[
 GpusOpt = Annotated[
     int | None,
     typer.Option(
-        "--gpus-per-node", help="GPUs each rank asks for (default: the --cluster device list, else 1)."
+        "--gpus-per-node",
+        help="GPUs each rank asks for (default: the --cluster node's gpus, else the recipe's TP×PP per node; "
+        "llama.cpp only when it offloads layers).",
     ),
 ]
 StateOpt = Annotated[
@@ -82,7 +84,7 @@ def k8s(
 
     loaded = load_recipe(recipe, tuple(set_ or ()))
     like = _like(cluster)
-    count = gpus if gpus is not None else gpus_per_node(like)
+    count = gpus if gpus is not None else gpus_per_node(like, loaded)
     opts = K8sOptions(image=image, namespace=namespace, gpus_per_node=count, hf_cache=hf_cache, rdma=not no_rdma,
                       state_dir=state_dir)  # fmt: skip
     _emit(k8s_yaml(loaded, name or deployment_name(recipe), opts, like), out)

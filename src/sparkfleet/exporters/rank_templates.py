@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from sparkfleet.plan.build import plan
+from sparkfleet.plan.flags import flag_value
 from sparkfleet.plan.model import Plan, RankPlan
 from sparkfleet.spec.cluster import Cluster, Node
 from sparkfleet.spec.recipe import Recipe
@@ -150,12 +151,20 @@ def wait_for_rpc_servers(rank: RankPlan) -> RankPlan:
     return replace(rank, argv=wrapped, container_argv=container)
 
 
-def gpus_per_node(like: Node | None, default: int = 1) -> int:
-    """GPUs each rank asks the scheduler for: the count a cluster node's ``gpus`` names (a device
-    list such as ``0,1``), else one, as on a DGX Spark (sparkrun's rule: tensor_parallel N = N hosts)."""
-    if like is not None and like.gpus not in ("all", "none", ""):
+def gpus_per_node(like: Node | None, recipe: Recipe) -> int:
+    """GPUs each rank asks the scheduler for. A cluster node's ``gpus`` decides when given: a
+    device list such as ``0,1`` counts, ``none`` asks for none (a CPU node: a GPU request there is
+    refused). Otherwise the recipe: a vLLM/SGLang rank holds TP x PP / nodes GPUs (one on a DGX
+    Spark, sparkrun's rule: tensor_parallel N = N hosts); llama.cpp only when it offloads layers."""
+    if like is not None and like.gpus == "none":
+        return 0
+    if like is not None and like.gpus not in ("all", ""):
         return len([g for g in like.gpus.replace("device=", "").split(",") if g.strip()])
-    return default
+    if recipe.engine == "llama-cpp":
+        layers = flag_value(recipe.args, "--n-gpu-layers", "--n_gpu_layers", "-ngl")
+        return 1 if layers not in (None, "", "0") else 0
+    ranks = recipe.tensor_parallel_size * recipe.pipeline_parallel_size
+    return max(1, ranks // max(1, recipe.required_nodes))
 
 
 def staged_paths(recipe: Recipe, deployment: str, values: dict[str, str]) -> list[str]:

@@ -205,7 +205,7 @@ def slurm_script(recipe: Recipe, deployment: str, opts: SlurmOptions | None = No
     health = ready.health_path or "/"
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", deployment)
     sbatch = [f"#SBATCH --job-name=sparkfleet-{name}", f"#SBATCH --nodes={n}", "#SBATCH --ntasks-per-node=1"]
-    gpus = opts.gpus_per_node if opts.gpus_per_node is not None else gpus_per_node(like)
+    gpus = opts.gpus_per_node if opts.gpus_per_node is not None else gpus_per_node(like, recipe)
     if gpus:
         sbatch.append(f"#SBATCH --gpus-per-node={gpus}")
     if opts.partition:
