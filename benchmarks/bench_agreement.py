@@ -32,6 +32,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -325,26 +326,7 @@ def main() -> None:
                 " vLLM back to back), median over the pairs: pairing cancels the drift of a busy machine."
                 " The ratio of the two medians is shown too."
             )
-            print(
-                f"{'tier':>5} | {'ours tok/s':>10} | {'vLLM tok/s':>10} | {'ratio':>6} ({'of med':>6}) | "
-                f"{'ours TTFT ms':>12} | {'vLLM TTFT ms':>12} | {'ratio':>6} ({'of med':>6}) | verdict"
-            )
-            worst = 0.0
-            for conc, mine, vllm_runs in rows:
-                pairs = list(zip(mine, vllm_runs, strict=True))
-                tps = [(float(m["output_throughput"]), float(v["output_throughput"])) for m, v in pairs]
-                ttft = [(float(m["median_ttft_ms"]), float(v["median_ttft_ms"])) for m, v in pairs]
-                a, b = statistics.median(x for x, _ in tps), statistics.median(y for _, y in tps)
-                ta, tb = statistics.median(x for x, _ in ttft), statistics.median(y for _, y in ttft)
-                r1 = statistics.median(x / y for x, y in tps)
-                r2 = statistics.median(x / y for x, y in ttft)
-                worst = max(worst, abs(r1 - 1), abs(r2 - 1))
-                ok = "within 5 %" if max(abs(r1 - 1), abs(r2 - 1)) <= BAR else "OUTSIDE 5 %"
-                tier = f"c{conc}"
-                print(
-                    f"{tier:>5} | {a:10.2f} | {b:10.2f} | {r1:6.3f} ({a / b:6.3f}) | {ta:12.1f} | {tb:12.1f} | "
-                    f"{r2:6.3f} ({ta / tb:6.3f}) | {ok}"
-                )
+            worst = agreement_table([(f"c{conc}", mine, vllm_runs) for conc, mine, vllm_runs in rows], "tier")
             print(
                 f"bar: output tok/s and median TTFT within {BAR:.0%} of vllm bench serve: "
                 f"{'PASS' if worst <= BAR else 'FAIL'} (largest deviation {worst:.1%})",
@@ -359,6 +341,31 @@ def main() -> None:
         if server is not None:
             server.terminate()
             server.wait(60)
+
+
+def agreement_table(rows: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]]]], head: str) -> float:
+    """Print ours against vLLM's per row (output tok/s and median TTFT: the ratio per alternating
+    pair, median over the pairs, and the ratio of the two medians); returns the largest deviation."""
+    print(
+        f"{head:>7} | {'ours tok/s':>10} | {'vLLM tok/s':>10} | {'ratio':>6} ({'of med':>6}) | "
+        f"{'ours TTFT ms':>12} | {'vLLM TTFT ms':>12} | {'ratio':>6} ({'of med':>6}) | verdict"
+    )
+    worst = 0.0
+    for label, mine, vllm_runs in rows:
+        pairs = list(zip(mine, vllm_runs, strict=True))
+        tps = [(float(m["output_throughput"]), float(v["output_throughput"])) for m, v in pairs]
+        ttft = [(float(m["median_ttft_ms"]), float(v["median_ttft_ms"])) for m, v in pairs]
+        a, b = statistics.median(x for x, _ in tps), statistics.median(y for _, y in tps)
+        ta, tb = statistics.median(x for x, _ in ttft), statistics.median(y for _, y in ttft)
+        r1 = statistics.median(x / y for x, y in tps)
+        r2 = statistics.median(x / y for x, y in ttft)
+        worst = max(worst, abs(r1 - 1), abs(r2 - 1))
+        ok = "within 5 %" if max(abs(r1 - 1), abs(r2 - 1)) <= BAR else "OUTSIDE 5 %"
+        print(
+            f"{label:>7} | {a:10.2f} | {b:10.2f} | {r1:6.3f} ({a / b:6.3f}) | {ta:12.1f} | {tb:12.1f} | "
+            f"{r2:6.3f} ({ta / tb:6.3f}) | {ok}"
+        )
+    return worst
 
 
 def repeatability(endpoint: Endpoint, tiers: list[int], tokens: int) -> None:

@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -37,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_agreement import BAR, Prompts, VllmBench, start_server, vllm_run
+from bench_agreement import BAR, Prompts, VllmBench, agreement_table, start_server, vllm_run
 
 from sparkfleet.bench.arrivals import Arrivals, schedule
 from sparkfleet.bench.endpoint import Endpoint, resolve_endpoint
@@ -166,25 +165,7 @@ def main() -> None:
             f" (last arrival at {', '.join(f'{p:.1f}' for p in planned)} s). Ratio = ours / vLLM per"
             " alternating pair, median over the pairs; the ratio of the two medians beside it."
         )
-        print(
-            f"{'rate':>6} | {'ours tok/s':>10} | {'vLLM tok/s':>10} | {'ratio':>6} ({'of med':>6}) | "
-            f"{'ours TTFT ms':>12} | {'vLLM TTFT ms':>12} | {'ratio':>6} ({'of med':>6}) | verdict"
-        )
-        worst = 0.0
-        for rate, mine, vllm_runs in rows:
-            pairs = list(zip(mine, vllm_runs, strict=True))
-            tps = [(float(m["output_throughput"]), float(v["output_throughput"])) for m, v in pairs]
-            ttft = [(float(m["median_ttft_ms"]), float(v["median_ttft_ms"])) for m, v in pairs]
-            a, b = statistics.median(x for x, _ in tps), statistics.median(y for _, y in tps)
-            ta, tb = statistics.median(x for x, _ in ttft), statistics.median(y for _, y in ttft)
-            r1 = statistics.median(x / y for x, y in tps)
-            r2 = statistics.median(x / y for x, y in ttft)
-            worst = max(worst, abs(r1 - 1), abs(r2 - 1))
-            ok = "within 5 %" if max(abs(r1 - 1), abs(r2 - 1)) <= BAR else "OUTSIDE 5 %"
-            print(
-                f"{rate:>4g}/s | {a:10.2f} | {b:10.2f} | {r1:6.3f} ({a / b:6.3f}) | {ta:12.1f} | {tb:12.1f} | "
-                f"{r2:6.3f} ({ta / tb:6.3f}) | {ok}"
-            )
+        worst = agreement_table([(f"{rate:g}/s", mine, vllm_runs) for rate, mine, vllm_runs in rows], "rate")
         print(
             f"bar: output tok/s and median TTFT within {BAR:.0%} of vllm bench serve in rate mode: "
             f"{'PASS' if worst <= BAR else 'FAIL'} (largest deviation {worst:.1%})",
