@@ -11,6 +11,9 @@ transport's trace (SPARKFLEET_TRACE) and the CLI's rusage:
 * wall: the whole command;
 * cpu: the controller's CPU (sparkfleet and its ssh clients, user + sys);
 * rt/node: SSH round trips per node (the most any node got);
+* nodes: CPU the nodes spent on the command (their SSH sessions and sparkfleet's agents there;
+  not the engines) — on a real fleet each node has its own cores, here all N share the same 2,
+  so at 16 nodes this alone is ~nodes/2 s of the wall time;
 * engines: up's readiness wait — the stand-in engines starting on this shared machine (N
   Python interpreters on 2 cores), which sparkfleet only watches;
 * own: wall minus that wait — sparkfleet's own time (CPU, round trips, its waits).
@@ -38,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.fleet import loopback_fleet  # noqa: E402
+from tests.fleet.loopback import LoopbackFleet, sessions_cpu  # noqa: E402
 
 USER = "sparkfleet-bench"
 OPS = ("up", "status", "down")
@@ -57,10 +61,11 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def cli(*args: str, env: dict[str, str]) -> dict[str, float]:
+def cli(*args: str, env: dict[str, str], fleet: LoopbackFleet) -> dict[str, float]:
     """Run one command; its wall and CPU time and, from its trace, round trips and the wait."""
     trace = Path(env["SPARKFLEET_TRACE"])
     trace.write_text("")
+    nodes = sessions_cpu(fleet)
     cpu = _children_cpu()
     start = time.perf_counter()
     beside = Path(sys.executable).with_name("sparkfleet")  # this interpreter's venv first
@@ -78,7 +83,7 @@ def cli(*args: str, env: dict[str, str]) -> dict[str, float]:
         elif kind == "phase":
             wait += float(t1) - float(t0)
     return {"wall": elapsed, "cpu": _children_cpu() - cpu, "rt": max(per_node.values(), default=0),
-            "engines": wait, "own": elapsed - wait}  # fmt: skip
+            "engines": wait, "own": elapsed - wait, "nodes": sessions_cpu(fleet) - nodes}  # fmt: skip
 
 
 def measure(nodes: int, rounds: int, user: str | None, label: str) -> dict[str, dict[str, float]]:
@@ -110,12 +115,12 @@ def measure(nodes: int, rounds: int, user: str | None, label: str) -> dict[str, 
                     path.chmod(0o755)
         cluster = str(fleet.cluster_file)
         try:
-            cli("up", str(recipe), "--cluster", cluster, env=env)  # warm-up: opens the SSH masters
-            cli("down", name, env=env)
+            cli("up", str(recipe), "--cluster", cluster, env=env, fleet=fleet)  # warm-up: opens the SSH masters
+            cli("down", name, env=env, fleet=fleet)
             for _ in range(rounds):
-                runs["up"].append(cli("up", str(recipe), "--cluster", cluster, env=env))
-                runs["status"].append(cli("status", name, env=env))
-                runs["down"].append(cli("down", name, env=env))
+                runs["up"].append(cli("up", str(recipe), "--cluster", cluster, env=env, fleet=fleet))
+                runs["status"].append(cli("status", name, env=env, fleet=fleet))
+                runs["down"].append(cli("down", name, env=env, fleet=fleet))
         finally:
             # A failed command must not leave stand-in ranks behind the fleet it tears down.
             subprocess.run([str(Path(sys.executable).with_name("sparkfleet")), "down", name], env=env,
@@ -125,7 +130,8 @@ def measure(nodes: int, rounds: int, user: str | None, label: str) -> dict[str, 
     print(f"\n{nodes} nodes, {label}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}:")
     for op, m in medians.items():
         print(f"  {op:<6} wall {m['wall']:.2f} s  own {m['own']:.2f} s  engines {m['engines']:.2f} s  "
-              f"cpu {m['cpu']:.2f} s  rt/node {m['rt']:.0f}   (median of {rounds})")  # fmt: skip
+              f"cpu {m['cpu']:.2f} s  nodes {m['nodes']:.2f} s  rt/node {m['rt']:.0f}"
+              f"  (median of {rounds})")  # fmt: skip
     return medians
 
 

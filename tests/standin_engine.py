@@ -20,12 +20,14 @@ the way it changes an engine's speed knob.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+# Only what every rank needs at the top: on the benchmark's 16-node loopback fleet, 15 worker
+# ranks boot on 2 shared cores while sparkfleet starts the head, and http.server and json are
+# most of a rank's start-up. Rank 0 imports them when it serves.
 
 
 def _arg(flag: str, default: str) -> str:
@@ -38,58 +40,65 @@ def _model() -> str:
     return _arg("--served-model-name", _arg("--model-path", _arg("--model", "standin")))
 
 
-class Handler(BaseHTTPRequestHandler):
-    def _send(self, code: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+def _handler() -> Any:
+    """The HTTP handler class of rank 0 (its imports happen here, not at start-up)."""
+    import json
+    from http.server import BaseHTTPRequestHandler
 
-    def do_GET(self) -> None:
-        if self.path == "/health":
-            self._send(200, {"status": "ok"})
-        elif self.path == "/v1/models":
-            self._send(200, {"object": "list", "data": [{"id": _model(), "object": "model"}]})
-        else:
-            self._send(404, {"error": "not found"})
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, code: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
 
-    def _stream(self, body: dict, chat: bool) -> None:
-        tokens = int(body.get("max_tokens") or 16)
-        itl = float(_arg("--standin-itl", "0.005"))
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.end_headers()
-        kind = "chat.completion.chunk" if chat else "text_completion"
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                self._send(200, {"status": "ok"})
+            elif self.path == "/v1/models":
+                self._send(200, {"object": "list", "data": [{"id": _model(), "object": "model"}]})
+            else:
+                self._send(404, {"error": "not found"})
 
-        def send(obj: dict) -> None:
-            self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
-            self.wfile.flush()
+        def _stream(self, body: dict, chat: bool) -> None:
+            tokens = int(body.get("max_tokens") or 16)
+            itl = float(_arg("--standin-itl", "0.005"))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            kind = "chat.completion.chunk" if chat else "text_completion"
 
-        start = time.monotonic()
-        for i in range(tokens):
-            time.sleep(max(0.0, start + i * itl - time.monotonic()))
-            piece = {"delta": {"content": f" t{i}"}} if chat else {"text": f" t{i}"}
-            send({"object": kind, "model": "standin",
-                  "choices": [{"index": 0, **piece, "finish_reason": "length" if i == tokens - 1 else None}]})
-        send({"object": kind, "model": "standin", "choices": [],
-              "usage": {"prompt_tokens": 5, "completion_tokens": tokens, "total_tokens": 5 + tokens}})
-        self.wfile.write(b"data: [DONE]\n\n")
+            def send(obj: dict) -> None:
+                self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+                self.wfile.flush()
 
-    def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length", 0))
-        body = json.loads(self.rfile.read(length) or b"{}")
-        if body.get("stream"):
-            self._stream(body, chat=self.path.endswith("/chat/completions"))
-            return
-        answer = os.environ.get("STANDIN_ANSWER", "42")
-        self._send(200, {"object": "text_completion", "model": "standin",
-                         "choices": [{"index": 0, "text": f" {answer}", "finish_reason": "stop"}],
-                         "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}})
+            start = time.monotonic()
+            for i in range(tokens):
+                time.sleep(max(0.0, start + i * itl - time.monotonic()))
+                piece = {"delta": {"content": f" t{i}"}} if chat else {"text": f" t{i}"}
+                send({"object": kind, "model": "standin",
+                      "choices": [{"index": 0, **piece, "finish_reason": "length" if i == tokens - 1 else None}]})
+            send({"object": kind, "model": "standin", "choices": [],
+                  "usage": {"prompt_tokens": 5, "completion_tokens": tokens, "total_tokens": 5 + tokens}})
+            self.wfile.write(b"data: [DONE]\n\n")
 
-    def log_message(self, fmt: str, *args: object) -> None:
-        return None
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length", 0))
+            body = json.loads(self.rfile.read(length) or b"{}")
+            if body.get("stream"):
+                self._stream(body, chat=self.path.endswith("/chat/completions"))
+                return
+            answer = os.environ.get("STANDIN_ANSWER", "42")
+            self._send(200, {"object": "text_completion", "model": "standin",
+                             "choices": [{"index": 0, "text": f" {answer}", "finish_reason": "stop"}],
+                             "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}})
+
+        def log_message(self, fmt: str, *args: object) -> None:
+            return None
+
+    return Handler
 
 
 def main() -> None:
@@ -104,6 +113,8 @@ def main() -> None:
     only = os.environ.get("STANDIN_FAULT_RANK")  # faults hit only this rank when set
     orphan = os.environ.get("STANDIN_ORPHAN")
     if orphan in ("keep", "drop") and (only is None or int(only) == rank):
+        import subprocess
+
         child = subprocess.Popen(["sleep", "600"], start_new_session=True, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                  env=None if orphan == "keep" else {"PATH": "/usr/bin:/bin"})  # fmt: skip
@@ -121,7 +132,9 @@ def main() -> None:
         while True:
             time.sleep(3600)
     time.sleep(float(os.environ.get("STANDIN_HEAD_DELAY", "0")))
-    server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    from http.server import ThreadingHTTPServer
+
+    server = ThreadingHTTPServer(("0.0.0.0", port), _handler())
     print("The server is fired up and ready to roll!", flush=True)
     server.serve_forever()
 

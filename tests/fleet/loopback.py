@@ -90,7 +90,7 @@ def _free(addr: str, port: int) -> bool:
     return True
 
 
-def _children(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """All descendants of ``pid`` (from /proc), deepest last."""
     kids: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):
@@ -110,6 +110,24 @@ def _children(pid: int) -> list[int]:
             out.append(c)
             todo.append(c)
     return out
+
+
+def sessions_cpu(fleet: LoopbackFleet) -> float:
+    """CPU seconds (user + system) spent so far under the fleet's sshds: their SSH sessions and
+    every command those ran and waited for (a daemon that left its session, such as a rank's
+    monitor and engine, is not counted)."""
+    ticks = 0
+    for node in fleet.nodes:
+        if node.proc is None:
+            continue
+        for pid in (node.proc.pid, *descendants(node.proc.pid)):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            ticks += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _memlock_setting() -> str:
@@ -292,7 +310,7 @@ class LoopbackFleet:
         self._exit_master(node)
         if node.proc is None:
             return
-        pids = [node.proc.pid, *_children(node.proc.pid)]
+        pids = [node.proc.pid, *descendants(node.proc.pid)]
         for p in reversed(pids):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGCONT)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from sparkfleet.nodes.ship import (
     PROGRAMS,
     SNAPSHOT_SCAN,
     STAGE_WORKER,
+    loader_text,
     program_text,
     run_shipped,
     shipped_argv,
@@ -206,7 +208,8 @@ def test_every_shipped_program_is_one_stdlib_script(program) -> None:  # type: i
 
 def test_shipped_argv_is_python_c_program_then_args() -> None:
     argv = shipped_argv("/opt/py", PROCESS_AGENT, ["find", "{}"])
-    assert argv[:3] == ["/opt/py", "-S", "-c"] and argv[3] == program_text(PROCESS_AGENT) and argv[4:] == ["find", "{}"]
+    assert argv[:3] == ["/opt/py", "-S", "-c"] and argv[3] == loader_text(PROCESS_AGENT) and argv[4:] == ["find", "{}"]
+    assert repr(program_text(PROCESS_AGENT)) in argv[3]  # the whole program travels with every call
     # The staging worker keeps site-packages: numpy and xxhash are optional speed-ups there.
     assert shipped_argv("python3", STAGE_WORKER, ["{}"])[:2] == ["python3", "-c"]
 
@@ -225,6 +228,27 @@ def test_run_shipped_runs_the_program_with_args_and_stdin_free_for_data(tmp_path
 
     run_shipped(MockTransport("m", node), "python3", COMPOSE_WORKER, ["{}"], stdin=b"data")
     assert seen[0].argv[1:3] == ("-S", "-c") and seen[0].argv[4:] == ("{}",) and seen[0].stdin == b"data"
+
+
+def test_a_node_compiles_a_shipped_program_once_and_survives_a_broken_cache(tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path), "PATH": os.environ.get("PATH", "")}
+    args = json.dumps({"root": str(tmp_path / "absent"), "revision": None, "hashed": [], "hash_limit": 1})
+
+    def scan() -> str:
+        out = subprocess.run(shipped_argv(sys.executable, SNAPSHOT_SCAN, [args]), capture_output=True, text=True,
+                             env=env, check=True)  # fmt: skip
+        return json.loads(out.stdout)["error"]
+
+    assert "does not exist" in scan()
+    (cached,) = (tmp_path / ".cache" / "sparkfleet" / "shipped").iterdir()
+    assert cached.name.startswith("snapshot-scan-") and cached.stat().st_size > 0
+    cached.write_bytes(b"not marshal data")  # a torn write, a disk error, another Python's file
+    assert "does not exist" in scan()
+    assert cached.read_bytes() != b"not marshal data"  # compiled again and put back
+    home = tmp_path / "home-is-a-file"  # no cache can be written under it: the program still runs
+    home.write_text("")
+    env["HOME"] = str(home)
+    assert "does not exist" in scan()
 
 
 def test_a_standalone_script_has_its_arguments_written_in(tmp_path: Path) -> None:

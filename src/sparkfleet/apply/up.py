@@ -53,10 +53,9 @@ def _quiet(_node: str | None, _rank: int | None, _msg: str) -> None:
 
 
 def _connect(plan: Plan, connect: Connector) -> dict[str, Transport]:
-    transports = {r.node.name: connect(r.node) for r in plan.ranks}
-    # One cheap command per node opens each master connection and fails fast on a dead node.
-    raise_first(fan_out(transports, lambda n: transports[n].run(["true"], timeout=30)))
-    return transports
+    # No round trip of its own: the preflight's agent call is each node's first command; it
+    # opens the master connection and fails on a dead node the same way a `true` would.
+    return {r.node.name: connect(r.node) for r in plan.ranks}
 
 
 def _port_roles(rank: RankPlan, plan: Plan) -> dict[int, str]:

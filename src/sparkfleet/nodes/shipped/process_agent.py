@@ -18,19 +18,58 @@ Shipped as ``python3 -c <this source> COMMAND JSON``. Commands:
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import re
-import resource
-import select
-import shutil
-import signal
-import subprocess
 import sys
 import time
 
+# Only os, sys and time at the top: every up, status and down starts this agent once per node
+# and phase, and on a node the imports were most of its run time (json, signal, subprocess and
+# contextlib alone cost 3x a bare interpreter start). The rest is imported where it is used.
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _json_codec():  # type: ignore[no-untyped-def]
+    """(loads, dumps) through the C accelerator ``_json`` (what the json package itself calls),
+    without json's import, which compiles its regular expressions on every start; the json
+    package where ``_json`` is missing or its signature differs."""
+    try:
+        import _json
+
+        class _Scanning:  # the attributes json.JSONDecoder hands the C scanner
+            strict = True
+            object_hook = None
+            object_pairs_hook = None
+            parse_float = float
+            parse_int = int
+            parse_constant = float  # NaN, Infinity, -Infinity
+
+        scan = _json.make_scanner(_Scanning())
+
+        def _unencodable(obj):  # type: ignore[no-untyped-def]
+            raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+        encode = _json.make_encoder(None, _unencodable, _json.encode_basestring_ascii, None, ": ", ", ",
+                                    False, False, True)  # fmt: skip
+
+        def loads(text: str):  # type: ignore[no-untyped-def]
+            obj, end = scan(text, 0)
+            if text[end:].strip():
+                raise ValueError(f"extra data after JSON at {end}")
+            return obj
+
+        def dumps(obj) -> str:  # type: ignore[no-untyped-def]
+            return "".join(encode(obj, 0))
+
+        if loads(dumps({"a": [1, 2.5, None, True, "\u00e9"]})) == {"a": [1, 2.5, None, True, "\u00e9"]}:
+            return loads, dumps
+    except (ImportError, AttributeError, TypeError, ValueError, StopIteration):
+        pass
+    import json
+
+    return json.loads, json.dumps
+
+
+_loads, _dumps = _json_codec()
 
 
 def _boot_time() -> float:
@@ -84,40 +123,111 @@ def start(spec: dict) -> None:
         fh.write(env_text)
     os.replace(spec["env_file"] + ".tmp", spec["env_file"])
     for path in (spec["pid_path"], spec["exit_path"]):
-        with contextlib.suppress(FileNotFoundError):
+        try:
             os.unlink(path)
+        except FileNotFoundError:
+            pass
     env = _env(spec)
+    # The monitor writes one byte here once the pid (or exit) file is in place, and dying closes
+    # it: the answer waits on the pipe, not on a polling loop. Non-inheritable, so the engine
+    # never holds it.
+    ready_r, ready_w = os.pipe()
     if os.fork() != 0:
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            if os.path.exists(spec["exit_path"]) or _read_pid(spec):
-                break
-            time.sleep(0.02)
-        print(json.dumps(inspect(spec)))
+        import select
+
+        os.close(ready_w)
+        if select.select([ready_r], [], [], 10)[0]:
+            os.read(ready_r, 1)
+        os.close(ready_r)
+        print(_dumps(inspect(spec)))
         return
+    os.close(ready_r)
+    try:
+        import _signal as signals  # signal's C core: the module's enum wrappers cost ~4 ms to import
+    except ImportError:
+        import signal as signals
     os.setsid()
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     # The monitor outlives a SIGTERM to the group so it can record how the engine ended.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signals.signal(signals.SIGTERM, signals.SIG_IGN)
+    signals.signal(signals.SIGHUP, signals.SIG_IGN)
     with open(spec["log_path"], "ab") as log:
         try:
-            proc = subprocess.Popen(
-                spec["argv"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                env=env, cwd=spec["workdir"],
-                preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL),
-            )
+            proc = _Engine(spec["argv"], env, spec["workdir"], devnull, signals)
         except OSError as exc:
             log.write(f"sparkfleet: cannot start {spec['argv'][0]}: {exc}\n".encode())
+            log.flush()  # os._exit below skips the file's buffer
             _write(spec["exit_path"], "127")
             os._exit(0)
         _write(spec["pid_path"], f"{os.getpgrp()} {proc.pid} {_starttime(proc.pid)}")
+        os.write(ready_w, b"1")
+        os.close(ready_w)
         _copy_redacted(proc, log, _redactor(spec, env))
     code = proc.wait()
     _write(spec["exit_path"], str(code))
     os._exit(0)
+
+
+class _Engine:
+    """The engine as a child of the monitor: fork and exec by hand, as subprocess.Popen would
+    (stdin /dev/null, stdout and stderr one pipe, its own cwd, SIGTERM, SIGPIPE and SIGXFSZ back
+    to default, no other descriptor inherited), because importing subprocess was most of the monitor's time before
+    the rank's pid is known, which every ``start`` waits for. Exec failures raise OSError here."""
+
+    def __init__(self, argv: list, env: dict, cwd: str, devnull: int, signals) -> None:  # type: ignore[no-untyped-def]
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()  # close-on-exec: EOF means the exec happened
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.dup2(devnull, 0)
+                os.dup2(out_w, 1)
+                os.dup2(out_w, 2)
+                for name in os.listdir("/proc/self/fd"):
+                    if int(name) > 2 and int(name) != err_w:
+                        try:
+                            os.close(int(name))
+                        except OSError:
+                            pass
+                os.chdir(cwd)
+                # As Popen's restore_signals: Python ignores SIGPIPE and SIGXFSZ, an engine must not.
+                for sig in (signals.SIGTERM, signals.SIGPIPE, signals.SIGXFSZ):
+                    signals.signal(sig, signals.SIG_DFL)
+                os.execvpe(argv[0], argv, env)
+            except BaseException as exc:  # whatever it was, the monitor must hear of it
+                try:
+                    os.write(err_w, str(exc).encode(errors="replace") or b"exec failed")
+                finally:
+                    os._exit(127)
+        os.close(out_w)
+        os.close(err_w)
+        failure = b""
+        while True:
+            chunk = os.read(err_r, 4096)
+            if not chunk:
+                break
+            failure += chunk
+        os.close(err_r)
+        if failure:
+            os.close(out_r)
+            os.waitpid(pid, 0)
+            raise OSError(failure.decode(errors="replace"))
+        self.pid, self.fd = pid, out_r
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return self.returncode
 
 
 def _redactor(spec: dict, env: dict[str, str]):  # type: ignore[no-untyped-def]
@@ -125,6 +235,8 @@ def _redactor(spec: dict, env: dict[str, str]):  # type: ignore[no-untyped-def]
     sends which keys are secret and the patterns; the values stay in the env file)."""
     values = sorted({env[k].encode() for k in spec.get("secret_keys", []) if len(env.get(k, "")) >= 4}, key=len,
                     reverse=True)  # fmt: skip
+    import re
+
     patterns = [re.compile(p.encode()) for p in spec.get("secret_patterns", [])]
 
     def redact(data: bytes) -> bytes:
@@ -137,10 +249,12 @@ def _redactor(spec: dict, env: dict[str, str]):  # type: ignore[no-untyped-def]
     return redact
 
 
-def _copy_redacted(proc: subprocess.Popen, log, redact) -> None:  # type: ignore[no-untyped-def]
+def _copy_redacted(proc, log, redact) -> None:  # type: ignore[no-untyped-def]
     """Copy the engine's output to its log file with secrets hidden, whole lines at a time (a
     secret never straddles two writes), until the engine exits."""
-    fd = proc.stdout.fileno()  # type: ignore[union-attr]
+    import select
+
+    fd = proc.fd
     pending = b""
     while True:
         ready, _, _ = select.select([fd], [], [], 0.5)
@@ -247,21 +361,29 @@ def stop(spec: dict) -> None:
         groups.add(found[0])
     members = _members(spec["deployment"], spec.get("rank"), spec.get("node"), instance)
     for pid in members:
-        with contextlib.suppress(ProcessLookupError):
+        try:
             groups.add(os.getpgid(pid))
+        except ProcessLookupError:
+            pass
     _terminate(groups, members, spec.get("grace", 10))
-    print(json.dumps({"stopped": sorted(set(members) | groups)}))
+    print(_dumps({"stopped": sorted(set(members) | groups)}))
 
 
 def _terminate(groups: set[int], members: list[int], grace: float) -> None:
     """SIGTERM every group and member, SIGKILL what is left after grace seconds."""
+    import signal
+
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pgid in groups:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
+            try:
                 os.killpg(pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
         for pid in members:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
+            try:
                 os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
         deadline = time.time() + (grace if sig == signal.SIGTERM else 5)
         while time.time() < deadline:
             alive = [p for p in members if _starttime(p) is not None]
@@ -305,9 +427,38 @@ def _listeners(ports: set[int]) -> dict[str, tuple[int, int]]:
     return out
 
 
+def _bindable(port: int) -> bool:
+    """Nothing listens on the port on any address of this node, IPv4 or IPv6: a wildcard bind
+    of each succeeds. Reading /proc/net/tcp costs the kernel a walk of its whole socket table (1.5 ms per
+    table here), and up asks this of every node before it starts anything."""
+    import _socket
+
+    families = [(_socket.AF_INET, "0.0.0.0")]
+    if getattr(_socket, "has_ipv6", False):
+        families.append((_socket.AF_INET6, "::"))
+    for family, address in families:
+        try:
+            sock = _socket.socket(family, _socket.SOCK_STREAM)
+        except OSError:
+            continue  # no IPv6 here
+        try:
+            # As a server binds: connections of an earlier rank still in TIME_WAIT don't count,
+            # and Linux refuses the bind while anything listens on the port.
+            sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+            sock.bind((address, port))
+        except OSError:
+            return False  # taken (or privileged): /proc says by whom, or that nobody listens
+        finally:
+            sock.close()
+    return True
+
+
 def holders(spec: dict) -> list[dict]:
     """Who listens on each of spec's ports: pid, command line and sparkfleet markers."""
-    sockets = _listeners({int(p) for p in spec.get("ports", [])})
+    ports = {int(p) for p in spec.get("ports", [])}
+    if all(_bindable(p) for p in ports):
+        return []
+    sockets = _listeners(ports)
     seen = {}
     if sockets:
         for pid in (p for p in os.listdir("/proc") if p.isdigit()):
@@ -346,12 +497,14 @@ def kill(spec: dict) -> None:
     members = [p for p in spec["pids"] if _belongs(str(p), spec["deployment"], None, spec.get("node"), None)]
     groups = set()
     for pid in members:
-        with contextlib.suppress(ProcessLookupError):
+        try:
             groups.add(os.getpgid(pid))
+        except ProcessLookupError:
+            pass
     # A rank's monitor leads its group; never signal the group this agent runs in.
     groups.discard(os.getpgrp())
     _terminate(groups, members, spec.get("grace", 10))
-    print(json.dumps({"stopped": members}))
+    print(_dumps({"stopped": members}))
 
 
 def mem_available() -> int | None:
@@ -376,6 +529,8 @@ def watch(spec: dict) -> dict:
         except OSError:
             state["exited_at"] = None
         ranks.append(state)
+    import resource
+
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {"ranks": ranks, "mem_available": mem_available(), "cpu_s": usage.ru_utime + usage.ru_stime}
 
@@ -459,8 +614,10 @@ def leftovers(spec: dict) -> list[dict]:
     marked_groups = set()
     for pid, env in envs.items():
         if env and any(k in env for k in _MARKERS):
-            with contextlib.suppress(OSError):
+            try:
                 marked_groups.add(os.getpgid(int(pid)))
+            except OSError:
+                pass
     out = []
     for pid, env in envs.items():
         started = _started(pid)
@@ -489,6 +646,9 @@ def leftovers(spec: dict) -> list[dict]:
 
 def gpu_apps(command: list[str]) -> dict:
     """nvidia-smi's compute apps (its CSV as printed), or why there is none."""
+    import shutil
+    import subprocess
+
     if not command or shutil.which(command[0]) is None:
         return {"gpu_apps": None, "gpu_error": "no nvidia-smi"}
     try:
@@ -501,25 +661,25 @@ def gpu_apps(command: list[str]) -> dict:
 
 
 if __name__ == "__main__":
-    command, payload = sys.argv[1], json.loads(sys.argv[2])
+    command, payload = sys.argv[1], _loads(sys.argv[2])
     if command == "start":
         start(payload)
     elif command == "inspect":
-        print(json.dumps(inspect(payload)))
+        print(_dumps(inspect(payload)))
     elif command == "probe":
-        print(json.dumps(probe(payload)))
+        print(_dumps(probe(payload)))
     elif command == "stop":
         stop(payload)
     elif command == "find":
-        print(json.dumps({"found": find(payload)}))
+        print(_dumps({"found": find(payload)}))
     elif command == "holders":
-        print(json.dumps({"holders": holders(payload)}))
+        print(_dumps({"holders": holders(payload)}))
     elif command == "preflight":
-        print(json.dumps({"found": find(payload), "holders": holders(payload)}))
+        print(_dumps({"found": find(payload), "holders": holders(payload)}))
     elif command == "kill":
         kill(payload)
     elif command == "watch":
-        print(json.dumps(watch(payload)))
+        print(_dumps(watch(payload)))
     elif command == "leftovers":
-        print(json.dumps({"found": leftovers(payload), "mem_available": mem_available(),
+        print(_dumps({"found": leftovers(payload), "mem_available": mem_available(),
                           **gpu_apps(payload.get("gpu_command") or [])}))

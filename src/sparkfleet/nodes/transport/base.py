@@ -31,6 +31,13 @@ TRACE_ENV = "SPARKFLEET_TRACE"
 _trace_lock = threading.Lock()
 
 
+def display_command(argv: Sequence[str], limit: int | None = None) -> str:
+    """The command for messages: a shell-quoted line, with a shipped program (one ``-c`` word of
+    many kilobytes) named by its size instead of printed whole."""
+    line = shlex.join(w if len(w) <= 200 else f"<{len(w)}-byte program>" for w in argv)
+    return line if limit is None else line[:limit]
+
+
 def trace(kind: str, node: str, started: float, ended: float, what: str) -> None:
     """Append one line to the trace file, when one is set (``time.time()`` stamps)."""
     path = os.environ.get(TRACE_ENV)
@@ -82,7 +89,7 @@ class Result:
 
     def display(self) -> str:
         """The command as a shell would show it (for messages)."""
-        return shlex.join(self.argv)
+        return display_command(self.argv)
 
     def tail(self, lines: int = _TAIL_LINES) -> str:
         """The last lines of stderr (or stdout when stderr is empty)."""
@@ -151,7 +158,7 @@ class ProcessStream:
     def __init__(self, node: str, argv: Sequence[str], *, stdin: bool = False, merge_stderr: bool = True,
                  shown: str | None = None) -> None:  # fmt: skip
         self.node = node
-        self._shown = shown or shlex.join(argv)[:120]
+        self._shown = shown or display_command(argv, 120)
         try:
             self._proc = subprocess.Popen(
                 list(argv),

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sparkfleet.errors import TransportError, TransportTimeout
-from sparkfleet.nodes.transport.base import Capabilities, ProcessStream, Result, trace
+from sparkfleet.nodes.transport.base import Capabilities, ProcessStream, Result, display_command, trace
 from sparkfleet.spec.cluster import Node
 
 SSH_FAILED = 255
@@ -123,7 +123,7 @@ class SshTransport:
         except FileNotFoundError as exc:
             raise TransportError(self.node, "the ssh client is not installed on this machine") from exc
         except subprocess.TimeoutExpired as exc:
-            raise TransportTimeout(self.node, shlex.join(argv)[:120], timeout or 0, self.destination) from exc
+            raise TransportTimeout(self.node, display_command(argv, 120), timeout or 0, self.destination) from exc
         trace("ssh", self.node, wall, time.time(), shlex.join(argv))
         if proc.returncode == SSH_FAILED and _SSH_ERROR.search(proc.stderr.decode(errors="replace")):
             last = proc.stderr.decode(errors="replace").strip().splitlines()[-1]
@@ -175,7 +175,7 @@ class SshTransport:
         trace("ssh-stream", self.node, now, now, shlex.join(argv))
         try:
             return ProcessStream(self.node, self._command(argv, None), stdin=stdin, merge_stderr=merge_stderr,
-                                 shown=shlex.join(argv)[:120])  # fmt: skip
+                                 shown=display_command(argv, 120))  # fmt: skip
         except TransportError as exc:
             raise TransportError(self.node, "the ssh client is not installed on this machine") from exc
 
