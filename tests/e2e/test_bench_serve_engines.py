@@ -31,9 +31,13 @@ def test_serve_on_vllm_reads_its_metrics_and_cached_prefix(vllm_url: str, tmp_pa
     assert doc["run"]["engine"] == "vllm" and doc["run"]["status"] == "complete"
     assert tier["request_rate"] == 2.0 and tier["achieved_rate"] > 1.0
     assert tier["failed"] == 0 and tier["length_mismatch"] == 0
-    assert tier["goodput"] == pytest.approx(tier["request_throughput"])
-    # vLLM's own count of running requests was read and nothing else ran on it.
+    # Goodput counts the requests whose own TTFT met the 30 s SLO (on a loaded 2-core machine
+    # CPU vLLM can miss it, so the share is read from the requests, not assumed to be all).
     sample = doc["samples"][0]
+    good = sum(1 for r in sample["requests"] if r["error"] is None and r["ttft"] is not None and r["ttft"] <= 30.0)
+    assert len(sample["requests"]) == 8
+    assert tier["goodput"] == pytest.approx(tier["request_throughput"] * good / 8)
+    # vLLM's own count of running requests was read and nothing else ran on it.
     assert sample["server"]["source"] == "metrics" and sample["server"]["polls"] > 0
     assert tier["foreign_requests"] == 0
     assert tier["kv_cache_usage_max"] is not None and tier["server_tpot_ms"] > 0
