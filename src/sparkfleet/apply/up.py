@@ -146,12 +146,13 @@ def _ensure_images(plan: Plan, transports: dict[str, Transport], report: Reporte
 
 
 def _start_rank(plan: Plan, r: int, runtimes: dict[int, Runtime], transports: dict[str, Transport],
-                records: Deployments, report: Reporter, instance: Instance) -> None:  # fmt: skip
+                report: Reporter, instance: Instance) -> tuple[float, str, str, str | None]:  # fmt: skip
+    """Start rank r; its "start" event, for the caller to record with the rest of its batch."""
     rank = plan.rank(r)
     transport = transports[rank.node.name]
     ident = runtimes[r].start(rank, transport, instance)
     report(rank.node.name, r, f"started ({rank.runtime} {ident})")
-    records.event(plan.name, "start", f"rank {r} started ({ident})", rank.node.name)
+    return time.time(), "start", f"rank {r} started ({ident})", rank.node.name
 
 
 def rollback(plan_ranks: tuple[RankPlan, ...], name: str, instance: str, transports: dict[str, Transport]) -> list[str]:
@@ -230,8 +231,10 @@ def _run_up(plan: Plan, instance: Instance, records: Deployments, report: Report
     # Workers first, all at once; the head last, once every worker runs (the seeds' order).
     workers = [r for r in plan.launch_order if r != 0]
     for batch in ([str(r) for r in workers], ["0"]):
-        raise_first(fan_out(batch, lambda r: _start_rank(plan, int(r), runtimes, transports, records, report,
-                                                         instance)))  # fmt: skip
+        started = fan_out(batch, lambda r: _start_rank(plan, int(r), runtimes, transports, report, instance))
+        # One transaction per batch, the ranks that failed to start left out, before any error.
+        records.events_at(plan.name, sorted(started.succeeded.values()))
+        started.raise_first()
     boot = wait_ready(
         plan, transports, runtimes, instance, timeout=timeout or plan.verify.timeout,
         on_progress=lambda msg: report(plan.head.node.name, 0, msg),

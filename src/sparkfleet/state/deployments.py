@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -205,9 +206,18 @@ class Deployments:
     def event(self, name: str, kind: str, message: str, node: str | None = None,
               env: dict[str, str] | None = None) -> None:  # fmt: skip
         """Append to the deployment's timeline (secret values redacted)."""
+        self.events_at(name, [(time.time(), kind, message, node)], env)
+
+    def events_at(self, name: str, entries: Sequence[tuple[float, str, str, str | None]],
+                  env: dict[str, str] | None = None) -> None:  # fmt: skip
+        """Append several ``(time, kind, message, node)`` events in one transaction: what the
+        nodes of one phase did, recorded once the phase is over rather than by every node's
+        thread in turn (each commit is a sync, and N threads queue on the write lock)."""
+        if not entries:
+            return
         with self.store.connect() as conn:
-            conn.execute("INSERT INTO events (name, time, kind, node, message) VALUES (?, ?, ?, ?, ?)",
-                         (name, time.time(), kind, node, redact(message, env or {})))  # fmt: skip
+            rows = [(name, t, kind, node, redact(message, env or {})) for t, kind, message, node in entries]
+            conn.executemany("INSERT INTO events (name, time, kind, node, message) VALUES (?, ?, ?, ?, ?)", rows)
 
     def get(self, name: str) -> Deployment | None:
         """The recorded deployment, or None."""
