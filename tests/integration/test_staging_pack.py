@@ -326,3 +326,87 @@ def test_sigkill_mid_pack_then_rerun_gives_identical_bytes(tmp_path: Path) -> No
     _vouched_or_absent(out)
     stage(step)
     assert out.read_bytes() == expected_packed(snapshot, 1, 0, 1)
+
+
+def test_one_worker_stages_every_rank_of_a_node(pristine: Path, tmp_path: Path) -> None:
+    """All ranks in one worker process (as for a node that serves several): assessed together,
+    packed one after the other while the one before finishes, each byte-exact."""
+    steps = [make_step(pristine, tmp_path / "out", rank) for rank in range(4)]
+    transports = {"local": LocalTransport("local")}
+    reports = stage_all(steps, transports, chunk_bytes=CHUNK)
+    assert sorted(r.rank for r in reports) == [0, 1, 2, 3]
+    assert {o.status for r in reports for o in r.outputs} == {"missing"}
+    for rank in range(4):
+        for layer in ROWS:
+            out = tmp_path / "out" / f"engram-l{layer}-r{rank}of4.bin"
+            assert out.read_bytes() == expected_packed(pristine, layer, rank, 4)
+    assert not list((tmp_path / "out").glob("*.partial"))
+    victim = tmp_path / "out" / "engram-l14-r2of4.bin"
+    with victim.open("r+b") as fh:
+        fh.seek(4096 + 5 * 264)
+        fh.write(b"\x01" * 8)
+    again = stage_all(steps, transports, chunk_bytes=CHUNK)
+    statuses = {(r.rank, Path(o.path).name): (o.status, o.chunks_rewritten) for r in again for o in r.outputs}
+    assert statuses.pop((2, victim.name)) == ("modified", 1)
+    assert set(statuses.values()) == {("ok", 0)}
+    assert victim.read_bytes() == expected_packed(pristine, 14, 2, 4)
+
+
+def test_jobs_sharing_an_output_run_one_after_the_other(pristine: Path, tmp_path: Path) -> None:
+    step = make_step(pristine, tmp_path / "out", 1)
+    reports = stage_all([step, step], {"local": LocalTransport("local")}, chunk_bytes=CHUNK)
+    assert [[o.status for o in r.outputs] for r in reports] == [["missing", "missing"], ["ok", "ok"]]
+    for layer in ROWS:
+        assert (tmp_path / "out" / f"engram-l{layer}-r1of4.bin").read_bytes() == expected_packed(pristine, layer, 1, 4)
+
+
+@pytest.mark.parametrize("reader_thread", [True, False])
+def test_packing_with_and_without_the_reader_thread_gives_the_same_bytes(
+    pristine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reader_thread: bool
+) -> None:
+    """In-process (the worker picks the reader thread by core count; both paths are covered)."""
+    from sparkfleet.nodes.shipped import sparse_rows
+
+    monkeypatch.setattr(sparse_rows, "_READER_THREAD", reader_thread)
+    args = {"src": str(pristine), "dst": str(tmp_path / "out"), "tp": 4, "rank": 3, "chunk_bytes": CHUNK}
+    first = sparse_rows.run_job(dict(args))
+    assert first["ok"] and {o["status"] for o in first["outputs"]} == {"missing"}
+    out = tmp_path / "out" / "engram-l1-r3of4.bin"
+    with out.open("r+b") as fh:  # one block of one chunk, then a resumed repair
+        fh.seek(4096 + 10_000 * 264)
+        fh.write(b"\xaa" * 64)
+    again = sparse_rows.run_job(dict(args))
+    by_name = {Path(o["path"]).name: o for o in again["outputs"]}
+    assert (by_name[out.name]["status"], by_name[out.name]["chunks_rewritten"]) == ("modified", 1)
+    assert by_name[out.name]["bytes_written"] <= CHUNK
+    for layer in ROWS:
+        assert (tmp_path / "out" / f"engram-l{layer}-r3of4.bin").read_bytes() == expected_packed(pristine, layer, 3, 4)
+
+
+def test_a_failure_while_an_output_finishes_fails_its_own_job_only(
+    pristine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outputs finish (fsync, ledger, rename) in the background while the next is packed: a
+    failure there is reported by the job that packed it, and leaves nothing at its final path."""
+    from sparkfleet.nodes.shipped import sparse_rows
+
+    real = sparse_rows.write_json_atomic
+
+    def failing(path: str, obj: dict[str, object]) -> None:
+        if "-r2of4.bin" in path:
+            raise OSError(28, "No space left on device", path)
+        real(path, obj)
+
+    monkeypatch.setattr(sparse_rows, "write_json_atomic", failing)
+    args = {"src": str(pristine), "dst": str(tmp_path / "out"), "tp": 4, "chunk_bytes": CHUNK}
+    jobs = [{**args, "rank": r} for r in range(4)]
+    results = sparse_rows.run_jobs(jobs)
+    assert [r["ok"] for r in results] == [True, True, False, True]
+    assert "No space left on device" in results[2]["error"]
+    for rank in (0, 1, 3):
+        for layer in ROWS:
+            assert (tmp_path / "out" / f"engram-l{layer}-r{rank}of4.bin").read_bytes() == expected_packed(
+                pristine, layer, rank, 4
+            )
+    assert not list((tmp_path / "out").glob("engram-*-r2of4.bin"))
+    assert not list((tmp_path / "out").glob("engram-*-r2of4.bin.ledger.json"))

@@ -16,7 +16,7 @@ import os
 import re
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from sparkfleet.nodes.shipped.failure import StageFailure
 
@@ -31,8 +31,9 @@ _DTYPE_BYTES = {
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
-@dataclass(frozen=True)
-class ShardHeader:
+# NamedTuples, not dataclasses: importing dataclasses (inspect, ast, dis, ...) is a measurable
+# part of a re-stage, which is mostly the worker's start-up.
+class ShardHeader(NamedTuple):
     """One shard's parsed header: where its data starts and its tensors."""
 
     path: str
@@ -43,8 +44,7 @@ class ShardHeader:
     tensors: dict[str, dict[str, object]]
 
 
-@dataclass(frozen=True)
-class TensorLoc:
+class TensorLoc(NamedTuple):
     """Where one 2-D tensor's bytes lie in its shard."""
 
     name: str
@@ -59,8 +59,7 @@ class TensorLoc:
         return self.rows * self.row_bytes
 
 
-@dataclass(frozen=True)
-class RowTable:
+class RowTable(NamedTuple):
     """A table to stage: its weight tensor, the optional ``.scale`` partner, and its layer."""
 
     weight: TensorLoc
