@@ -23,7 +23,8 @@ def build_report(experiment: Experiment, parts: Sequence[VariantRound],
     a, b = experiment.variants
     by = {v: [p for p in parts if p.variant == v] for v in (a, b)}
     done = sorted({p.round for p in parts if all(any(q.round == p.round for q in by[v]) for v in (a, b))})
-    by = {v: [p for p in by[v] if p.round in done] for v in (a, b)}
+    # Sorted by round, so the i-th values of A and B are the pair that ran back to back.
+    by = {v: sorted((p for p in by[v] if p.round in done), key=lambda p: p.round) for v in (a, b)}
     order = [[p.variant for p in sorted((q for q in parts if q.round == r), key=lambda q: q.position)] for r in done]
     report: dict[str, Any] = {
         "experiment": experiment.id, "recipe": experiment.recipe, "deployment": experiment.name,
@@ -45,7 +46,7 @@ def build_report(experiment: Experiment, parts: Sequence[VariantRound],
         report["metrics"].append({
             "name": name, "unit": unit, "better_is": "higher" if higher else "lower",
             "a": _side(v.a_rounds), "b": _side(v.b_rounds), "diff_pct": round(v.diff_pct, 2),
-            "interval_pct": [round(100 * (v.low - 1), 2), round(100 * (v.high - 1), 2)],
+            "interval_pct": [round(100 * (x - 1), 2) for x in v.interval] if v.interval else None,
             "verdict": better,
             "verdict_text": f"{better} is better" if better else "no difference",
         })  # fmt: skip
@@ -73,11 +74,11 @@ def markdown(report: dict[str, Any]) -> str:
     lines += [f"| metric | {a} (min–max) | {b} (min–max) | B vs A | 95% interval | verdict |",
               "|---|---:|---:|---:|---:|---|"]  # fmt: skip
     for m in report["metrics"]:
-        lo, hi = m["interval_pct"]
+        interval = "—" if m["interval_pct"] is None else "{:+.1f}% … {:+.1f}%".format(*m["interval_pct"])
         lines.append(
             f"| {m['name']} ({m['unit']}, {m['better_is']} is better) | {_num(m['a']['value'])} "
             f"({_num(m['a']['min'])}–{_num(m['a']['max'])}) | {_num(m['b']['value'])} "
-            f"({_num(m['b']['min'])}–{_num(m['b']['max'])}) | {m['diff_pct']:+.1f}% | {lo:+.1f}% … {hi:+.1f}% "
+            f"({_num(m['b']['min'])}–{_num(m['b']['max'])}) | {m['diff_pct']:+.1f}% | {interval} "
             f"| **{m['verdict_text']}** |"
         )
     q = report.get("quality")

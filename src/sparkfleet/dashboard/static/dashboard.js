@@ -426,7 +426,7 @@ async function drawExperiment(id) {
       el("tbody", {}, (report.metrics || []).map((m) => el("tr", { "data-metric": m.name },
         el("td", {}, `${m.name} (${m.unit})`), el("td", {}, fmtNum(m.a.value)), el("td", {}, fmtNum(m.b.value)),
         el("td", {}, `${m.diff_pct > 0 ? "+" : ""}${fmtNum(m.diff_pct)} %`),
-        el("td", {}, `${fmtNum(m.interval_pct[0])} … ${fmtNum(m.interval_pct[1])} %`),
+        el("td", {}, m.interval_pct ? `${fmtNum(m.interval_pct[0])} … ${fmtNum(m.interval_pct[1])} %` : "—"),
         el("td", {}, badge(m.verdict ? "pass" : "warn"), " ", m.verdict_text))))),
     report.quality ? el("p", {}, `quality: ${a} ${report.quality.a_passed}/${report.quality.paired}, ${b} `
       + `${report.quality.b_passed}/${report.quality.paired}, McNemar p ${fmtNum(report.quality.mcnemar_p, 3)}: `
