@@ -4,13 +4,17 @@
     python benchmarks/lifecycle_overhead.py --nodes 4 16 [--rounds 5] [--root]
 
 Each node is a real sshd on its own 127.0.0.x address; the CLI runs as a user would
-(`sparkfleet up|status|down`, wall time of the whole command, Python start-up included), with
-a stand-in rank that serves as soon as its interpreter is up. Per command it reports, from the
-transport's trace (SPARKFLEET_TRACE) and the CLI's rusage:
+(`sparkfleet up|status|down`, wall time of the whole command, Python start-up included). Rank 0
+is the stand-in engine (tests/standin_engine.py), which serves as soon as its interpreter is up;
+the other ranks are `sleep`: a stand-in worker has nothing to do, and N−1 Python interpreters
+booting on the 2 shared cores while sparkfleet starts the head are engine start-up (on a fleet
+each boots on its own node), not orchestration. Per command it reports, from the transport's
+trace (SPARKFLEET_TRACE) and the CLI's rusage:
 
 * wall: the whole command;
 * cpu: the controller's CPU (sparkfleet and its ssh clients, user + sys);
-* rt/node: SSH round trips per node (the most any node got);
+* rt/node: round trips per node (the most any node got): SSH calls and requests over the node's
+  agent session (opening the session is not one: its first request goes with it);
 * nodes: CPU the nodes spent on the command (their SSH sessions and sparkfleet's agents there;
   not the engines) — on a real fleet each node has its own cores, here all N share the same 2,
   so at 16 nodes this alone is ~nodes/2 s of the wall time;
@@ -45,6 +49,8 @@ from tests.fleet.loopback import LoopbackFleet, sessions_cpu  # noqa: E402
 
 USER = "sparkfleet-bench"
 OPS = ("up", "status", "down")
+# sh -c's $0 is the python, "$@" the stand-in and its flags; the agent sets SPARKFLEET_RANK.
+WORKERS_SLEEP = '[ "$SPARKFLEET_RANK" = 0 ] && exec "$0" "$@"; exec sleep 2147483647'
 GROWTH_BAR = 1.5  # own up time at the largest fleet / at the smallest
 STATUS_BAR_S = 0.5  # status at 4 nodes
 
@@ -78,7 +84,7 @@ def cli(*args: str, env: dict[str, str], fleet: LoopbackFleet) -> dict[str, floa
     wait = 0.0
     for line in trace.read_text().splitlines():
         kind, node, t0, t1, _ = line.split("\t")
-        if kind.startswith("ssh"):
+        if kind in ("ssh", "ssh-agent"):
             per_node[node] = per_node.get(node, 0) + 1
         elif kind == "phase":
             wait += float(t1) - float(t0)
@@ -99,7 +105,8 @@ def measure(nodes: int, rounds: int, user: str | None, label: str) -> dict[str, 
     python = "/usr/bin/python3" if user else sys.executable
     (recipe / "recipe.toml").write_text(
         'engine = "sglang"\nmodel = "org/standin"\nport = 18950\nrendezvous_port = 18951\n'
-        f'required_nodes = {nodes}\ntensor_parallel_size = {nodes}\nentrypoint = ["{python}", "{standin}"]\n'
+        f'required_nodes = {nodes}\ntensor_parallel_size = {nodes}\n'
+        f'entrypoint = ["/bin/sh", "-c", {WORKERS_SLEEP!r}, "{python}", "{standin}"]\n'
     )
     env = {**os.environ, "SPARKFLEET_STATE_DIR": str(work / "controller-state"),
            "SPARKFLEET_TRACE": str(work / "trace.tsv")}  # fmt: skip

@@ -308,7 +308,12 @@ def test_plain_folder_one_changed_file(fleet4: LoopbackFleet, tmp_path: Path) ->
     )
     setup = build(fleet4, tmp_path, staging, nodes=4)
     distribute(setup.plan, setup.transports)
-    (folder / "t3.bin").write_bytes(os.urandom(1 << 20))  # same size, new content and mtime
+    # Same size, new content, an mtime in the same second as the synced copy's: rsync's default
+    # quick check compares whole seconds and skipped such a file.
+    before = (folder / "t3.bin").stat().st_mtime_ns
+    (folder / "t3.bin").write_bytes(os.urandom(1 << 20))
+    same_second = before - before % 10**9 + (before % 10**9 + 500_000_000) % 10**9
+    os.utime(folder / "t3.bin", ns=(same_second, same_second))
     report = distribute(setup.plan, setup.transports)
     for r in report.synced:
         assert r.files_sent == 1 and r.bytes_sent <= (1 << 20) + 4096, r

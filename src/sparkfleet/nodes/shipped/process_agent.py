@@ -1,6 +1,9 @@
 """Node-side agent for the process runtime (stdlib only: it runs on nodes without sparkfleet).
 
-Shipped as ``python3 -c <this source> COMMAND JSON``. Commands:
+Shipped as ``python3 -c <this source> COMMAND JSON``, or ``… serve``: a session that answers one
+JSON request per line on stdin (``{"command", "payload", "stdin"}``) with one JSON line
+(``{"answer"}`` or ``{"error"}``) until its stdin ends, so a controller pays for SSH and this
+interpreter once per node and command, not once per call. Commands:
   start   fork a monitor in a new session; it starts the engine in its process group, records
           "pgid pid starttime" in the pid file, waits, and writes the exit code file
   inspect print {"state", "pid", "exit_code", "started_at"} as JSON
@@ -114,10 +117,10 @@ def _env(spec: dict) -> dict[str, str]:
     return env
 
 
-def start(spec: dict) -> None:
+def start(spec: dict, env_text: bytes) -> dict:
     os.makedirs(spec["workdir"], exist_ok=True)
-    # The env file arrives on stdin, so secrets never sit in argv; only this user may read it.
-    env_text = sys.stdin.buffer.read()
+    # The env file arrives on stdin (or in a session's request), so secrets never sit in argv;
+    # only this user may read it.
     fd = os.open(spec["env_file"] + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as fh:
         fh.write(env_text)
@@ -132,15 +135,28 @@ def start(spec: dict) -> None:
     # it: the answer waits on the pipe, not on a polling loop. Non-inheritable, so the engine
     # never holds it.
     ready_r, ready_w = os.pipe()
-    if os.fork() != 0:
+    middle = os.fork()
+    if middle != 0:
         import select
 
         os.close(ready_w)
+        os.waitpid(middle, 0)
         if select.select([ready_r], [], [], 10)[0]:
             os.read(ready_r, 1)
         os.close(ready_r)
-        print(_dumps(inspect(spec)))
-        return
+        return inspect(spec)
+    # Forked twice: the monitor must not be this agent's child. A session agent lives on after
+    # the start, and every monitor that ended before it would linger as its zombie (init reaps
+    # an orphan at once).
+    if os.fork() != 0:
+        os._exit(0)
+    try:
+        _monitor(spec, env, ready_r, ready_w)
+    finally:
+        os._exit(0)  # whatever happened, never back into the caller's code (a session's loop)
+
+
+def _monitor(spec: dict, env: dict[str, str], ready_r: int, ready_w: int) -> None:
     os.close(ready_r)
     try:
         import _signal as signals  # signal's C core: the module's enum wrappers cost ~4 ms to import
@@ -158,16 +174,15 @@ def start(spec: dict) -> None:
             proc = _Engine(spec["argv"], env, spec["workdir"], devnull, signals)
         except OSError as exc:
             log.write(f"sparkfleet: cannot start {spec['argv'][0]}: {exc}\n".encode())
-            log.flush()  # os._exit below skips the file's buffer
+            log.flush()  # os._exit skips the file's buffer
             _write(spec["exit_path"], "127")
-            os._exit(0)
+            return
         _write(spec["pid_path"], f"{os.getpgrp()} {proc.pid} {_starttime(proc.pid)}")
         os.write(ready_w, b"1")
         os.close(ready_w)
         _copy_redacted(proc, log, _redactor(spec, env))
     code = proc.wait()
     _write(spec["exit_path"], str(code))
-    os._exit(0)
 
 
 class _Engine:
@@ -350,7 +365,7 @@ def _members(deployment: str, rank: int | None, node: str | None, instance: str 
             if p.isdigit() and int(p) != me and _belongs(p, deployment, rank, node, instance)]
 
 
-def stop(spec: dict) -> None:
+def stop(spec: dict) -> dict:
     found = _read_pid(spec)
     groups = set()
     instance = spec.get("instance")
@@ -366,7 +381,7 @@ def stop(spec: dict) -> None:
         except ProcessLookupError:
             pass
     _terminate(groups, members, spec.get("grace", 10))
-    print(_dumps({"stopped": sorted(set(members) | groups)}))
+    return {"stopped": sorted(set(members) | groups)}
 
 
 def _terminate(groups: set[int], members: list[int], grace: float) -> None:
@@ -492,7 +507,7 @@ def holders(spec: dict) -> list[dict]:
     return out
 
 
-def kill(spec: dict) -> None:
+def kill(spec: dict) -> dict:
     """Stop the given pids, but only those that still belong to the deployment on this node."""
     members = [p for p in spec["pids"] if _belongs(str(p), spec["deployment"], None, spec.get("node"), None)]
     groups = set()
@@ -504,7 +519,7 @@ def kill(spec: dict) -> None:
     # A rank's monitor leads its group; never signal the group this agent runs in.
     groups.discard(os.getpgrp())
     _terminate(groups, members, spec.get("grace", 10))
-    print(_dumps({"stopped": members}))
+    return {"stopped": members}
 
 
 def mem_available() -> int | None:
@@ -532,7 +547,8 @@ def watch(spec: dict) -> dict:
     import resource
 
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return {"ranks": ranks, "mem_available": mem_available(), "cpu_s": usage.ru_utime + usage.ru_stime}
+    cpu = usage.ru_utime + usage.ru_stime - _session_cpu[0]  # a session's earlier requests are not this poll's
+    return {"ranks": ranks, "mem_available": mem_available(), "cpu_s": cpu}
 
 
 # What makes a process sparkfleet's (SPARKFLEET_STATE_DIR and the like are a user's settings).
@@ -660,26 +676,62 @@ def gpu_apps(command: list[str]) -> dict:
     return {"gpu_apps": done.stdout, "gpu_error": None}
 
 
-if __name__ == "__main__":
-    command, payload = sys.argv[1], _loads(sys.argv[2])
+def answer(command: str, payload: dict, stdin: bytes) -> dict:
+    """One command's JSON answer."""
     if command == "start":
-        start(payload)
-    elif command == "inspect":
-        print(_dumps(inspect(payload)))
-    elif command == "probe":
-        print(_dumps(probe(payload)))
-    elif command == "stop":
-        stop(payload)
-    elif command == "find":
-        print(_dumps({"found": find(payload)}))
-    elif command == "holders":
-        print(_dumps({"holders": holders(payload)}))
-    elif command == "preflight":
-        print(_dumps({"found": find(payload), "holders": holders(payload)}))
-    elif command == "kill":
-        kill(payload)
-    elif command == "watch":
-        print(_dumps(watch(payload)))
-    elif command == "leftovers":
-        print(_dumps({"found": leftovers(payload), "mem_available": mem_available(),
-                          **gpu_apps(payload.get("gpu_command") or [])}))
+        return start(payload, stdin)
+    if command == "inspect":
+        return inspect(payload)
+    if command == "probe":
+        return probe(payload)
+    if command == "stop":
+        return stop(payload)
+    if command == "find":
+        return {"found": find(payload)}
+    if command == "holders":
+        return {"holders": holders(payload)}
+    if command == "preflight":
+        return {"found": find(payload), "holders": holders(payload)}
+    if command == "kill":
+        return kill(payload)
+    if command == "watch":
+        return watch(payload)
+    if command == "leftovers":
+        return {"found": leftovers(payload), "mem_available": mem_available(),
+                **gpu_apps(payload.get("gpu_command") or [])}  # fmt: skip
+    raise ValueError(f"unknown agent command {command!r}")
+
+
+# CPU this process had used before the current request (a session's baseline for watch's cpu_s).
+_session_cpu = [0.0]
+
+
+def serve() -> None:
+    """Answer requests, one JSON line each way, until stdin ends."""
+    import resource
+
+    out = sys.stdout
+    out.write(_dumps({"serving": os.getpid()}) + "\n")  # the controller knows the session is up
+    out.flush()
+    for line in sys.stdin.buffer:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        _session_cpu[0] = usage.ru_utime + usage.ru_stime
+        reply: dict[str, object]
+        try:
+            request = _loads(line.decode())
+            reply = {"answer": answer(request["command"], request["payload"], (request.get("stdin") or "").encode())}
+        except Exception as exc:  # the session goes on; the controller raises what failed
+            import traceback
+
+            reply = {"error": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-2000:]}
+        out.write(_dumps(reply) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "serve":
+        serve()
+    else:
+        # The env file of a start arrives on stdin; other commands get none (an empty read).
+        stdin = sys.stdin.buffer.read() if sys.argv[1] == "start" else b""
+        print(_dumps(answer(sys.argv[1], _loads(sys.argv[2]), stdin)))

@@ -57,10 +57,14 @@ class Capabilities:
     ssh: the ssh words up to and including the destination, for tools that take an ssh command
         of their own (``rsync -e``, a node that pushes to this one); None when the node is not
         reached over SSH.
+    sessions: a stream with stdin may stay open for a whole sparkfleet command as the node's
+        agent session (``nodes/runtime/agent_session.py``): each call otherwise pays for a
+        connection and an interpreter there. Its streams never get the terminal's Ctrl-C.
     """
 
     local: bool = False
     ssh: tuple[str, ...] | None = None
+    sessions: bool = False
 
     @property
     def address(self) -> str | None:
@@ -156,7 +160,7 @@ class ProcessStream:
     """A Stream over a process started on this machine (a local command, or ssh to the node)."""
 
     def __init__(self, node: str, argv: Sequence[str], *, stdin: bool = False, merge_stderr: bool = True,
-                 shown: str | None = None) -> None:  # fmt: skip
+                 shown: str | None = None, new_session: bool = False) -> None:  # fmt: skip
         self.node = node
         self._shown = shown or display_command(argv, 120)
         try:
@@ -165,6 +169,7 @@ class ProcessStream:
                 stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+                start_new_session=new_session,
             )
         except FileNotFoundError as exc:
             raise TransportError(node, f"{argv[0]}: command not found") from exc
@@ -190,6 +195,7 @@ class ProcessStream:
         if self._proc.stdin is None:
             raise TransportError(self.node, f"{self._shown}: opened without stdin")
         self._proc.stdin.write(data)
+        self._proc.stdin.flush()  # a request waits for its answer: nothing may sit in the buffer
 
     def close_stdin(self) -> None:
         if self._proc.stdin is not None:

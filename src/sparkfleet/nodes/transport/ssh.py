@@ -50,7 +50,7 @@ class SshTransport:
     @property
     def capabilities(self) -> Capabilities:
         """Another machine, reached with the ssh words of ``ssh_argv``."""
-        return Capabilities(local=False, ssh=tuple(self.ssh_argv()))
+        return Capabilities(local=False, ssh=tuple(self.ssh_argv()), sessions=True)
 
     def control_path(self) -> str:
         """This node's master socket: ssh's %C (host, port, user) plus a digest of how we reach it.
@@ -174,8 +174,10 @@ class SshTransport:
         now = time.time()
         trace("ssh-stream", self.node, now, now, shlex.join(argv))
         try:
+            # Its own session, as run's: Ctrl-C goes to sparkfleet, which closes what it opened
+            # (an agent session must outlive the Ctrl-C that starts up's rollback).
             return ProcessStream(self.node, self._command(argv, None), stdin=stdin, merge_stderr=merge_stderr,
-                                 shown=display_command(argv, 120))  # fmt: skip
+                                 shown=display_command(argv, 120), new_session=True)  # fmt: skip
         except TransportError as exc:
             raise TransportError(self.node, "the ssh client is not installed on this machine") from exc
 

@@ -1,0 +1,127 @@
+"""One process agent per node, kept open for the length of a sparkfleet command.
+
+A one-shot agent call costs a new SSH channel, a shell and an interpreter on the node and an ssh
+client here; `up` makes three to four calls per node (preflight, start, readiness, the head's
+probe) and `down` three. On 16 nodes that sharing of cores was most of `up`'s growth over 4. A
+session opens on the first call (``… serve``: JSON requests and answers, one line each) and
+answers every later call on the same transport in about a millisecond. It closes when its
+transport is dropped; the node's agent ends when its stdin does.
+
+The one-shot call stays: for transports that cannot hold a stream open (``capabilities.sessions``
+false: local, scripted), for a second caller while the session is busy (ranks of one node start
+in parallel), and when the session never came up — then the one-shot call reports why (no such
+python, a refused login) the way it always has. A session that dies in the middle of a call
+raises: the command may have run there, so it is not sent again.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+import weakref
+from typing import Any
+
+from sparkfleet.errors import RankRuntimeError
+from sparkfleet.nodes.ship import PROCESS_AGENT, shipped_argv
+from sparkfleet.nodes.transport.base import Stream, Transport, trace
+
+
+class AgentSession:
+    """A serving process agent on one node (see the module's doc)."""
+
+    def __init__(self, transport: Transport, python: str) -> None:
+        self.node = transport.node
+        self._stream: Stream = transport.stream(shipped_argv(python, PROCESS_AGENT, ["serve"]), stdin=True,
+                                                merge_stderr=False)  # fmt: skip
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self.serving = False  # the agent said hello
+        self.pid: int | None = None  # the agent's pid on the node, from its hello
+        self.closed = False
+        threading.Thread(target=self._read, name=f"agent-session-{self.node}", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for line in self._stream:
+                self._lines.put(line)
+        except (OSError, ValueError):  # the stream was closed under the reader
+            pass
+        finally:
+            self._lines.put(None)
+
+    def _next(self, deadline: float) -> str | None:
+        try:
+            return self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise TimeoutError from None
+
+    def acquire(self) -> bool:
+        """Take the session for one call, or False when another call holds it."""
+        return not self.closed and self._lock.acquire(blocking=False)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def call(self, command: str, payload: dict[str, object], stdin: bytes | None,
+             timeout: float) -> dict[str, Any] | None:  # fmt: skip
+        """The agent's answer; None when the command was never delivered (the caller makes the
+        one-shot call instead). Hold the session (``acquire``) around it."""
+        started, deadline = time.time(), time.monotonic() + timeout
+        request = {"command": command, "payload": payload, "stdin": stdin.decode() if stdin else None}
+        try:
+            self._stream.write(json.dumps(request).encode() + b"\n")
+        except (OSError, ValueError):  # the agent is gone: nothing was delivered
+            self.close()
+            return None
+        try:
+            while not self.serving:  # anything a login shell prints comes before the hello
+                line = self._next(deadline)
+                if line is None:
+                    self.close()
+                    return None  # it never served, so it never read the request
+                if line.startswith('{"serving"'):
+                    self.serving, self.pid = True, int(json.loads(line)["serving"])
+            line = self._next(deadline)
+        except TimeoutError:
+            self.close()
+            why = f"process agent {command} gave no answer within {timeout:.0f} s"
+            raise RankRuntimeError(self.node, why) from None
+        trace("ssh-agent", self.node, started, time.time(), command)
+        if line is None:
+            self.close()
+            raise RankRuntimeError(self.node, f"process agent {command} failed: its session ended: "
+                                   f"{self._stream.errors().strip()[-500:]}")  # fmt: skip
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RankRuntimeError(self.node, f"process agent {command} failed: {reply['error'].strip()}")
+        answer: dict[str, Any] = reply["answer"]
+        return answer
+
+    def close(self) -> None:
+        """End the agent's input; it exits, and so does the ssh client carrying it."""
+        self.closed = True
+        self._stream.close_stdin()
+
+
+_sessions: weakref.WeakKeyDictionary[Transport, dict[str, AgentSession]] = weakref.WeakKeyDictionary()
+_guard = threading.Lock()
+
+
+def session_for(transport: Transport, python: str, *, open_one: bool = True) -> AgentSession | None:
+    """The transport's session for this python: opened on first use (unless ``open_one`` is
+    false: a caller that would only save a cheap shell call uses one that is already open);
+    None where the transport cannot hold one or its session never came up."""
+    if not transport.capabilities.sessions:
+        return None
+    with _guard:
+        per = _sessions.setdefault(transport, {})
+        session = per.get(python)
+        if session is not None and not session.closed:
+            return session
+        if (session is not None and not session.serving) or not open_one:
+            return None  # one that never came up is not tried again: one-shot calls from here on
+        session = per[python] = AgentSession(transport, python)
+        weakref.finalize(transport, session.close)
+        return session
