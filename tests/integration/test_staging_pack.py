@@ -392,10 +392,10 @@ def test_a_failure_while_an_output_finishes_fails_its_own_job_only(
 
     real = sparse_rows.write_json_atomic
 
-    def failing(path: str, obj: dict[str, object]) -> None:
+    def failing(path: str, obj: dict[str, object], **how: bool) -> None:
         if "-r2of4.bin" in path:
             raise OSError(28, "No space left on device", path)
-        real(path, obj)
+        real(path, obj, **how)
 
     monkeypatch.setattr(sparse_rows, "write_json_atomic", failing)
     args = {"src": str(pristine), "dst": str(tmp_path / "out"), "tp": 4, "chunk_bytes": CHUNK}

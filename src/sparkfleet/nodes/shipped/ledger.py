@@ -61,16 +61,30 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_json_atomic(path: str, obj: dict[str, Any]) -> None:
-    """Write JSON to a temp file beside ``path``, fsync it, and rename it into place."""
+def write_json_atomic(path: str, obj: dict[str, Any], *, durable: bool = True) -> None:
+    """Write JSON to a temp file beside ``path`` and rename it into place; with ``durable``,
+    fsync the file first and its folder after. Without, the caller makes it durable later
+    (``fsync_file`` and ``fsync_dir``): a rename is atomic for every process at once, and only
+    a power cut before those fsyncs can lose it."""
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(obj, fh, indent=1, sort_keys=True)
         fh.write("\n")
         fh.flush()
-        os.fsync(fh.fileno())
+        if durable:
+            os.fsync(fh.fileno())
     os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path) or ".")
+    if durable:
+        fsync_dir(os.path.dirname(path) or ".")
+
+
+def fsync_file(path: str) -> None:
+    """Make a file's contents durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_ledger(output: str) -> dict[str, Any] | None:

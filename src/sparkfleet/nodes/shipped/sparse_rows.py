@@ -6,7 +6,10 @@ there against its ledger: an output whose ledger matches the source identity, th
 stat, its header, a sample of rows compared with the source and a sample of chunk hashes is left
 alone. Anything else is (re)built in ``<output>.partial`` — comparing chunk hashes so only chunks
 that differ are written — fsynced, described by a fresh ledger, and renamed into place, so the
-final path only ever holds a file its ledger vouches for. The last stdout line is a JSON result.
+final path only ever holds a file its ledger vouches for. The ledgers' and the renames' own
+fsyncs come once every output of the run is written (see ``_Finisher``): a killed worker loses
+nothing, a power cut before them at worst a ledger, and that output is packed again. The last
+stdout line is a JSON result.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from sparkfleet.nodes.shipped.ledger import (
     LEDGER_FORMAT,
     default_algorithm,
     fsync_dir,
+    fsync_file,
     hash_algorithms,
     read_ledger,
     remove_ledger,
@@ -84,8 +88,10 @@ class _Finisher:
     The packing thread hands work over and never waits on the disk. A pack is bound by how fast
     the disk makes writes durable, so the fsyncs are what must follow each other without a gap:
     while output k is fsynced, output k+1 is read and written, and k+1's fsync starts as soon
-    as k's returns, while k's ledger is written (its small fsyncs can take a tenth of a second
-    right after a large one).
+    as k's returns, while k's ledger is written and both are renamed into place. The ledger's
+    fsync and the folder's wait for the stager's close (``later``): made while another output
+    is being written, each small fsync waited 50-160 ms for that output's data in the same
+    journal commit, and a tp=4 pack on one node made twelve of them.
     """
 
     def __init__(self, fd: int, before: _Finisher | None) -> None:
@@ -93,6 +99,7 @@ class _Finisher:
         self.failure: BaseException | None = None
         self.seconds = 0.0
         self.synced = threading.Event()
+        self.later: list[str] = []  # files renamed into place whose fsync (and folder's) is left to the close
         self._calls: Queue[Callable[[], None] | None] = Queue()
         self._thread = threading.Thread(target=self._run, name="stage-finisher", daemon=True)
         self._thread.start()
@@ -495,6 +502,7 @@ def repack(
 
     def finish() -> None:
         st = synced[0]
+        assert finisher is not None
         write_json_atomic(
             final + ".ledger.json",
             {
@@ -503,9 +511,12 @@ def repack(
                 "output": {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino},
                 "written_at": time.time(),
             },
+            durable=False,
         )  # fmt: skip
+        # The data is durable (sync ran first); a SIGKILL from here on loses nothing, and a power
+        # cut before the stager's close can only lose the ledger, so the output is packed again.
         os.replace(partial, final)
-        fsync_dir(os.path.dirname(final) or ".")
+        finisher.later.append(final + ".ledger.json")
 
     finisher.finish(sync, finish)
     return {"bytes_written": written, "chunks_rewritten": rewritten, "chunks_total": len(out.chunks)}
@@ -550,6 +561,24 @@ class _Stager:
             failure = finisher.join()
             first, seconds = done.get(job, (None, 0.0))
             done[job] = (first or failure, seconds + finisher.seconds)
+        # Every output is written: now the ledgers and the renames become durable, each folder
+        # once (see _Finisher).
+        folders: dict[str, list[int]] = {}
+        for job, finisher in self._pending:
+            for path in finisher.later if done[job][0] is None else ():
+                t0 = time.monotonic()
+                try:
+                    fsync_file(path)
+                except OSError as exc:
+                    done[job] = (exc, done[job][1])
+                done[job] = (done[job][0], done[job][1] + time.monotonic() - t0)
+                folders.setdefault(os.path.dirname(path) or ".", []).append(job)
+        for folder, jobs in folders.items():
+            try:
+                fsync_dir(folder)
+            except OSError as exc:
+                for job in jobs:
+                    done[job] = (done[job][0] or exc, done[job][1])
         self._pending.clear()
         for fd in self._locks.values():
             os.close(fd)
