@@ -125,3 +125,17 @@ def session_for(transport: Transport, python: str, *, open_one: bool = True) -> 
         session = per[python] = AgentSession(transport, python)
         weakref.finalize(transport, session.close)
         return session
+
+
+def call_in_session(transport: Transport, python: str, command: str, payload: dict[str, object], *,
+                    stdin: bytes | None = None, timeout: float = 30,
+                    open_one: bool = True) -> dict[str, Any] | None:  # fmt: skip
+    """The agent's answer through the transport's session; None when there is none to use (no
+    session, a busy one, one that never came up): the caller then makes its own call."""
+    session = session_for(transport, python, open_one=open_one)
+    if session is None or not session.acquire():
+        return None
+    try:
+        return session.call(command, payload, stdin, timeout)
+    finally:
+        session.release()

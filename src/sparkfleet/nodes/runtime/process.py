@@ -10,7 +10,7 @@ import json
 
 from sparkfleet.errors import RankRuntimeError
 from sparkfleet.nodes.identity import FoundRank, Instance, PortHolder
-from sparkfleet.nodes.runtime.agent_session import session_for
+from sparkfleet.nodes.runtime.agent_session import call_in_session
 from sparkfleet.nodes.runtime.base import RankState, env_file_text
 from sparkfleet.nodes.ship import PROCESS_AGENT, run_shipped
 from sparkfleet.nodes.transport.base import Stream, Transport
@@ -37,14 +37,9 @@ def node_agent(transport: Transport, python: str, command: str, payload: dict[st
                timeout: float = 30, stdin: bytes | None = None) -> dict:  # fmt: skip
     """Run one agent command on the node and return its JSON answer: over the node's agent
     session where its transport holds one, else as a call of its own."""
-    session = session_for(transport, python)
-    if session is not None and session.acquire():
-        try:
-            answer = session.call(command, payload, stdin, timeout)
-        finally:
-            session.release()
-        if answer is not None:
-            return answer
+    answer = call_in_session(transport, python, command, payload, stdin=stdin, timeout=timeout)
+    if answer is not None:
+        return answer
     result = run_shipped(transport, python, PROCESS_AGENT, [command, json.dumps(payload)], stdin=stdin,
                          timeout=timeout)  # fmt: skip
     if not result.ok:
@@ -94,17 +89,15 @@ class ProcessRuntime:
         return str(state.get("pid") or "")
 
     def inspect(self, rank: RankHandle, transport: Transport) -> RankState:
-        session = session_for(transport, rank.node.python, open_one=False)
-        if session is not None and session.acquire():  # up's readiness polls: the agent is there already
-            try:
-                watched = session.call("watch", {"ranks": [_spec(rank, "")]}, None, 20)
-            finally:
-                session.release()
-            if watched is not None:  # watch: inspect's answer and, as the shell's, when it exited
-                s = watched["ranks"][0]
-                return RankState(rank.rank, rank.node.name, s["state"], s["exit_code"], s["started_at"],
-                                 str(s["pid"]) if s["pid"] else None,
-                                 s["exited_at"] if s["state"] == "exited" else None)  # fmt: skip
+        # up's readiness polls: the agent is there already. watch gives inspect's answer and, as
+        # the shell does, when the rank exited.
+        watched = call_in_session(transport, rank.node.python, "watch", {"ranks": [_spec(rank, "")]}, timeout=20,
+                                  open_one=False)  # fmt: skip
+        if watched is not None:
+            s = watched["ranks"][0]
+            return RankState(rank.rank, rank.node.name, s["state"], s["exit_code"], s["started_at"],
+                             str(s["pid"]) if s["pid"] else None,
+                             s["exited_at"] if s["state"] == "exited" else None)  # fmt: skip
         # Plain sh, not a new Python agent: status polls this, and a shell starts 10x faster.
         result = transport.run(["sh", "-c", _INSPECT_SH, "sh", rank.pid_path, rank.exit_path], timeout=20,
                                check=False)  # fmt: skip
