@@ -170,11 +170,11 @@ def wait_ready(
     def transport(r: int) -> Transport:
         return transports[ranks[r].node.name]
 
-    while True:
-        now = time.monotonic()
-        want_logs = now >= next_logs or healthy
-        keys = [str(r) for r in ranks]
-        if want_logs:
+    keys = [str(r) for r in ranks]
+
+    def look(with_logs: bool) -> None:
+        """Every rank still runs (else raise with its log); with_logs: check the boot logs too."""
+        if with_logs:
             probed = raise_first(fan_out(keys, lambda r: runtimes[int(r)].probe(handles[int(r)], transport(int(r)))))
             states = {k: v[0] for k, v in probed.items()}
         else:
@@ -182,10 +182,16 @@ def wait_ready(
         for key, state in states.items():
             if state.state != "running":
                 rank = ranks[int(key)]
-                log = probed[key][1] if want_logs else runtimes[rank.rank].logs(rank.handle, transport(rank.rank))
+                log = probed[key][1] if with_logs else runtimes[rank.rank].logs(rank.handle, transport(rank.rank))
                 raise rank_exited(rank, state, log)
-        if want_logs:
+        if with_logs:
             check_logs(plan, verify, {int(k): v[1] for k, v in probed.items()}, boot)
+
+    while True:
+        now = time.monotonic()
+        want_logs = now >= next_logs or healthy
+        look(want_logs)
+        if want_logs:
             next_logs = now + LOG_POLL_S
         head = plan.head
         was_healthy = healthy
@@ -202,6 +208,9 @@ def wait_ready(
         )
         missing = boot.missing()
         if healthy and workers_ok and not missing:
+            # The logs once more, read after rank 0 answered: a forbidden line that a rank printed
+            # while rank 0 came up (after this round's read) must not pass as ready.
+            look(True)
             trace("phase", plan.head.node.name, began_wall, time.time(), "readiness")
             return boot
         waiting = f"rank 0 health ({answer})" if not healthy else ("worker ports" if not workers_ok else
