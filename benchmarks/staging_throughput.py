@@ -1,6 +1,6 @@
 """Staging throughput: packing vs this machine's own sequential copy of the same number of bytes.
 
-    python benchmarks/staging_throughput.py [--dir /var/tmp/sparkfleet-bench] [--gib 8] [--tp 4] [--repeat 3]
+    python benchmarks/staging_throughput.py [--dir /var/tmp/sparkfleet-bench] [--gib 8] [--tp 4] [--repeat 4]
 
 Generates a synthetic checkpoint with one Engram layer (F8 weight [N,256] + scale [N,8] in one
 shard, N chosen so the table is --gib GiB), then, in the same run and under the same conditions:
@@ -18,6 +18,13 @@ Fairness: the page cache is dropped (``echo 3 > /proc/sys/vm/drop_caches``, need
 each copy and each pack, so both read the source cold and both fsync what they write; without
 root the script says so and both run warm. Copy and pack alternate ``--repeat`` times and the
 medians are compared. Bar: pack rate ≥ 95 % of copy rate; restage ≤ 5 % of pack time.
+
+Order: every round starts with dd, then cp and pack, which one first alternating from round to
+round. On the test VM a run's rate depends on what wrote just before it: cp right after dd
+(a slow writer) ran 465 MB/s, cp right after a pack 356 MB/s, while the pack ran 489-496 MB/s
+after either (median of 3 each, same run). A fixed dd → cp → pack order gave cp the easy slot in
+every round; alternating gives each tool each neighbour equally often, and the medians by order
+are printed so the effect can be seen.
 """
 
 from __future__ import annotations
@@ -97,7 +104,7 @@ def main() -> int:
     # 8 GiB by default: re-staging has a fixed cost (an interpreter start, ~130 sampled rows and
     # one 16 MiB chunk per file) that a real 25-100 GB pack amortises; at 3 GiB it is ~15 %.
     parser.add_argument("--gib", type=float, default=8.0, help="size of the Engram table in GiB")
-    parser.add_argument("--repeat", type=int, default=3, help="copy/pack rounds (medians are compared)")
+    parser.add_argument("--repeat", type=int, default=4, help="copy/pack rounds, an even number (medians are compared)")
     parser.add_argument("--tp", type=int, default=4, help="pack every rank of this tensor-parallel size")
     parser.add_argument("--keep", action="store_true", help="keep the generated checkpoint")
     opts = parser.parse_args()
@@ -118,21 +125,26 @@ def main() -> int:
     cpu: dict[str, list[float]] = {tool: [] for tool in [*COPIERS, "pack"]}
     packs = []
     pack_bytes = 0
+    by_order: dict[str, list[tuple[float, float]]] = {"cp first": [], "pack first": []}
     for i in range(opts.repeat):
-        for tool in COPIERS:
-            before = children_cpu()
-            copies[tool].append(copy_once(tool, shard, root / "copy.bin"))
-            cpu[tool].append(children_cpu() - before)
         out = root / f"packed-{i}"
-        drop_caches()
-        before = children_cpu()
-        elapsed, written, statuses = pack_all(snapshot, out, opts.tp)
-        cpu["pack"].append(children_cpu() - before)
-        assert statuses == ["missing"], statuses
-        packs.append(elapsed)
-        pack_bytes = written
+        order = ["dd", "cp", "pack"] if i % 2 == 0 else ["dd", "pack", "cp"]
+        for tool in order:
+            before = children_cpu()
+            if tool == "pack":
+                drop_caches()
+                elapsed, written, statuses = pack_all(snapshot, out, opts.tp)
+                assert statuses == ["missing"], statuses
+                packs.append(elapsed)
+                pack_bytes = written
+            else:
+                copies[tool].append(copy_once(tool, shard, root / "copy.bin"))
+            cpu[tool].append(children_cpu() - before)
         rates = "   ".join(f"{t} {shard.stat().st_size / c[-1] / 1e6:7.1f} MB/s" for t, c in copies.items())
-        print(f"round {i + 1}: {rates}   pack {written / elapsed / 1e6:7.1f} MB/s", flush=True)
+        first = "cp first" if i % 2 == 0 else "pack first"
+        by_order[first].append((shard.stat().st_size / copies["cp"][-1], pack_bytes / packs[-1]))
+        pack_mb = pack_bytes / packs[-1] / 1e6
+        print(f"round {i + 1} ({' > '.join(order)}): {rates}   pack {pack_mb:7.1f} MB/s", flush=True)
         if i + 1 < opts.repeat:
             shutil.rmtree(out)
     restages = {}
@@ -158,6 +170,10 @@ def main() -> int:
         f"{copy_rate / 1e6:8.1f} MB/s"
     )
     print(f"pack (all {opts.tp} ranks, fsync + ledger)            : {pack_s:7.2f} s  {pack_rate / 1e6:8.1f} MB/s")
+    for first, pairs in by_order.items():
+        if pairs:
+            cp_mb, pack_mb = (statistics.median(p[k] for p in pairs) / 1e6 for k in (0, 1))
+            print(f"  rounds with {first}: cp {cp_mb:7.1f} MB/s, pack {pack_mb:7.1f} MB/s (medians)")
     print(f"pack / copy rate: {pack_rate / copy_rate * 100:.1f} %   (bar: >= 95 %)")
     for label, seconds in restages.items():
         print(
