@@ -1,6 +1,6 @@
 """Staging throughput: packing vs this machine's own sequential copy of the same number of bytes.
 
-    python benchmarks/staging_throughput.py [--dir /var/tmp/sparkfleet-bench] [--gib 8] [--tp 4] [--repeat 4]
+    python benchmarks/staging_throughput.py [--dir /var/tmp/sparkfleet-bench] [--gib 8] [--tp 4] [--repeat 6]
 
 Generates a synthetic checkpoint with one Engram layer (F8 weight [N,256] + scale [N,8] in one
 shard, N chosen so the table is --gib GiB), then, in the same run and under the same conditions:
@@ -104,7 +104,7 @@ def main() -> int:
     # 8 GiB by default: re-staging has a fixed cost (an interpreter start, ~130 sampled rows and
     # one 16 MiB chunk per file) that a real 25-100 GB pack amortises; at 3 GiB it is ~15 %.
     parser.add_argument("--gib", type=float, default=8.0, help="size of the Engram table in GiB")
-    parser.add_argument("--repeat", type=int, default=4, help="copy/pack rounds, an even number (medians are compared)")
+    parser.add_argument("--repeat", type=int, default=6, help="copy/pack rounds, an even number (medians are compared)")
     parser.add_argument("--tp", type=int, default=4, help="pack every rank of this tensor-parallel size")
     parser.add_argument("--keep", action="store_true", help="keep the generated checkpoint")
     opts = parser.parse_args()
