@@ -20,11 +20,11 @@ root the script says so and both run warm. Copy and pack alternate ``--repeat`` 
 medians are compared. Bar: pack rate ≥ 95 % of copy rate; restage ≤ 5 % of pack time.
 
 Order: every round starts with dd, then cp and pack, which one first alternating from round to
-round. On the test VM a run's rate depends on what wrote just before it: cp right after dd
-(a slow writer) ran 465 MB/s, cp right after a pack 356 MB/s, while the pack ran 489-496 MB/s
-after either (median of 3 each, same run). A fixed dd → cp → pack order gave cp the easy slot in
-every round; alternating gives each tool each neighbour equally often, and the medians by order
-are printed so the effect can be seen.
+round. On the test VM a run's rate depends on what wrote just before it (in one run: cp right
+after dd 465 MB/s, cp right after a pack 356 MB/s; in another, the pack 476-499 MB/s after a
+pack and 394-449 after cp), and its rates swing 15-25 % from minute to minute. A fixed order
+would give one tool the same neighbour every round; alternating gives each tool each neighbour
+equally often, and the medians by order are printed so the effect can be seen.
 """
 
 from __future__ import annotations
