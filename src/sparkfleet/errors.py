@@ -14,6 +14,7 @@ red line and exits with code 2. Anything else is a bug and gets a traceback in t
      │    ├── RuntimeError_    a rank could not be started, inspected or stopped
      │    └── StagingError     staging could not run or would not fit on the node
      ├── ReadinessError     a deployment did not become ready (rank exited, timeout, forbidden line)
+ │    └── RankExited       a rank stopped during start-up (its message is redone after the rollback)
      ├── StateError         the local state store or a deployment lock
      ├── BenchError         a benchmark could not run (endpoint down, bad answers)
      └── EvalError          a quality or needle evaluation could not run
@@ -21,6 +22,7 @@ red line and exits with code 2. Anything else is a bug and gets a traceback in t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -94,6 +96,28 @@ class StagingError(NodeError):
 
 class ReadinessError(SparkfleetError):
     """A deployment did not become ready."""
+
+
+class RankExited(ReadinessError):
+    """A rank stopped during start-up; the message shows its last log lines.
+
+    The log can still grow after the rank's main process is gone: the engine's helper processes
+    live on until the rollback stops them (vLLM's resource tracker warns of leaked semaphores
+    once its parent was killed). ``redo`` builds the message again from the log as it is then;
+    ``up`` calls it once every rank is stopped, so the lines shown are the log's last ones.
+    """
+
+    def __init__(self, message: str, redo: Callable[[], str]) -> None:
+        super().__init__(message)
+        self._redo = redo
+
+    def refresh(self) -> None:
+        """The message from the log as it is now; kept as it was when the log cannot be read."""
+        try:
+            message = self._redo()
+        except (SparkfleetError, OSError):
+            return
+        self.message, self.args = message, (message,)
 
 
 class StateError(SparkfleetError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sparkfleet.apply.readiness import first_exception, rank_exited
+from sparkfleet.errors import TransportError
 from sparkfleet.nodes.runtime.base import RankState
 from tests.fake_node import fake_fleet
 
@@ -40,3 +41,29 @@ def test_a_cause_already_in_the_tail_is_not_repeated(tmp_path: Path) -> None:
     rank = fake_fleet(tmp_path, port=30000).plan.rank(0)
     message = str(rank_exited(rank, RankState(0, "node0", "exited", exit_code=1), "loading\nOSError: no such file x"))
     assert message.count("OSError: no such file x") == 1 and "first error" not in message
+
+
+def test_after_the_rollback_the_message_shows_the_log_as_it_ended(tmp_path: Path) -> None:
+    # vLLM's resource tracker outlives a killed rank and adds its warning to the log after the
+    # rank was seen dead; up redoes the message once every rank is stopped (CI caught the
+    # first message showing lines that were no longer the log's last).
+    rank = fake_fleet(tmp_path, port=30000).plan.rank(1)
+    seen = "INFO loading\nINFO reserved_cpus=[]"
+    final = seen + "\nUserWarning: resource_tracker: There appear to be 1 leaked semaphore objects\n"
+    error = rank_exited(rank, RankState(1, "node1", "exited", exit_code=-9), seen, lambda: final)
+    assert str(error).rstrip().endswith("reserved_cpus=[]")
+    error.refresh()
+    assert str(error).rstrip().endswith("leaked semaphore objects")
+    assert str(error).startswith("rank 1 on node1 exited with code -9 during start-up; last log lines:")
+
+
+def test_a_log_that_cannot_be_read_again_keeps_the_first_message(tmp_path: Path) -> None:
+    rank = fake_fleet(tmp_path, port=30000).plan.rank(0)
+
+    def unreachable() -> str:
+        raise TransportError("node0", "ssh: connect to host node0 port 22: Connection refused")
+
+    for reread in (unreachable, lambda: ""):
+        error = rank_exited(rank, RankState(0, "node0", "exited", exit_code=1), "INFO last words", reread)
+        error.refresh()
+        assert str(error).rstrip().endswith("INFO last words")

@@ -3,6 +3,7 @@ lines that must (and must not) appear, and a smoke completion with a checked ans
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import socket
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from sparkfleet.errors import ReadinessError
+from sparkfleet.errors import RankExited, ReadinessError
 from sparkfleet.nodes.fanout import fan_out, raise_first
 from sparkfleet.nodes.identity import Instance
 from sparkfleet.nodes.runtime.base import RankState, Runtime
@@ -85,16 +86,25 @@ def first_exception(log: str) -> str | None:
     return None
 
 
-def rank_exited(rank: RankPlan, state: RankState, log: str) -> ReadinessError:
-    """The error for a rank that stopped during start-up."""
+def exited_message(rank: RankPlan, state: RankState, log: str) -> str:
+    """What to say of a rank that stopped during start-up, with its log's last lines."""
     code = f" with code {state.exit_code}" if state.exit_code is not None else ""
     what = "is gone" if state.state == "absent" else f"exited{code}"
     shown = tail(log)
     cause = first_exception(log)
     first = f"\nfirst error in its log:\n    {cause}" if cause and cause not in shown else ""
-    return ReadinessError(
-        f"rank {rank.rank} on {rank.node.name} {what} during start-up; last log lines:\n{shown}{first}"
-    )
+    return f"rank {rank.rank} on {rank.node.name} {what} during start-up; last log lines:\n{shown}{first}"
+
+
+def rank_exited(rank: RankPlan, state: RankState, log: str, reread: Callable[[], str] | None = None) -> RankExited:
+    """The error for a rank that stopped during start-up; ``reread`` reads its log again (see
+    ``RankExited``): a log that reads empty then keeps the lines seen now."""
+
+    def redo() -> str:
+        again = reread() if reread is not None else ""
+        return exited_message(rank, state, again if again.strip() else log)
+
+    return RankExited(exited_message(rank, state, log), redo)
 
 
 def health_answer(status: int, body: str) -> tuple[bool, str]:
@@ -182,8 +192,9 @@ def wait_ready(
         for key, state in states.items():
             if state.state != "running":
                 rank = ranks[int(key)]
-                log = probed[key][1] if with_logs else runtimes[rank.rank].logs(rank.handle, transport(rank.rank))
-                raise rank_exited(rank, state, log)
+                runtime, node = runtimes[rank.rank], transport(rank.rank)
+                log = probed[key][1] if with_logs else runtime.logs(rank.handle, node)
+                raise rank_exited(rank, state, log, functools.partial(runtime.logs, rank.handle, node))
         if with_logs:
             check_logs(plan, verify, {int(k): v[1] for k, v in probed.items()}, boot)
 

@@ -17,7 +17,7 @@ from sparkfleet.apply.images import ensure_same_image
 from sparkfleet.apply.readiness import smoke, wait_ready
 from sparkfleet.apply.staging.runner import stage_all
 from sparkfleet.apply.stopping import stop_ranks
-from sparkfleet.errors import ReadinessError, SparkfleetError, StateError
+from sparkfleet.errors import RankExited, ReadinessError, SparkfleetError, StateError
 from sparkfleet.nodes.fanout import fan_out, raise_first
 from sparkfleet.nodes.identity import FoundRank, Instance, PortHolder
 from sparkfleet.nodes.runtime import runtime_for
@@ -192,6 +192,8 @@ def up(
         with _shielded():
             report(None, None, "rolling back")
             failed = rollback(plan.ranks, plan.name, instance.id, transports) if transports else []
+            if isinstance(exc, RankExited):
+                exc.refresh()  # every rank is stopped now: the dead rank's log is final
             records.set_status(plan.name, "failed")
             why = redact("interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc), secrets)
             records.event(plan.name, "failed", why)
