@@ -14,7 +14,7 @@ red line and exits with code 2. Anything else is a bug and gets a traceback in t
      │    ├── RuntimeError_    a rank could not be started, inspected or stopped
      │    └── StagingError     staging could not run or would not fit on the node
      ├── ReadinessError     a deployment did not become ready (rank exited, timeout, forbidden line)
- │    └── RankExited       a rank stopped during start-up (its message is redone after the rollback)
+     │    └── RankExited       a rank stopped during start-up (its message is redone after the rollback)
      ├── StateError         the local state store or a deployment lock
      ├── BenchError         a benchmark could not run (endpoint down, bad answers)
      └── EvalError          a quality or needle evaluation could not run
