@@ -12,6 +12,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -360,14 +361,15 @@ def test_jobs_sharing_an_output_run_one_after_the_other(pristine: Path, tmp_path
         assert (tmp_path / "out" / f"engram-l{layer}-r1of4.bin").read_bytes() == expected_packed(pristine, layer, 1, 4)
 
 
-@pytest.mark.parametrize("reader_thread", [True, False])
-def test_packing_with_and_without_the_reader_thread_gives_the_same_bytes(
-    pristine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reader_thread: bool
+@pytest.mark.parametrize("lanes", [1, 3])
+def test_packing_in_one_lane_or_several_gives_the_same_bytes(
+    pristine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lanes: int
 ) -> None:
-    """In-process (the worker picks the reader thread by core count; both paths are covered)."""
+    """In-process, so the lane count can be set (the worker packs an output in two lanes); three
+    lanes split an output's chunks unevenly, and the repair below lands in one lane's run."""
     from sparkfleet.nodes.shipped import sparse_rows
 
-    monkeypatch.setattr(sparse_rows, "_READER_THREAD", reader_thread)
+    monkeypatch.setattr(sparse_rows, "_LANES", lanes)
     args = {"src": str(pristine), "dst": str(tmp_path / "out"), "tp": 4, "rank": 3, "chunk_bytes": CHUNK}
     first = sparse_rows.run_job(dict(args))
     assert first["ok"] and {o["status"] for o in first["outputs"]} == {"missing"}
@@ -410,3 +412,35 @@ def test_a_failure_while_an_output_finishes_fails_its_own_job_only(
             )
     assert not list((tmp_path / "out").glob("engram-*-r2of4.bin"))
     assert not list((tmp_path / "out").glob("engram-*-r2of4.bin.ledger.json"))
+
+
+def test_a_write_failing_in_one_lane_fails_the_output_and_stops_the_other_lane(
+    pristine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills while the second half of an output is written: the job reports it, no
+    lane writes on, and the final path holds nothing unvouched; a later stage finishes it."""
+    from sparkfleet.nodes.shipped import sparse_rows
+
+    real = sparse_rows._write_all
+    half = 4096 + ROWS[1] // 4 // 2 * 264
+
+    def filling(fd: int, data: object, offset: int) -> None:
+        if offset > half and os.fstat(fd).st_size == 4096 + (ROWS[1] // 4) * 264:
+            raise OSError(28, "No space left on device")
+        real(fd, data, offset)
+
+    monkeypatch.setattr(sparse_rows, "_write_all", filling)
+    before = set(threading.enumerate())
+    args = {"src": str(pristine), "dst": str(tmp_path / "out"), "tp": 4, "rank": 0, "chunk_bytes": CHUNK}
+    result = sparse_rows.run_job(dict(args))
+    assert not result["ok"] and "No space left on device" in result["error"]
+    left = [t.name for t in set(threading.enumerate()) - before if t.name != "numpy-import" and t.is_alive()]
+    assert left == []  # every lane and finisher has ended
+    assert not (tmp_path / "out" / "engram-l1-r0of4.bin").exists()
+    assert not (tmp_path / "out" / "engram-l1-r0of4.bin.ledger.json").exists()
+
+    monkeypatch.setattr(sparse_rows, "_write_all", real)
+    again = sparse_rows.run_job(dict(args))
+    assert again["ok"]
+    for layer in ROWS:
+        assert (tmp_path / "out" / f"engram-l{layer}-r0of4.bin").read_bytes() == expected_packed(pristine, layer, 0, 4)

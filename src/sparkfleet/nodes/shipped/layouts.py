@@ -187,8 +187,7 @@ class PackedLayout(Layout):
             for r0 in range(self.lo, self.hi, self.chunk_rows)
         ]  # fmt: skip
         self.block_rows = max(1, BLOCK_BYTES // self.row_bytes)
-        self._wbuf = bytearray(self.block_rows * self.weight.row_bytes)
-        self._sbuf = bytearray(self.block_rows * self.scale.row_bytes)
+        self._scratch = threading.local()  # read buffers, a pair per lane packing this output
 
     def fixed_header(self) -> bytes:
         fields = struct.pack("<6Q", PACKED_MAGIC, self.layer, self.lo, self.hi, self.weight.rows, self.row_bytes)
@@ -201,8 +200,12 @@ class PackedLayout(Layout):
         r0 = self.lo + (offset - PACKED_HEADER_BYTES) // self.row_bytes
         n = length // self.row_bytes
         w, s = self.weight, self.scale
-        wview = memoryview(self._wbuf)[: n * w.row_bytes]
-        sview = memoryview(self._sbuf)[: n * s.row_bytes]
+        bufs = getattr(self._scratch, "bufs", None)
+        if bufs is None:
+            bufs = (bytearray(self.block_rows * w.row_bytes), bytearray(self.block_rows * s.row_bytes))
+            self._scratch.bufs = bufs
+        wview = memoryview(bufs[0])[: n * w.row_bytes]
+        sview = memoryview(bufs[1])[: n * s.row_bytes]
         read_exact(fds[w.shard], wview, w.start + r0 * w.row_bytes)
         read_exact(fds[s.shard], sview, s.start + r0 * s.row_bytes)
         interleave(out, [(wview, w.row_bytes), (sview, s.row_bytes)], n)

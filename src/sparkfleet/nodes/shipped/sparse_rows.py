@@ -22,9 +22,9 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from queue import Full, Queue
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable
+from queue import Queue
+from typing import Any, TypeVar
 
 from sparkfleet.nodes.shipped.disk import allocated_bytes, check_room
 from sparkfleet.nodes.shipped.failure import StageFailure
@@ -58,14 +58,20 @@ class Progress:
         self.path, self.total, self.done, self.job = path, total, 0, job
         self.output = ""
         self._last = 0.0
+        self._lock = threading.Lock()  # an output's lanes add to it at once
 
     def add(self, n: int, output: str = "") -> None:
-        self.done += n
-        self.output = output or self.output
-        if self.path and time.monotonic() - self._last >= _PROGRESS_EVERY:
-            self.flush()
+        with self._lock:
+            self.done += n
+            self.output = output or self.output
+            if self.path and time.monotonic() - self._last >= _PROGRESS_EVERY:
+                self._write()
 
     def flush(self) -> None:
+        with self._lock:
+            self._write()
+
+    def _write(self) -> None:
         if not self.path:
             return
         self._last = time.monotonic()
@@ -321,10 +327,13 @@ def assess(
     return "ok", ledger
 
 
-_AHEAD = 4  # blocks built ahead of the writer
-# The reader thread needs a core of its own: with fewer than 4 the finisher and the kernel's
-# write-back already compete for them, and a pack on the 2-core test VM ran ~2 % slower with it.
-_READER_THREAD = (os.cpu_count() or 1) >= 4
+# An output is packed by this many threads at once, each a contiguous run of its chunks. Reads,
+# numpy's interleave, hashing and writes release the GIL, so one lane's CPU work overlaps the
+# other's waits on the disk, and both keep writes queued. Measured side by side (2 GiB, tp=4):
+# on the 2-core test VM two lanes packed at 1.0-1.13x one lane's rate, on a 16-core VM 88 % of
+# cp's rate against 81 % for the single-thread loop with a reader thread; four lanes were no
+# better than two on either.
+_LANES = 2
 _PREFETCH_BYTES = 64 << 20
 
 
@@ -340,85 +349,62 @@ def _prefetch_start(out: Layout, fds: dict[str, int]) -> None:
             return
 
 
-def _built_blocks(
-    out: Layout, fd: int, fds: dict[str, int], expected: list[str] | None, new_hash: Any,
-) -> Iterator[tuple[int, int, int, memoryview | None]]:  # fmt: skip
-    """``(chunk, offset, length, bytes)`` of every block of ``out`` built from the source, or
-    ``(chunk, offset, length, None)`` once for a chunk of the file open as ``fd`` that already
-    hashes to ``expected``. Blocks are built into a ring of ``_AHEAD + 2`` buffers: see ``_Ahead``."""
-    ring = [bytearray(out.max_block) for _ in range(_AHEAD + 2)]
-    scratch = bytearray(out.max_block)
-    k = 0
-    for i, (offset, length) in enumerate(out.chunks):
-        if expected is not None and _chunk_hash(fd, out, i, scratch, new_hash) == expected[i]:
-            yield i, offset, length, None
-            continue
-        for boff, blen in out.blocks(i):
-            yield i, boff, blen, out.build(boff, blen, ring[k % len(ring)], fds)
-            k += 1
+class _Lane:
+    """Packs a contiguous run of one output's chunks (see ``_LANES``).
 
-
-class _Ahead(Generic[_T]):
-    """Iterates ``items`` in a thread at most ``_AHEAD`` items ahead of the caller (in the
-    caller's thread when ``_READER_THREAD`` is off).
-
-    Reading and interleaving (preadv and numpy release the GIL) then overlap with hashing and
-    writing, so the disk is kept busy while the CPU works. An item stays valid until the caller
-    asks for the one ``_AHEAD + 2`` later: by then the thread has queued or handed over the
-    ``_AHEAD + 1`` items in between. Leaving the ``with`` block stops and joins the thread, so
-    it never reads from a file descriptor after its owner closed it.
+    Each lane has its own buffers and its own ``_WriteBehind`` (its run is contiguous, so its
+    windows are too) and reports the hashes of its chunks by index; the output's ``_Finisher``
+    and ``Progress`` are shared, and both take calls from several threads. A lane that fails
+    sets ``stop``, so the others end at their next chunk instead of writing on.
     """
 
-    _END = object()
+    def __init__(
+        self, out: Layout, fd: int, fds: dict[str, int], finisher: _Finisher, progress: Progress,
+        expected: list[str] | None, existed: bool, new_hash: Any, stop: threading.Event,
+    ) -> None:  # fmt: skip
+        self.out, self.fd, self.fds, self.finisher, self.progress = out, fd, fds, finisher, progress
+        self.expected, self.existed, self.new_hash, self.stop = expected, existed, new_hash, stop
+        self.hashes: dict[int, str] = {}
+        self.written = self.rewritten = 0
 
-    def __init__(self, items: Iterator[_T]) -> None:
-        self._items = items
-        self._queue: Queue[Any] = Queue(_AHEAD)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._produce, name="stage-reader", daemon=True)
-
-    def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.05)
-                return True
-            except Full:
-                continue
-        return False
-
-    def _produce(self) -> None:
+    def run(self, indices: range) -> None:
+        out, fd = self.out, self.fd
+        built, current = bytearray(out.max_block), bytearray(out.max_block)
+        behind = _WriteBehind(self.finisher, self.fds)
         try:
-            for item in self._items:
-                if not self._put(item):
+            for i in indices:
+                if self.stop.is_set():
                     return
-            self._put(self._END)
-        except BaseException as exc:  # raised again in the caller's thread
-            self._put(_Failed(exc))
+                length = out.chunks[i][1]
+                if self.expected is not None and _chunk_hash(fd, out, i, current, self.new_hash) == self.expected[i]:
+                    self.hashes[i] = self.expected[i]
+                    self.progress.add(length, out.path)
+                    continue
+                h, touched = self.new_hash(), False
+                for boff, blen in out.blocks(i):
+                    data = out.build(boff, blen, built, self.fds)
+                    h.update(data)
+                    if self.existed:
+                        view = memoryview(current)[:blen]
+                        read_exact(fd, view, boff)
+                        same = view == data
+                    if not self.existed or not same:
+                        _write_all(fd, data, boff)
+                        self.written += blen
+                        touched = True
+                    behind.block(boff, blen, out.read_spans(boff, blen))
+                self.rewritten += touched
+                self.hashes[i] = str(h.hexdigest())
+                self.progress.add(length, out.path)
+            behind.flush()
+        except BaseException:
+            self.stop.set()  # the other lanes give up at their next chunk
+            raise
 
-    def __enter__(self) -> Iterator[_T]:
-        if not _READER_THREAD:
-            return self._items
-        self._thread.start()
-        return self._consume()
 
-    def _consume(self) -> Iterator[_T]:
-        while True:
-            item = self._queue.get()
-            if item is self._END:
-                return
-            if isinstance(item, _Failed):
-                raise item.exc
-            yield item
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread.ident is not None:
-            self._thread.join()
-
-
-class _Failed:
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
+def _lane_ranges(n: int, lanes: int) -> list[range]:
+    lanes = max(1, min(lanes, n))
+    return [range(n * k // lanes, n * (k + 1) // lanes) for k in range(lanes)]
 
 
 def repack(
@@ -455,35 +441,16 @@ def repack(
         if not existed:
             _prefetch_start(out, fds)
         finisher = stager.finisher(fd, job)
-        behind = _WriteBehind(finisher, fds)
-        current = bytearray(out.max_block)
-        hashes: list[str] = []
-        h = new_hash()
-        touched = False
-        with _Ahead(_built_blocks(out, fd, fds, expected if existed else None, new_hash)) as blocks:
-            for i, boff, blen, data in blocks:
-                offset, length = out.chunks[i]
-                if data is None:  # a chunk that already hashes as expected (so expected is set)
-                    hashes.append(expected[i] if expected is not None else "")
-                    progress.add(length, final)
-                    continue
-                if boff == offset:
-                    h, touched = new_hash(), False
-                h.update(data)
-                if existed:
-                    view = memoryview(current)[:blen]
-                    read_exact(fd, view, boff)
-                    same = view == data
-                if not existed or not same:
-                    _write_all(fd, data, boff)
-                    written += blen
-                    touched = True
-                behind.block(boff, blen, out.read_spans(boff, blen))
-                if boff + blen == offset + length:
-                    rewritten += touched
-                    hashes.append(str(h.hexdigest()))
-                    progress.add(length, final)
-        behind.flush()
+        stop = threading.Event()
+        spans = _lane_ranges(len(out.chunks), _LANES)
+        lanes = [
+            _Lane(out, fd, fds, finisher, progress, expected if existed else None, existed, new_hash, stop)
+            for _ in spans
+        ]
+        _together([functools.partial(lane.run, r) for lane, r in zip(lanes, spans, strict=True)])
+        hashes = [h for lane in lanes for _, h in sorted(lane.hashes.items())]
+        written += sum(lane.written for lane in lanes)
+        rewritten = sum(lane.rewritten for lane in lanes)
     except BaseException:
         if finisher is not None:
             finisher.abandon()
