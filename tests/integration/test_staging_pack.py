@@ -417,16 +417,25 @@ def test_a_failure_while_an_output_finishes_fails_its_own_job_only(
 def test_a_write_failing_in_one_lane_fails_the_output_and_stops_the_other_lane(
     pristine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The disk fills while the second half of an output is written: the job reports it, no
-    lane writes on, and the final path holds nothing unvouched; a later stage finishes it."""
+    """The disk fills while the second half of an output is written: the job reports it, the
+    first lane writes only the chunk it holds and stops, no thread is left, the final path holds
+    nothing unvouched, and a later stage finishes the output."""
     from sparkfleet.nodes.shipped import sparse_rows
 
     real = sparse_rows._write_all
-    half = 4096 + ROWS[1] // 4 // 2 * 264
+    size = 4096 + (ROWS[1] // 4) * 264  # rank 0's layer-1 output; one 1 MiB block per chunk
+    chunks = -(-(ROWS[1] // 4) // (CHUNK // 264))
+    second = 4096 + chunks // 2 * (CHUNK // 264) * 264  # where the second lane's run begins
+    failed = threading.Event()
+    after: list[int] = []
 
     def filling(fd: int, data: object, offset: int) -> None:
-        if offset > half and os.fstat(fd).st_size == 4096 + (ROWS[1] // 4) * 264:
-            raise OSError(28, "No space left on device")
+        if offset and os.fstat(fd).st_size == size:
+            if offset >= second:
+                failed.set()
+                raise OSError(28, "No space left on device")
+            assert failed.wait(10), "the second lane never wrote"
+            after.append(offset)
         real(fd, data, offset)
 
     monkeypatch.setattr(sparse_rows, "_write_all", filling)
@@ -436,6 +445,7 @@ def test_a_write_failing_in_one_lane_fails_the_output_and_stops_the_other_lane(
     assert not result["ok"] and "No space left on device" in result["error"]
     left = [t.name for t in set(threading.enumerate()) - before if t.name != "numpy-import" and t.is_alive()]
     assert left == []  # every lane and finisher has ended
+    assert len(after) == 1  # the first lane's chunk in hand, then it stopped
     assert not (tmp_path / "out" / "engram-l1-r0of4.bin").exists()
     assert not (tmp_path / "out" / "engram-l1-r0of4.bin.ledger.json").exists()
 
