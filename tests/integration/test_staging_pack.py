@@ -365,8 +365,8 @@ def test_jobs_sharing_an_output_run_one_after_the_other(pristine: Path, tmp_path
 def test_packing_in_one_lane_or_several_gives_the_same_bytes(
     pristine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lanes: int
 ) -> None:
-    """In-process, so the lane count can be set (the worker packs an output in two lanes); three
-    lanes split an output's chunks unevenly, and the repair below lands in one lane's run."""
+    """In-process, so the lane count can be set (the worker packs an output in two lanes); the
+    lanes take chunks in turn, and the repair below lands in whichever lane takes its chunk."""
     from sparkfleet.nodes.shipped import sparse_rows
 
     monkeypatch.setattr(sparse_rows, "_LANES", lanes)
@@ -383,6 +383,42 @@ def test_packing_in_one_lane_or_several_gives_the_same_bytes(
     assert by_name[out.name]["bytes_written"] <= CHUNK
     for layer in ROWS:
         assert (tmp_path / "out" / f"engram-l{layer}-r3of4.bin").read_bytes() == expected_packed(pristine, layer, 3, 4)
+
+
+def test_a_lane_that_finishes_first_takes_over_half_of_the_slower_lanes_run(
+    pristine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each lane packs a contiguous run of chunks; when one is done while the other still has
+    several chunks left (its disk slower, say), it packs the second half of them, so the output is
+    not finished by one lane alone. The bytes are the same."""
+    from sparkfleet.nodes.shipped import sparse_rows
+
+    real = sparse_rows._write_all
+    size = 4096 + (ROWS[1] // 4) * 264  # rank 0's layer-1 output; one 1 MiB block per chunk
+    chunks = -(-(ROWS[1] // 4) // (CHUNK // 264))
+    second = 4096 + chunks // 2 * (CHUNK // 264) * 264  # where the second lane's run begins
+    writers: dict[int, int] = {}
+
+    def slow_first_half(fd: int, data: object, offset: int) -> None:
+        if offset and os.fstat(fd).st_size == size:
+            writers[offset] = threading.get_ident()
+            if offset < second:
+                time.sleep(0.1)
+        real(fd, data, offset)
+
+    monkeypatch.setattr(sparse_rows, "_write_all", slow_first_half)
+    monkeypatch.setattr(sparse_rows, "numpy_pending", lambda: False)
+    args = {"src": str(pristine), "dst": str(tmp_path / "out"), "tp": 4, "rank": 0, "chunk_bytes": CHUNK}
+    result = sparse_rows.run_job(dict(args))
+    assert result["ok"], result
+    assert len(writers) == chunks
+    first_lane, second_lane = writers[4096], writers[second]
+    assert first_lane != second_lane
+    taken_over = sorted(o for o, t in writers.items() if o < second and t == second_lane)
+    assert len(taken_over) >= 2, writers  # the second lane packed part of the first lane's run...
+    assert taken_over[-1] == max(o for o in writers if o < second)  # ...its end, contiguously
+    for layer in ROWS:
+        assert (tmp_path / "out" / f"engram-l{layer}-r0of4.bin").read_bytes() == expected_packed(pristine, layer, 0, 4)
 
 
 def test_a_failure_while_an_output_finishes_fails_its_own_job_only(
@@ -417,28 +453,32 @@ def test_a_failure_while_an_output_finishes_fails_its_own_job_only(
 def test_a_write_failing_in_one_lane_fails_the_output_and_stops_the_other_lane(
     pristine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The disk fills while the second half of an output is written: the job reports it, the
-    first lane writes only the chunk it holds and stops, no thread is left, the final path holds
+    """The disk fills under one lane while the other holds a chunk: the job reports it, the other
+    lane writes only the chunk it holds and stops, no thread is left, the final path holds
     nothing unvouched, and a later stage finishes the output."""
     from sparkfleet.nodes.shipped import sparse_rows
 
     real = sparse_rows._write_all
     size = 4096 + (ROWS[1] // 4) * 264  # rank 0's layer-1 output; one 1 MiB block per chunk
-    chunks = -(-(ROWS[1] // 4) // (CHUNK // 264))
-    second = 4096 + chunks // 2 * (CHUNK // 264) * 264  # where the second lane's run begins
     failed = threading.Event()
+    first_writer: list[int] = []
     after: list[int] = []
 
     def filling(fd: int, data: object, offset: int) -> None:
         if offset and os.fstat(fd).st_size == size:
-            if offset >= second:
+            me = threading.get_ident()
+            first_writer[:] = first_writer or [me]
+            if me != first_writer[0]:  # the other lane's first write: the disk is full
                 failed.set()
                 raise OSError(28, "No space left on device")
-            assert failed.wait(10), "the second lane never wrote"
+            assert failed.wait(10), "the other lane never wrote"
             after.append(offset)
         real(fd, data, offset)
 
     monkeypatch.setattr(sparse_rows, "_write_all", filling)
+    # Lanes that warm the page cache while numpy is imported take several chunks each first;
+    # here each lane must hold one chunk at a time.
+    monkeypatch.setattr(sparse_rows, "numpy_pending", lambda: False)
     before = set(threading.enumerate())
     args = {"src": str(pristine), "dst": str(tmp_path / "out"), "tp": 4, "rank": 0, "chunk_bytes": CHUNK}
     result = sparse_rows.run_job(dict(args))
