@@ -23,10 +23,6 @@ PACKED_HEADER_BYTES = 4096
 # I/O happens in blocks of about 1 MiB: measured on the test VM, 1 MiB reads+writes ran 2-3x
 # faster than 16 MiB ones (buffers that stay in cache, smoother dirty-page write-back).
 BLOCK_BYTES = 1 << 20
-# Scale rows are 1/32 of a block's bytes: read a block's worth each time, they came off the
-# disk in small requests. Read for this many blocks at once, a scale read is as large as a
-# weight read.
-SCALE_BATCH = 32
 
 
 def owned_range(rows: int, rank: int, tp: int) -> tuple[int, int]:
@@ -103,8 +99,8 @@ def numpy_pending() -> bool:
 
 def import_numpy_in_background() -> None:
     """Start importing numpy in a thread (0.1-0.2 s with a cold cache, much of it reading its
-    files): a pack's set-up and first reads go on meanwhile, and the first ``interleave`` waits
-    for it instead of doing it."""
+    files): a pack's set-up and first reads go on meanwhile (see ``numpy_pending``), and the
+    first ``interleave`` waits for it instead of doing it."""
     if not _NUMPY and not _NUMPY_IMPORT:
         _NUMPY_IMPORT.append(threading.Thread(target=_import_numpy, name="numpy-import", daemon=True))
         _NUMPY_IMPORT[0].start()
@@ -219,23 +215,17 @@ class PackedLayout(Layout):
         return {"weight": self.weight.shard, "scale": self.scale.shard}
 
     def build(self, offset: int, length: int, out: bytearray, fds: dict[str, int]) -> memoryview:
-        r0 = self.lo + (offset - PACKED_HEADER_BYTES) // self.row_bytes
         n = length // self.row_bytes
         w, s = self.weight, self.scale
-        scratch = self._scratch
-        if getattr(scratch, "weights", None) is None:
-            scratch.weights = bytearray(self.block_rows * w.row_bytes)
-            scratch.scales = bytearray(SCALE_BATCH * self.block_rows * s.row_bytes)
-            scratch.scale_rows = (0, 0)
-        weights = memoryview(scratch.weights)[: n * w.row_bytes]
-        read_exact(fds["weight"], weights, w.start + r0 * w.row_bytes)
-        lo, hi = scratch.scale_rows
-        if not lo <= r0 < r0 + n <= hi:
-            lo, hi = r0, min(self.hi, r0 + SCALE_BATCH * self.block_rows)
-            read_exact(fds["scale"], memoryview(scratch.scales)[: (hi - lo) * s.row_bytes], s.start + lo * s.row_bytes)
-            scratch.scale_rows = (lo, hi)
-        scales = memoryview(scratch.scales)[(r0 - lo) * s.row_bytes : (r0 - lo + n) * s.row_bytes]
-        interleave(out, [(weights, w.row_bytes), (scales, s.row_bytes)], n)
+        bufs = getattr(self._scratch, "bufs", None)
+        if bufs is None:
+            bufs = (bytearray(self.block_rows * w.row_bytes), bytearray(self.block_rows * s.row_bytes))
+            self._scratch.bufs = bufs
+        views = []
+        for buf, (stream, start, count) in zip(bufs, self.read_spans(offset, length), strict=True):
+            views.append(memoryview(buf)[:count])
+            read_exact(fds[stream], views[-1], start)
+        interleave(out, [(views[0], w.row_bytes), (views[1], s.row_bytes)], n)
         return memoryview(out)[: n * self.row_bytes]
 
     def read_spans(self, offset: int, length: int) -> list[tuple[str, int, int]]:

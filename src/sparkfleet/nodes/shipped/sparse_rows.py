@@ -359,9 +359,10 @@ class _ChunkRuns:
     the second half of the longest run left.
 
     Runs keep each lane's reads sequential: handing out chunks in turn (every lane jumping a
-    chunk ahead each time) read 15 % slower on the test VM, as readahead started over at every
-    chunk. Halving what is left balances the end: with fixed halves one lane finished 0.1 s
-    before the other in each 0.5 GiB output, and the other then packed alone.
+    chunk ahead each time) packed 14 % slower on the test VM, as readahead started over at every
+    chunk. Halving what is left balances the end: with fixed halves one lane finished 0.1-0.14 s
+    before the other in each 0.5 GiB output (seen while the lanes still shared descriptors), and
+    the other then packed alone.
     """
 
     def __init__(self, n: int, lanes: int) -> None:
@@ -386,7 +387,7 @@ class _Lane:
     """Packs the chunks of one output it takes from a ``_ChunkRuns`` (see ``_LANES``).
 
     Each lane has its own buffers and its own ``_WriteBehind`` and reports the hashes of its
-    chunks by index; the queue, the output's ``_Finisher`` and ``Progress`` are shared, and each
+    chunks by index; the runs, the output's ``_Finisher`` and ``Progress`` are shared, and each
     takes calls from several threads. A lane that fails sets ``stop``, so the others end at
     their next chunk instead of writing on.
     """
