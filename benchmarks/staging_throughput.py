@@ -13,7 +13,8 @@ shard, N chosen so the table is --gib GiB), then, in the same run and under the 
            the real path of ``sparkfleet stage`` (stage_all → LocalTransport → ``<python> -`` with
            the shipped worker → ``.partial`` → fsync → ledger → rename), so the pack reads and
            writes the same bytes the copy does;
-* restage: the same ranks again with the source unchanged (ledger check, nothing written).
+* restage: the same ranks again with the source unchanged (ledger check, nothing written), cold
+           ``--repeat`` / 2 times (median), then once warm.
 
 Fairness: before each copy and each pack every file under --dir (the checkpoint, and what a run
 left there) is synced and evicted from the page cache (POSIX_FADV_DONTNEED), so both read the
@@ -131,8 +132,9 @@ def pack_all(snapshot: Path, out: Path, tp: int) -> tuple[float, int, list[str]]
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dir", default="/var/tmp/sparkfleet-bench", help="scratch directory (needs ~3x --gib free)")
-    # 8 GiB by default: re-staging has a fixed cost (an interpreter start, ~130 sampled rows and
-    # one 16 MiB chunk per file) that a real 25-100 GB pack amortises; at 3 GiB it is ~15 %.
+    # 8 GiB by default: re-staging has a fixed cost (an interpreter start, ~130 sampled rows per file
+    # and one 16 MiB chunk per 4 GiB) that a real 25-100 GB pack amortises; at 2 GiB it
+    # was 0.09 s, 3.6 % (2-core VM).
     parser.add_argument("--gib", type=float, default=8.0, help="size of the Engram table in GiB")
     parser.add_argument("--repeat", type=int, default=6, help="copy/pack rounds, an even number (medians are compared)")
     parser.add_argument("--tp", type=int, default=4, help="pack every rank of this tensor-parallel size")
@@ -183,13 +185,16 @@ def main() -> int:
         print(f"round {i + 1} ({' > '.join(order)}): {rates}   pack {pack_mb:7.1f} MB/s", flush=True)
         if i + 1 < opts.repeat:
             shutil.rmtree(out)
-    restages = {}
-    for label, cold in (("cold cache", True), ("warm cache", False)):
-        if cold:
+    # Re-stages are a tenth of a second, where one slow flush on this disk moves the figure by a
+    # third: the cold one is taken as often as there were rounds of each order and its median
+    # compared, as the pack's is.
+    restages: dict[str, list[float]] = {"cold cache": [], "warm cache": []}
+    for label in ["cold cache"] * max(1, opts.repeat // 2) + ["warm cache"]:
+        if label == "cold cache":
             evict(root)
         t0 = time.perf_counter()
         _, rewritten, statuses = pack_all(snapshot, root / f"packed-{opts.repeat - 1}", opts.tp)
-        restages[label] = time.perf_counter() - t0
+        restages[label].append(time.perf_counter() - t0)
         assert statuses == ["ok"] and rewritten == 0, (statuses, rewritten)
 
     tool = min(copies, key=lambda t: statistics.median(copies[t]))
@@ -211,9 +216,11 @@ def main() -> int:
             cp_mb, pack_mb = (statistics.median(p[k] for p in pairs) / 1e6 for k in (0, 1))
             print(f"  rounds with {first}: cp {cp_mb:7.1f} MB/s, pack {pack_mb:7.1f} MB/s (medians)")
     print(f"pack / copy rate: {pack_rate / copy_rate * 100:.1f} %   (bar: >= 95 %)")
-    for label, seconds in restages.items():
+    for label, runs in restages.items():
+        seconds = statistics.median(runs)
+        each = f" (median of {', '.join(f'{r:.2f}' for r in runs)})" if len(runs) > 1 else ""
         print(
-            f"restage unchanged ({label}): {seconds:.2f} s = {seconds / pack_s * 100:.1f} % of pack time"
+            f"restage unchanged ({label}): {seconds:.2f} s{each} = {seconds / pack_s * 100:.1f} % of pack time"
             "   (bar: <= 5 %, judged cold)"
         )
     spent = "   ".join(f"{k} {statistics.median(v):.2f} s" for k, v in cpu.items())
@@ -224,7 +231,7 @@ def main() -> int:
         shutil.rmtree(root, ignore_errors=True)
     verdicts = {
         "pack >= 95 % of copy": pack_rate >= 0.95 * copy_rate,
-        "restage <= 5 % of pack": restages["cold cache"] <= 0.05 * pack_s,
+        "restage <= 5 % of pack": statistics.median(restages["cold cache"]) <= 0.05 * pack_s,
     }
     for what, met in verdicts.items():
         print(f"{what}: {'met' if met else 'NOT MET'}")
