@@ -1,7 +1,7 @@
 """Orchestration overhead of up / status / down on loopback fleets of several sizes, side by side
 (Bar: sparkfleet's own `up` time at 16 nodes ≤ 1.5 × at 4; `status` ≤ 0.5 s at 4 nodes).
 
-    python benchmarks/lifecycle_overhead.py --nodes 4 16 [--rounds 5] [--root]
+    python benchmarks/lifecycle_overhead.py --nodes 4 16 [--rounds 7] [--root]
 
 Each node is a real sshd on its own 127.0.0.x address; the CLI runs as a user would
 (`sparkfleet up|status|down`, wall time of the whole command, Python start-up included). Rank 0
@@ -26,11 +26,15 @@ The nodes' login user is a dedicated account with a plain /bin/sh: on this test 
 ~/.bashrc runs `pyenv init`, which adds ~0.3 s to every SSH command (bash sources ~/.bashrc for
 ssh sessions). That cost belongs to the machine, not to sparkfleet; --root prints those figures
 too. Run as root.
+
+The fleets of every size given are up for the whole run and take turns, round by round, so the
+machine's drift (a fifth, minute to minute, on the 2-core test VM) falls on every size alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import shutil
@@ -39,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,8 +97,10 @@ def cli(*args: str, env: dict[str, str], fleet: LoopbackFleet) -> dict[str, floa
             "engines": wait, "own": elapsed - wait, "nodes": sessions_cpu(fleet) - nodes}  # fmt: skip
 
 
-def measure(nodes: int, rounds: int, user: str | None, label: str) -> dict[str, dict[str, float]]:
-    """Median of each figure of each command over ``rounds`` up/status/down cycles."""
+@contextlib.contextmanager
+def fleet_of(nodes: int, user: str | None) -> Iterator[tuple[LoopbackFleet, list[str], dict[str, str], str]]:
+    """A running loopback fleet of ``nodes`` with its stand-in recipe: (fleet, up's arguments, the
+    CLI's environment, the deployment's name); torn down (deployment and sshds) on exit."""
     work = Path(tempfile.mkdtemp(prefix="sfbench"))
     work.chmod(0o755)
     standin = work / "standin_engine.py"
@@ -110,52 +117,69 @@ def measure(nodes: int, rounds: int, user: str | None, label: str) -> dict[str, 
     )
     env = {**os.environ, "SPARKFLEET_STATE_DIR": str(work / "controller-state"),
            "SPARKFLEET_TRACE": str(work / "trace.tsv")}  # fmt: skip
-    runs: dict[str, list[dict[str, float]]] = {op: [] for op in OPS}
-    with loopback_fleet(nodes, work / "fleet", user=user, first_octet=60) as fleet:
-        if user:
-            fleet.authorized_keys.chmod(0o644)
-            for node in fleet.nodes:
-                shutil.chown(node.state_dir, user)
-                shutil.chown(node.hf_cache, user)
-            for path in (fleet.workdir, fleet.workdir / "hf", fleet.workdir / "state"):
-                if path.exists():
-                    path.chmod(0o755)
-        cluster = str(fleet.cluster_file)
-        try:
-            cli("up", str(recipe), "--cluster", cluster, env=env, fleet=fleet)  # warm-up: opens the SSH masters
-            cli("down", name, env=env, fleet=fleet)
-            for _ in range(rounds):
-                runs["up"].append(cli("up", str(recipe), "--cluster", cluster, env=env, fleet=fleet))
-                runs["status"].append(cli("status", name, env=env, fleet=fleet))
-                runs["down"].append(cli("down", name, env=env, fleet=fleet))
-        finally:
-            # A failed command must not leave stand-in ranks behind the fleet it tears down.
-            subprocess.run([str(Path(sys.executable).with_name("sparkfleet")), "down", name], env=env,
-                           capture_output=True)  # fmt: skip
-    shutil.rmtree(work, ignore_errors=True)
-    medians = {op: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for op, rs in runs.items()}
-    print(f"\n{nodes} nodes, {label}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}:")
-    for op, m in medians.items():
-        print(f"  {op:<6} wall {m['wall']:.2f} s  own {m['own']:.2f} s  engines {m['engines']:.2f} s  "
-              f"cpu {m['cpu']:.2f} s  nodes {m['nodes']:.2f} s  rt/node {m['rt']:.0f}"
-              f"  (median of {rounds})")  # fmt: skip
-    return medians
+    try:
+        with loopback_fleet(nodes, work / "fleet", user=user, first_octet=60) as fleet:
+            if user:
+                fleet.authorized_keys.chmod(0o644)
+                for node in fleet.nodes:
+                    shutil.chown(node.state_dir, user)
+                    shutil.chown(node.hf_cache, user)
+                for path in (fleet.workdir, fleet.workdir / "hf", fleet.workdir / "state"):
+                    if path.exists():
+                        path.chmod(0o755)
+            up_args = ["up", str(recipe), "--cluster", str(fleet.cluster_file)]
+            try:
+                cli(*up_args, env=env, fleet=fleet)  # warm-up: opens the SSH masters
+                cli("down", name, env=env, fleet=fleet)
+                yield fleet, up_args, env, name
+            finally:
+                # A failed command must not leave stand-in ranks behind the fleet it tears down.
+                subprocess.run([str(Path(sys.executable).with_name("sparkfleet")), "down", name], env=env,
+                               capture_output=True)  # fmt: skip
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(sizes: list[int], rounds: int, user: str | None, label: str) -> dict[int, dict[str, dict[str, float]]]:
+    """Median of each figure of each command over ``rounds`` up/status/down cycles per fleet size.
+
+    Every size's fleet is up for the whole run and the sizes take turns round by round (the
+    order reversed every other round): this machine's speed drifts by a fifth from minute to
+    minute, and measuring one size after the other put the drift into the ratio."""
+    runs: dict[int, dict[str, list[dict[str, float]]]] = {n: {op: [] for op in OPS} for n in sizes}
+    with contextlib.ExitStack() as stack:
+        fleets = {n: stack.enter_context(fleet_of(n, user)) for n in sizes}
+        for i in range(rounds):
+            for n in sizes if i % 2 == 0 else sizes[::-1]:
+                fleet, up_args, env, name = fleets[n]
+                runs[n]["up"].append(cli(*up_args, env=env, fleet=fleet))
+                runs[n]["status"].append(cli("status", name, env=env, fleet=fleet))
+                runs[n]["down"].append(cli("down", name, env=env, fleet=fleet))
+    out = {}
+    for n in sizes:
+        medians = {op: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for op, rs in runs[n].items()}
+        print(f"\n{n} nodes, {label}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}:")
+        for op, m in medians.items():
+            print(f"  {op:<6} wall {m['wall']:.2f} s  own {m['own']:.2f} s  engines {m['engines']:.2f} s  "
+                  f"cpu {m['cpu']:.2f} s  nodes {m['nodes']:.2f} s  rt/node {m['rt']:.0f}"
+                  f"  (median of {rounds})")  # fmt: skip
+        out[n] = medians
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[4], help="fleet sizes, measured in this order")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--root", action="store_true", help="also measure with root as the nodes' login user")
     opts = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root (it creates the benchmark's node user and binds sshd to port 22)")
     ensure_user()
     print(f"loopback fleets of {opts.nodes} nodes, stand-in ranks, {opts.rounds} rounds; {os.cpu_count()} cores")
-    lean = {n: measure(n, opts.rounds, USER, f"nodes log in as {USER} (plain /bin/sh)") for n in opts.nodes}
+    lean = measure(opts.nodes, opts.rounds, USER, f"nodes log in as {USER} (plain /bin/sh)")
     if opts.root:
-        for n in opts.nodes:
-            measure(n, opts.rounds, None, "nodes log in as root (~/.bashrc runs pyenv init)")
+        measure(opts.nodes, opts.rounds, None, "nodes log in as root (~/.bashrc runs pyenv init)")
     ok = True
     if 4 in lean:
         status = lean[4]["status"]["wall"]

@@ -255,6 +255,43 @@ def test_down_names_a_child_that_escaped_without_markers(fleet2: LoopbackFleet, 
     assert "nothing of the instance is left" in clean.stdout
 
 
+_LISTENER = """
+import socket, sys, time
+s = socket.socket()
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen()
+print("listening", flush=True)
+time.sleep(600)
+"""
+
+
+def test_down_names_a_process_without_markers_that_listens_on_a_rank_port(
+    fleet2: LoopbackFleet, tmp_path: Path
+) -> None:
+    name = "test-watch-listener"
+    port = free_port()
+    recipe = standin_recipe(tmp_path / name, nodes=2, port=port)
+    assert sparkfleet("up", str(recipe), "--cluster", str(fleet2.cluster_file)).returncode == 0
+    # A helper that left the rank with neither its markers nor its working directory, and still
+    # holds the ranks' rendezvous port.
+    listener = subprocess.Popen([sys.executable, "-c", _LISTENER, str(port + 1)], cwd="/",
+                                env={"PATH": "/usr/bin:/bin"}, stdout=subprocess.PIPE,
+                                start_new_session=True)  # fmt: skip
+    try:
+        assert listener.stdout is not None and listener.stdout.readline() == b"listening\n"
+        down = sparkfleet("down", name)
+        assert down.returncode == 2, down.stdout + down.stderr
+        assert f"pid {listener.pid} " in down.stderr
+        assert f"carries no sparkfleet markers, but it listens on port {port + 1}" in down.stderr
+        assert listener.poll() is None  # named, not killed: without markers it might be anyone's
+    finally:
+        listener.kill()
+        listener.wait()
+    clean = sparkfleet("down", name)
+    assert clean.returncode == 0, clean.stderr
+    assert leftover_processes(name) == []
+
+
 def test_down_stops_a_child_that_escaped_with_markers(fleet2: LoopbackFleet, tmp_path: Path) -> None:
     name = "test-watch-escapee"
     recipe = standin_recipe(tmp_path / name, nodes=2, port=free_port(),

@@ -11,13 +11,9 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sparkfleet.apply.down import down
-from sparkfleet.apply.images import image_ids
-from sparkfleet.apply.up import UpResult, up
 from sparkfleet.errors import SparkfleetError
-from sparkfleet.nodes.transport import transport_for
 from sparkfleet.plan.build import plan
 from sparkfleet.plan.model import Overrides, Plan
 from sparkfleet.spec.cluster import load_cluster
@@ -35,6 +31,13 @@ from sparkfleet.spec.variants import BASE, apply_variant
 from sparkfleet.state.deployments import Deployments
 from sparkfleet.state.history import Configuration, History
 from sparkfleet.state.store import Store
+
+if TYPE_CHECKING:
+    from sparkfleet.apply.up import UpResult
+
+# up, down and the image reader (and httpx, SSH, the runtimes behind them) are imported where they
+# are used: `sparkfleet up` plans and opens its node sessions first, and the nodes' agents boot
+# while this process loads them (see cli/lifecycle.py).
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,9 @@ def _digest(path: Path) -> str:
 
 
 def _image_ids(planned: Plan) -> dict[str, str | None]:
+    from sparkfleet.apply.images import image_ids
+    from sparkfleet.nodes.transport import transport_for
+
     docker = [r for r in planned.ranks if r.runtime == "docker" and r.image]
     if not docker:
         return {}
@@ -91,6 +97,8 @@ def record(spec: ConfigSpec, planned: Plan, ready: bool, store: Store | None = N
 def up_recorded(spec: ConfigSpec, planned: Plan, store: Store | None = None,
                 run_up: Callable[[Plan], UpResult] | None = None) -> tuple[UpResult, int]:  # fmt: skip
     """Run up for planned and record the outcome, failed or not."""
+    from sparkfleet.apply.up import up
+
     store = store or Store()
     try:
         result = (run_up or (lambda p: up(p, deployments=Deployments(store))))(planned)
@@ -190,6 +198,8 @@ def rollback_target(name: str, store: Store) -> tuple[Configuration, Configurati
 def rollback(name: str, store: Store | None = None, report: Callable[[str], None] = lambda _m: None,
              run_up: Callable[[Plan], UpResult] | None = None) -> tuple[Configuration, UpResult]:  # fmt: skip
     """Take name's running configuration down and bring the last passing one back up."""
+    from sparkfleet.apply.down import down
+
     store = store or Store()
     target, current = rollback_target(name, store)
     spec = _spec_of(target)

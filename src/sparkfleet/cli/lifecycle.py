@@ -68,17 +68,24 @@ def up(
 ) -> None:
     """Start a deployment on every node; done only when it really serves (else everything is stopped).
     What it was started from, and whether it passed, is recorded for `sparkfleet rollback`."""
-    from sparkfleet.apply.configurations import ConfigSpec, up_recorded
-    from sparkfleet.apply.up import up as run_up
-    from sparkfleet.spec.cluster import load_cluster  # deploy pulls in httpx: load it only for up
+    from sparkfleet.apply.configurations import ConfigSpec
+    from sparkfleet.nodes.runtime.agent_session import open_sessions
+    from sparkfleet.nodes.transport import transport_for
 
     spec = ConfigSpec(recipe, variant, tuple(set_ or ()), parse_env(env), cluster, name)
     planned = spec.plan()
+    # The nodes' agents boot while the rest of up loads (a fifth of a second here; on 16 nodes
+    # sharing two cores that was most of up's growth over 4): one transport per node, made now.
+    transports = {r.node.name: transport_for(r.node, accept_new_host_keys=accept_new) for r in planned.ranks}
+    open_sessions(transports, {r.node.name: r.node.python for r in planned.ranks})
+    from sparkfleet.apply.configurations import up_recorded
+    from sparkfleet.apply.up import up as run_up
+
     progress = _Progress([(r.rank, r.node.name) for r in planned.ranks])
     with progress.live:
         result, _ = up_recorded(spec, planned, run_up=lambda p: run_up(
-            p, load_cluster(cluster), report=progress, timeout=timeout, accept_new_host_keys=accept_new,
-            allow_image_mismatch=allow_image_mismatch))  # fmt: skip
+            p, report=progress, timeout=timeout, allow_image_mismatch=allow_image_mismatch,
+            connect=lambda node: transports[node.name]))  # fmt: skip
         progress(None, None, f"ready in {result.seconds:.1f}s")
     console.print(f"[green]ready[/] {result.name} at [bold]{result.endpoint}[/] "
                   f"(smoke answer: {result.smoke_answer.strip()[:60]!r})")  # fmt: skip
