@@ -402,12 +402,14 @@ def _terminate(groups: set[int], members: list[int], grace: float) -> None:
             except (ProcessLookupError, PermissionError):
                 pass
         deadline = time.time() + (grace if sig == signal.SIGTERM else 5)
+        pause = 0.002  # most ranks are gone within milliseconds: look again soon, then less often
         while time.time() < deadline:
             alive = [p for p in members if _starttime(p) is not None]
             alive += [g for g in groups if _starttime(g) is not None]
             if not alive:
                 return
-            time.sleep(0.05)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
 
 def find(spec: dict) -> list[dict]:
