@@ -650,10 +650,8 @@ class _Job:
         try:
             for out in self.outs:
                 for path in out.sources():
-                    if path not in self.fds:
+                    if path not in self.fds:  # for the sampled rows; lanes open their own (``_Lane.run``)
                         self.fds[path] = os.open(path, os.O_RDONLY)
-                        if _FADV_OK:
-                            os.posix_fadvise(self.fds[path], 0, 0, os.POSIX_FADV_SEQUENTIAL)
         except BaseException:
             self.close()
             raise
@@ -780,28 +778,23 @@ def _failure(exc: Exception) -> dict[str, Any]:
 _EXPECTED = (StageFailure, OSError, KeyError, ValueError, TypeError)
 
 
+def _caught(call: Callable[[], _T]) -> _T | dict[str, Any]:
+    """``call()``, or an expected failure as ``{"ok": False, "error": …}``."""
+    try:
+        return call()
+    except _EXPECTED as exc:
+        return _failure(exc)
+
+
 def run_job(args: dict[str, Any]) -> dict[str, Any]:
     """``run`` with every failure turned into ``{"ok": False, "error": …}``."""
-    try:
-        return {"ok": True, **run(args)}
-    except _EXPECTED as exc:
-        return _failure(exc)
-
-
-def _opened(args: dict[str, Any]) -> _Job | dict[str, Any]:
-    try:
-        return _Job(args)
-    except _EXPECTED as exc:
-        return _failure(exc)
+    return _caught(lambda: {"ok": True, **run(args)})
 
 
 def _assessed(job: _Job | dict[str, Any], picks: list[list[int]]) -> _Job | dict[str, Any]:
     if isinstance(job, dict):
         return job  # it could not be opened: that failure is its result
-    try:
-        return job.assess(picks)
-    except _EXPECTED as exc:
-        return _failure(exc)
+    return _caught(functools.partial(job.assess, picks))
 
 
 def _node_picks(jobs: list[_Job], rng: random.Random) -> list[list[list[int]]]:
@@ -824,7 +817,7 @@ def run_jobs(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """
     if len(jobs) < 2:
         return [run_job(job) for job in jobs]
-    opened = _together([functools.partial(_opened, job) for job in jobs])
+    opened = _together([functools.partial(_caught, functools.partial(_Job, job)) for job in jobs])
     good = [job for job in opened if isinstance(job, _Job)]
     paths = [o.path for one in good for o in one.outs]
     if len(paths) != len(set(paths)):
