@@ -12,6 +12,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -494,3 +495,22 @@ def test_a_write_failing_in_one_lane_fails_the_output_and_stops_the_other_lane(
     assert again["ok"]
     for layer in ROWS:
         assert (tmp_path / "out" / f"engram-l{layer}-r0of4.bin").read_bytes() == expected_packed(pristine, layer, 0, 4)
+
+
+# Each costs a re-stage more than checking the outputs does (see nodes/shipped/lean_stdlib.py).
+NOT_FOR_RESTAGE = ("json", "re", "enum", "typing", "hashlib", "fnmatch", "dataclasses", "numpy", "subprocess")
+
+
+def test_a_restage_of_unchanged_outputs_imports_nothing_heavy(pristine: Path, tmp_path: Path) -> None:
+    imports = tmp_path / "imports.log"
+    python = tmp_path / "python-importtime"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" -X importtime "$@" 2>"{imports}"\n')
+    python.chmod(0o755)
+    step = make_step(pristine, tmp_path / "out", 3)
+    assert not stage(step, python=str(python)).up_to_date
+    report = stage(step, python=str(python))
+    assert [(o.status, o.action, o.bytes_written) for o in report.outputs] == [("ok", "verified", 0)] * 2
+    loaded = {line.split("|")[-1].strip() for line in imports.read_text().splitlines() if line.startswith("import time:")}
+    assert "xxhash" in loaded  # the log is the re-stage's own
+    heavy = sorted(m for m in loaded if m.split(".")[0] in NOT_FOR_RESTAGE)
+    assert heavy == [], f"a re-stage imports {heavy}"

@@ -44,9 +44,11 @@ class ShippedProgram:
     site: bool = False
 
 
-PROCESS_AGENT = ShippedProgram("process-agent", ("process_agent",))
+PROCESS_AGENT = ShippedProgram("process-agent", ("lean_stdlib", "process_agent"))
 STAGE_WORKER = ShippedProgram(
-    "stage-worker", ("failure", "safetensors_index", "ledger", "disk", "layouts", "sparse_rows"), site=True
+    "stage-worker",
+    ("lean_stdlib", "failure", "safetensors_index", "ledger", "disk", "layouts", "sparse_rows"),
+    site=True,
 )
 COMPOSE_WORKER = ShippedProgram("compose-worker", ("composed_worker",))
 SNAPSHOT_SCAN = ShippedProgram("snapshot-scan", ("snapshot_scan",))

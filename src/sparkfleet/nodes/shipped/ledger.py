@@ -15,11 +15,14 @@ The ledger vouches for the file at the output path only while ``output`` matches
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-from collections.abc import Callable
-from typing import Any
+
+from sparkfleet.nodes.shipped.lean_stdlib import json_loads
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 try:
     import xxhash
@@ -31,6 +34,8 @@ LEDGER_SUFFIX = ".ledger.json"
 
 
 def _blake2b_64() -> Any:
+    import hashlib  # only where xxhash is missing: OpenSSL's load is a tenth of a re-stage
+
     return hashlib.blake2b(digest_size=8)
 
 
@@ -66,6 +71,8 @@ def write_json_atomic(path: str, obj: dict[str, Any], *, durable: bool = True) -
     fsync the file first and its folder after. Without, the caller makes it durable later
     (``fsync_file`` and ``fsync_dir``): a rename is atomic for every process at once, and only
     a power cut before those fsyncs can lose it."""
+    import json  # a pack writes ledgers; a re-stage of unchanged outputs does not
+
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(obj, fh, indent=1, sort_keys=True)
@@ -91,7 +98,7 @@ def read_ledger(output: str) -> dict[str, Any] | None:
     """The ledger for ``output``, or None when it is missing, unreadable or of another format."""
     try:
         with open(ledger_path(output), encoding="utf-8") as fh:
-            data = json.load(fh)
+            data = json_loads(fh.read())
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or data.get("format") != LEDGER_FORMAT:

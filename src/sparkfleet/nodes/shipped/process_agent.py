@@ -25,54 +25,12 @@ import os
 import sys
 import time
 
+from sparkfleet.nodes.shipped.lean_stdlib import json_dumps, json_loads
+
 # Only os, sys and time at the top: every up, status and down starts this agent once per node
 # and phase, and on a node the imports were most of its run time (json, signal, subprocess and
 # contextlib alone cost 3x a bare interpreter start). The rest is imported where it is used.
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def _json_codec():  # type: ignore[no-untyped-def]
-    """(loads, dumps) through the C accelerator ``_json`` (what the json package itself calls),
-    without json's import, which compiles its regular expressions on every start; the json
-    package where ``_json`` is missing or its signature differs."""
-    try:
-        import _json
-
-        class _Scanning:  # the attributes json.JSONDecoder hands the C scanner
-            strict = True
-            object_hook = None
-            object_pairs_hook = None
-            parse_float = float
-            parse_int = int
-            parse_constant = float  # NaN, Infinity, -Infinity
-
-        scan = _json.make_scanner(_Scanning())
-
-        def _unencodable(obj):  # type: ignore[no-untyped-def]
-            raise TypeError(f"{type(obj).__name__} is not JSON serializable")
-
-        encode = _json.make_encoder(None, _unencodable, _json.encode_basestring_ascii, None, ": ", ", ",
-                                    False, False, True)  # fmt: skip
-
-        def loads(text: str):  # type: ignore[no-untyped-def]
-            obj, end = scan(text, 0)
-            if text[end:].strip():
-                raise ValueError(f"extra data after JSON at {end}")
-            return obj
-
-        def dumps(obj) -> str:  # type: ignore[no-untyped-def]
-            return "".join(encode(obj, 0))
-
-        if loads(dumps({"a": [1, 2.5, None, True, "\u00e9"]})) == {"a": [1, 2.5, None, True, "\u00e9"]}:
-            return loads, dumps
-    except (ImportError, AttributeError, TypeError, ValueError, StopIteration):
-        pass
-    import json
-
-    return json.loads, json.dumps
-
-
-_loads, _dumps = _json_codec()
 
 
 _btime: list[float] = []  # read once: leftovers asks for every process on the node
@@ -719,20 +677,20 @@ def serve() -> None:
     import resource
 
     out = sys.stdout
-    out.write(_dumps({"serving": os.getpid()}) + "\n")  # the controller knows the session is up
+    out.write(json_dumps({"serving": os.getpid()}) + "\n")  # the controller knows the session is up
     out.flush()
     for line in sys.stdin.buffer:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         _session_cpu[0] = usage.ru_utime + usage.ru_stime
         reply: dict[str, object]
         try:
-            request = _loads(line.decode())
+            request = json_loads(line.decode())
             reply = {"answer": answer(request["command"], request["payload"], (request.get("stdin") or "").encode())}
         except Exception as exc:  # the session goes on; the controller raises what failed
             import traceback
 
             reply = {"error": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-2000:]}
-        out.write(_dumps(reply) + "\n")
+        out.write(json_dumps(reply) + "\n")
         out.flush()
 
 
@@ -742,4 +700,4 @@ if __name__ == "__main__":
     else:
         # The env file of a start arrives on stdin; other commands get none (an empty read).
         stdin = sys.stdin.buffer.read() if sys.argv[1] == "start" else b""
-        print(_dumps(answer(sys.argv[1], _loads(sys.argv[2]), stdin)))
+        print(json_dumps(answer(sys.argv[1], json_loads(sys.argv[2]), stdin)))

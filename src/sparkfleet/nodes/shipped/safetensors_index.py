@@ -9,16 +9,15 @@ checkpoint probe use ``header_tensors`` / ``tensor_sizes`` from here too.
 
 from __future__ import annotations
 
-import fnmatch
-import hashlib
-import json
 import os
-import re
 import struct
-from collections.abc import Mapping
-from typing import NamedTuple
 
 from sparkfleet.nodes.shipped.failure import StageFailure
+from sparkfleet.nodes.shipped.lean_stdlib import NamedRecord, glob_match, json_loads, sha256_hex
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 INDEX_NAME = "model.safetensors.index.json"
 # Real headers are a few MB at most; a larger length means the file is not safetensors.
@@ -28,12 +27,9 @@ _DTYPE_BYTES = {
     "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
     "F32": 4, "I32": 4, "U32": 4, "F64": 8, "I64": 8, "U64": 8,
 }  # fmt: skip
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-
-
-# NamedTuples, not dataclasses: importing dataclasses (inspect, ast, dis, ...) is a measurable
-# part of a re-stage, which is mostly the worker's start-up.
-class ShardHeader(NamedTuple):
+# Named tuples, not dataclasses: importing dataclasses (inspect, ast, dis, ...) is a measurable
+# part of a re-stage, which is mostly the worker's start-up (``NamedRecord``: nor typing).
+class ShardHeader(NamedRecord):
     """One shard's parsed header: where its data starts and its tensors."""
 
     path: str
@@ -44,7 +40,7 @@ class ShardHeader(NamedTuple):
     tensors: dict[str, dict[str, object]]
 
 
-class TensorLoc(NamedTuple):
+class TensorLoc(NamedRecord):
     """Where one 2-D tensor's bytes lie in its shard."""
 
     name: str
@@ -59,7 +55,7 @@ class TensorLoc(NamedTuple):
         return self.rows * self.row_bytes
 
 
-class RowTable(NamedTuple):
+class RowTable(NamedRecord):
     """A table to stage: its weight tensor, the optional ``.scale`` partner, and its layer."""
 
     weight: TensorLoc
@@ -71,7 +67,7 @@ def header_tensors(raw: bytes | str) -> dict[str, dict[str, object]]:
     """The tensor entries of a safetensors JSON header (``__metadata__`` left out); ValueError
     when it is not a JSON object."""
     try:
-        header = json.loads(raw)
+        header = json_loads(raw)
     except ValueError as exc:
         raise ValueError(f"safetensors header is not JSON ({exc})") from exc
     if not isinstance(header, dict):
@@ -124,7 +120,7 @@ def read_header(path: str) -> ShardHeader:
         size=st.st_size,
         mtime_ns=st.st_mtime_ns,
         data_start=8 + length,
-        header_hash=hashlib.sha256(head + raw).hexdigest(),
+        header_hash=sha256_hex(head + raw),
         tensors=tensors,
     )
 
@@ -162,7 +158,7 @@ def shard_paths(src: str) -> tuple[list[str], dict[str, str] | None]:
     if os.path.exists(index):
         try:
             with open(index, encoding="utf-8") as fh:
-                weight_map = json.load(fh)["weight_map"]
+                weight_map = json_loads(fh.read())["weight_map"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise StageFailure(f"{index}: cannot read the weight map ({exc})") from exc
         mapping = {str(k): os.path.join(src, str(v)) for k, v in weight_map.items()}
@@ -180,8 +176,11 @@ def partner_name(weight: str) -> str | None:
 
 def layer_of(name: str) -> int | None:
     """The layer number in ``[model.]layers.{L}.…``, or None."""
-    match = _LAYER.search(name)
-    return int(match.group(1)) if match else None
+    parts = name.split(".")
+    for i in range(len(parts) - 2):  # "layers.{L}" and a dot after it
+        if parts[i] == "layers" and parts[i + 1].isdecimal():
+            return int(parts[i + 1])
+    return None
 
 
 def find_tables(src: str, patterns: list[str]) -> tuple[list[RowTable], dict[str, ShardHeader]]:
@@ -195,14 +194,14 @@ def find_tables(src: str, patterns: list[str]) -> tuple[list[RowTable], dict[str
         return headers[path]
 
     if weight_map is not None:
-        names = sorted(n for n in weight_map if any(fnmatch.fnmatchcase(n, p) for p in patterns))
+        names = sorted(n for n in weight_map if any(glob_match(n, p) for p in patterns))
         owner = weight_map
     else:
         owner = {}
         for shard in shards:
             for n in header_of(shard).tensors:
                 owner[n] = shard
-        names = sorted(n for n in owner if any(fnmatch.fnmatchcase(n, p) for p in patterns))
+        names = sorted(n for n in owner if any(glob_match(n, p) for p in patterns))
     if not names:
         raise StageFailure(f"source {src} has no tensor matching {patterns}")
     tables = []
