@@ -189,6 +189,30 @@ def test_changed_source_repacks_only_the_chunks_that_differ(snapshot: Path, tmp_
     assert (tmp_path / "out" / "engram-l14-r1of4.bin").read_bytes() == expected_packed(snapshot, 14, 1, 4)
 
 
+def test_a_source_rewritten_in_place_is_caught_by_the_sampled_rows(snapshot: Path, tmp_path: Path) -> None:
+    # Same size, same mtime, same header: only comparing rows with the source can tell. Every
+    # 5th scale row of rank 2's range changes.
+    step = make_step(snapshot, tmp_path / "out", 2)
+    stage(step)
+    shard = snapshot / "model-00003-of-00003.safetensors"
+    name = "layers.14.engram.embed.scale"
+    st = shard.stat()
+    with shard.open("rb") as fh:
+        (hlen,) = struct.unpack("<Q", fh.read(8))
+        begin = json.loads(fh.read(hlen))[name]["data_offsets"][0]
+    with shard.open("r+b") as fh:
+        for row in range(ROWS[14] * 2 // 4, ROWS[14] * 3 // 4, 5):
+            fh.seek(8 + hlen + begin + row * 8)
+            fh.write(b"\x5a" * 8)
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    report = stage(step)
+    by_name = {Path(o.path).name: o for o in report.outputs}
+    assert by_name["engram-l1-r2of4.bin"].status == "ok"
+    changed = by_name["engram-l14-r2of4.bin"]
+    assert (changed.status, changed.action) == ("damaged", "repaired")
+    assert (tmp_path / "out" / "engram-l14-r2of4.bin").read_bytes() == expected_packed(snapshot, 14, 2, 4)
+
+
 def test_a_node_without_numpy_or_xxhash_packs_the_same_bytes(pristine: Path, tmp_path: Path) -> None:
     bare = tmp_path / "bare-python"
     bare.write_text('#!/bin/sh\nexec python3 -S -I "$@"\n')
@@ -510,7 +534,8 @@ def test_a_restage_of_unchanged_outputs_imports_nothing_heavy(pristine: Path, tm
     assert not stage(step, python=str(python)).up_to_date
     report = stage(step, python=str(python))
     assert [(o.status, o.action, o.bytes_written) for o in report.outputs] == [("ok", "verified", 0)] * 2
-    loaded = {line.split("|")[-1].strip() for line in imports.read_text().splitlines() if line.startswith("import time:")}
+    lines = imports.read_text().splitlines()
+    loaded = {line.split("|")[-1].strip() for line in lines if line.startswith("import time:")}
     assert "xxhash" in loaded  # the log is the re-stage's own
     heavy = sorted(m for m in loaded if m.split(".")[0] in NOT_FOR_RESTAGE)
     assert heavy == [], f"a re-stage imports {heavy}"
