@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 from pathlib import Path
 
@@ -82,3 +83,48 @@ def test_unknown_host_key_is_refused_unless_asked(fleet4: LoopbackFleet, tmp_pat
             home_known.unlink(missing_ok=True)
         else:
             home_known.write_bytes(before)
+
+
+def _ssh_children() -> list[int]:
+    """This process's children that are ssh clients."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and comm == "ssh":
+            found.append(int(pid))
+    return found
+
+
+def test_a_stream_rides_the_open_master_without_an_ssh_client(fleet4: LoopbackFleet) -> None:
+    transport = transport_for(load_cluster(fleet4.cluster_file).nodes[3])
+    transport.run(["true"])  # the master is up
+    script = "import json,sys; print(json.dumps([sys.argv[1:], sys.stdin.read()])); print('to stderr', file=sys.stderr)"
+    argv = ["python3", "-c", script + "; sys.exit(7)", *NASTY]
+    with transport.stream(argv, stdin=True, merge_stderr=False) as stream:
+        assert _ssh_children() == []
+        stream.write("fed ünï\n".encode())
+        stream.close_stdin()
+        assert json.loads(stream.read()) == [NASTY, "fed ünï\n"]
+        assert stream.wait(30) == 7
+        assert stream.errors() == "to stderr\n"
+    with transport.stream(["sh", "-c", "echo out; echo err >&2; kill -9 $$"]) as killed:
+        assert list(killed) == ["out", "err"]
+        assert killed.wait(30) == 255  # no exit status, as the ssh client reports it
+
+
+def test_a_stale_master_socket_falls_back_to_the_ssh_client(fleet4: LoopbackFleet) -> None:
+    node = load_cluster(fleet4.cluster_file).nodes[2]
+    transport = transport_for(node)
+    transport.run(["true"])
+    master = transport.control_path()  # type: ignore[attr-defined]
+    os.unlink(master)  # the master lives on, unreachable: as after a crash that left the path
+    with socket.socket(socket.AF_UNIX) as stale:
+        stale.bind(master)  # a socket file that nobody listens on
+    with transport.stream(["echo", "still here"]) as stream:
+        assert list(stream) == ["still here"]
+        assert stream.wait(30) == 0
+    assert transport.run(["echo", "and again"]).stdout == "and again\n"

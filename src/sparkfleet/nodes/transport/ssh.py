@@ -8,6 +8,7 @@ four nodes costs one handshake each and later commands ride the open connection.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -19,7 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sparkfleet.errors import TransportError, TransportTimeout
-from sparkfleet.nodes.transport.base import Capabilities, ProcessStream, Result, display_command, trace
+from sparkfleet.nodes.transport.base import Capabilities, ProcessStream, Result, Stream, display_command, trace
+from sparkfleet.nodes.transport.ssh_mux import MuxStream
 from sparkfleet.spec.cluster import Node
 
 SSH_FAILED = 255
@@ -53,15 +55,24 @@ class SshTransport:
         return Capabilities(local=False, ssh=tuple(self.ssh_argv()), sessions=True)
 
     def control_path(self) -> str:
-        """This node's master socket: ssh's %C (host, port, user) plus a digest of how we reach it.
+        """This node's master socket, named by a digest of how the node is reached: host, port,
+        user, key, host-key policy and the ssh config in force (its path, size and mtime: an
+        edited config can send the same name to another machine).
 
-        %C alone would hand a command to a master opened for another inventory that once used
-        the same address (a re-imaged node, a re-created test fleet): a stale session on the
-        wrong machine, whose host key was never checked against this cluster's known_hosts.
+        The name alone would hand a command to a master opened for another inventory that once
+        used the same address (a re-imaged node, a re-created test fleet): a stale session on the
+        wrong machine, whose host key was never checked against this cluster's known_hosts. A
+        path without ssh's %-tokens is one this process can open itself (``ssh_mux``).
         """
         n = self._node
-        how = "\0".join(str(x) for x in (n.ssh_config, n.ssh_key, n.user, n.ssh_port, n.host, self._accept_new))
-        return f"{control_dir()}/{hashlib.sha256(how.encode()).hexdigest()[:12]}-%C"
+        config = n.ssh_config or os.path.expanduser("~/.ssh/config")
+        try:
+            st = os.stat(config)
+            seen: tuple[int, int] | None = (st.st_size, st.st_mtime_ns)
+        except OSError:
+            seen = None
+        how = "\0".join(str(x) for x in (n.ssh_config, n.ssh_key, n.user, n.ssh_port, n.host, self._accept_new, seen))
+        return f"{control_dir()}/{hashlib.sha256(how.encode()).hexdigest()[:32]}"
 
     @property
     def destination(self) -> str:
@@ -80,7 +91,7 @@ class SshTransport:
             "-o", "BatchMode=yes",
             "-o", f"ConnectTimeout={self._connect_timeout}",
             "-o", "ControlMaster=auto",
-            "-o", f"ControlPath={self.control_path()}",
+            "-o", f"ControlPath={self.control_path().replace('%', '%%')}",
             "-o", f"ControlPersist={PERSIST_S}",
             "-o", "ServerAliveInterval=10",
             "-o", "ServerAliveCountMax=3",
@@ -168,16 +179,23 @@ class SshTransport:
             raise TransportError(self.node, f"cannot read {remote}: {err.decode(errors='replace').strip()}")
         Path(local).write_bytes(out)
 
-    def stream(self, argv: Sequence[str], *, stdin: bool = False, merge_stderr: bool = True) -> ProcessStream:
+    def stream(self, argv: Sequence[str], *, stdin: bool = False, merge_stderr: bool = True) -> Stream:
         """Start argv on the node over the master connection; a handle on its output (and its
-        stdin with ``stdin=True``), the bytes flowing through this machine's ssh process."""
+        stdin with ``stdin=True``). With a master up, this process asks it for the session
+        itself (``ssh_mux``); otherwise an ssh client does, opening the master on the way."""
         now = time.time()
         trace("ssh-stream", self.node, now, now, shlex.join(argv))
+        shown = display_command(argv, 120)
+        command = self._command(argv, None)
+        master = self.control_path()
+        if os.path.exists(master):
+            with contextlib.suppress(OSError):  # a master gone stale: the ssh client replaces it
+                return MuxStream(self.node, master, command[-1], stdin=stdin, merge_stderr=merge_stderr, shown=shown)
         try:
             # Its own session, as run's: Ctrl-C goes to sparkfleet, which closes what it opened
             # (an agent session must outlive the Ctrl-C that starts up's rollback).
-            return ProcessStream(self.node, self._command(argv, None), stdin=stdin, merge_stderr=merge_stderr,
-                                 shown=display_command(argv, 120), new_session=True)  # fmt: skip
+            return ProcessStream(self.node, command, stdin=stdin, merge_stderr=merge_stderr, shown=shown,
+                                 new_session=True)  # fmt: skip
         except TransportError as exc:
             raise TransportError(self.node, "the ssh client is not installed on this machine") from exc
 
