@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol, runtime_checkable
+from typing import IO, Protocol, Self, runtime_checkable
 
 from sparkfleet.errors import CommandError, TransportError, TransportTimeout
 
@@ -156,7 +156,58 @@ class Stream(Protocol):
                  tb: TracebackType | None) -> None: ...  # fmt: skip
 
 
-class ProcessStream:
+class PipeStream:
+    """The part of a Stream that is pipes to the command: its stdin (None when opened without),
+    its stdout, and its stderr unless merged into stdout, read all along by a thread (a command
+    that fills its stderr pipe would block otherwise). Subclasses say how the command runs:
+    ``wait``, ``exit_code`` and ``close``."""
+
+    node: str
+    _shown: str
+
+    def _hold(self, stdin: IO[bytes] | None, stdout: IO[bytes], stderr: IO[bytes] | None) -> None:
+        self._stdin, self._stdout = stdin, stdout
+        self._err: list[bytes] = []
+        self._err_reader: threading.Thread | None = None
+        if stderr is not None:
+            self._err_reader = threading.Thread(target=lambda: self._err.append(stderr.read()), daemon=True)
+            self._err_reader.start()
+
+    def __iter__(self) -> Iterator[str]:
+        for raw in self._stdout:
+            yield raw.decode(errors="replace").rstrip("\n")
+
+    def read(self, size: int = CHUNK) -> bytes:
+        return self._stdout.read1(size)  # type: ignore[attr-defined]
+
+    def write(self, data: bytes) -> None:
+        if self._stdin is None:
+            raise TransportError(self.node, f"{self._shown}: opened without stdin")
+        self._stdin.write(data)
+        self._stdin.flush()  # a request waits for its answer: nothing may sit in the buffer
+
+    def close_stdin(self) -> None:
+        if self._stdin is not None:
+            with contextlib.suppress(OSError):
+                self._stdin.close()
+
+    def errors(self) -> str:
+        if self._err_reader is not None:
+            self._err_reader.join()
+        return b"".join(self._err).decode(errors="replace")
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:  # fmt: skip
+        self.close()
+
+
+class ProcessStream(PipeStream):
     """A Stream over a process started on this machine (a local command, or ssh to the node)."""
 
     def __init__(self, node: str, argv: Sequence[str], *, stdin: bool = False, merge_stderr: bool = True,
@@ -173,34 +224,8 @@ class ProcessStream:
             )
         except FileNotFoundError as exc:
             raise TransportError(node, f"{argv[0]}: command not found") from exc
-        self._err: list[bytes] = []
-        self._err_reader: threading.Thread | None = None
-        if not merge_stderr:
-            # Read stderr all along: a command that fills its stderr pipe would block otherwise.
-            err = self._proc.stderr
-            assert err is not None
-            self._err_reader = threading.Thread(target=lambda: self._err.append(err.read()), daemon=True)
-            self._err_reader.start()
-
-    def __iter__(self) -> Iterator[str]:
         assert self._proc.stdout is not None
-        for raw in self._proc.stdout:
-            yield raw.decode(errors="replace").rstrip("\n")
-
-    def read(self, size: int = CHUNK) -> bytes:
-        assert self._proc.stdout is not None
-        return self._proc.stdout.read1(size)  # type: ignore[attr-defined]
-
-    def write(self, data: bytes) -> None:
-        if self._proc.stdin is None:
-            raise TransportError(self.node, f"{self._shown}: opened without stdin")
-        self._proc.stdin.write(data)
-        self._proc.stdin.flush()  # a request waits for its answer: nothing may sit in the buffer
-
-    def close_stdin(self) -> None:
-        if self._proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                self._proc.stdin.close()
+        self._hold(self._proc.stdin, self._proc.stdout, self._proc.stderr)
 
     def wait(self, timeout: float | None = None) -> int:
         try:
@@ -212,11 +237,6 @@ class ProcessStream:
     def exit_code(self) -> int | None:
         return self._proc.poll()
 
-    def errors(self) -> str:
-        if self._err_reader is not None:
-            self._err_reader.join()
-        return b"".join(self._err).decode(errors="replace")
-
     def close(self) -> None:
         self.close_stdin()
         if self._proc.poll() is None:
@@ -227,13 +247,6 @@ class ProcessStream:
                 self._proc.kill()
                 self._proc.wait()
         # stdout stays open: a reader thread drains what is left and sees the end.
-
-    def __enter__(self) -> ProcessStream:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:  # fmt: skip
-        self.close()
 
 
 @runtime_checkable

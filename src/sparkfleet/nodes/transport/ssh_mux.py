@@ -19,11 +19,9 @@ import os
 import socket
 import struct
 import threading
-from collections.abc import Iterator
-from types import TracebackType
 
-from sparkfleet.errors import TransportError, TransportTimeout
-from sparkfleet.nodes.transport.base import CHUNK
+from sparkfleet.errors import TransportTimeout
+from sparkfleet.nodes.transport.base import PipeStream
 
 MUX_VERSION = 4
 MUX_MSG_HELLO = 0x00000001
@@ -53,7 +51,7 @@ def _forwarded_env() -> list[bytes]:
     return [f"{k}={v}".encode() for k, v in os.environ.items() if k == "LANG" or k.startswith("LC_")]
 
 
-class MuxStream:
+class MuxStream(PipeStream):
     """A Stream over a session of the master listening at ``control_path`` (see the module)."""
 
     def __init__(self, node: str, control_path: str, command: str, *, stdin: bool, merge_stderr: bool,
@@ -101,19 +99,13 @@ class MuxStream:
         finally:
             for fd in theirs:
                 os.close(fd)
-        self._stdin = os.fdopen(ours.pop(0), "wb") if stdin else None
-        self._stdout = os.fdopen(ours.pop(0), "rb")
-        self._stderr = os.fdopen(ours.pop(0), "rb") if not merge_stderr else None
-        self._err: list[bytes] = []
+        stdin_file = os.fdopen(ours.pop(0), "wb") if stdin else None
+        stdout_file = os.fdopen(ours.pop(0), "rb")
+        self._hold(stdin_file, stdout_file, os.fdopen(ours.pop(0), "rb") if not merge_stderr else None)
         self._why = ""
         self._code: int | None = None
         self._done = threading.Event()
         threading.Thread(target=self._watch, name=f"ssh-mux-{node}", daemon=True).start()
-        self._err_reader: threading.Thread | None = None
-        if self._stderr is not None:
-            err = self._stderr
-            self._err_reader = threading.Thread(target=lambda: self._err.append(err.read()), daemon=True)
-            self._err_reader.start()
 
     def _read_exact(self, n: int) -> bytes:
         data = b""
@@ -160,24 +152,6 @@ class MuxStream:
                 self._sock.close()
             self._done.set()
 
-    def __iter__(self) -> Iterator[str]:
-        for raw in self._stdout:
-            yield raw.decode(errors="replace").rstrip("\n")
-
-    def read(self, size: int = CHUNK) -> bytes:
-        return self._stdout.read1(size)
-
-    def write(self, data: bytes) -> None:
-        if self._stdin is None:
-            raise TransportError(self.node, f"{self._shown}: opened without stdin")
-        self._stdin.write(data)
-        self._stdin.flush()  # a request waits for its answer: nothing may sit in the buffer
-
-    def close_stdin(self) -> None:
-        if self._stdin is not None:
-            with contextlib.suppress(OSError):
-                self._stdin.close()
-
     def wait(self, timeout: float | None = None) -> int:
         if not self._done.wait(timeout):
             raise TransportTimeout(self.node, self._shown, timeout or 0)
@@ -189,10 +163,7 @@ class MuxStream:
         return self._code if self._done.is_set() else None
 
     def errors(self) -> str:
-        if self._err_reader is not None:
-            self._err_reader.join()
-        text = b"".join(self._err).decode(errors="replace")
-        return text + (f"{self._why}\n" if self._why and self._done.is_set() else "")
+        return super().errors() + (f"{self._why}\n" if self._why and self._done.is_set() else "")
 
     def close(self) -> None:
         """End the session: a control connection that closes makes the master end it, as when
@@ -203,10 +174,3 @@ class MuxStream:
                 self._sock.shutdown(socket.SHUT_RDWR)
             self._done.wait(10)
         # stdout stays open: a reader thread drains what is left and sees the end.
-
-    def __enter__(self) -> MuxStream:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:  # fmt: skip
-        self.close()
