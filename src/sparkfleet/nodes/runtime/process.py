@@ -19,9 +19,13 @@ from sparkfleet.spec.cluster import Node
 from sparkfleet.spec.secrets import TOKEN_PATTERNS
 
 # Prints "running PID STARTTICKS BTIME HZ", "exited CODE MTIME" or "absent". The pid file holds
-# "PGID PID STARTTICKS"; a pid whose start time differs was reused by another process.
+# "PGID PID STARTTICKS"; a pid whose start time differs was reused by another process. MTIME has
+# its fraction where stat can print one: a rank that died within the second its deployment
+# became ready must still read as after ready.
 _INSPECT_SH = r"""
-if [ -f "$2" ]; then echo exited "$(cat "$2")" "$(stat -c %Y "$2" 2>/dev/null)"; exit 0; fi
+if [ -f "$2" ]; then
+  echo exited "$(cat "$2")" "$(stat -c %.9Y "$2" 2>/dev/null || stat -c %Y "$2" 2>/dev/null)"; exit 0
+fi
 [ -r "$1" ] || { echo absent; exit 0; }
 read pgid pid start < "$1"
 now=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1,20)
@@ -109,7 +113,7 @@ class ProcessRuntime:
             return RankState(rank.rank, rank.node.name, "running", None, int(btime) + int(ticks) / int(hz), pid)
         if words[0] == "exited":
             code = int(words[1]) if len(words) > 1 and words[1].lstrip("-").isdigit() else None
-            ended = float(words[2]) if len(words) > 2 and words[2].isdigit() else None
+            ended = float(words[2]) if len(words) > 2 and words[2].replace(".", "", 1).isdigit() else None
             return RankState(rank.rank, rank.node.name, "exited", code, None, None, ended)
         return RankState(rank.rank, rank.node.name, "absent")
 

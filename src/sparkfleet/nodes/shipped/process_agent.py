@@ -3,7 +3,9 @@
 Shipped as ``python3 -c <this source> COMMAND JSON``, or ``… serve``: a session that answers one
 JSON request per line on stdin (``{"command", "payload", "stdin"}``) with one JSON line
 (``{"answer"}`` or ``{"error"}``) until its stdin ends, so a controller pays for SSH and this
-interpreter once per node and command, not once per call. Commands:
+interpreter once per node and command, not once per call. ``serve KEY IDLE`` also starts the
+node's resident agent for KEY (see ``ensure_resident``) and names its socket in the hello, so
+later commands reach a served copy of it through the ssh master's forward. Commands:
   start   fork a monitor in a new session; it starts the engine in its process group, records
           "pgid pid starttime" in the pid file, waits, and writes the exit code file
   inspect print {"state", "pid", "exit_code", "started_at"} as JSON
@@ -672,12 +674,14 @@ def answer(command: str, payload: dict, stdin: bytes) -> dict:
 _session_cpu = [0.0]
 
 
-def serve() -> None:
-    """Answer requests, one JSON line each way, until stdin ends."""
+def serve(resident: str | None = None) -> None:
+    """Answer requests, one JSON line each way, until stdin ends (stdin and stdout are the SSH
+    session's, or a resident agent's connection)."""
     import resource
 
     out = sys.stdout
-    out.write(json_dumps({"serving": os.getpid()}) + "\n")  # the controller knows the session is up
+    # The controller knows the session is up, and where this node's resident agent listens.
+    out.write(json_dumps({"serving": os.getpid(), "resident": resident}) + "\n")
     out.flush()
     for line in sys.stdin.buffer:
         usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -694,9 +698,170 @@ def serve() -> None:
         out.flush()
 
 
+# The resident agent: one per node, user, interpreter and agent version, listening on a unix
+# socket that the controller's ssh master forwards to (``-L local:remote`` streamlocal). A call
+# through it costs the node a fork of an interpreter that is already loaded, where a session
+# costs an SSH channel's shell and a new interpreter (~15 ms of a node's CPU per command, which
+# on a real node is small but on a shared test machine was most of up's growth with fleet size).
+RESIDENT_NAME = "sparkfleet-res"  # its /proc comm (ps shows it): at most 15 bytes
+RESIDENT_DIR = "~/.cache/sparkfleet/agents"
+
+
+def _resident_dir() -> str | None:
+    """The user's private folder for agent sockets, or None where it is not (then no resident:
+    a socket another user could swap would receive env files)."""
+    import stat
+
+    path = os.path.expanduser(RESIDENT_DIR)
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None
+    return path
+
+
+def _listening(path: str) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+            return True
+        except OSError:
+            return False
+
+
+def ensure_resident(key: str, idle: float) -> str | None:
+    """The path of this node's resident agent for key, started (detached) when none listens;
+    None where there can be none here (no private folder, a path too long for a socket)."""
+    folder = _resident_dir()
+    if folder is None or not key.isalnum():
+        return None
+    path = os.path.join(folder, key)
+    if len(path.encode()) > 100:  # sun_path is 108 bytes
+        return None
+    if _listening(path):
+        return path
+    middle = os.fork()
+    if middle != 0:
+        os.waitpid(middle, 0)
+        return path  # the forward's first connection finds it, or falls back to a session
+    # Forked twice and in a session of its own, as a rank's monitor: it outlives this session.
+    os.setsid()
+    if os.fork() != 0:
+        os._exit(0)
+    try:
+        _resident(path, idle)
+    finally:
+        os._exit(0)
+
+
+def _resident(path: str, idle: float) -> None:
+    import select
+    import socket
+
+    try:
+        import _signal as signals
+    except ImportError:
+        import signal as signals
+    os.chdir("/")
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    signals.signal(signals.SIGHUP, signals.SIG_IGN)
+    try:
+        with open("/proc/self/comm") as fh:
+            comm = fh.read().strip()
+        with open("/proc/self/comm", "w") as fh:
+            fh.write(RESIDENT_NAME)
+    except OSError:
+        comm = ""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        old = os.umask(0o177)
+        try:
+            listener.bind(path)
+        finally:
+            os.umask(old)
+    except OSError:
+        if _listening(path):
+            return  # another session's resident got there first
+        try:
+            os.unlink(path)  # a dead resident's socket
+            listener.bind(path)
+        except OSError:
+            return
+    ino = os.stat(path).st_ino
+    listener.listen(64)
+    children: set[int] = set()
+    last = time.monotonic()
+    while True:
+        while children:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                children.clear()
+                break
+            if pid == 0:
+                break
+            children.discard(pid)
+        if children:
+            last = time.monotonic()
+        try:
+            replaced = os.stat(path).st_ino != ino
+        except OSError:
+            replaced = True
+        # Gone after idle (as the controller's ssh master, ControlPersist), or when its socket
+        # was removed or replaced (a newer resident, a node's home cleaned).
+        if replaced or time.monotonic() - last > idle:
+            break
+        if not select.select([listener], [], [], 1.0)[0]:
+            continue
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            continue
+        last = time.monotonic()
+        # Only this user (sshd's forwarding runs as the user who logged in); the folder is
+        # private already, this holds if its mode is changed later.
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+        if int.from_bytes(creds[4:8], sys.byteorder) != os.getuid():
+            conn.close()
+            continue
+        pid = os.fork()
+        if pid == 0:
+            try:
+                listener.close()
+                # The connection as stdin and stdout, as a session's: a rank's monitor gives
+                # them up for /dev/null, so no started process holds the connection open.
+                os.dup2(conn.fileno(), 0)
+                os.dup2(conn.fileno(), 1)
+                conn.close()
+                signals.signal(signals.SIGHUP, signals.SIG_DFL)
+                if comm:
+                    with open("/proc/self/comm", "w") as fh:
+                        fh.write(comm)
+                serve(path)
+            finally:
+                os._exit(0)
+        conn.close()
+        children.add(pid)
+    listener.close()
+    try:
+        if os.stat(path).st_ino == ino:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "serve":
-        serve()
+        # serve KEY IDLE: also make sure this node's resident agent for KEY is up (see above).
+        serve(ensure_resident(sys.argv[2], float(sys.argv[3])) if len(sys.argv) > 3 else None)
     else:
         # The env file of a start arrives on stdin; other commands get none (an empty read).
         stdin = sys.stdin.buffer.read() if sys.argv[1] == "start" else b""

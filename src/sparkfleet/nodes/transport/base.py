@@ -60,11 +60,15 @@ class Capabilities:
     sessions: a stream with stdin may stay open for a whole sparkfleet command as the node's
         agent session (``nodes/runtime/agent_session.py``): each call otherwise pays for a
         connection and an interpreter there. Its streams never get the terminal's Ctrl-C.
+    resident: the transport is a ``ResidentCarrier``: it can keep a way to a node's resident
+        agent open between sparkfleet commands (an ssh master's socket forward), so a session
+        costs the node neither a shell nor an interpreter.
     """
 
     local: bool = False
     ssh: tuple[str, ...] | None = None
     sessions: bool = False
+    resident: bool = False
 
     @property
     def address(self) -> str | None:
@@ -291,4 +295,20 @@ class Transport(Protocol):
 
     def close(self) -> None:
         """Release connections (a no-op for local)."""
+        ...
+
+
+class ResidentCarrier(Transport, Protocol):
+    """A transport that can reach a node's resident agent (``capabilities.resident``)."""
+
+    def resident_key(self, salt: str) -> str:
+        """The resident agent's name on this node for salt (interpreter and agent version)."""
+        ...
+
+    def open_resident(self, key: str) -> Stream | None:
+        """A connection to the resident agent; None where no way to it is open here."""
+        ...
+
+    def forward_resident(self, key: str, remote: str) -> None:
+        """Open a way to the resident agent listening at remote on the node (OSError if not)."""
         ...

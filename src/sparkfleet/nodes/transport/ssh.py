@@ -13,6 +13,7 @@ import hashlib
 import os
 import re
 import shlex
+import socket
 import subprocess
 import tempfile
 import time
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from sparkfleet.errors import TransportError, TransportTimeout
 from sparkfleet.nodes.transport.base import Capabilities, ProcessStream, Result, Stream, display_command, trace
-from sparkfleet.nodes.transport.ssh_mux import MuxStream
+from sparkfleet.nodes.transport.ssh_mux import MuxStream, SocketStream, open_forward
 from sparkfleet.spec.cluster import Node
 
 SSH_FAILED = 255
@@ -52,7 +53,7 @@ class SshTransport:
     @property
     def capabilities(self) -> Capabilities:
         """Another machine, reached with the ssh words of ``ssh_argv``."""
-        return Capabilities(local=False, ssh=tuple(self.ssh_argv()), sessions=True)
+        return Capabilities(local=False, ssh=tuple(self.ssh_argv()), sessions=True, resident=True)
 
     def control_path(self) -> str:
         """This node's master socket, named by a digest of how the node is reached: host, port,
@@ -198,6 +199,43 @@ class SshTransport:
                                  new_session=True)  # fmt: skip
         except TransportError as exc:
             raise TransportError(self.node, "the ssh client is not installed on this machine") from exc
+
+    # -- the node's resident agent (nodes/runtime/agent_session.py) ---------------------------
+    def resident_key(self, salt: str) -> str:
+        """The name of this node's resident agent for salt (the interpreter and agent version):
+        one per way of reaching the node, so nodes that share a home folder (a test fleet on
+        one machine) each keep their own."""
+        return hashlib.sha256(f"{self.control_path()}\0{salt}".encode()).hexdigest()[:24]
+
+    def _resident_local(self, key: str) -> str:
+        return f"{control_dir()}/{key}.agent"
+
+    def open_resident(self, key: str) -> Stream | None:
+        """A connection to the node's resident agent through the master's forward; None where
+        no forward is up here (no master, or none asked for yet). A forward whose agent has gone
+        connects and then ends at once: the caller sees no hello."""
+        local = self._resident_local(key)
+        if not os.path.exists(local):
+            return None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(local)
+        except OSError as exc:
+            sock.close()
+            if isinstance(exc, ConnectionRefusedError):  # the master that held the forward is gone
+                with contextlib.suppress(OSError):
+                    os.unlink(local)
+            return None
+        now = time.time()
+        trace("ssh-stream", self.node, now, now, f"resident agent {key}")
+        return SocketStream(self.node, sock, f"resident agent on {self.node}")
+
+    def forward_resident(self, key: str, remote: str) -> None:
+        """Have the master forward this node's resident agent socket (OSError when it cannot)."""
+        local = self._resident_local(key)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(local)  # left by a master that has exited; the new forward binds the name
+        open_forward(self.control_path(), local, remote)
 
     def close(self) -> None:
         """Leave the master running: the next sparkfleet command reuses it (ControlPersist)."""

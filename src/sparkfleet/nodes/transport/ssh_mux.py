@@ -45,6 +45,23 @@ def _packet(*parts: bytes) -> bytes:
     return struct.pack(">I", len(body)) + body
 
 
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise EOFError
+        data += chunk
+    return data
+
+
+def _recv_packet(sock: socket.socket) -> tuple[int, bytes]:
+    """One packet from the master: its type and the rest of its body."""
+    (length,) = struct.unpack(">I", _recv_exact(sock, 4))
+    body = _recv_exact(sock, length)
+    return struct.unpack(">I", body[:4])[0], body[4:]
+
+
 def _forwarded_env() -> list[bytes]:
     """LANG and LC_*, which the ssh client sends by the usual default (``SendEnv LANG LC_*``);
     sshd keeps only what its ``AcceptEnv`` allows."""
@@ -107,31 +124,17 @@ class MuxStream(PipeStream):
         self._done = threading.Event()
         threading.Thread(target=self._watch, name=f"ssh-mux-{node}", daemon=True).start()
 
-    def _read_exact(self, n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            chunk = self._sock.recv(n - len(data))
-            if not chunk:
-                raise EOFError
-            data += chunk
-        return data
-
-    def _next(self) -> tuple[int, bytes]:
-        (length,) = struct.unpack(">I", self._read_exact(4))
-        body = self._read_exact(length)
-        return struct.unpack(">I", body[:4])[0], body[4:]
-
     def _watch(self) -> None:
         """The master's answers: its hello, the session opened (or why not), its exit code."""
         # As the ssh client: no exit status (a command killed by a signal, or the master gone)
         # is 255, with nothing on stderr that reads as a failure to connect.
         code, why = LOST, "no exit status from the node (the command was killed, or the ssh master went away)"
         try:
-            kind, body = self._next()
+            kind, body = _recv_packet(self._sock)
             if kind != MUX_MSG_HELLO or struct.unpack(">I", body[:4])[0] != MUX_VERSION:
                 why = "ssh: the master speaks another multiplexing protocol"
                 return
-            kind, body = self._next()
+            kind, body = _recv_packet(self._sock)
             if kind in (MUX_S_PERMISSION_DENIED, MUX_S_FAILURE):
                 (length,) = struct.unpack(">I", body[4:8])
                 why = f"ssh: session request failed: {body[8 : 8 + length].decode(errors='replace')}"
@@ -140,7 +143,7 @@ class MuxStream(PipeStream):
                 why = f"ssh: unexpected answer {kind:#x} from the master"
                 return
             while True:
-                kind, body = self._next()
+                kind, body = _recv_packet(self._sock)
                 if kind == MUX_S_EXIT_MESSAGE:
                     code, why = struct.unpack(">II", body[:8])[1], ""
                     return
@@ -174,3 +177,61 @@ class MuxStream(PipeStream):
                 self._sock.shutdown(socket.SHUT_RDWR)
             self._done.wait(10)
         # stdout stays open: a reader thread drains what is left and sees the end.
+
+
+MUX_C_OPEN_FWD = 0x10000006
+MUX_S_OK = 0x80000001
+MUX_FWD_LOCAL = 1
+PORT_STREAMLOCAL = 0xFFFFFFFE  # -2 as the protocol's uint32: the "host" is a unix socket path
+
+
+def open_forward(control_path: str, local: str, remote: str, *, timeout: float = 5.0) -> None:
+    """Ask the master for ``-L local:remote`` between unix sockets (as ``ssh -O forward``): each
+    connection to ``local`` on this machine becomes one to ``remote`` on the node, carried by
+    the master's connection with no process started on either side. OSError when refused."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(control_path)
+        request = struct.pack(">III", MUX_C_OPEN_FWD, 1, MUX_FWD_LOCAL) + _string(local.encode())
+        request += struct.pack(">I", PORT_STREAMLOCAL) + _string(remote.encode()) + struct.pack(">I", PORT_STREAMLOCAL)
+        sock.sendall(_packet(struct.pack(">II", MUX_MSG_HELLO, MUX_VERSION)) + _packet(request))
+        try:
+            _recv_packet(sock)  # the master's hello
+            kind, body = _recv_packet(sock)
+        except (EOFError, struct.error) as exc:
+            raise OSError("the ssh master closed the control connection") from exc
+        if kind != MUX_S_OK:
+            reason = body[8 : 8 + struct.unpack(">I", body[4:8])[0]].decode(errors="replace") if len(body) >= 8 else ""
+            raise OSError(f"the ssh master refused the forward: {reason or hex(kind)}")
+
+
+class SocketStream(PipeStream):
+    """A Stream over a connection to a forwarded unix socket (a node's resident agent): its
+    input and output are the connection's two directions; there is no stderr and no exit code
+    (0 once closed)."""
+
+    def __init__(self, node: str, sock: socket.socket, shown: str) -> None:
+        self.node, self._shown, self._sock = node, shown, sock
+        self._hold(sock.makefile("wb"), sock.makefile("rb"), None)
+        self._closed = threading.Event()
+
+    def close_stdin(self) -> None:
+        super().close_stdin()
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_WR)  # the agent reads the end of its input
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._closed.wait(timeout):
+            raise TransportTimeout(self.node, self._shown, timeout or 0)
+        return 0
+
+    @property
+    def exit_code(self) -> int | None:
+        return 0 if self._closed.is_set() else None
+
+    def close(self) -> None:
+        self.close_stdin()
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        self._closed.set()
