@@ -118,21 +118,25 @@ RESIDENT_MARK = "SPARKFLEET_TEST_NODE_DIR"
 RESIDENT_COMM = "sparkfleet-res"  # nodes/shipped/process_agent.py RESIDENT_NAME
 
 
-def residents(node: Node) -> list[int]:
-    """The node's resident agents (started by a session on this node, as any user)."""
-    mark = f"{RESIDENT_MARK}={node.dir}".encode()
+def pids_with_env(entry: str, comm: str | None = None) -> list[int]:
+    """Pids on this machine whose environment holds ``entry`` ("NAME=value"), of those named
+    ``comm`` when given."""
+    mark = entry.encode()
     out = []
     for pid in (p for p in os.listdir("/proc") if p.isdigit()):
         try:
-            with open(f"/proc/{pid}/comm", "rb") as f:
-                if f.read().strip() != RESIDENT_COMM.encode():
-                    continue
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if mark in f.read().split(b"\0"):
-                    out.append(int(pid))
+            if comm is not None and Path(f"/proc/{pid}/comm").read_text().strip() != comm:
+                continue
+            if mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                out.append(int(pid))
         except OSError:
             continue
     return out
+
+
+def residents(node: Node) -> list[int]:
+    """The node's resident agents (started by a session on this node, as any user)."""
+    return pids_with_env(f"{RESIDENT_MARK}={node.dir}", RESIDENT_COMM)
 
 
 def _resident_socket(pid: int) -> Path | None:

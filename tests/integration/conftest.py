@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.fleet import loopback_fleet
-from tests.fleet.loopback import LoopbackFleet
+from tests.fleet.loopback import LoopbackFleet, pids_with_env
 
 STANDIN = Path(__file__).resolve().parents[1] / "standin_engine.py"
 HAVE_SSHD = shutil.which("sshd") is not None or os.path.exists("/usr/sbin/sshd")
@@ -68,18 +68,7 @@ def standin_recipe(folder: Path, *, nodes: int, port: int, env: dict[str, str] |
 
 def leftover_processes(name: str) -> list[int]:
     """Pids on this machine (every loopback node) that still belong to deployment name."""
-    marker = f"SPARKFLEET_DEPLOYMENT={name}".encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                if marker in fh.read().split(b"\0"):
-                    pids.append(int(entry))
-        except OSError:
-            continue
-    return pids
+    return pids_with_env(f"SPARKFLEET_DEPLOYMENT={name}")
 
 
 def leftover_containers(name: str) -> list[str]:
