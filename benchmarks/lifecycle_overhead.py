@@ -16,8 +16,9 @@ trace (SPARKFLEET_TRACE) and the CLI's rusage:
 * rt/node: round trips per node (the most any node got): SSH calls and requests over the node's
   agent session (opening the session is not one: its first request goes with it);
 * nodes: CPU the nodes spent on the command (their SSH sessions and sparkfleet's agents there,
-  resident agents and the connections they serve included; not the engines) — on a real fleet each node has its own cores, here all N share the same 2,
-  so at 16 nodes this alone is ~nodes/2 s of the wall time;
+  resident agents and the connections they serve included; not the engines) — on a real fleet
+  each node has its own cores, here all N share the same 2, so at 16 nodes this alone is
+  ~nodes/2 s of the wall time;
 * engines: up's readiness wait — the stand-in engines starting on this shared machine (N
   Python interpreters on 2 cores), which sparkfleet only watches;
 * own: wall minus that wait — sparkfleet's own time (CPU, round trips, its waits).
