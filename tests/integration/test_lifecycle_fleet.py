@@ -149,16 +149,19 @@ def test_interrupt_during_up_rolls_back(fleet4: LoopbackFleet, tmp_path: Path, h
 def test_down_finds_ranks_after_local_state_is_lost(fleet4: LoopbackFleet, tmp_path: Path) -> None:
     recipe = standin_recipe(tmp_path / "lost", nodes=4, port=free_port())
     assert sparkfleet("up", str(recipe), "--cluster", str(fleet4.cluster_file)).returncode == 0
-    other_state = {"SPARKFLEET_STATE_DIR": str(tmp_path / "fresh-state")}
-    refused = sparkfleet("down", "lost", env=other_state)
-    assert refused.returncode == 2 and "down lost --sweep --cluster FILE" in refused.stderr
-    assert len(leftover_processes("lost")) >= 4  # a controller without the record stops nothing by name
-    out = sparkfleet("down", "lost", "--sweep", "--cluster", str(fleet4.cluster_file), env=other_state)
-    assert out.returncode == 0, out.stderr
-    # The sweep lists what it found, whose it is, then stops it.
-    assert "found 4 rank(s) of 'lost'" in out.stdout
-    assert "node3: pid" in out.stdout and "rank 3, running; instance" in out.stdout
-    assert f"owner root@{socket.gethostname()}:" in out.stdout
+    try:
+        other_state = {"SPARKFLEET_STATE_DIR": str(tmp_path / "fresh-state")}
+        refused = sparkfleet("down", "lost", env=other_state)
+        assert refused.returncode == 2 and "down lost --sweep --cluster FILE" in refused.stderr
+        assert len(leftover_processes("lost")) >= 4  # a controller without the record stops nothing by name
+        out = sparkfleet("down", "lost", "--sweep", "--cluster", str(fleet4.cluster_file), env=other_state)
+        assert out.returncode == 0, out.stderr
+        # The sweep lists what it found, whose it is, then stops it.
+        assert "found 4 rank(s) of 'lost'" in out.stdout
+        assert "node3: pid" in out.stdout and "rank 3, running; instance" in out.stdout
+        assert f"owner root@{socket.gethostname()}:" in out.stdout
+    finally:
+        sparkfleet("down", "lost")  # the controller that started it, should the sweep have failed
     assert leftover_processes("lost") == []
 
 
