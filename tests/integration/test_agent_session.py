@@ -235,3 +235,26 @@ def test_no_resident_agent_where_its_socket_path_would_be_too_long(tmp_path: Pat
     argv = shipped_argv(sys.executable, PROCESS_AGENT, ["serve", "a1b2c3long", "300"])
     out = subprocess.run(argv, input=b"", capture_output=True, env={**os.environ, "HOME": str(home)}, timeout=30)
     assert out.stdout.decode().splitlines()[0].endswith('"resident": null}')  # sessions as before
+
+
+def test_forward_sockets_left_by_exited_masters_are_swept_and_live_ones_kept() -> None:
+    from sparkfleet.nodes.transport import ssh
+
+    tag = f"sweeptest{os.getpid()}"
+    dead, live = ssh.control_dir() / f"{tag}dead.agent", ssh.control_dir() / f"{tag}live.agent"
+    gone = socket.socket(socket.AF_UNIX)
+    gone.bind(str(dead))
+    gone.close()  # its file stays, as ssh leaves a forward's socket when the master exits
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(live))
+    listener.listen(1)
+    try:
+        old = time.time() - ssh.PERSIST_S - 60
+        for path in (dead, live):
+            os.utime(path, (old, old))
+        ssh._sweep_dead_forwards()
+        assert not dead.exists() and live.exists()
+    finally:
+        listener.close()
+        for path in (dead, live):
+            path.unlink(missing_ok=True)

@@ -41,6 +41,23 @@ def control_dir() -> Path:
     return path
 
 
+def _sweep_dead_forwards() -> None:
+    """Remove forward sockets whose master has exited (ssh leaves them behind): those no process
+    listens on (/proc/net/unix, so no live forward is connected to) and older than a master's
+    idle lifetime, so one being set up right now is never taken. Nothing where /proc is not."""
+    try:
+        with open("/proc/net/unix") as fh:
+            next(fh)  # "Num RefCount Protocol Flags Type St Inode Path"; flag 0x10000: listening
+            listening = {f[7] for f in (line.split() for line in fh) if len(f) > 7 and int(f[3], 16) & 0x10000}
+    except (OSError, ValueError, StopIteration):
+        return
+    now = time.time()
+    for path in control_dir().glob("*.agent"):
+        with contextlib.suppress(OSError):
+            if str(path) not in listening and now - path.lstat().st_mtime > PERSIST_S:
+                path.unlink()
+
+
 class SshTransport:
     """The node is reached with ``ssh``; every call reuses the node's master connection."""
 
@@ -235,6 +252,7 @@ class SshTransport:
         local = self._resident_local(key)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(local)  # left by a master that has exited; the new forward binds the name
+        _sweep_dead_forwards()
         open_forward(self.control_path(), local, remote)
 
     def close(self) -> None:
