@@ -17,10 +17,11 @@ module, ``tests/integration/test_x.py::test_y`` covers ``test_y`` and its parame
 a reason is an error. Loaded from tests/conftest.py; tests/unit/test_skip_gate.py tests it.
 
 A run can also hide tests by never collecting or never running them. Under ``CI=true`` the gate
-fails a run that was narrowed: tests deselected (``-m``, ``-k``, ``--deselect``, ``--lf``), path
-arguments instead of the configured ``testpaths``, ``--ignore``, ``-o``/``--override-ini``,
+refuses a run that was narrowed, before anything runs where the options say so: ``-m``, ``-k``,
+path arguments instead of the configured ``testpaths``, ``--ignore``, ``-o``/``--override-ini``,
 ``PYTEST_ADDOPTS``, a plugin disabled with ``-p no:NAME`` other than those the ini option
-``skip_gate_may_disable`` names, or collected tests that never ran (``-x``, ``--maxfail``, ``--co``).
+``skip_gate_may_disable`` names. Tests deselected while collecting (``--deselect``, ``--lf``) and
+collected tests that never ran (``-x``, ``--maxfail``, ``--co``) fail the run at its end.
 """
 
 from __future__ import annotations
@@ -98,8 +99,10 @@ def pytest_configure(config: pytest.Config) -> None:
     path = Path(config.getoption("--skip-allowlist"))
     if path != DEFAULT_ALLOWLIST and not path.is_file():
         raise pytest.UsageError(f"--skip-allowlist {path}: no such file")
-    gate = Gate(path, read_allowlist(path), ci_enabled(), narrowed=narrowing(config, os.environ))
-    config.pluginmanager.register(gate, "sparkfleet-skip-gate")
+    narrowed = narrowing(config, os.environ)
+    if narrowed and ci_enabled():  # before anything runs: a narrowed CI run is refused at once
+        raise pytest.UsageError("skip gate: under CI=true the run was narrowed: " + "; ".join(narrowed))
+    config.pluginmanager.register(Gate(path, read_allowlist(path), ci_enabled()), "sparkfleet-skip-gate")
 
 
 def narrowing(config: pytest.Config, env: Mapping[str, str]) -> list[str]:
@@ -143,7 +146,6 @@ class Gate:
     allowlist: Path
     entries: list[Entry]
     ci: bool
-    narrowed: list[str] = field(default_factory=list)
     seen: dict[str, NotRun] = field(default_factory=dict)
     deselected: int = 0
     collected: set[str] = field(default_factory=set)
@@ -160,7 +162,7 @@ class Gate:
 
     def problems(self) -> list[str]:
         """Why this run did not run every configured test, apart from skips."""
-        found = list(self.narrowed)
+        found = []
         if self.deselected:
             found.append(f"{self.deselected} collected test(s) were deselected")
         never = self.collected - self.executed

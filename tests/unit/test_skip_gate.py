@@ -188,27 +188,42 @@ PLAIN = "import pytest\n\n@pytest.mark.e2e\ndef test_engine():\n    pass\n\ndef 
         (("-m", "not e2e"), "-m 'not e2e' selects by mark"),
         (("-k", "unit"), "-k 'unit' selects by name"),
         (("test_suite.py::test_unit",), "path arguments 'test_suite.py::test_unit' replace the configured testpaths"),
-        (("--deselect", "test_suite.py::test_engine"), "1 collected test(s) were deselected"),
         (("-p", "no:doctest"), "-p no:doctest disables a plugin"),
-        (("-x", "--collect-only"), "2 collected test(s) never ran"),
         (("--ignore", "other"), "--ignore 'other' skips collecting paths"),
     ],
 )
-def test_under_ci_a_narrowed_run_fails_naming_how(
+def test_under_ci_a_narrowed_run_is_refused_before_it_runs(
+    args: tuple[str, ...], named: str, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = _run(pytester, monkeypatch, "true", None, PLAIN, *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*skip gate: under CI=true the run was narrowed: {named}*"])
+    result.stdout.no_fnmatch_line("*passed*")  # nothing ran
+    # The same options outside CI are a developer's everyday run: it passes.
+    assert _run(pytester, monkeypatch, None, None, PLAIN, *args).ret == pytest.ExitCode.OK
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("--deselect", "test_suite.py::test_engine"), "1 collected test(s) were deselected"),
+        (("-x", "--collect-only"), "2 collected test(s) never ran"),
+    ],
+)
+def test_under_ci_tests_deselected_or_never_run_fail_the_run(
     args: tuple[str, ...], named: str, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     result = _run(pytester, monkeypatch, "true", None, PLAIN, *args)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines([f"skip gate: the run was narrowed: {named}*"])
-    # The same options outside CI are a developer's everyday run: listed nothing, passing.
     assert _run(pytester, monkeypatch, None, None, PLAIN, *args).ret == pytest.ExitCode.OK
 
 
 def test_under_ci_pytest_addopts_narrows_the_run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTEST_ADDOPTS", "-k unit")
     result = _run(pytester, monkeypatch, "true", None, PLAIN)
-    assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines(["skip gate: the run was narrowed: PYTEST_ADDOPTS='-k unit' adds options*"])
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*narrowed: -k 'unit' selects by name; PYTEST_ADDOPTS='-k unit' adds options*"])
 
 
 def test_under_ci_the_whole_configured_run_passes(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
