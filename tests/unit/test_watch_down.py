@@ -12,7 +12,7 @@ import pytest
 from sparkfleet.apply.down import down, take_down
 from sparkfleet.apply.up import up
 from sparkfleet.apply.watch import Watcher
-from sparkfleet.errors import SparkfleetError, StateError
+from sparkfleet.errors import LeftoverError, StateError
 from sparkfleet.plan.build import plan
 from sparkfleet.plan.model import EnvVar, Overrides, RankPlan
 from sparkfleet.spec.cluster import load_cluster
@@ -121,8 +121,9 @@ def test_down_names_what_is_left_and_the_gpu_memory_it_holds(tmp_path: Path) -> 
         assert "GPU compute apps: pid 422 python3 8710 MiB (left by this instance)" in lines["node1"]
         assert lines["node0"].endswith("no nvidia-smi") and "8.0 GiB before, 8.0 GiB after (+0 B)" in lines["node0"]
         assert Deployments().get("fake").status == "leftover"  # type: ignore[union-attr]
-        with pytest.raises(SparkfleetError, match="node1: pid 422"):
+        with pytest.raises(LeftoverError, match="node1: pid 422") as raised:
             down(record, connect=fleet.connect)
+        assert [(f.node, f.ident) for f in raised.value.report.leftovers] == [("node1", "422")]  # the report itself
         node1.leftovers = []
         assert down(record, connect=fleet.connect) == []
         assert Deployments().get("fake").status == "stopped"  # type: ignore[union-attr]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sparkfleet.errors import SparkfleetError
+from sparkfleet.errors import NotFoundError, RecipeError, SparkfleetError, UsageError
 from sparkfleet.plan.build import plan
 from sparkfleet.plan.model import Overrides, Plan
 from sparkfleet.spec.cluster import load_cluster
@@ -139,7 +139,7 @@ def _spec_of(config: Configuration) -> ConfigSpec:
     for key, value in config.env:
         if value == MASK:
             if key not in os.environ:
-                raise SparkfleetError(f"configuration #{config.id} was started with --env {key}; set {key} in "
+                raise UsageError(f"configuration #{config.id} was started with --env {key}; set {key} in "
                                       "this environment to roll back to it (secrets are never stored)")  # fmt: skip
             value = os.environ[key]
         env.append((key, value))
@@ -162,7 +162,7 @@ def _plan_of(config: Configuration, spec: ConfigSpec) -> Plan:
     if path.is_file() and _digest(path) == config.recipe_digest:
         return spec.plan()
     if _contains_mask(config.recipe_data):
-        raise SparkfleetError(
+        raise RecipeError(
             f"{config.recipe} changed since configuration #{config.id} (digest {config.recipe_digest[:12]}) and "
             "its recorded copy has masked secrets: restore that version of the file to roll back to it"
         )
@@ -183,7 +183,7 @@ def rollback_target(name: str, store: Store) -> tuple[Configuration, Configurati
     record_ = Deployments(store).get(name)
     current = history.current(name, record_.instance if record_ else None)
     if not configs:
-        raise SparkfleetError(f"{name}: nothing to roll back to: no configuration of {name!r} was ever recorded "
+        raise NotFoundError(f"{name}: nothing to roll back to: no configuration of {name!r} was ever recorded "
                               "(configurations are recorded by up, ab and rollback)")  # fmt: skip
     passing = [c for c in configs if c.passed and (current is None or (c.id != current.id and c.key != current.key))]
     if not passing:
@@ -191,7 +191,7 @@ def rollback_target(name: str, store: Store) -> tuple[Configuration, Configurati
             why = f"none of its {len(configs)} recorded configuration(s) passed its gate"
         else:
             why = "the only configuration that passed its gate is the one running now"
-        raise SparkfleetError(f"{name}: nothing to roll back to: {why}")
+        raise NotFoundError(f"{name}: nothing to roll back to: {why}")
     return passing[0], current
 
 

@@ -94,10 +94,10 @@ def recover(record: Deployment, why: str, *, records: Deployments, connect: Conn
         try:
             plan = with_secrets(stored, secrets)
             result = up(plan, deployments=records, connect=connect)
+        except KeyboardInterrupt:
+            records.set_restarts(record.name, done)
+            raise
         except SparkfleetError as exc:
-            if isinstance(exc.__cause__, KeyboardInterrupt):
-                records.set_restarts(record.name, done)
-                raise KeyboardInterrupt from exc
             why = exc.message.splitlines()[0]
             records.set_restarts(record.name, done)
             emit("restart-failed", f"restart {done}/{policy.max_restarts} of {record.name} failed: {exc.message}", None)

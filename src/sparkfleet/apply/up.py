@@ -17,7 +17,7 @@ from sparkfleet.apply.images import ensure_same_image
 from sparkfleet.apply.readiness import smoke, wait_ready
 from sparkfleet.apply.staging.runner import stage_all
 from sparkfleet.apply.stopping import stop_ranks
-from sparkfleet.errors import RankExited, ReadinessError, SparkfleetError, StateError
+from sparkfleet.errors import RankExited, RollbackIncomplete, SparkfleetError, StateError
 from sparkfleet.nodes.fanout import fan_out, raise_first
 from sparkfleet.nodes.identity import FoundRank, Instance, PortHolder
 from sparkfleet.nodes.runtime import runtime_for
@@ -155,11 +155,12 @@ def _start_rank(plan: Plan, r: int, runtimes: dict[int, Runtime], transports: di
     return time.time(), "start", f"rank {r} started ({ident})", rank.node.name
 
 
-def rollback(plan_ranks: tuple[RankPlan, ...], name: str, instance: str, transports: dict[str, Transport]) -> list[str]:
+def stop_instance(plan_ranks: tuple[RankPlan, ...], name: str, instance: str,
+                  transports: dict[str, Transport]) -> dict[str, str]:  # fmt: skip
     """Stop every rank of this instance on every reachable node, in the engine's stop order;
-    returns the nodes that failed."""
+    returns the nodes that failed, with why."""
     result = stop_ranks(tuple(r.handle for r in plan_ranks), transports, name, instance, grace=5.0)
-    return [f"{node}: {error}" for node, error in result.failed.items()]
+    return {node: str(error) for node, error in result.failed.items()}
 
 
 def up(
@@ -191,16 +192,16 @@ def up(
     except BaseException as exc:
         with _shielded():
             report(None, None, "rolling back")
-            failed = rollback(plan.ranks, plan.name, instance.id, transports) if transports else []
+            failed = stop_instance(plan.ranks, plan.name, instance.id, transports) if transports else {}
             if isinstance(exc, RankExited):
                 exc.refresh()  # every rank is stopped now: the dead rank's log is final
             records.set_status(plan.name, "failed")
             why = redact("interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc), secrets)
             records.event(plan.name, "failed", why)
         if failed:
-            raise SparkfleetError(f"{why}\nrollback could not reach: " + "; ".join(failed)) from exc
+            raise RollbackIncomplete(why, failed) from exc
         if isinstance(exc, KeyboardInterrupt):
-            raise ReadinessError(f"{plan.name}: interrupted; every started rank was stopped") from exc
+            raise KeyboardInterrupt(f"{plan.name}: every started rank was stopped") from exc
         if isinstance(exc, SparkfleetError):
             # Same error type, its text with the deployment's secrets hidden (log tails in it).
             exc.message, exc.args = why, (why,)

@@ -18,7 +18,7 @@ from sparkfleet.apply.up import up
 from sparkfleet.bench.report import TierSummary, summarize
 from sparkfleet.bench.store import BenchStore, StoredRun
 from sparkfleet.dashboard.doctor_history import last_doctor
-from sparkfleet.errors import SparkfleetError
+from sparkfleet.errors import NotFoundError, PlanError, RecipeError, SparkfleetError
 from sparkfleet.evals.compare import compare_runs
 from sparkfleet.evals.needle import NeedleRun
 from sparkfleet.evals.results import QualityRun
@@ -34,8 +34,7 @@ LOG_TAIL = 8  # log lines per rank on the deployments page
 LIVE = ("starting", "ready", "failed", "stopping")  # statuses worth asking the nodes about
 
 
-class NotFound(SparkfleetError):
-    """A run or deployment the page asked for is not in the store."""
+NotFound = NotFoundError  # a run or deployment the page asked for is not in the store
 
 
 # ---------------------------------------------------------------- deployments
@@ -129,14 +128,14 @@ def restart_deployment(store: Store, name: str) -> str:
     record = _record(store, name)
     recipe_path = Path(record.recipe)
     if not recipe_path.exists():
-        raise SparkfleetError(f"{name}: its recipe {record.recipe} no longer exists; cannot restart")
+        raise RecipeError(f"{name}: its recipe {record.recipe} no longer exists; cannot restart")
     # The local cluster is recorded by its description, not a file.
     cluster = load_cluster(None if record.cluster.startswith("(") else record.cluster)
     planned = plan(load_recipe(recipe_path), cluster, name)
     # Refuse before stopping anything when the files no longer give what runs (--set at up, or
     # edited since): restarting would silently bring up something else.
     if [r.argv for r in planned.ranks] != [r.argv for r in record.ranks]:
-        raise SparkfleetError(
+        raise PlanError(
             f"{name}: {record.recipe} on {record.cluster} no longer plans the command lines that run "
             "(--set overrides at `up`, or the files changed); restart it with `sparkfleet down` and "
             "`sparkfleet up` and the same options"

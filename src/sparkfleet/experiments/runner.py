@@ -24,7 +24,7 @@ from sparkfleet.bench.endpoint import Endpoint, resolve_endpoint
 from sparkfleet.bench.meta import run_meta
 from sparkfleet.bench.prefill import PrefillConfig, PrefillRun, run_prefill
 from sparkfleet.bench.store import BenchStore
-from sparkfleet.errors import SparkfleetError
+from sparkfleet.errors import SparkfleetError, UsageError
 from sparkfleet.evals.results import QualityRun
 from sparkfleet.experiments.report import build_report
 from sparkfleet.experiments.store import Experiments, VariantRound
@@ -56,12 +56,12 @@ class ABConfig:
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
-            raise SparkfleetError("--rounds must be at least 1")
+            raise UsageError("--rounds must be at least 1")
         if self.variants[0] == self.variants[1]:
-            raise SparkfleetError(f"--variants names {self.variants[0]!r} twice: an A/B needs two variants "
+            raise UsageError(f"--variants names {self.variants[0]!r} twice: an A/B needs two variants "
                                   "(define an identical one with extends to measure the noise)")  # fmt: skip
         if self.decode is None and self.prefill is None and not self.quality:
-            raise SparkfleetError("nothing to measure: give --bench decode and/or prefill, or --eval quality")
+            raise UsageError("nothing to measure: give --bench decode and/or prefill, or --eval quality")
 
     def spec(self, variant: str) -> ConfigSpec:
         return ConfigSpec(self.recipe, variant, self.sets, self.env, self.cluster, self.name)

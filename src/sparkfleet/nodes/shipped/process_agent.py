@@ -24,16 +24,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import resource
-import select
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
 
+# The rest is imported where it is used: every up, status and down starts this agent once per
+# node, and signal, socket and subprocess would double its start-up for the calls that need none.
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -82,6 +77,8 @@ def _env(spec: dict) -> dict[str, str]:
 
 
 def start(spec: dict, env_text: bytes) -> dict:
+    import select
+
     os.makedirs(spec["workdir"], exist_ok=True)
     # The env file arrives on stdin (or in a session's request), so secrets never sit in argv;
     # only this user may read it.
@@ -119,6 +116,9 @@ def start(spec: dict, env_text: bytes) -> dict:
 
 
 def _monitor(spec: dict, env: dict[str, str], ready_r: int, ready_w: int) -> None:
+    import signal
+    import subprocess
+
     os.close(ready_r)
     os.setsid()
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -148,6 +148,8 @@ def _monitor(spec: dict, env: dict[str, str], ready_r: int, ready_w: int) -> Non
 
 
 def _default_signals() -> None:
+    import signal
+
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
 
@@ -155,6 +157,8 @@ def _default_signals() -> None:
 def _redactor(spec: dict, env: dict[str, str]):  # type: ignore[no-untyped-def]
     """bytes -> bytes hiding the rank's secret values and token-shaped words (the controller
     sends which keys are secret and the patterns; the values stay in the env file)."""
+    import re
+
     values = sorted({env[k].encode() for k in spec.get("secret_keys", []) if len(env.get(k, "")) >= 4}, key=len,
                     reverse=True)  # fmt: skip
     patterns = [re.compile(p.encode()) for p in spec.get("secret_patterns", [])]
@@ -172,6 +176,8 @@ def _redactor(spec: dict, env: dict[str, str]):  # type: ignore[no-untyped-def]
 def _copy_redacted(proc, log, redact) -> None:  # type: ignore[no-untyped-def]
     """Copy the engine's output to its log file with secrets hidden, whole lines at a time (a
     secret never straddles two writes), until the engine exits."""
+    import select
+
     fd = proc.stdout.fileno()
     pending = b""
     while True:
@@ -289,6 +295,8 @@ def stop(spec: dict) -> dict:
 
 def _terminate(groups: set[int], members: list[int], grace: float) -> None:
     """SIGTERM every group and member, SIGKILL what is left after grace seconds."""
+    import signal
+
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pgid in groups:
             try:
@@ -351,6 +359,8 @@ def _bindable(port: int) -> bool:
     """Nothing listens on the port on any address of this node, IPv4 or IPv6: a wildcard bind
     of each succeeds. Reading /proc/net/tcp costs the kernel a walk of its whole socket table (1.5 ms per
     table here), and up asks this of every node before it starts anything."""
+    import socket
+
     families = [(socket.AF_INET, "0.0.0.0")]
     if socket.has_ipv6:
         families.append((socket.AF_INET6, "::"))
@@ -439,6 +449,8 @@ def mem_available() -> int | None:
 
 def watch(spec: dict) -> dict:
     """Each rank's inspect answer plus when its exit file was written, and MemAvailable."""
+    import resource
+
     ranks = []
     for rank in spec.get("ranks", []):
         state = inspect(rank)
@@ -565,6 +577,9 @@ def leftovers(spec: dict) -> list[dict]:
 
 def gpu_apps(command: list[str]) -> dict:
     """nvidia-smi's compute apps (its CSV as printed), or why there is none."""
+    import shutil
+    import subprocess
+
     if not command or shutil.which(command[0]) is None:
         return {"gpu_apps": None, "gpu_error": "no nvidia-smi"}
     try:
@@ -608,6 +623,8 @@ _session_cpu = [0.0]
 
 def serve() -> None:
     """Answer requests, one JSON line each way, until stdin ends (the SSH session's)."""
+    import resource
+
     out = sys.stdout
     out.write(json.dumps({"serving": os.getpid()}) + "\n")  # the controller knows the session is up
     out.flush()
