@@ -4,6 +4,7 @@ even one whose local record was lost."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
@@ -12,10 +13,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
 
-from sparkfleet.apply.distribute import distribute
+from sparkfleet.apply.configurations import ConfigSpec, record
 from sparkfleet.apply.images import ensure_same_image
 from sparkfleet.apply.readiness import smoke, wait_ready
-from sparkfleet.apply.staging.runner import stage_all
+from sparkfleet.apply.staging.phase import stage
 from sparkfleet.apply.stopping import stop_ranks
 from sparkfleet.errors import RankExited, RollbackIncomplete, SparkfleetError, StateError
 from sparkfleet.nodes.fanout import fan_out, raise_first
@@ -33,8 +34,6 @@ from sparkfleet.state.deployments import Deployments
 
 # Called with (node or None, rank or None, message) as up progresses.
 Reporter = Callable[[str | None, int | None, str], None]
-NODE_STAGED_KINDS = ("sparse-rows", "composed")
-DISTRIBUTED_KINDS = ("sync", "copy", "nfs")
 
 
 
@@ -46,6 +45,7 @@ class UpResult:
     endpoint: str
     smoke_answer: str
     seconds: float
+    configuration: int | None = None  # its row in the history of configurations
 
 
 def _quiet(_node: str | None, _rank: int | None, _msg: str) -> None:
@@ -167,6 +167,7 @@ def up(
     plan: Plan,
     cluster: Cluster | None = None,
     *,
+    config: ConfigSpec | None = None,
     deployments: Deployments | None = None,
     report: Reporter = _quiet,
     timeout: float | None = None,
@@ -177,7 +178,10 @@ def up(
     """Execute plan: stage, start ranks in launch order, wait until it really serves.
 
     connect makes each node's Transport (ssh or local by default; tests pass a scripted one).
-    The Plan carries its cluster's identity; ``cluster`` is accepted for older callers only."""
+    The outcome, ready or failed, is recorded in the history of configurations (``config``: what
+    the plan was made from; without, what the Plan says). The Plan carries its cluster's
+    identity; ``cluster`` is accepted for older callers only."""
+    config = config or ConfigSpec.of_plan(plan)
     records = deployments or Deployments()
     start = time.monotonic()
     instance = Instance.new(plan.name)
@@ -198,6 +202,8 @@ def up(
             records.set_status(plan.name, "failed")
             why = redact("interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc), secrets)
             records.event(plan.name, "failed", why)
+            with contextlib.suppress(SparkfleetError, OSError):  # the error that ended up comes first
+                record(config, plan, False, records.store, transports, note=why)
         if failed:
             raise RollbackIncomplete(why, failed) from exc
         if isinstance(exc, KeyboardInterrupt):
@@ -208,7 +214,8 @@ def up(
         raise
     records.set_status(plan.name, "ready")
     records.event(plan.name, "ready", f"ready at {plan.endpoint}; smoke answer {answer.strip()[:60]!r}")
-    return UpResult(plan.name, plan.endpoint, answer, time.monotonic() - start)
+    configuration = record(config, plan, True, records.store, transports)
+    return UpResult(plan.name, plan.endpoint, answer, time.monotonic() - start, configuration)
 
 
 def _run_up(plan: Plan, instance: Instance, records: Deployments, report: Reporter, timeout: float | None,
@@ -220,16 +227,7 @@ def _run_up(plan: Plan, instance: Instance, records: Deployments, report: Report
     _preflight(plan, transports, instance)
     _ensure_images(plan, transports, report)
     ensure_same_image(plan, transports, allow_mismatch=allow_image_mismatch)
-    # Synced snapshots first (each node's copy is read back and compared with the source, and
-    # a node that differs is refused): composed model directories link into them.
-    if any(s.kind in DISTRIBUTED_KINDS for s in plan.staging):
-        report(None, None, "distributing model files")
-        for note in distribute(plan, transports).notes:
-            report(None, None, note)
-    staged = [s for s in plan.staging if s.kind in NODE_STAGED_KINDS]
-    if staged:
-        report(None, None, f"staging {len(staged)} step(s)")
-        stage_all(staged, transports, pythons={r.node.name: r.node.python for r in plan.ranks})
+    stage(plan, transports, say=lambda message: report(None, None, message))
     runtimes = {r.rank: runtime_for(r) for r in plan.ranks}
     # Workers first, all at once; the head last, once every worker runs (the seeds' order).
     workers = [r for r in plan.launch_order if r != 0]

@@ -79,15 +79,13 @@ def up(
     # sharing two cores that was most of up's growth over 4): one transport per node, made now.
     transports = {r.node.name: transport_for(r.node, accept_new_host_keys=accept_new) for r in planned.ranks}
     open_sessions(transports, {r.node.name: r.node.python for r in planned.ranks})
-    from sparkfleet.apply.configurations import up_recorded
     from sparkfleet.apply.up import up as run_up
 
     progress = _Progress([(r.rank, r.node.name) for r in planned.ranks])
     try:
         with progress.live:
-            result, _ = up_recorded(spec, planned, run_up=lambda p: run_up(
-                p, report=progress, timeout=timeout, allow_image_mismatch=allow_image_mismatch,
-                connect=lambda node: transports[node.name]))  # fmt: skip
+            result = run_up(planned, config=spec, report=progress, timeout=timeout,
+                            allow_image_mismatch=allow_image_mismatch, connect=lambda node: transports[node.name])
             progress(None, None, f"ready in {result.seconds:.1f}s")
     except KeyboardInterrupt as exc:
         # typer turns KeyboardInterrupt into exit code 130 and drops what up said of its rollback.
