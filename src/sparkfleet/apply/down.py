@@ -14,8 +14,7 @@ from sparkfleet.errors import LeftoverError, StopIncomplete
 from sparkfleet.nodes.fanout import fan_out, raise_first
 from sparkfleet.nodes.identity import FoundRank
 from sparkfleet.nodes.inspection import Leftover, NodeAfter, leftovers_on, mem_available
-from sparkfleet.nodes.runtime.docker import DockerRuntime
-from sparkfleet.nodes.runtime.process import ProcessRuntime
+from sparkfleet.nodes.runtime import find_ranks, remove_ranks
 from sparkfleet.nodes.transport import Connector, transport_for
 from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.spec.cluster import Cluster
@@ -142,7 +141,7 @@ def find_by_name(cluster: Cluster, name: str) -> list[FoundRank]:
     def look(node_name: str) -> list[FoundRank]:
         node = cluster.node(node_name)
         transport = transport_for(node)
-        return DockerRuntime().find(transport, name, node) + ProcessRuntime().find(transport, name, node)
+        return find_ranks(transport, name, node)
 
     return [f for found in raise_first(fan_out([n.name for n in cluster.nodes], look)).values() for f in found]
 
@@ -154,7 +153,6 @@ def sweep(cluster: Cluster, found: list[FoundRank]) -> None:
         node = cluster.node(node_name)
         transport = transport_for(node)
         mine = [f for f in found if f.node == node_name]
-        DockerRuntime().remove(transport, mine, node)
-        ProcessRuntime().remove(transport, mine, node)
+        remove_ranks(transport, mine, node)
 
     raise_first(fan_out(sorted({f.node for f in found}), clean))

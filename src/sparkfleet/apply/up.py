@@ -21,10 +21,9 @@ from sparkfleet.apply.stopping import stop_ranks
 from sparkfleet.errors import RankExited, RollbackIncomplete, SparkfleetError, StateError
 from sparkfleet.nodes.fanout import fan_out, raise_first
 from sparkfleet.nodes.identity import FoundRank, Instance, PortHolder
-from sparkfleet.nodes.runtime import runtime_for
+from sparkfleet.nodes.runtime import preflight, runtime_for
 from sparkfleet.nodes.runtime.base import Runtime
-from sparkfleet.nodes.runtime.docker import DockerRuntime, ensure_image
-from sparkfleet.nodes.runtime.process import found_processes, node_agent
+from sparkfleet.nodes.runtime.docker import ensure_image
 from sparkfleet.nodes.transport import Connector, transport_for
 from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.plan.model import Plan, RankPlan
@@ -71,15 +70,10 @@ def _preflight(plan: Plan, transports: dict[str, Transport], instance: Instance)
 
     def check(node_name: str) -> tuple[list[FoundRank], list[tuple[PortHolder, str]]]:
         ranks = [r for r in plan.ranks if r.node.name == node_name]
-        node = ranks[0].node
         roles = {p: role for r in ranks for p, role in _port_roles(r, plan).items()}
-        answer = node_agent(transports[node_name], node.python, "preflight",
-                            {"deployment": plan.name, "node": node_name, "ports": sorted(roles)})  # fmt: skip
-        found = found_processes(node_name, plan.name, answer["found"])
-        if any(r.runtime == "docker" for r in ranks):
-            found += DockerRuntime().find(transports[node_name], plan.name, node)
-        held = [(PortHolder(**h), roles[h["port"]]) for h in answer["holders"]]
-        return [f for f in found if f.instance != instance.id], held
+        found, holders = preflight(transports[node_name], ranks[0].node, plan.name, list(roles),
+                                   containers=any(r.runtime == "docker" for r in ranks))  # fmt: skip
+        return [f for f in found if f.instance != instance.id], [(h, roles[h.port]) for h in holders]
 
     results = raise_first(fan_out(transports, check))
     others = [f for found, _ in results.values() for f in found]

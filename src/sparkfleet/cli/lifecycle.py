@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -176,16 +175,10 @@ def status(name: Annotated[str | None, typer.Argument(help="Deployment name (all
     """Per rank: node, state, uptime, health."""
     from rich.table import Table
 
-    from sparkfleet.apply.observe import status as live_status
+    from sparkfleet.apply.observe import current
     from sparkfleet.state.deployments import Deployments
 
-    records = [_record(name)] if name else Deployments().all()
-    out = []
-    for rec in records:
-        ranks = live_status(rec) if rec.status not in ("stopped",) else []
-        if rec.status == "ready" and any(r.state in ("exited", "absent") for r in ranks):
-            rec = replace(rec, status="degraded")  # a rank died after ready, whether or not watch saw it
-        out.append((rec, ranks))
+    out = [current(rec) for rec in ([_record(name)] if name else Deployments().all())]
     if as_json:
         typer.echo(json.dumps([
             {"name": rec.name, "status": rec.status, "engine": rec.engine, "endpoint": rec.endpoint,
