@@ -16,8 +16,8 @@ import httpx
 from sparkfleet.errors import RankExited, ReadinessError
 from sparkfleet.nodes.fanout import fan_out, raise_first
 from sparkfleet.nodes.identity import Instance
+from sparkfleet.nodes.runtime import port_holders
 from sparkfleet.nodes.runtime.base import RankState, Runtime
-from sparkfleet.nodes.runtime.process import port_holders
 from sparkfleet.nodes.transport.base import Transport, trace
 from sparkfleet.plan.model import Plan, RankPlan, VerifySpec
 

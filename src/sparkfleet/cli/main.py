@@ -136,8 +136,9 @@ def main(argv: list[str] | None = None) -> None:
 
         err_console.print(f"[bold red]error:[/] {escape(redact(exc.message))}", soft_wrap=True)
         sys.exit(EXIT_USER_ERROR)
-    except KeyboardInterrupt:
-        err_console.print("[bold red]interrupted[/]")
+    except KeyboardInterrupt as exc:
+        # up says what its rollback did (``KeyboardInterrupt("NAME: every started rank was stopped")``).
+        err_console.print("[bold red]interrupted[/]" + escape(f": {exc}" if str(exc) else ""))
         sys.exit(130)
     except SystemExit:
         raise
