@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sparkfleet.errors import StateError
+from sparkfleet.nodes.private import private_dir, private_file
 
 STATE_DIR_ENV = "SPARKFLEET_STATE_DIR"
 
@@ -32,12 +33,22 @@ class Store:
     def __init__(self, path: Path | None = None) -> None:
         self.path = Path(path) if path else state_dir() / "state.db"
         self._ensured: set[str] = set()
+        self._prepared = False
+
+    def prepare(self) -> None:
+        """The state dir private (0700, this user's, no symlink) and the database file 0600
+        before SQLite opens it: it holds endpoints, plans and events of every deployment."""
+        if self._prepared:
+            return
+        private_dir(self.path.parent, parents=True)
+        private_file(self.path)
+        self._prepared = True
 
     @contextmanager
     def connect(self) -> Iterator[sqlite3.Connection]:
         """A connection inside one transaction: committed on success, rolled back on error."""
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.prepare()
             conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         except (OSError, sqlite3.Error) as exc:
             raise StateError(f"cannot open the state store {self.path}: {exc}") from exc
@@ -59,7 +70,7 @@ class Store:
         """Create tables and indexes (idempotent ``CREATE … IF NOT EXISTS`` statements)."""
         if schema in self._ensured:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.prepare()
         conn = sqlite3.connect(self.path, timeout=30)
         try:
             conn.executescript(schema)

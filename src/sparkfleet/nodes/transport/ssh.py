@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sparkfleet.errors import TransportError, TransportTimeout
+from sparkfleet.nodes.private import private_dir
 from sparkfleet.nodes.transport.base import Capabilities, ProcessStream, Result, Stream, display_command, trace
 from sparkfleet.nodes.transport.ssh_mux import MuxStream, SocketStream, open_forward
 from sparkfleet.spec.cluster import Node
@@ -36,9 +37,7 @@ PERSIST_S = 300
 
 def control_dir() -> Path:
     """A short, private directory for master sockets (unix socket paths max out at 108 bytes)."""
-    path = Path(tempfile.gettempdir()) / f"sparkfleet-ssh-{os.getuid()}"
-    path.mkdir(mode=0o700, exist_ok=True)
-    return path
+    return private_dir(Path(tempfile.gettempdir()) / f"sparkfleet-ssh-{os.getuid()}")
 
 
 def _sweep_dead_forwards() -> None:
