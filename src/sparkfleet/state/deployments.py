@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from sparkfleet.errors import StateError
-from sparkfleet.nodes.identity import Instance
+from sparkfleet.nodes.identity import Instance, when
 from sparkfleet.plan.engines import Readiness
 from sparkfleet.plan.model import MountSpec, Plan, RankHandle
 from sparkfleet.spec.cluster import Node, NodeSpec, parse_cluster
@@ -68,6 +68,8 @@ class Deployment:
     instance: str | None = None  # None: recorded before instance ids (stops match by name)
     owner: str | None = None
     restarts: int = 0  # how often watch's restart policy brought it up again
+    owner_pid: int | None = None  # the controller process of the up that made the record
+    owner_host: str | None = None
 
 
 def rank_to_json(rank: RankHandle) -> dict[str, Any]:
@@ -131,6 +133,17 @@ def rank_from_json(data: dict[str, Any]) -> RankHandle:
     )
 
 
+def gone(row: Any) -> str:
+    """The dead controller of a record, for messages: pid, host, instance and start time."""
+    return (f"pid {row['owner_pid']} on {row['owner_host']}, instance {row['instance'] or '?'}, "
+            f"started {when(row['created'])}")  # fmt: skip
+
+
+def controller_gone(deployment: Deployment) -> bool:
+    """Whether the ``up`` that left a deployment ``starting`` has died (it will never finish)."""
+    return deployment.status == "starting" and not _alive(deployment.owner_pid, deployment.owner_host)
+
+
 def _alive(pid: int | None, host: str | None) -> bool:
     """Whether the ``up`` that holds a lock still runs (another machine's: assume it does)."""
     if pid is None:
@@ -161,11 +174,16 @@ class Deployments:
         """Record plan as starting, or refuse if a deployment of that name is up or starting."""
         now = time.time()
         with self.store.connect() as conn:
-            row = conn.execute("SELECT status, owner_pid, owner_host FROM deployments WHERE name = ?",
-                               (plan.name,)).fetchone()  # fmt: skip
-            # A "starting" row whose up process died is stale: take it over.
-            if row and (row["status"] == "ready" or (row["status"] == "starting"
-                                                     and _alive(row["owner_pid"], row["owner_host"]))):
+            row = conn.execute("SELECT status, owner_pid, owner_host, instance, created FROM deployments"
+                               " WHERE name = ?", (plan.name,)).fetchone()  # fmt: skip
+            if row and row["status"] == "starting" and not _alive(row["owner_pid"], row["owner_host"]):
+                # Its up was killed: its ranks may run on, and this record is all that names
+                # them, so it is kept for `down`, not replaced.
+                raise StateError(
+                    f"deployment {plan.name!r} was being started by a controller that is gone ({gone(row)}); "
+                    f"its ranks may still run: `sparkfleet down {plan.name}` stops them, then `up` again"
+                )
+            if row and row["status"] in ("ready", "starting"):
                 raise StateError(
                     f"deployment {plan.name!r} is already {row['status']}; "
                     f"run `sparkfleet down {plan.name}` first (or `up --name` for a second copy)"
@@ -255,4 +273,6 @@ def _from_row(row: Any) -> Deployment:
         instance=row["instance"],
         owner=row["owner"],
         restarts=row["restarts"] or 0,
+        owner_pid=row["owner_pid"],
+        owner_host=row["owner_host"],
     )
