@@ -25,19 +25,6 @@ TOKEN = "hf_SharedControllerSecret0123456789abcd"
 
 
 @pytest.fixture
-def other_user() -> Iterator[pwd.struct_passwd]:
-    """A second local user of this machine, removed afterwards."""
-    if os.getuid() != 0 or not shutil.which("useradd"):
-        pytest.skip("creating a second local user needs root and useradd")
-    name = f"sfmallory{os.getpid() % 100000}"
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
-    try:
-        yield pwd.getpwnam(name)
-    finally:
-        subprocess.run(["userdel", name], check=False)
-
-
-@pytest.fixture
 def shared_tmp() -> Iterator[Path]:
     """A sticky, world-writable folder as /tmp is (the real /tmp holds other sessions' sockets)."""
     path = Path(tempfile.mkdtemp(prefix="sf-shared-tmp-", dir="/tmp"))
