@@ -154,6 +154,12 @@ def down(
             f"no local record of {name!r} in this state dir; if its ranks are still running somewhere, "
             f"`sparkfleet down {name} --sweep --cluster FILE` lists them with their owner and stops them"
         )
+    if record.unreadable:
+        Deployments().set_status(name, "stopped")  # the name is free again; the record stays for history
+        raise SparkfleetError(
+            f"{name}: its record cannot be read by this version ({record.unreadable}); marked stopped. If its "
+            f"ranks still run, `sparkfleet down {name} --sweep --cluster FILE` finds and stops them"
+        )
     if controller_gone(record):
         console.print(f"{name}: the controller of this starting instance is gone "
                       f"(pid {record.owner_pid} on {record.owner_host}); stopping what it started",
@@ -201,7 +207,9 @@ def status(name: Annotated[str | None, typer.Argument(help="Deployment name (all
     records = [_record(name)] if name else Deployments().all()
     out = []
     for rec in records:
-        ranks = live_status(rec) if rec.status not in ("stopped",) else []
+        ranks = live_status(rec) if rec.status not in ("stopped",) and not rec.unreadable else []
+        if rec.unreadable:
+            rec = replace(rec, status=f"{rec.status} (record unreadable: {rec.unreadable})")
         if rec.status == "ready" and any(r.state in ("exited", "absent") for r in ranks):
             rec = replace(rec, status="degraded")  # a rank died after ready, whether or not watch saw it
         out.append((rec, ranks))

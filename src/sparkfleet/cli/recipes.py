@@ -32,14 +32,16 @@ DiffOpt = Annotated[
 ]
 
 
-def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
-    """Check a recipe and every variant it defines: exit 0 when all are valid, 2 with one line
-    naming the problem otherwise."""
+def validate(recipe: RecipeArg, set_: SetOpt = None, cluster: ClusterOpt = None) -> None:
+    """Check a recipe and every variant it defines (and, with --cluster, the cluster file): exit 0
+    when all are valid, 2 with one line naming the problem otherwise."""
     from sparkfleet.plan.build import check_plannable
+    from sparkfleet.spec.cluster import load_cluster
     from sparkfleet.spec.recipe import load_recipe, recipe_variants
 
     loaded = load_recipe(recipe, tuple(set_ or ()))
-    check_plannable(loaded)  # what plan checks before it needs a cluster
+    inventory = load_cluster(cluster) if cluster is not None else None
+    check_plannable(loaded, inventory)  # what plan checks before it places ranks
     variants = recipe_variants(recipe)[1:]
     for name in variants:
         check_plannable(load_recipe(recipe, tuple(set_ or ()), name))

@@ -31,6 +31,7 @@ from sparkfleet.plan.model import (
     volume_name,
 )
 from sparkfleet.plan.secret_args import split_secret_args
+from sparkfleet.spec import names
 from sparkfleet.spec.cluster import Cluster, Node
 from sparkfleet.spec.placeholders import placeholder_keys
 from sparkfleet.spec.recipe import Recipe, StagingSpec
@@ -67,6 +68,10 @@ def plan(recipe: Recipe, cluster: Cluster, deployment: str, overrides: Overrides
     """Plan recipe on the first ``required_nodes`` nodes of cluster as deployment NAME."""
     overrides = overrides or Overrides()
     name = overrides.name or deployment
+    try:
+        names.deployment(name)
+    except ValueError as exc:
+        raise PlanError(f"{'--name' if overrides.name else recipe.source}: {exc}") from None
     nnodes = recipe.required_nodes
     check_plannable(recipe, cluster)
     if nnodes > len(cluster.nodes):

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from sparkfleet.errors import StateError
+from sparkfleet.errors import SparkfleetError, StateError
 from sparkfleet.nodes.identity import Instance, when
 from sparkfleet.plan.engines import Readiness
 from sparkfleet.plan.model import MountSpec, Plan, RankHandle
@@ -70,6 +70,7 @@ class Deployment:
     restarts: int = 0  # how often watch's restart policy brought it up again
     owner_pid: int | None = None  # the controller process of the up that made the record
     owner_host: str | None = None
+    unreadable: str | None = None  # why its ranks could not be read (a record of an older version)
 
 
 def rank_to_json(rank: RankHandle) -> dict[str, Any]:
@@ -258,7 +259,16 @@ class Deployments:
 
 
 def _from_row(row: Any) -> Deployment:
+    """The record as a Deployment; one whose ranks this version cannot read (a host an older
+    version let through, a changed layout) has none, and says why, so that status and down
+    still work for it and for every other deployment."""
+    try:
+        ranks = tuple(rank_from_json(r) for r in json.loads(row["ranks_json"]))
+        unreadable = None
+    except (ValueError, TypeError, KeyError, AttributeError, SparkfleetError) as exc:
+        ranks, unreadable = (), (exc.message if isinstance(exc, SparkfleetError) else str(exc)).splitlines()[0][:200]
     return Deployment(
+        unreadable=unreadable,
         name=row["name"],
         engine=row["engine"],
         recipe=row["recipe"],
@@ -269,7 +279,7 @@ def _from_row(row: Any) -> Deployment:
         created=row["created"],
         updated=row["updated"],
         ready_at=row["ready_at"],
-        ranks=tuple(rank_from_json(r) for r in json.loads(row["ranks_json"])),
+        ranks=ranks,
         instance=row["instance"],
         owner=row["owner"],
         restarts=row["restarts"] or 0,
