@@ -213,7 +213,7 @@ class Deployments:
     def stored_plan(self, name: str) -> Plan | None:
         """The Plan the deployment was last brought up from (secret env values masked), or None
         for a record written before plans were stored."""
-        with self.store.connect() as conn:
+        with self.store.connect(write=False) as conn:
             row = conn.execute("SELECT plan_json FROM deployments WHERE name = ?", (name,)).fetchone()
         return plan_from_json(row["plan_json"]) if row and row["plan_json"] else None
 
@@ -240,19 +240,19 @@ class Deployments:
 
     def get(self, name: str) -> Deployment | None:
         """The recorded deployment, or None."""
-        with self.store.connect() as conn:
+        with self.store.connect(write=False) as conn:
             row = conn.execute("SELECT * FROM deployments WHERE name = ?", (name,)).fetchone()
         return _from_row(row) if row else None
 
     def all(self) -> list[Deployment]:
         """Every recorded deployment, newest first."""
-        with self.store.connect() as conn:
+        with self.store.connect(write=False) as conn:
             rows = conn.execute("SELECT * FROM deployments ORDER BY created DESC").fetchall()
         return [_from_row(r) for r in rows]
 
     def events(self, name: str, limit: int = 50) -> list[dict[str, Any]]:
         """The latest events of a deployment, oldest first."""
-        with self.store.connect() as conn:
+        with self.store.connect(write=False) as conn:
             rows = conn.execute("SELECT time, kind, node, message FROM events WHERE name = ? "
                                 "ORDER BY id DESC LIMIT ?", (name, limit)).fetchall()  # fmt: skip
         return [dict(r) for r in reversed(rows)]
