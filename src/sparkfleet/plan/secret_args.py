@@ -19,7 +19,7 @@ from sparkfleet.spec.secrets import MASK, SECRET_FLAG, SECRET_VALUE
 # llama.cpp's llama-server reads LLAMA_API_KEY, llama-cpp-python's server API_KEY).
 ENV_OF_FLAG: dict[str, dict[str, str]] = {
     "vllm": {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"},
-    "llamacpp": {"--api-key": "LLAMA_API_KEY", "--api_key": "API_KEY"},
+    "llama-cpp": {"--api-key": "LLAMA_API_KEY", "--api_key": "API_KEY"},
 }
 
 
