@@ -121,14 +121,14 @@ class SshTransport:
             words += ["-i", n.ssh_key, "-o", "IdentitiesOnly=yes"]
         if n.user:
             words += ["-l", n.user]
-        words.append(n.host)
+        words += ["--", n.host]  # the destination can never be read as an option (cluster.py checks it too)
         return words
 
     def _command(self, argv: Sequence[str], env: dict[str, str] | None) -> list[str]:
         remote = shlex.join(argv)
         if env:
             remote = shlex.join(["env", *(f"{k}={v}" for k, v in env.items())]) + " " + remote
-        return [*self.ssh_argv(), "--", remote]
+        return [*self.ssh_argv(), remote]
 
     def _exec(
         self, argv: Sequence[str], stdin: bytes | None, timeout: float | None, env: dict[str, str] | None
