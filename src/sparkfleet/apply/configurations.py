@@ -26,7 +26,7 @@ from sparkfleet.spec.recipe import (
     read_toml,
     recipe_file,
 )
-from sparkfleet.spec.secrets import MASK, is_secret
+from sparkfleet.spec.secrets import MASK, is_secret, redact, split_secret_sets
 from sparkfleet.spec.validation import masked_secrets
 from sparkfleet.spec.variants import BASE, apply_variant
 from sparkfleet.state.deployments import Deployments
@@ -52,6 +52,13 @@ class ConfigSpec:
     env: tuple[tuple[str, str], ...] = ()
     cluster: Path | None = None
     name: str | None = None
+
+    def __post_init__(self) -> None:
+        # `--set env.X_TOKEN=…` is an --env given another way: masked and never stored.
+        sets, env = split_secret_sets(self.sets)
+        if env:
+            object.__setattr__(self, "sets", sets)
+            object.__setattr__(self, "env", (*env, *self.env))
 
     @property
     def deployment(self) -> str:
@@ -107,7 +114,7 @@ def record(spec: ConfigSpec, planned: Plan, ready: bool, store: Store, transport
         images, note = {}, (note or "") + f" (image IDs not read: {exc.message})"
     return History(store).add(
         name=planned.name, instance=current.instance if current else None, recipe=source,
-        recipe_digest=digest, variant=spec.variant, sets=spec.sets,
+        recipe_digest=digest, variant=spec.variant, sets=tuple(redact(s) for s in spec.sets),
         env=tuple((k, MASK if is_secret(k) else v) for k, v in spec.env),
         cluster=str(spec.cluster.resolve()) if spec.cluster else None,
         recipe_data=data, image_ids=images, ready=ready, note=note,

@@ -100,6 +100,7 @@ def take_down(deployment: Deployment, *, deployments: Deployments | None = None,
         failed = {n: str(e) for n, e in result.failed.items()}
         records.event(deployment.name, "down-failed", "; ".join(f"{n}: {e}" for n, e in failed.items()))
         raise StopIncomplete(f"{deployment.name}: could not stop every rank: ", failed)
+    _remove_env_files(deployment, transports)
     report = _check_nodes(deployment, transports, {n: o.value if o.ok else None for n, o in before.items()})
     report = DownReport(deployment.name, stopped, report.leftovers, report.memory, report.unchecked)
     problem = report.problem()
@@ -110,6 +111,12 @@ def take_down(deployment: Deployment, *, deployments: Deployments | None = None,
         records.set_status(deployment.name, "stopped")
         records.event(deployment.name, "down", f"stopped {len(stopped)} container(s)/process(es); nothing left")
     return report
+
+
+def _remove_env_files(deployment: Deployment, transports: dict[str, Transport]) -> None:
+    """The ranks' env files hold every secret they were started with: gone once the ranks are."""
+    files = {n: [r.env_file for r in deployment.ranks if r.node.name == n] for n in transports}
+    fan_out(list(files), lambda n: transports[n].run(["rm", "-f", "--", *files[n]], check=False, timeout=60))
 
 
 def _check_nodes(deployment: Deployment, transports: dict[str, Transport], before: dict[str, int | None]) -> DownReport:

@@ -56,6 +56,8 @@ def _health(deployment: Deployment) -> str:
 def current(deployment: Deployment, connect: Connector = transport_for) -> tuple[Deployment, list[RankStatus]]:
     """The record with its ranks as the nodes have them now; ``degraded`` where a rank of a ready
     deployment has died, whether or not ``watch`` saw it."""
+    if deployment.unreadable:  # a record an older version wrote: say so, read no ranks from it
+        return replace(deployment, status=f"{deployment.status} (record unreadable: {deployment.unreadable})"), []
     ranks = status(deployment, connect) if deployment.status != "stopped" else []
     if deployment.status == "ready" and any(r.state in ("exited", "absent") for r in ranks):
         deployment = replace(deployment, status="degraded")

@@ -46,7 +46,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 def dashboard(
     host: Annotated[
-        str, typer.Option("--host", help="Address to listen on; off loopback a token is required.")
+        str, typer.Option("--host", help="Address to listen on (a token is required on every address).")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free port).")] = 8765,
     token: Annotated[
@@ -55,7 +55,7 @@ def dashboard(
             "--token",
             envvar=TOKEN_ENV,
             show_envvar=True,
-            help="Access token (generated when listening off loopback and none is given).",
+            help="Access token (generated and printed when none is given).",
         ),
     ] = None,
 ) -> None:
@@ -73,17 +73,17 @@ def dashboard(
     from sparkfleet.state.store import Store
 
     loopback = is_loopback(host)
-    if not loopback and not token:
-        token = secrets.token_urlsafe(24)
+    # Loopback too: every local user can reach 127.0.0.1, and the page stops deployments.
+    token = token or secrets.token_urlsafe(24)
     sock = bind(host, port)
     bound_port = sock.getsockname()[1]
-    # Off loopback the token guards; on loopback the Host check stops DNS rebinding.
+    # The token guards; on loopback the Host check also stops DNS rebinding.
     allowed = list(LOOPBACK_NAMES) if loopback else None
     store = Store()
     app = create_app(store, token=token, allowed_hosts=allowed)
     shown = socket.gethostname() if host in ("0.0.0.0", "::") else host
     shown = f"[{shown}]" if ":" in shown else shown
-    url = f"http://{shown}:{bound_port}/" + (f"?token={token}" if token else "")
+    url = f"http://{shown}:{bound_port}/?token={token}"
     console.print(f"dashboard on [bold]{url}[/] (state {store.path}); Ctrl-C stops it", soft_wrap=True)
     # No access log: the first request of a browser carries the token in its address.
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")

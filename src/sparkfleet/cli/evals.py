@@ -100,6 +100,14 @@ def quality(
         typer.Option(help="Pass fraction the deployment's gate needs (default: no fewer than its last passing "
                      "configuration's quality run)."),
     ] = None,
+    unsafe_unconfined_code: Annotated[
+        bool,
+        typer.Option(
+            "--unsafe-unconfined-code",
+            help="Run code tasks even where the sandbox gets no namespaces: the model's code can then write "
+            "this user's files and reach the network.",
+        ),
+    ] = False,
 ) -> None:
     """Run the auto-scored quality tasks (temperature 0, one request at a time) and store the result.
     Against a deployment name, the result joins that configuration's gate (see `sparkfleet rollback`)."""
@@ -125,7 +133,7 @@ def quality(
             engine=endpoint.engine,
             api_choice=api_choice,
             thinking_budget=thinking_budget,
-            limits=SandboxLimits(),
+            limits=SandboxLimits(unconfined_ok=unsafe_unconfined_code),
             on_result=lambda i, r: _print_result_line(i, len(tasks), r),
         )
     finally:

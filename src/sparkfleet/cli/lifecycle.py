@@ -117,25 +117,33 @@ def _record(name: str):  # type: ignore[no-untyped-def]
 def down(
     name: Annotated[str, typer.Argument(help="Deployment name.")],
     cluster: Annotated[
-        str | None, typer.Option("--cluster", "-c", help="With --sweep: the cluster whose nodes to search.")
+        str | None,
+        typer.Option(
+            "--cluster", "-c", help="With --sweep: the cluster whose nodes to search (default: this machine)."
+        ),
     ] = None,
     sweep_: Annotated[
         bool,
-        typer.Option("--sweep", help="Find the deployment's ranks by name on every node of --cluster, whoever "
-                     "started them, list them with their owner, and stop them (when the local record is lost)."),
+        typer.Option(
+            "--sweep",
+            help="Find the deployment's ranks by name on every node of --cluster (this machine "
+            "without one), whoever "
+            "started them, list them with their owner, and stop them (when the local record is lost).",
+        ),
     ] = False,
 ) -> None:
     """Stop every rank of a deployment this controller started (idempotent)."""
     from sparkfleet.apply.down import find_by_name, sweep, take_down
+    from sparkfleet.apply.instances import other_instances, stop_instances
+    from sparkfleet.nodes.identity import when
     from sparkfleet.spec.cluster import load_cluster
-    from sparkfleet.state.deployments import Deployments
+    from sparkfleet.state.deployments import Deployments, controller_gone
 
     if sweep_:
-        if cluster is None:
-            raise UsageError("down --sweep needs --cluster FILE: the nodes to search for ranks of " + repr(name))
+        # Without --cluster: this machine, the local cluster a recipe runs on without one.
         found = find_by_name(load_cluster(cluster), name)
         if not found:
-            console.print(f"{name}: nothing of that name on any node of {cluster}")
+            console.print(f"{name}: nothing of that name on any node of {cluster or 'the local cluster'}")
             return
         console.print(f"found {len(found)} rank(s) of {name!r}:")
         for item in found:
@@ -149,11 +157,31 @@ def down(
             f"no local record of {name!r} in this state dir; if its ranks are still running somewhere, "
             f"`sparkfleet down {name} --sweep --cluster FILE` lists them with their owner and stops them"
         )
+    if record.unreadable:
+        Deployments().set_status(name, "stopped")  # the name is free again; the record stays for history
+        raise SparkfleetError(
+            f"{name}: its record cannot be read by this version ({record.unreadable}); marked stopped. If its "
+            f"ranks still run, `sparkfleet down {name} --sweep --cluster FILE` finds and stops them"
+        )
+    if controller_gone(record):
+        console.print(f"{name}: the controller of this starting instance is gone "
+                      f"(pid {record.owner_pid} on {record.owner_host}); stopping what it started",
+                      highlight=False, soft_wrap=True)  # fmt: skip
     report = take_down(record)
     if report.stopped:
         console.print(f"[green]stopped[/] {name}: " + ", ".join(report.stopped), highlight=False, soft_wrap=True)
     else:
         console.print(f"{name}: nothing was running")
+    orphans = other_instances(record)
+    for instance in sorted({f.instance or "?" for f in orphans}):
+        ranks = [f for f in orphans if (f.instance or "?") == instance]
+        console.print(f"{name}: also an instance {instance} this controller started at {when(ranks[0].started)} "
+                      "(its record was replaced):", highlight=False, soft_wrap=True)  # fmt: skip
+        for item in ranks:
+            console.print(f"  {item.describe()}", highlight=False, soft_wrap=True)
+    if orphans:
+        stop_instances(record, orphans)
+        console.print(f"[green]stopped[/] {name}: {len(orphans)} rank(s) of earlier instance(s)")
     pids = {f.ident for f in report.leftovers if f.kind == "process"}
     for memory in report.memory:
         console.print(f"  {memory.describe(pids)}", markup=False, highlight=False, soft_wrap=True)
@@ -176,13 +204,14 @@ def status(name: Annotated[str | None, typer.Argument(help="Deployment name (all
     from rich.table import Table
 
     from sparkfleet.apply.observe import current
-    from sparkfleet.state.deployments import Deployments
+    from sparkfleet.state.deployments import Deployments, controller_gone
 
     out = [current(rec) for rec in ([_record(name)] if name else Deployments().all())]
     if as_json:
         typer.echo(json.dumps([
             {"name": rec.name, "status": rec.status, "engine": rec.engine, "endpoint": rec.endpoint,
-             "ready_at": rec.ready_at, "restarts": rec.restarts, "ranks": [r.__dict__ for r in ranks]}
+             "ready_at": rec.ready_at, "restarts": rec.restarts, "instance": rec.instance,
+             "controller_gone": controller_gone(rec), "ranks": [r.__dict__ for r in ranks]}
             for rec, ranks in out
         ], indent=2))  # fmt: skip
         return
@@ -190,7 +219,10 @@ def status(name: Annotated[str | None, typer.Argument(help="Deployment name (all
         console.print("no deployments")
     for rec, ranks in out:
         restarts = f"  restarted {rec.restarts}x" if rec.restarts else ""
-        table = Table(title=f"{rec.name}  {rec.status}  {rec.engine}  {rec.endpoint}{restarts}", title_justify="left")
+        state = rec.status
+        if controller_gone(rec):  # its up was killed: it will never become ready by itself
+            state += f" (its controller is gone: pid {rec.owner_pid}; `sparkfleet down {rec.name}`)"
+        table = Table(title=f"{rec.name}  {state}  {rec.engine}  {rec.endpoint}{restarts}", title_justify="left")
         for col in ("rank", "node", "host", "runtime", "state", "uptime", "health", "detail"):
             table.add_column(col)
         for r in ranks:

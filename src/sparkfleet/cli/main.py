@@ -150,11 +150,17 @@ def main(argv: list[str] | None = None) -> None:
         # usage errors all derive from TyperException; standalone_mode=False hands them to us.
         _usage_error(exc)
     except Exception as exc:
+        from sparkfleet.nodes.private import open_private_append, private_dir
+
         log = _crash_log()
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("a") as fh:
-            fh.write(traceback.format_exc() + "\n")
-        err_console.print(f"[bold red]internal error:[/] {exc!r} (traceback in {log})")
+        try:  # the traceback may quote secrets: a 0600 file in the private state dir
+            private_dir(log.parent, parents=True)
+            with os.fdopen(open_private_append(log), "a") as fh:
+                fh.write(traceback.format_exc() + "\n")
+            where = f"traceback in {log}"
+        except (OSError, SparkfleetError) as why:
+            where = f"no traceback kept: {why}"
+        err_console.print(f"[bold red]internal error:[/] {exc!r} ({where})")
         sys.exit(1)
     if isinstance(code, int) and code != 0:
         sys.exit(code)

@@ -192,7 +192,7 @@ def eval_runs(store: Store, kind: str | None = None, limit: int = 200) -> list[d
 
 def _load(store: Store, run_id: str, kind: str) -> dict[str, Any]:
     try:
-        return load_run(store, run_id, kind=kind)
+        return load_run(store, run_id, kind=kind, files=False)  # by id or label: never a path on this machine
     except SparkfleetError as exc:
         raise NotFound(str(exc)) from exc
 

@@ -79,7 +79,7 @@ def _env(spec: dict) -> dict[str, str]:
 def start(spec: dict, env_text: bytes) -> dict:
     import select
 
-    os.makedirs(spec["workdir"], exist_ok=True)
+    os.makedirs(spec["workdir"], mode=0o700, exist_ok=True)
     # The env file arrives on stdin (or in a session's request), so secrets never sit in argv;
     # only this user may read it.
     fd = os.open(spec["env_file"] + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -127,7 +127,8 @@ def _monitor(spec: dict, env: dict[str, str], ready_r: int, ready_w: int) -> Non
     # The monitor outlives a SIGTERM to the group so it can record how the engine ended.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    with open(spec["log_path"], "ab") as log:
+    with os.fdopen(os.open(spec["log_path"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as log:
+        os.fchmod(log.fileno(), 0o600)  # an engine's log quotes its argv and requests: this user's only
         try:
             # Popen's restore_signals gives the engine SIGPIPE and SIGXFSZ back; SIGTERM and
             # SIGHUP, ignored here, go back to default before the exec.

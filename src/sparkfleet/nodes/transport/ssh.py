@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sparkfleet.errors import TransportError, TransportTimeout
+from sparkfleet.nodes.private import private_dir
 from sparkfleet.nodes.transport.base import Capabilities, ProcessStream, Result, Stream, display_command, trace
 from sparkfleet.spec.cluster import Node
 
@@ -33,9 +34,7 @@ PERSIST_S = 300
 
 def control_dir() -> Path:
     """A short, private directory for master sockets (unix socket paths max out at 108 bytes)."""
-    path = Path(tempfile.gettempdir()) / f"sparkfleet-ssh-{os.getuid()}"
-    path.mkdir(mode=0o700, exist_ok=True)
-    return path
+    return private_dir(Path(tempfile.gettempdir()) / f"sparkfleet-ssh-{os.getuid()}")
 
 
 class SshTransport:
@@ -101,14 +100,14 @@ class SshTransport:
             words += ["-i", n.ssh_key, "-o", "IdentitiesOnly=yes"]
         if n.user:
             words += ["-l", n.user]
-        words.append(n.host)
+        words += ["--", n.host]  # the destination can never be read as an option (cluster.py checks it too)
         return words
 
     def _command(self, argv: Sequence[str], env: dict[str, str] | None) -> list[str]:
         remote = shlex.join(argv)
         if env:
             remote = shlex.join(["env", *(f"{k}={v}" for k, v in env.items())]) + " " + remote
-        return [*self.ssh_argv(), "--", remote]
+        return [*self.ssh_argv(), remote]
 
     def _exec(
         self, argv: Sequence[str], stdin: bytes | None, timeout: float | None, env: dict[str, str] | None
