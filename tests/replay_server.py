@@ -49,6 +49,7 @@ class Script:
     owned_by: str = "replay"
     tokenize: bool = True  # False: no /tokenize route, like servers without one
     metrics: bool = True  # False: no /metrics route
+    pattern: tuple[str, ...] = ()  # token i's text is pattern[i % len] (a loop, for the gateway); () = " t{i}"
 
 
 def prompt_text(body: dict[str, Any]) -> str:
@@ -222,7 +223,7 @@ class ReplayServer:
             k = min(script.tokens_per_chunk, n - done)
             await at(first + i * script.itl)
             done += k
-            piece = "".join(f" t{done - k + j}" for j in range(k))
+            piece = "".join(_token(script, done - k + j) for j in range(k))
             reason = ("length" if n == int(body.get("max_tokens", n)) else "stop") if done == n else None
             choice: dict[str, Any] = {"index": 0, "finish_reason": reason}
             if chat:
@@ -245,14 +246,14 @@ class ReplayServer:
         await writer.drain()
 
     @contextmanager
-    def running(self) -> Iterator[ReplayServer]:
-        """Serve from a background thread for the duration of the block."""
+    def running(self, port: int = 0) -> Iterator[ReplayServer]:
+        """Serve from a background thread for the duration of the block (on ``port``, 0: any)."""
         started = threading.Event()
 
         def serve() -> None:
             loop = asyncio.new_event_loop()
             self._loop = loop
-            loop.run_until_complete(self.start())
+            loop.run_until_complete(self.start(port))
             started.set()
             loop.run_forever()
             loop.run_until_complete(self._shutdown())
@@ -271,6 +272,10 @@ class ReplayServer:
     async def _shutdown(self) -> None:
         if self._server is not None:
             self._server.close()
+
+
+def _token(script: Script, i: int) -> str:
+    return script.pattern[i % len(script.pattern)] if script.pattern else f" t{i}"
 
 
 class BlastServer(ReplayServer):

@@ -408,7 +408,7 @@ class Gateway:
         watch = Watch(
             chat=ex.chat, loop=route.loop, drop_usage=not want_usage, text=[] if self.config.log_bodies else None
         )
-        headers = _SSE + self._headers(ex)
+        headers = [*_SSE, (b"x-request-id", ex.row.request_id.encode()), *self._headers(ex)]
         started = False
         try:
             async for out in _pump(resp, first, watch):
@@ -453,10 +453,7 @@ class Gateway:
         await _respond(send, 200, json.dumps(answer).encode(), _JSON + self._headers(ex), ex)
 
     def _headers(self, ex: _Exchange) -> list[tuple[bytes, bytes]]:
-        headers = [(b"x-request-id", ex.row.request_id.encode())]
-        if ex.cap_header:
-            headers.append((b"x-sparkfleet-output-cap", ex.cap_header.encode()))
-        return headers
+        return [(b"x-sparkfleet-output-cap", ex.cap_header.encode())] if ex.cap_header else []
 
     def _first_byte(self, ex: _Exchange) -> None:
         if ex.row.ttft is None:
