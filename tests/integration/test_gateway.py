@@ -324,7 +324,7 @@ def test_a_replica_that_is_down_is_skipped_then_taken_back_once_it_answers(setup
 
 
 def test_engine_errors_are_retried_on_another_replica(setup: Setup) -> None:
-    a_before = len(setup.a.bodies)
+    a_before, b_before = len(setup.a.bodies), len(setup.b.bodies)
     setup.b.script = lambda body: Script(status=500)
     try:
         for _ in range(4):
@@ -333,6 +333,7 @@ def test_engine_errors_are_retried_on_another_replica(setup: Setup) -> None:
     finally:
         setup.b.script = script_for
     assert len(setup.a.bodies) - a_before == 4
+    assert len(setup.b.bodies) > b_before  # the failing replica was tried, and each of its 500s retried
 
 
 def test_no_replica_up_is_503_with_retry_after(setup: Setup) -> None:

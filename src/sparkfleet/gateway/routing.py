@@ -73,6 +73,7 @@ class Replica:
 class RouteState:
     route: Route
     replicas: list[Replica] = field(default_factory=list)
+    turn: int = 0  # where the next tie-break starts
 
     def ready(self) -> list[Replica]:
         return [r for r in self.replicas if r.healthy and not r.draining and r.present]
@@ -131,12 +132,17 @@ class Router:
         return sorted(self.routes)
 
     def pick(self, model: str, exclude: set[int] | tuple[()] = ()) -> Replica | None:
-        """The ready replica of model with the fewest requests in flight (None: none is ready)."""
+        """The ready replica of model with the fewest requests in flight (None: none is ready);
+        ties go round in turn, so an idle route spreads its requests too."""
         state = self.routes.get(model)
         if state is None:
             return None
+        replicas = state.replicas
+        n = len(replicas)
+        state.turn += 1
         best: Replica | None = None
-        for r in state.replicas:
+        for i in range(n):
+            r = replicas[(state.turn + i) % n]
             if r.healthy and not r.draining and r.present and id(r) not in exclude and (
                     best is None or r.outstanding < best.outstanding):  # fmt: skip
                 best = r
