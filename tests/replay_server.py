@@ -336,11 +336,12 @@ def main() -> None:
     parser.add_argument("--blast", action="store_true", help="no timing: stream as fast as possible")
     parser.add_argument("--itl", type=float, default=0.01)
     parser.add_argument("--ttft", type=float, default=0.05)
+    parser.add_argument("--tokens", type=int, default=None, help="tokens per answer (default: the request's max_tokens)")
     args = parser.parse_args()
 
     async def run() -> None:
         cls = BlastServer if args.blast else ReplayServer
-        server = cls(replace(Script(), itl=args.itl, base_ttft=args.ttft))
+        server = cls(replace(Script(), itl=args.itl, base_ttft=args.ttft, tokens=args.tokens))
         await server.start(args.port)
         print(f"PORT {server.port}", flush=True)
         await asyncio.Event().wait()

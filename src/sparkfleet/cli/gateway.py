@@ -18,7 +18,7 @@ gateway_app = group("An OpenAI-compatible front door: keys, output cap, loop abo
 key_app = group("Create, list and revoke the gateway's API keys.")
 gateway_app.add_typer(key_app, name="key")
 
-_NEEDS = ("uvicorn", "prometheus_client")
+_NEEDS = ("uvicorn", "prometheus_client", "aiohttp")
 
 
 @gateway_app.command("serve")
