@@ -32,8 +32,9 @@ def test_four_copies_of_a_stretch_of_at_least_32_tokens() -> None:
     assert first_loop(stretch * 5) == (152, "4 copies of a 40-token stretch")
     # A short period repeats as the smallest multiple of it that is >= 32 tokens: 2 x 16 = 32.
     assert first_loop([" a", " b"] * 100) == (128, "4 copies of a 32-token stretch")
-    # Three copies are not a loop.
-    assert first_loop(stretch * 3 + [f" x{i}" for i in range(200)]) is None
+    # Three copies are not a loop, wherever they are.
+    prefix = [f" p{i}" for i in range(100)]
+    assert first_loop(prefix + stretch * 3 + [f" x{i}" for i in range(200)]) is None
 
 
 def test_identical_tokens_and_lines_in_a_row() -> None:
@@ -41,6 +42,7 @@ def test_identical_tokens_and_lines_in_a_row() -> None:
     lines = ["The cat", " sat", ".\n"] * 20  # one line in three pieces: 8 lines = 24 pieces
     assert first_loop(lines) == (24, "8 identical lines in a row")
     # Blank lines neither count nor break a run; a different line does.
+    assert first_loop(["same\n", "\n"] * 8) == (15, "8 identical lines in a row")
     assert first_loop(["same\n", "\n"] * 7 + ["other\n"] + ["same\n"] * 7) is None
 
 
