@@ -121,6 +121,13 @@ class ReplayServer:
             body = json.loads(raw or b"{}")
             n = len(prompt_text(body)) // 4
             await self._json(writer, 200, {"count": n, "max_model_len": script.max_model_len, "tokens": list(range(n))})
+        elif method == "POST" and path == "/v1/embeddings":
+            body = json.loads(raw or b"{}")
+            texts = [body["input"]] if isinstance(body["input"], str) else body["input"]
+            data = [{"object": "embedding", "index": i, "embedding": [float(len(t)), 1.0]} for i, t in enumerate(texts)]
+            n = sum(len(t) // 4 for t in texts)
+            await self._json(writer, 200, {"object": "list", "data": data, "model": script.model,
+                                           "usage": {"prompt_tokens": n, "total_tokens": n}})  # fmt: skip
         elif method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
             self.arrived.append(time.perf_counter())
             body = json.loads(raw or b"{}")
@@ -336,7 +343,9 @@ def main() -> None:
     parser.add_argument("--blast", action="store_true", help="no timing: stream as fast as possible")
     parser.add_argument("--itl", type=float, default=0.01)
     parser.add_argument("--ttft", type=float, default=0.05)
-    parser.add_argument("--tokens", type=int, default=None, help="tokens per answer (default: the request's max_tokens)")
+    parser.add_argument(
+        "--tokens", type=int, default=None, help="tokens per answer (default: the request's max_tokens)"
+    )
     args = parser.parse_args()
 
     async def run() -> None:

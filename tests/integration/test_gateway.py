@@ -172,6 +172,12 @@ def test_alias_adds_its_fields_and_asks_for_the_real_model(setup: Setup) -> None
     assert sent["model"] == "replay-model"
 
 
+def test_embeddings_pass_through(setup: Setup) -> None:
+    answer = setup.client().embeddings.create(model="replay", input=["abcd", "abcdefgh"])
+    assert [e.embedding for e in answer.data] == [[4.0, 1.0], [8.0, 1.0]]
+    assert answer.usage.prompt_tokens == 3
+
+
 # -- keys --------------------------------------------------------------------------------------
 
 
@@ -404,7 +410,8 @@ def test_no_key_value_anywhere(setup: Setup) -> None:
     auth = {"authorization": f"Bearer {setup.keys['alice']}"}
     texts["metrics"] = httpx.get(setup.gw.root + "/metrics", headers=auth).text
     texts["models"] = httpx.get(setup.gw.url + "/models", headers=auth).text
-    for name in ("carol", "brief"):  # revoked, expired: refused, and the refusal must not echo them
+    # Revoked and expired keys (from the tests above): refused, and the refusal must not echo them.
+    for name in [n for n in ("carol", "brief") if n in setup.keys]:
         texts[f"401 {name}"] = httpx.get(setup.gw.url + "/models",
                                          headers={"authorization": f"Bearer {setup.keys[name]}"}).text  # fmt: skip
         assert "authentication_error" in texts[f"401 {name}"]
@@ -462,6 +469,27 @@ def test_a_mistake_in_the_config_is_one_line_naming_file_and_key(tmp_path: Path)
     assert out.returncode == 2
     assert f"{config} [routes.'m']: unknown key 'max_new_token'" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_tls_and_logged_bodies(tmp_path: Path) -> None:
+    cert, key = tmp_path / "gw.crt", tmp_path / "gw.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-days", "1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)  # fmt: skip
+    with ReplayServer(script_for).running() as engine:
+        config = tmp_path / "gw.toml"
+        config.write_text(f'tls_cert = "{cert}"\ntls_key = "{key}"\nlog_bodies = true\n'
+                          f'[routes.m]\ntargets = ["{engine.url}"]\nupstream_model = "replay-model"\n')  # fmt: skip
+        with gateway(tmp_path, "--config", str(config)) as gw:
+            assert gw.url.startswith("https://")
+            c = openai.OpenAI(base_url=gw.url, api_key="unused", max_retries=0,
+                              http_client=httpx.Client(verify=str(cert)))  # fmt: skip
+            answer = c.chat.completions.create(model="m", messages=chat("remember this"), max_tokens=3)
+            assert answer.choices[0].message.content == " t0 t1 t2"
+            time.sleep(0.7)
+            rows = json.loads(cli(tmp_path, "gateway", "log", "--json").stdout)
+    assert rows[-1]["request_body"]["messages"] == chat("remember this")
+    assert rows[-1]["response_text"] == " t0 t1 t2"
 
 
 def _env() -> dict[str, str]:
