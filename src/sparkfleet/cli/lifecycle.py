@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from sparkfleet.cli.console import console, err_console
 from sparkfleet.cli.options import ClusterOpt, EnvOpt, JsonOpt, NameOpt, RecipeArg, SetOpt, VariantOpt, parse_env
-from sparkfleet.errors import LeftoverError, NotFoundError, UsageError
+from sparkfleet.errors import LeftoverError, NotFoundError, StateError, UsageError
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -159,7 +159,7 @@ def down(
         )
     if record.unreadable:
         Deployments().set_status(name, "stopped")  # the name is free again; the record stays for history
-        raise SparkfleetError(
+        raise StateError(
             f"{name}: its record cannot be read by this version ({record.unreadable}); marked stopped. If its "
             f"ranks still run, `sparkfleet down {name} --sweep --cluster FILE` finds and stops them"
         )

@@ -42,7 +42,7 @@ def parse_env(items: list[str] | None) -> tuple[tuple[str, str], ...]:
                 raise UsageError(f"--env {key}: not set in this environment")
             value = os.environ[key]
         if "\n" in value or "\r" in value or "\0" in value:
-            raise SparkfleetError(f"--env {key}: a value cannot hold a newline or NUL (it is one line of an env file)")
+            raise UsageError(f"--env {key}: a value cannot hold a newline or NUL (it is one line of an env file)")
         pairs.append((key, value))
     return tuple(pairs)
 
