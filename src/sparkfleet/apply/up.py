@@ -15,7 +15,7 @@ from types import FrameType
 
 from sparkfleet.apply.configurations import ConfigSpec, record
 from sparkfleet.apply.images import ensure_same_image
-from sparkfleet.apply.readiness import smoke, wait_ready
+from sparkfleet.apply.readiness import await_worker_ports, smoke, wait_ready
 from sparkfleet.apply.staging.phase import stage
 from sparkfleet.apply.stopping import stop_ranks
 from sparkfleet.errors import RankExited, RollbackIncomplete, SparkfleetError, StateError
@@ -230,6 +230,8 @@ def _run_up(plan: Plan, instance: Instance, records: Deployments, report: Report
         # One transaction per batch, the ranks that failed to start left out, before any error.
         records.events_at(plan.name, sorted(started.succeeded.values()))
         started.raise_first()
+        if batch != ["0"]:
+            await_worker_ports(plan, runtimes, transports, report)
     boot = wait_ready(
         plan, transports, runtimes, instance, timeout=timeout or plan.verify.timeout,
         on_progress=lambda msg: report(plan.head.node.name, 0, msg),
