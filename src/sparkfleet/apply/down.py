@@ -12,6 +12,7 @@ from sparkfleet.apply.stopping import stop_ranks
 from sparkfleet.doctor.probes.gpu import APPS_COMMAND, GpuProcess, parse_apps
 from sparkfleet.errors import LeftoverError, StopIncomplete
 from sparkfleet.nodes.fanout import fan_out, raise_first
+from sparkfleet.nodes.files import remove
 from sparkfleet.nodes.identity import FoundRank
 from sparkfleet.nodes.inspection import Leftover, NodeAfter, leftovers_on, mem_available
 from sparkfleet.nodes.runtime import find_ranks, remove_ranks
@@ -116,7 +117,7 @@ def take_down(deployment: Deployment, *, deployments: Deployments | None = None,
 def _remove_env_files(deployment: Deployment, transports: dict[str, Transport]) -> None:
     """The ranks' env files hold every secret they were started with: gone once the ranks are."""
     files = {n: [r.env_file for r in deployment.ranks if r.node.name == n] for n in transports}
-    fan_out(list(files), lambda n: transports[n].run(["rm", "-f", "--", *files[n]], check=False, timeout=60))
+    fan_out(list(files), lambda n: remove(transports[n], *files[n]))
 
 
 def _check_nodes(deployment: Deployment, transports: dict[str, Transport], before: dict[str, int | None]) -> DownReport:

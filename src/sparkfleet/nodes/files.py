@@ -48,7 +48,7 @@ def is_dir(transport: Transport, path: str) -> bool:
 
 def remove(transport: Transport, *paths: str) -> None:
     """``rm -f`` the paths (what is not there is no error)."""
-    transport.run(["rm", "-f", *paths], check=False, timeout=60)
+    transport.run(["rm", "-f", "--", *paths], check=False, timeout=60)
 
 
 def readable(transport: Transport, paths: Sequence[str]) -> set[str]:
