@@ -22,7 +22,8 @@ red line and exits with code 2. Anything else is a bug and gets a traceback in t
      ├── LeftoverError      down stopped the ranks, but something of the instance is left (carries the DownReport)
      ├── StateError         the local state store or a deployment lock
      ├── BenchError         a benchmark could not run (endpoint down, bad answers)
-     └── EvalError          a quality or needle evaluation could not run
+     ├── EvalError          a quality or needle evaluation could not run
+     └── GatewayError       the gateway's configuration, a route or a key is invalid
 
 A Ctrl-C (or SIGTERM) during ``up`` stays a ``KeyboardInterrupt``: it propagates once the rollback
 has stopped every started rank.
@@ -172,3 +173,7 @@ class BenchError(SparkfleetError):
 
 class EvalError(SparkfleetError):
     """A quality or needle evaluation could not run."""
+
+
+class GatewayError(SparkfleetError):
+    """The gateway's configuration, a route or a key is invalid."""
