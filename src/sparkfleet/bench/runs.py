@@ -1,7 +1,7 @@
 """The stored bench run's lifecycle, one for every caller (``sparkfleet bench``, ``ab``): a run
 is created with its endpoint and configuration, measured, then marked ``complete``, or
 ``partial`` with why when the measuring was cut short (Ctrl-C, a BenchError, anything else);
-what was stored until then stays."""
+what was stored until then stays. A run cut short before it measured anything is not kept."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def create_run(bench: BenchStore, kind: str, endpoint: Endpoint, config: Any, la
 
 def run_stored(bench: BenchStore, run_id: int, work: Callable[[], T]) -> T:
     """Run work (which stores its samples under run_id); mark the run complete, or partial with
-    why when work raised (then re-raise)."""
+    why when work raised (then re-raise), or delete it when it raised before any sample."""
     try:
         result = work()
     except BaseException as exc:
@@ -34,7 +34,8 @@ def run_stored(bench: BenchStore, run_id: int, work: Callable[[], T]) -> T:
             why = INTERRUPTED
         else:
             why = exc.message if isinstance(exc, SparkfleetError) else str(exc) or type(exc).__name__
-        bench.finish_run(run_id, "partial", why)
+        if not bench.discard_if_empty(run_id):
+            bench.finish_run(run_id, "partial", why)
         raise
     bench.finish_run(run_id, "complete")
     return result

@@ -108,12 +108,14 @@ def _execute(bench: BenchStore, run_id: int, work: Callable[[RichProgress], Coro
         try:
             run_stored(bench, run_id, lambda: asyncio.run(work(RichProgress(bar))))
         except KeyboardInterrupt:
-            err_console.print(f"[yellow]interrupted: partial results kept as run {run_id}[/]")
+            kept = f"partial results kept as run {run_id}" if bench.has_run(run_id) else "nothing was measured"
+            err_console.print(f"[yellow]interrupted: {kept}[/]")
             # typer turns KeyboardInterrupt into a return value that the entry point drops, so
             # the conventional exit code is set here.
             sys.exit(130)
         except BenchError:
-            err_console.print(f"[yellow]results measured so far kept as run {run_id} (partial)[/]")
+            if bench.has_run(run_id):
+                err_console.print(f"[yellow]results measured so far kept as run {run_id} (partial)[/]")
             raise
 
 
