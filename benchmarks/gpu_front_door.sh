@@ -50,7 +50,9 @@ cp "$WORK/build/bin/ggml-rpc-server" "$WORK/build/bin/rpc-server"
 say "built"
 
 sets=(--set "model=$WORK/models" --set "model_file=$MODEL_FILE" --set "entrypoint=[\"$WORK/build/bin/llama-server\"]"
-  --set 'verify.expect=["model loaded", "listening on http://"]')
+  --set 'verify.expect=["model loaded", "listening on http://"]'
+  --set 'args=["-ngl", "999", "-np", "4", "-c", "65536", "-fa", "on", "--metrics"]')
+# (this llama.cpp logs "llama_server: model loaded" / "listening on", b4747 "main: …"; -fa takes a value)
 decode=(--concurrency 1,4 --types prose --tokens 256 --repeats 3 --timeout 120)
 
 say "A: one rank, direct and through the gateway"
