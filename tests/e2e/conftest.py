@@ -91,7 +91,7 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     # The plan reserves rank 0 an RPC port too (50052 by default), which preflight checks: free
     # ones for both, so nothing else on the machine can refuse this up.
     port, rpc = free_ports(2)
-    yield from _up(LLAMA_NAME, ROOT / "examples" / "gemma-llamacpp", tmp_path_factory.mktemp("llama-state"),
+    yield from _up(LLAMA_NAME, ROOT / "examples" / "gemma-llamacpp-python", tmp_path_factory.mktemp("llama-state"),
                    None, "gemma3-270m", [f"port={port}", f"rendezvous_port={rpc}"])  # fmt: skip
 
 

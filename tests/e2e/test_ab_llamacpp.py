@@ -45,7 +45,7 @@ def recipe(tmp_path: Path) -> Path:
     if not engine.exists() or not model.exists():
         pytest.skip("the llama.cpp venv or the Gemma GGUF is missing: run scripts/setup.sh")
     folder = tmp_path / "gemma-ab"
-    shutil.copytree(ROOT / "examples" / "gemma-llamacpp", folder)
+    shutil.copytree(ROOT / "examples" / "gemma-llamacpp-python", folder)
     (folder / "recipe.toml").write_text((folder / "recipe.toml").read_text() + VARIANTS)
     return folder
 

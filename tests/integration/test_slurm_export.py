@@ -20,7 +20,7 @@ from sparkfleet.spec import caches
 from sparkfleet.spec.recipe import load_recipe
 from tests.conftest import ROOT
 
-EXAMPLE = ROOT / "examples" / "gemma-llamacpp"
+EXAMPLE = ROOT / "examples" / "gemma-llamacpp-python"
 VENV_PY = caches.engine_cache() / "venv-llama" / "bin" / "python"
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

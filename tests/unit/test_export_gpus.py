@@ -18,7 +18,7 @@ def _gpu_lines(script: str) -> list[str]:
 
 
 def test_the_cpu_llamacpp_example_asks_for_no_gpu() -> None:
-    assert _gpu_lines(slurm_script(load_recipe(ROOT / "examples" / "gemma-llamacpp"), "g")) == []
+    assert _gpu_lines(slurm_script(load_recipe(ROOT / "examples" / "gemma-llamacpp-python"), "g")) == []
 
 
 def test_a_llamacpp_recipe_that_offloads_asks_for_one(tmp_path: Path) -> None:

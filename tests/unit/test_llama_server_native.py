@@ -205,3 +205,13 @@ def test_prefill_prompt_tokens_from_usage_match_what_the_server_processed() -> N
 def test_the_gpu_process_while_serving() -> None:
     (proc,) = parse_apps(_capture("apps-serving.csv"))
     assert proc.name.endswith("/llama-server") and proc.used_mib == 23490
+
+
+def test_the_captured_metrics_of_the_native_server_read_as_its_own_numbers() -> None:
+    from sparkfleet.bench.server_metrics import KV_USAGE, RUNNING, WAITING, first, parse_prometheus
+
+    values = parse_prometheus(_capture("metrics.txt"))
+    # The capture's own lines: kv_cache_usage_ratio 0.00154114, requests_processing 0, deferred 0.
+    assert first(values, KV_USAGE) == pytest.approx(0.00154114)
+    assert (first(values, RUNNING), first(values, WAITING)) == (0.0, 0.0)
+    assert values["llamacpp:tokens_predicted"] == 28  # a counter, its _total dropped

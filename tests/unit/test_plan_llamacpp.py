@@ -36,6 +36,15 @@ def test_rank0_serves_with_rpc_peers_and_the_others_are_rpc_servers(docker: bool
             assert rank.container_argv is not None and rank.container_argv[-4:] == ("--host", ip, "--port", "50052")
 
 
+def test_workers_run_the_rpc_server_built_beside_a_llama_server_named_by_path() -> None:
+    # scripts/setup-engines.sh builds both into one folder that is on no PATH.
+    data = _recipe(entrypoint=["{{home}}/.cache/sparkfleet/llama.cpp/bin/llama-server"])
+    head, *workers = plan(parse_recipe(data, "r.toml"), load_cluster(SPARK4), "g").ranks
+    home = head.argv[0].removesuffix("/.cache/sparkfleet/llama.cpp/bin/llama-server")
+    assert head.argv[0].endswith("/.cache/sparkfleet/llama.cpp/bin/llama-server")
+    assert [w.argv[0] for w in workers] == [f"{home}/.cache/sparkfleet/llama.cpp/bin/rpc-server"] * 2
+
+
 def test_tensor_parallel_size_does_not_limit_rpc_workers() -> None:
     recipe = parse_recipe(_recipe(required_nodes=4, tensor_parallel_size=1), "r.toml")
     check_plannable(recipe)

@@ -39,7 +39,12 @@ ALL_NOT_RUN = (
 
 
 def _run(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, ci: str | None, allow: str | None, suite: str = SUITE
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    ci: str | None,
+    allow: str | None,
+    suite: str = SUITE,
+    *extra: str,
 ) -> pytest.RunResult:
     if ci is None:
         monkeypatch.delenv("CI", raising=False)
@@ -50,7 +55,8 @@ def _run(
     allowlist.write_text("# reviewed\n\n" + (allow or ""))
     # Without the hypothesis and anyio plugins an inner run takes milliseconds, not a second.
     quick = ["-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:anyio"]
-    return pytester.runpytest("-p", "tests.skip_gate", "--skip-allowlist", str(allowlist), *quick)
+    pytester.makeini("[pytest]\nskip_gate_may_disable = cacheprovider hypothesispytest anyio\n")
+    return pytester.runpytest("-p", "tests.skip_gate", "--skip-allowlist", str(allowlist), *quick, *extra)
 
 
 def test_outside_ci_skips_are_listed_and_the_run_passes(
@@ -171,3 +177,56 @@ def test_the_project_allowlist_is_well_formed_and_every_entry_names_a_real_test(
 def test_the_default_allowlist_is_the_one_file() -> None:
     assert Path(__file__).resolve().parents[1] / "skip-allowlist.txt" == DEFAULT_ALLOWLIST
     assert DEFAULT_ALLOWLIST.is_file(), "the one reviewed allowlist is missing"
+
+
+PLAIN = "import pytest\n\n@pytest.mark.e2e\ndef test_engine():\n    pass\n\ndef test_unit():\n    pass\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("-m", "not e2e"), "-m 'not e2e' selects by mark"),
+        (("-k", "unit"), "-k 'unit' selects by name"),
+        (("test_suite.py::test_unit",), "path arguments 'test_suite.py::test_unit' replace the configured testpaths"),
+        (("-p", "no:doctest"), "-p no:doctest disables a plugin"),
+        (("--ignore", "other"), "--ignore 'other' skips collecting paths"),
+    ],
+)
+def test_under_ci_a_narrowed_run_is_refused_before_it_runs(
+    args: tuple[str, ...], named: str, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = _run(pytester, monkeypatch, "true", None, PLAIN, *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*skip gate: under CI=true the run was narrowed: {named}*"])
+    result.stdout.no_fnmatch_line("*passed*")  # nothing ran
+    # The same options outside CI are a developer's everyday run: it passes.
+    assert _run(pytester, monkeypatch, None, None, PLAIN, *args).ret == pytest.ExitCode.OK
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("--deselect", "test_suite.py::test_engine"), "1 collected test(s) were deselected"),
+        (("-x", "--collect-only"), "2 collected test(s) never ran"),
+    ],
+)
+def test_under_ci_tests_deselected_or_never_run_fail_the_run(
+    args: tuple[str, ...], named: str, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = _run(pytester, monkeypatch, "true", None, PLAIN, *args)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines([f"skip gate: the run was narrowed: {named}*"])
+    assert _run(pytester, monkeypatch, None, None, PLAIN, *args).ret == pytest.ExitCode.OK
+
+
+def test_under_ci_pytest_addopts_narrows_the_run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-k unit")
+    result = _run(pytester, monkeypatch, "true", None, PLAIN)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*narrowed: -k 'unit' selects by name; PYTEST_ADDOPTS='-k unit' adds options*"])
+
+
+def test_under_ci_the_whole_configured_run_passes(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    result = _run(pytester, monkeypatch, "true", None, PLAIN)
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.no_fnmatch_line("*narrowed*")

@@ -36,7 +36,13 @@ import httpx
 
 RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing")
 WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred")
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
+# llama.cpp exported its KV-cache ratio up to mid-2025 (b4747 has it); later builds export none.
+KV_USAGE = (
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "sglang:token_usage",
+    "llamacpp:kv_cache_usage_ratio",
+)
 SPEC_ACCEPT_GAUGE = ("sglang:spec_accept_length",)
 # Counters read as before/after deltas; vLLM's prometheus client exports them with a _total suffix.
 PREFIX_HITS = ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits")

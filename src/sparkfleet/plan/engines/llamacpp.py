@@ -45,6 +45,15 @@ def is_python_server(entrypoint: tuple[str, ...]) -> bool:
     return "llama_cpp.server" in entrypoint
 
 
+def rpc_server_for(entrypoint: tuple[str, ...]) -> str:
+    """The workers' ``rpc-server``: beside a ``llama-server`` named by its path (a build folder, as
+    ``scripts/setup-engines.sh`` makes), else the one on the node's PATH (an image's)."""
+    head = PurePosixPath(entrypoint[0]) if entrypoint else None
+    if head is not None and head.name == "llama-server" and len(head.parts) > 1:
+        return str(head.with_name("rpc-server"))
+    return "rpc-server"
+
+
 class LlamaCpp(AdapterDefaults):
     """llama.cpp's server on rank 0, RPC workers elsewhere."""
 
@@ -82,7 +91,7 @@ class LlamaCpp(AdapterDefaults):
     def rank_argv(self, spec: LaunchSpec, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
         if ctx.rank > 0:
             # Its own fabric address, not 0.0.0.0: the RPC protocol has no authentication.
-            return ("rpc-server", "--host", ctx.fabric_ip, "--port", str(ctx.rendezvous_port))
+            return (rpc_server_for(entrypoint), "--host", ctx.fabric_ip, "--port", str(ctx.rendezvous_port))
         python = is_python_server(entrypoint)
         path = str(PurePosixPath(ctx.model_ref) / ctx.model_file) if ctx.model_file else ctx.model_ref
         argv = (*entrypoint, "--model", path, *spec.args)

@@ -1,0 +1,190 @@
+"""llama.cpp's own C++ servers through `sparkfleet up`: `llama-server` and `rpc-server`, built by
+scripts/setup-engines.sh from the llama.cpp source that the llama-cpp-python sdist vendors.
+
+One node (examples/gemma-llamacpp, the README's example, on the local cluster): ready with a
+checked smoke answer, `bench decode` whose token counts are the server's own usage from its final
+stream chunk, `bench serve` that reads KV-cache use from its `/metrics`, an `eval quality` subset,
+and `down` with no llama-server left. Two nodes (examples/gemma-llamacpp-rpc-2node on a loopback
+fleet of real sshd nodes): rank 0 `llama-server --rpc`, rank 1 `rpc-server`; up, bench, down with
+nothing left on either node; the worker killed during boot (rolled back, naming it) and after
+ready (status shows it).
+
+Own deployment names (with this run's pid) and free ports: nothing here touches a user's
+deployment or the examples' own ports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sparkfleet.bench.store import BenchStore
+from sparkfleet.spec import caches
+from sparkfleet.state.store import Store
+from tests.e2e.conftest import CACHE, HUB, ROOT, RUN, _require, free_ports, up_in_background
+from tests.e2e.test_engine_failures import rank_top_process
+from tests.fleet import loopback_fleet
+from tests.integration.conftest import leftover_processes
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+ONE = ROOT / "examples" / "gemma-llamacpp"
+TWO = ROOT / "examples" / "gemma-llamacpp-rpc-2node"
+SUBSET = "math_multiply,format_one_word,json_date_parts"
+BINARIES = ("llama-server", "rpc-server")
+
+
+def _needs_native() -> None:
+    _require(CACHE / "llama.cpp" / "bin" / "llama-server", "llama.cpp's llama-server")
+    _require(CACHE / "llama.cpp" / "bin" / "rpc-server", "llama.cpp's rpc-server")
+    _require(HUB / "models--sparkfleet--gemma3-270m-gguf", "the Gemma GGUF")
+
+
+def _cli(state: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SPARKFLEET_STATE_DIR": str(state), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "sparkfleet.cli.main", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)  # fmt: skip
+
+
+def _ok(out: subprocess.CompletedProcess[str]) -> str:
+    assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out.stdout
+
+
+def _ours(name: str) -> list[str]:
+    """The llama.cpp binaries of deployment name still running on this machine (every node)."""
+    found = []
+    for pid in leftover_processes(name):
+        try:
+            exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+        except OSError:
+            continue
+        if exe in BINARIES:
+            found.append(f"{exe}[{pid}]")
+    return found
+
+
+def _bench_decode(state: Path, name: str, label: str) -> list[object]:
+    _ok(_cli(state, "bench", "decode", name, "--api", "completions", "--concurrency", "1,2", "--types", "prose",
+             "--tokens", "16", "--repeats", "2", "--warmup-tokens", "4", "--label", label))  # fmt: skip
+    bench = BenchStore(Store(state / "state.db"))
+    run = next(r for r in bench.list_runs() if r.label == label)
+    assert run.status == "complete" and run.engine == "llama-cpp", run
+    samples = bench.samples(run.id)
+    assert sorted({s.tier for s in samples}) == ["prose/c1", "prose/c2"]
+    for sample in samples:
+        assert sample.metrics["failed"] == 0 and sample.metrics["steady_tps"] > 0
+        # The native server's final chunk carries usage: exactly the tokens asked for.
+        assert sample.requests and all(r.completion_tokens == 16 for r in sample.requests)
+    return list(samples)
+
+
+def test_native_llama_server_serves_benches_evals_and_goes_down(tmp_path: Path) -> None:
+    _needs_native()
+    name = f"test-e2e-llamanative-{RUN}"
+    state = tmp_path / "state"
+    port, rdv = free_ports(2)
+    try:
+        up = _ok(
+            _cli(state, "up", str(ONE), "--name", name, "--set", f"port={port}", "--set", f"rendezvous_port={rdv}")
+        )
+        assert f"ready {name}" in up and "Berlin" in up  # the smoke answer was checked
+        endpoint = json.loads(_ok(_cli(state, "status", name, "--json")))[0]["endpoint"]
+        assert httpx.get(f"{endpoint}/health", timeout=10).json() == {"status": "ok"}
+        assert _ours(name) and all(p.startswith("llama-server[") for p in _ours(name))
+
+        _bench_decode(state, name, "native-decode")
+
+        serve = ["--request-rate", "8", "--requests", "8", "--input-len", "64", "--output-len", "16"]
+        _ok(_cli(state, "bench", "serve", name, "--api", "completions", *serve, "--discard-runs", "0",
+                 "--label", "native-serve"))  # fmt: skip
+        bench = BenchStore(Store(state / "state.db"))
+        run = next(r for r in bench.list_runs() if r.label == "native-serve")
+        (sample,) = bench.samples(run.id)
+        # The server's own account, polled from its /metrics while the tier ran (llamacpp:requests_*;
+        # this llama.cpp exports no KV-cache gauge, b4747's kv_cache_usage_ratio is read where present).
+        server = sample.metrics["server"]
+        assert server["source"] == "metrics" and server["running_max"] >= 1, server
+
+        quality = _ok(_cli(state, "eval", "quality", name, "--only", SUBSET, "--label", "native-q"))
+        assert "/3 passed" in quality
+
+        logs = _ok(_cli(state, "logs", name))
+        assert "r0 local | " in logs and "stop processing" in logs  # the tail: the server's slots at work
+    finally:
+        down = _cli(state, "down", name)
+    assert down.returncode == 0, down.stderr
+    assert _ours(name) == [] and leftover_processes(name) == []
+
+
+def test_rpc_two_nodes_serve_bench_show_a_dead_worker_and_leave_nothing(tmp_path: Path) -> None:
+    _needs_native()
+    name = f"test-e2e-llamarpc-{RUN}"
+    state = tmp_path / "state"
+    port, rdv = free_ports(2)
+    with loopback_fleet(2, tmp_path / "fleet", shared_hf_cache=caches.local_hf_cache()) as fleet:
+        cluster = str(fleet.cluster_file)
+        try:
+            up = _ok(_cli(state, "up", str(TWO), "--name", name, "--cluster", cluster,
+                          "--set", f"port={port}", "--set", f"rendezvous_port={rdv}"))  # fmt: skip
+            assert f"ready {name}" in up and "Berlin" in up
+            ranks = json.loads(_ok(_cli(state, "status", name, "--json")))[0]["ranks"]
+            assert [(r["rank"], r["node"], r["state"]) for r in ranks] == [
+                (0, "node0", "running"),
+                (1, "node1", "running"),
+            ]
+            assert sorted(p.split("[")[0] for p in _ours(name)) == ["llama-server", "rpc-server"]
+            logs = _ok(_cli(state, "logs", name))
+            assert "r0 node0" in logs and "r1 node1" in logs
+            # rank 0 put part of the model on the worker's RPC device.
+            assert f"{fleet.nodes[1].host}:{rdv}" in logs
+
+            _bench_decode(state, name, "rpc-decode")
+
+            # The worker dies after ready: status says so, and that the head cannot serve alone.
+            worker = rank_top_process(name, 1)
+            assert worker is not None
+            os.kill(worker, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                status = json.loads(_cli(state, "status", name, "--json").stdout)[0]
+                if status["ranks"][1]["state"] != "running":
+                    break
+                time.sleep(1)
+            assert status["ranks"][1]["state"] == "exited", status
+            assert status["status"] == "degraded", status
+        finally:
+            down = _cli(state, "down", name, timeout=300)
+        assert down.returncode == 0, down.stderr
+        assert _ours(name) == [] and leftover_processes(name) == [], "llama.cpp processes left after down"
+
+
+def test_rpc_worker_killed_during_boot_rolls_back_every_rank(tmp_path: Path) -> None:
+    _needs_native()
+    name = f"test-e2e-llamarpc-kill-{RUN}"
+    port, rdv = free_ports(2)
+    err_path = tmp_path / "up.err"
+    with loopback_fleet(2, tmp_path / "fleet", shared_hf_cache=caches.local_hf_cache()) as fleet:
+        sets = [f"port={port}", f"rendezvous_port={rdv}"]
+        with up_in_background(name, TWO, fleet.cluster_file, sets, tmp_path / "state", err_path) as up:
+            deadline = time.monotonic() + 120
+            worker = None
+            while worker is None and time.monotonic() < deadline and up.poll() is None:
+                worker = rank_top_process(name, 1)
+                time.sleep(0.02)
+            assert worker is not None, err_path.read_text()[-3000:]
+            os.kill(worker, signal.SIGKILL)  # before rank 0 is ready: up must not say ready
+            up.wait(timeout=600)
+            left = _ours(name)
+    stderr = err_path.read_text()
+    assert up.returncode == 2, stderr
+    assert "rank 1 on node1 exited" in stderr, stderr
+    assert left == [], f"llama.cpp processes of {name} left after the rollback: {left}"
