@@ -135,7 +135,7 @@ def restart_deployment(store: Store, name: str) -> str:
     planned = plan(load_recipe(recipe_path), cluster, name)
     # Refuse before stopping anything when the files no longer give what runs (--set at up, or
     # edited since): restarting would silently bring up something else.
-    if [r.argv for r in planned.ranks] != [r.argv for r in record.ranks]:
+    if [r.handle.argv for r in planned.ranks] != [r.argv for r in record.ranks]:  # as recorded: secrets masked
         raise SparkfleetError(
             f"{name}: {record.recipe} on {record.cluster} no longer plans the command lines that run "
             "(--set overrides at `up`, or the files changed); restart it with `sparkfleet down` and "
