@@ -49,6 +49,7 @@ class Script:
     owned_by: str = "replay"
     tokenize: bool = True  # False: no /tokenize route, like servers without one
     metrics: bool = True  # False: no /metrics route
+    pattern: tuple[str, ...] = ()  # token i's text is pattern[i % len] (a loop, for the gateway); () = " t{i}"
 
 
 def prompt_text(body: dict[str, Any]) -> str:
@@ -120,6 +121,13 @@ class ReplayServer:
             body = json.loads(raw or b"{}")
             n = len(prompt_text(body)) // 4
             await self._json(writer, 200, {"count": n, "max_model_len": script.max_model_len, "tokens": list(range(n))})
+        elif method == "POST" and path == "/v1/embeddings":
+            body = json.loads(raw or b"{}")
+            texts = [body["input"]] if isinstance(body["input"], str) else body["input"]
+            data = [{"object": "embedding", "index": i, "embedding": [float(len(t)), 1.0]} for i, t in enumerate(texts)]
+            n = sum(len(t) // 4 for t in texts)
+            await self._json(writer, 200, {"object": "list", "data": data, "model": script.model,
+                                           "usage": {"prompt_tokens": n, "total_tokens": n}})  # fmt: skip
         elif method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
             self.arrived.append(time.perf_counter())
             body = json.loads(raw or b"{}")
@@ -222,7 +230,7 @@ class ReplayServer:
             k = min(script.tokens_per_chunk, n - done)
             await at(first + i * script.itl)
             done += k
-            piece = "".join(f" t{done - k + j}" for j in range(k))
+            piece = "".join(_token(script, done - k + j) for j in range(k))
             reason = ("length" if n == int(body.get("max_tokens", n)) else "stop") if done == n else None
             choice: dict[str, Any] = {"index": 0, "finish_reason": reason}
             if chat:
@@ -245,14 +253,14 @@ class ReplayServer:
         await writer.drain()
 
     @contextmanager
-    def running(self) -> Iterator[ReplayServer]:
-        """Serve from a background thread for the duration of the block."""
+    def running(self, port: int = 0) -> Iterator[ReplayServer]:
+        """Serve from a background thread for the duration of the block (on ``port``, 0: any)."""
         started = threading.Event()
 
         def serve() -> None:
             loop = asyncio.new_event_loop()
             self._loop = loop
-            loop.run_until_complete(self.start())
+            loop.run_until_complete(self.start(port))
             started.set()
             loop.run_forever()
             loop.run_until_complete(self._shutdown())
@@ -271,6 +279,10 @@ class ReplayServer:
     async def _shutdown(self) -> None:
         if self._server is not None:
             self._server.close()
+
+
+def _token(script: Script, i: int) -> str:
+    return script.pattern[i % len(script.pattern)] if script.pattern else f" t{i}"
 
 
 class BlastServer(ReplayServer):
@@ -331,11 +343,14 @@ def main() -> None:
     parser.add_argument("--blast", action="store_true", help="no timing: stream as fast as possible")
     parser.add_argument("--itl", type=float, default=0.01)
     parser.add_argument("--ttft", type=float, default=0.05)
+    parser.add_argument(
+        "--tokens", type=int, default=None, help="tokens per answer (default: the request's max_tokens)"
+    )
     args = parser.parse_args()
 
     async def run() -> None:
         cls = BlastServer if args.blast else ReplayServer
-        server = cls(replace(Script(), itl=args.itl, base_ttft=args.ttft))
+        server = cls(replace(Script(), itl=args.itl, base_ttft=args.ttft, tokens=args.tokens))
         await server.start(args.port)
         print(f"PORT {server.port}", flush=True)
         await asyncio.Event().wait()

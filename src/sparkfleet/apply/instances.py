@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from sparkfleet.nodes.fanout import fan_out, raise_first
 from sparkfleet.nodes.identity import FoundRank, controller_owner
-from sparkfleet.nodes.runtime.docker import DockerRuntime
-from sparkfleet.nodes.runtime.process import ProcessRuntime
+from sparkfleet.nodes.runtime import find_ranks, remove_ranks
 from sparkfleet.nodes.transport import Connector, transport_for
 from sparkfleet.spec.cluster import Node
 from sparkfleet.state.deployments import Deployment
@@ -23,14 +22,10 @@ def other_instances(deployment: Deployment, connect: Connector | None = None) ->
     another instance than the recorded one."""
     connect = connect or transport_for
     nodes: dict[str, Node] = {r.node.name: r.node for r in deployment.ranks}
-    docker = any(r.runtime == "docker" for r in deployment.ranks)
     me = controller_owner()
 
     def look(name: str) -> list[FoundRank]:
-        transport, node = connect(nodes[name]), nodes[name]
-        found = ProcessRuntime().find(transport, deployment.name, node)
-        if docker:
-            found += DockerRuntime().find(transport, deployment.name, node)
+        found = find_ranks(connect(nodes[name]), deployment.name, nodes[name])
         return [f for f in found if f.owner == me and f.instance != deployment.instance and f.running]
 
     # A node that cannot be reached is named by down's own check of the recorded instance.
@@ -43,9 +38,6 @@ def stop_instances(deployment: Deployment, found: list[FoundRank], connect: Conn
     nodes: dict[str, Node] = {r.node.name: r.node for r in deployment.ranks}
 
     def stop(name: str) -> None:
-        transport, node = connect(nodes[name]), nodes[name]
-        mine = [f for f in found if f.node == name]
-        DockerRuntime().remove(transport, mine, node)
-        ProcessRuntime().remove(transport, mine, node)
+        remove_ranks(connect(nodes[name]), [f for f in found if f.node == name], nodes[name])
 
     raise_first(fan_out(sorted({f.node for f in found}), stop))

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from sparkfleet.cli.console import console
-from sparkfleet.errors import SparkfleetError
+from sparkfleet.errors import UsageError
 
 TOKEN_ENV = "SPARKFLEET_DASHBOARD_TOKEN"
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -31,7 +31,7 @@ def bind(host: str, port: int) -> socket.socket:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
-        raise SparkfleetError(f"--host {host!r}: cannot resolve it ({exc.strerror})") from None
+        raise UsageError(f"--host {host!r}: cannot resolve it ({exc.strerror})") from None
     family, kind, proto, _, address = infos[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -39,7 +39,7 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind(address)
     except OSError as exc:
         sock.close()
-        raise SparkfleetError(f"cannot listen on {host}:{port}: {exc.strerror} (try another --port)") from None
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror} (try another --port)") from None
     sock.listen(128)
     return sock
 
@@ -67,7 +67,7 @@ def dashboard(
 
         from sparkfleet.dashboard.app import create_app
     except ImportError as exc:
-        raise SparkfleetError(
+        raise UsageError(
             f"the dashboard needs its extras ({exc.name} is missing): pip install 'sparkfleet[dashboard]'"
         ) from None
     from sparkfleet.state.store import Store

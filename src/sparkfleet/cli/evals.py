@@ -242,46 +242,18 @@ def needle(
     json_out: JsonOpt = None,
 ) -> None:
     """Needle-in-a-haystack over a length x depth grid; exact-match scoring; effective length."""
-    from sparkfleet.bench.endpoint import resolve_endpoint
-    from sparkfleet.evals.client import EvalClient
-    from sparkfleet.evals.memguard import MemGuard, abort_action_for
-    from sparkfleet.evals.needle import run_needle
-    from sparkfleet.evals.store import RunRow, save_run
-    from sparkfleet.nodes.transport import transport_for
-    from sparkfleet.spec.cluster import load_cluster
-    from sparkfleet.state.store import Store
+    from sparkfleet.evals.needle import run_stored
 
     if png:
         require_extra("plots", ("matplotlib",), "--png")
-    endpoint = resolve_endpoint(target, model)
-    client = EvalClient(endpoint.base_url, endpoint.model, timeout=timeout)
-    guard = None
-    if mem_floor > 0:
-        nodes = load_cluster(cluster).nodes
-        action = abort_action_for(endpoint.engine, endpoint.base_url, client.http)
-        guard = MemGuard([transport_for(n) for n in nodes], int(mem_floor * 1024**3), [action] if action else [])
-    try:
-        run = run_needle(
-            client,
-            lengths=parse_int_list(lengths, "length", EvalError),
-            depths=tuple(float(d) for d in parse_int_list(depths, "depth", EvalError, minimum=0)),
-            context=endpoint.max_model_len,
-            label=label,
-            seed=seed,
-            guard=guard,
-            on_cell=lambda c: err_console.print(
-                f"{c.tokens:>7} tok @ {c.depth:>5g}%  {_mark(c.passed)}  {c.seconds:6.1f}s  "
-                f"expected {c.expected}  got {c.answer[:40]!r}",
-                highlight=False,
-            ),
-        )
-    finally:
-        client.close()
-    save_run(
-        Store(),
-        RunRow(run.id, "needle", run.label, run.endpoint, run.model, run.started_utc, run.passed, run.total),
-        run.to_json(),
-    )
+    run = run_stored(
+        target, model, lengths=parse_int_list(lengths, "length", EvalError),
+        depths=tuple(float(d) for d in parse_int_list(depths, "depth", EvalError, minimum=0)), seed=seed,
+        label=label, timeout=timeout, mem_floor_gib=mem_floor, cluster=str(cluster) if cluster else None,
+        on_cell=lambda c: err_console.print(f"{c.tokens:>7} tok @ {c.depth:>5g}%  {_mark(c.passed)}  "
+                                            f"{c.seconds:6.1f}s  expected {c.expected}  got {c.answer[:40]!r}",
+                                            highlight=False),
+    )  # fmt: skip
     if png:
         # matplotlib is heavy; imported only when a heatmap is asked for.
         from sparkfleet.evals.heatmap import write_heatmap

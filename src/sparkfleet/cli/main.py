@@ -36,6 +36,7 @@ COMMAND_MODULES = {
     "sparkfleet.cli.imports": ("import",),
     "sparkfleet.cli.export": ("export",),
     "sparkfleet.cli.dashboard": ("dashboard",),
+    "sparkfleet.cli.gateway": ("gateway",),
 }
 # What `sparkfleet --help` says of each command, in its order. The listing is built from these
 # lines alone: importing the 13 command modules and letting typer read 37 signatures would take
@@ -59,6 +60,7 @@ SUMMARIES = {
     "eval": "Quality gate, paired comparison and needle checks.",
     "import": "Turn a launcher profile or sparkrun recipe into a recipe.",
     "export": "Write a recipe as a Kubernetes manifest or an sbatch script.",
+    "gateway": "An OpenAI front door: keys, output cap, loop abort, routing.",
 }
 
 EXIT_USER_ERROR = 2
@@ -136,8 +138,9 @@ def main(argv: list[str] | None = None) -> None:
 
         err_console.print(f"[bold red]error:[/] {escape(redact(exc.message))}", soft_wrap=True)
         sys.exit(EXIT_USER_ERROR)
-    except KeyboardInterrupt:
-        err_console.print("[bold red]interrupted[/]")
+    except KeyboardInterrupt as exc:
+        # up says what its rollback did (``KeyboardInterrupt("NAME: every started rank was stopped")``).
+        err_console.print("[bold red]interrupted[/]" + escape(f": {exc}" if str(exc) else ""))
         sys.exit(130)
     except SystemExit:
         raise

@@ -18,12 +18,15 @@ import bisect
 import fcntl
 import functools
 import itertools
+import json
 import os
 import random
 import sys
 import threading
 import time
+from collections.abc import Callable
 from queue import Queue
+from typing import Any, TypeVar
 
 from sparkfleet.nodes.shipped.disk import allocated_bytes, check_room
 from sparkfleet.nodes.shipped.failure import StageFailure
@@ -34,7 +37,6 @@ from sparkfleet.nodes.shipped.layouts import (
     numpy_pending,
     read_exact,
 )
-from sparkfleet.nodes.shipped.lean_stdlib import json_dumps, json_loads
 from sparkfleet.nodes.shipped.ledger import (
     LEDGER_FORMAT,
     default_algorithm,
@@ -47,12 +49,7 @@ from sparkfleet.nodes.shipped.ledger import (
 )
 from sparkfleet.nodes.shipped.safetensors_index import ShardHeader, find_tables
 
-TYPE_CHECKING = False  # typing's import is a tenth of a re-stage (see lean_stdlib)
-if TYPE_CHECKING:
-    from collections.abc import Callable
-    from typing import Any, TypeVar
-
-    _T = TypeVar("_T")
+_T = TypeVar("_T")
 
 DEFAULT_CHUNK_BYTES = 16 << 20
 DEFAULT_SAMPLE_ROWS = 128
@@ -98,7 +95,7 @@ class Progress:
         self._last = time.monotonic()
         tmp = self.path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(json_dumps({"job": self.job, "done": self.done, "total": self.total, "output": self.output}))
+            fh.write(json.dumps({"job": self.job, "done": self.done, "total": self.total, "output": self.output}))
         os.replace(tmp, self.path)
 
 
@@ -934,7 +931,7 @@ def main(argv: list[str] | None = None) -> int:
         result: dict[str, Any] = {"ok": False, "error": "usage: stage-worker '<json arguments>'"}
     else:
         try:
-            args = json_loads(words[0])
+            args = json.loads(words[0])
         except ValueError as exc:
             args = {"error": f"bad staging worker arguments: {exc}"}
         if "error" in args:
@@ -944,7 +941,7 @@ def main(argv: list[str] | None = None) -> int:
             result = {"ok": True, "jobs": run_jobs(jobs)}
         else:
             result = run_job(args)
-    sys.stdout.write(RESULT_MARKER + json_dumps(result) + "\n")
+    sys.stdout.write(RESULT_MARKER + json.dumps(result) + "\n")
     sys.stdout.flush()
     return 0 if result["ok"] else 3
 

@@ -1,0 +1,161 @@
+"""Which replica serves a request: the routes' targets resolved against the state store, least
+outstanding requests first, failed replicas out until a probe finds them answering again.
+
+A replica is one engine endpoint (a deployment's rank 0, or a plain URL). The state store is
+re-read every ``health_interval`` seconds, so ``up``, ``down`` and watch's restarts change the
+routing without restarting the gateway; a replica's counters survive a re-read.
+
+Where issue 34's drain and hold fit: ``Replica.draining`` keeps new requests off a replica while
+its ``outstanding`` ones finish, and ``Router.pick`` returning None is where a request would wait
+for a ready replica instead of getting 503.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparkfleet.gateway.config import GatewayConfig, Route
+
+
+@dataclass(frozen=True)
+class Target:
+    """A deployment as the state store records it (the columns the gateway reads)."""
+
+    name: str
+    endpoint: str
+    served_model: str
+    status: str
+
+
+def read_deployments(path: Path) -> list[Target]:
+    """The deployments recorded in ``state.db`` (read-only: the gateway never writes there)."""
+    if not path.exists():
+        return []
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            rows = conn.execute("SELECT name, endpoint, served_model, status FROM deployments").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return []  # no deployments table yet: nothing was ever brought up with this state dir
+    return [Target(*row) for row in rows]
+
+
+def base_url(url: str) -> str:
+    """An engine's root URL from an endpoint or a route's URL (with or without /v1)."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def is_url(target: str) -> bool:
+    return target.startswith(("http://", "https://"))
+
+
+@dataclass(eq=False)
+class Replica:
+    name: str  # the deployment's name, or the URL
+    base: str  # http://host:port
+    upstream_model: str  # the model name this engine answers to
+    outstanding: int = 0
+    healthy: bool = True
+    failures: int = 0
+    last_error: str | None = None
+    draining: bool = False
+    present: bool = True  # still named by its route (a re-read may drop it; in-flight requests finish)
+
+
+@dataclass
+class RouteState:
+    route: Route
+    replicas: list[Replica] = field(default_factory=list)
+    turn: int = 0  # where the next tie-break starts
+
+    def ready(self) -> list[Replica]:
+        return [r for r in self.replicas if r.healthy and not r.draining and r.present]
+
+
+class Router:
+    """The live routing table."""
+
+    def __init__(self, config: GatewayConfig, state_db: Path) -> None:
+        self.config = config
+        self.state_db = state_db
+        self.routes: dict[str, RouteState] = {}
+        self._replicas: dict[tuple[str, str, str], Replica] = {}  # (route model, base, upstream model)
+        self.refreshed = 0.0
+
+    def refresh(self, deployments: Iterable[Target] | None = None) -> None:
+        """Rebuild the table from the config and the state store's deployments."""
+        deployments = list(read_deployments(self.state_db) if deployments is None else deployments)
+        ready = [d for d in deployments if d.status == "ready"]
+        by_name = {d.name: d for d in deployments}
+        routes = list(self.config.routes)
+        if not routes:  # no routes configured: every served model in the state store is one
+            routes = [self.config.default_route(m) for m in sorted({d.served_model for d in ready})]
+        table: dict[str, RouteState] = {}
+        seen: set[tuple[str, str, str]] = set()
+        for route in routes:
+            found: list[tuple[str, str, str]] = []  # name, base, upstream model
+            wanted = route.upstream_model or route.model
+            if not route.targets:
+                found += [(d.name, base_url(d.endpoint), d.served_model) for d in ready if d.served_model == wanted]
+            for target in route.targets:
+                if is_url(target):
+                    found.append((target, base_url(target), wanted))
+                elif target in by_name and by_name[target].status == "ready":
+                    d = by_name[target]
+                    found.append((d.name, base_url(d.endpoint), route.upstream_model or d.served_model))
+            state = RouteState(route)
+            for name, base, upstream in found:
+                key = (route.model, base, upstream)
+                replica = self._replicas.get(key)
+                if replica is None:
+                    replica = self._replicas[key] = Replica(name, base, upstream)
+                replica.present = True
+                seen.add(key)
+                state.replicas.append(replica)
+            table[route.model] = state
+        for key, replica in list(self._replicas.items()):
+            if key not in seen:
+                replica.present = False
+                if replica.outstanding == 0:
+                    del self._replicas[key]
+        self.routes = table
+        self.refreshed = time.monotonic()
+
+    def models(self) -> list[str]:
+        return sorted(self.routes)
+
+    def pick(self, model: str, exclude: set[int] | tuple[()] = ()) -> Replica | None:
+        """The ready replica of model with the fewest requests in flight (None: none is ready);
+        ties go round in turn, so an idle route spreads its requests too."""
+        state = self.routes.get(model)
+        if state is None:
+            return None
+        replicas = state.replicas
+        n = len(replicas)
+        state.turn += 1
+        best: Replica | None = None
+        for i in range(n):
+            r = replicas[(state.turn + i) % n]
+            if r.healthy and not r.draining and r.present and id(r) not in exclude and (
+                    best is None or r.outstanding < best.outstanding):  # fmt: skip
+                best = r
+        return best
+
+    def failed(self, replica: Replica, why: str) -> None:
+        """Take a replica out until a probe finds it answering."""
+        replica.healthy = False
+        replica.failures += 1
+        replica.last_error = why
+
+    def unhealthy(self) -> list[Replica]:
+        return [r for r in self._replicas.values() if not r.healthy and r.present]
+
+    def replicas(self) -> list[Replica]:
+        return list(self._replicas.values())

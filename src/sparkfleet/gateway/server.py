@@ -1,0 +1,66 @@
+"""``sparkfleet gateway serve``: build the app from a config and serve it with uvicorn (uvloop and
+httptools when installed: the per-chunk cost is mostly the event loop's and the HTTP writer's)."""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+from sparkfleet.errors import GatewayError
+from sparkfleet.gateway import db
+from sparkfleet.gateway.app import Gateway
+from sparkfleet.gateway.config import GatewayConfig
+from sparkfleet.gateway.keys import KeyStore
+from sparkfleet.gateway.observe import Metrics, RequestLog
+from sparkfleet.gateway.routing import Router
+
+
+def is_loopback(host: str) -> bool:
+    from sparkfleet.cli.dashboard import is_loopback as check
+
+    return check(host)
+
+
+def build(config: GatewayConfig, state_db: Path, gateway_db: Path | None = None) -> Gateway:
+    """The app, its key store and request log opened, routes not yet read (startup does that)."""
+    keys = KeyStore(db.connect(gateway_db)) if config.auth else None
+    loopback = is_loopback(config.host)
+    if keys is not None and not keys.any_active() and not loopback:
+        raise GatewayError(
+            f"--host {config.host}: off loopback the gateway needs API keys; create one with "
+            "`sparkfleet gateway key create NAME` (or pass --no-auth to serve without keys)"
+        )
+    request_log = RequestLog(db.connect(gateway_db), config.log_keep_days, config.log_keep_rows)
+    return Gateway(config, Router(config, state_db), keys, request_log, Metrics(), open_without_keys=loopback)
+
+
+def serve(config: GatewayConfig, state_db: Path, announce: Callable[[str], None]) -> None:
+    import uvicorn
+
+    from sparkfleet.cli.dashboard import bind
+
+    for what, path in (("tls_cert", config.tls_cert), ("tls_key", config.tls_key)):
+        if path and not Path(path).is_file():
+            raise GatewayError(f"{what} {path!r}: no such file")
+    if bool(config.tls_cert) != bool(config.tls_key):
+        raise GatewayError("tls_cert and tls_key go together: give both or neither")
+    app = build(config, state_db)
+    sock: socket.socket = bind(config.host, config.port)
+    port = sock.getsockname()[1]
+    scheme = "https" if config.tls_cert else "http"
+    shown = f"[{config.host}]" if ":" in config.host else config.host
+    announce(f"{scheme}://{shown}:{port}/v1")
+    uv = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,  # the request log is the gateway's own; an access log would only duplicate it
+        lifespan="on",
+        loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
+        http="httptools" if importlib.util.find_spec("httptools") else "h11",
+        ssl_certfile=config.tls_cert,
+        ssl_keyfile=config.tls_key,
+        timeout_keep_alive=30,
+    )
+    uvicorn.Server(uv).run(sockets=[sock])
