@@ -228,3 +228,34 @@ def test_sweep_works_on_the_local_cluster_without_a_file(tmp_path: Path) -> None
     finally:
         sparkfleet("down", name, env=alice)
     assert leftover_processes(name) == []
+
+
+@needs_docker
+def test_a_docker_orphan_of_a_killed_up_is_refused_and_stopped_by_down(tmp_path: Path) -> None:
+    from tests.integration.test_lifecycle_docker import docker_recipe
+
+    name, state = "dorphan", _state(tmp_path, "alice")
+    recipe = docker_recipe(tmp_path / name, nodes=1, env={"STANDIN_DELAY": "300"})
+    argv = [sys.executable, "-m", "sparkfleet.cli.main", "up", str(recipe)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **state})
+    try:
+        deadline = time.monotonic() + 120
+        while not leftover_containers(name) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1)  # the container runs: up now waits for its health
+        proc.kill()
+        proc.wait()
+        orphan = leftover_containers(name)
+        assert orphan, "the container never started"
+        again = sparkfleet("up", str(recipe), env=state)
+        assert again.returncode == 2 and "controller that is gone" in again.stderr, again.stderr
+        assert leftover_containers(name) == orphan
+        down = sparkfleet("down", name, env=state)
+        assert down.returncode == 0, down.stderr
+        assert leftover_containers(name) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sparkfleet("down", name, env=state)
+        sparkfleet("down", name, "--sweep", env=state)
+    assert leftover_containers(name) == []

@@ -180,7 +180,7 @@ class BenchStore:
 
     def get_run(self, run_id: int) -> StoredRun:
         """One run, or BenchError naming the id."""
-        with self.store.connect() as conn:
+        with self.store.connect(write=False) as conn:
             row = conn.execute("SELECT * FROM bench_runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
             raise BenchError(f"no bench run {run_id} in {self.store.path}")
@@ -188,7 +188,7 @@ class BenchStore:
 
     def samples(self, run_id: int, with_requests: bool = True) -> list[StoredSample]:
         """A run's measured samples, in the order they were taken."""
-        with self.store.connect() as conn:
+        with self.store.connect(write=False) as conn:
             rows = conn.execute(
                 "SELECT tier, repeat, metrics, requests FROM bench_samples WHERE run_id = ? ORDER BY rowid",
                 (run_id,),

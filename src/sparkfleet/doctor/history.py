@@ -60,7 +60,7 @@ def record_doctor(store: Store, checks: Iterable[Check], seconds: float, recipe:
 def last_doctor(store: Store) -> list[NodeDoctor]:
     """Every node's newest doctor run, nodes by name (``fleet`` last)."""
     store.ensure(SCHEMA)
-    with store.connect() as conn:
+    with store.connect(write=False) as conn:
         rows = conn.execute("SELECT * FROM doctor_last").fetchall()
     out = [
         NodeDoctor(r["node"], r["run_at"], r["seconds"], r["recipe"], tuple(json.loads(r["checks_json"]))) for r in rows

@@ -63,7 +63,7 @@ def save_run(store: Store, row: RunRow, result: dict[str, Any]) -> None:
 def list_runs(store: Store, kind: str | None = None, limit: int = 30) -> list[RunRow]:
     """The newest runs first."""
     store.ensure(SCHEMA)
-    with store.connect() as conn:
+    with store.connect(write=False) as conn:
         rows = conn.execute(
             "SELECT id, kind, label, endpoint, model, created_utc, passed, total FROM eval_runs "
             "WHERE (? IS NULL OR kind = ?) ORDER BY created_utc DESC, rowid DESC LIMIT ?",
@@ -83,7 +83,7 @@ def load_run(store: Store, ref: str, kind: str | None = None, *, files: bool = T
             raise EvalError(f"{path}: not a readable eval result ({exc})") from exc
         return data
     store.ensure(SCHEMA)
-    with store.connect() as conn:
+    with store.connect(write=False) as conn:
         row = conn.execute(
             "SELECT result_json FROM eval_runs WHERE (id = ? OR label = ?) AND (? IS NULL OR kind = ?) "
             "ORDER BY (id = ?) DESC, created_utc DESC LIMIT 1",

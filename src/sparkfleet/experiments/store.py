@@ -96,20 +96,20 @@ class Experiments:
                          (status, json.dumps(report) if report is not None else None, note, experiment))  # fmt: skip
 
     def rounds(self, experiment: int) -> list[VariantRound]:
-        with self.store.connect() as conn:
+        with self.store.connect(write=False) as conn:
             rows = conn.execute("SELECT data_json FROM experiment_rounds WHERE experiment = ? ORDER BY round, position",
                                 (experiment,)).fetchall()  # fmt: skip
         return [VariantRound(**json.loads(r["data_json"])) for r in rows]
 
     def get(self, experiment: int) -> Experiment:
-        with self.store.connect() as conn:
+        with self.store.connect(write=False) as conn:
             row = conn.execute("SELECT * FROM experiments WHERE id = ?", (experiment,)).fetchone()
         if row is None:
             raise NotFoundError(f"no experiment {experiment} in {self.store.path}")
         return _from_row(row)
 
     def all(self, limit: int = 100) -> list[Experiment]:
-        with self.store.connect() as conn:
+        with self.store.connect(write=False) as conn:
             rows = conn.execute("SELECT * FROM experiments ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
         return [_from_row(r) for r in rows]
 

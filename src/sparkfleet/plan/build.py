@@ -337,7 +337,7 @@ def _rank_plan(
         mounts = _nfs_mounts(recipe, deployment, node, nodes, mounts)
     workdir = f"{node.state_dir}/deployments/{deployment}"
     name = container_name(deployment, rank)
-    env = _env(recipe, node, rank, deployment, docker, overrides, {a.env: a.value for a in secret_args if a.env})
+    env = _env(recipe, node, rank, deployment, docker, overrides, {var: a.value for a in secret_args for var in a.env})
     env_file = f"{workdir}/r{rank}.env"
     container_argv = (
         docker_run_argv(recipe.docker_image, recipe.shm_size, node, deployment, rank, name, env_file, tuple(mounts),

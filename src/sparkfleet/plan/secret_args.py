@@ -15,11 +15,12 @@ from dataclasses import dataclass
 
 from sparkfleet.spec.secrets import MASK, SECRET_FLAG, SECRET_VALUE
 
-# The env var each engine reads for a flag (vLLM's VLLM_API_KEY and huggingface_hub's HF_TOKEN;
-# llama.cpp's llama-server reads LLAMA_API_KEY, llama-cpp-python's server API_KEY).
-ENV_OF_FLAG: dict[str, dict[str, str]] = {
-    "vllm": {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"},
-    "llama-cpp": {"--api-key": "LLAMA_API_KEY", "--api_key": "API_KEY"},
+# The env vars each engine reads for a flag (vLLM's VLLM_API_KEY and huggingface_hub's HF_TOKEN;
+# llama.cpp's llama-server reads LLAMA_API_KEY, llama-cpp-python's server API_KEY: both are set,
+# so whichever server the recipe runs gets the key).
+ENV_OF_FLAG: dict[str, dict[str, tuple[str, ...]]] = {
+    "vllm": {"--api-key": ("VLLM_API_KEY",), "--hf-token": ("HF_TOKEN",)},
+    "llama-cpp": {"--api-key": ("LLAMA_API_KEY", "API_KEY"), "--api_key": ("LLAMA_API_KEY", "API_KEY")},
 }
 
 
@@ -30,12 +31,12 @@ class SecretArg:
 
     flag: str | None
     value: str
-    env: str | None
+    env: tuple[str, ...] = ()
 
     def describe(self) -> str:
         what = f"{self.flag} holds a secret" if self.flag else "an argument shaped like a token"
         if self.env:
-            return f"args: {what}: passed as env {self.env} instead (kept out of argv, ps and logs)"
+            return f"args: {what}: passed as env {' and '.join(self.env)} instead (kept out of argv, ps and logs)"
         return (f"args: {what}: the engine reads it from argv only, so it shows in `ps` on the node; it is masked "
                 "in plans, records and exports (better: an env var the engine reads, in [env] or --env)")  # fmt: skip
 
@@ -53,7 +54,7 @@ def split_secret_args(engine: str, args: Sequence[str]) -> tuple[tuple[str, ...]
             has_next = i + 1 < len(args) and not args[i + 1].startswith("-")
             if eq or has_next:
                 value = inline if eq else args[i + 1]
-                env = movable.get(flag)
+                env = movable.get(flag, ())
                 found.append(SecretArg(flag, value, env))
                 if env:
                     i += 1 if eq else 2
@@ -64,7 +65,7 @@ def split_secret_args(engine: str, args: Sequence[str]) -> tuple[tuple[str, ...]
                 i += 1 if eq else 2
                 continue
         elif SECRET_VALUE.match(word):
-            found.append(SecretArg(None, word, None))
+            found.append(SecretArg(None, word))
         kept.append(word)
         i += 1
     return tuple(kept), tuple(found)

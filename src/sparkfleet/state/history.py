@@ -101,7 +101,7 @@ class History:
 
     def of(self, name: str) -> list[Configuration]:
         """Every configuration of name, newest first."""
-        with self.store.connect() as conn:
+        with self.store.connect(write=False) as conn:
             rows = conn.execute("SELECT * FROM configurations WHERE name = ? ORDER BY id DESC", (name,)).fetchall()
         return [_from_row(r) for r in rows]
 

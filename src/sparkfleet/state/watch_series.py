@@ -74,12 +74,12 @@ class WatchSeries:
 
     def samples(self, name: str, limit: int | None = None) -> list[dict[str, Any]]:
         """The newest rows of name (all kept ones by default), oldest first."""
-        with self.store.connect() as conn:
+        with self.store.connect(write=False) as conn:
             rows = conn.execute("SELECT * FROM watch_samples WHERE name = ? ORDER BY id DESC LIMIT ?",
                                 (name, limit or self.limit)).fetchall()  # fmt: skip
         return [dict(r) for r in reversed(rows)]
 
     def names(self) -> list[str]:
         """Deployments with samples."""
-        with self.store.connect() as conn:
+        with self.store.connect(write=False) as conn:
             return [r["name"] for r in conn.execute("SELECT DISTINCT name FROM watch_samples ORDER BY name")]
