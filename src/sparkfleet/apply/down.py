@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sparkfleet.apply.instances import other_instances, stop_instances
 from sparkfleet.apply.stopping import stop_ranks
 from sparkfleet.doctor.probes.gpu import APPS_COMMAND, GpuProcess, parse_apps
 from sparkfleet.errors import LeftoverError, StopIncomplete
@@ -65,6 +66,7 @@ class DownReport:
     leftovers: list[Leftover] = field(default_factory=list)
     memory: list[NodeMemory] = field(default_factory=list)
     unchecked: dict[str, str] = field(default_factory=dict)  # node -> why it could not be checked
+    orphans: list[FoundRank] = field(default_factory=list)  # earlier instances' ranks, stopped too
 
     def problem(self) -> str | None:
         """One message naming what is left (node and pid), or None when the nodes are clean."""
@@ -102,8 +104,13 @@ def take_down(deployment: Deployment, *, deployments: Deployments | None = None,
         records.event(deployment.name, "down-failed", "; ".join(f"{n}: {e}" for n, e in failed.items()))
         raise StopIncomplete(f"{deployment.name}: could not stop every rank: ", failed)
     _remove_env_files(deployment, transports)
+    # Ranks of an earlier instance of this name that this controller started (an up killed before
+    # its rollback, whose record was replaced): stopped too, and named in the report.
+    orphans = other_instances(deployment, transports)
+    if orphans:
+        stop_instances(deployment, orphans, transports)
     report = _check_nodes(deployment, transports, {n: o.value if o.ok else None for n, o in before.items()})
-    report = DownReport(deployment.name, stopped, report.leftovers, report.memory, report.unchecked)
+    report = DownReport(deployment.name, stopped, report.leftovers, report.memory, report.unchecked, orphans)
     problem = report.problem()
     if problem:
         records.set_status(deployment.name, "leftover")
@@ -115,8 +122,10 @@ def take_down(deployment: Deployment, *, deployments: Deployments | None = None,
 
 
 def _remove_env_files(deployment: Deployment, transports: dict[str, Transport]) -> None:
-    """The ranks' env files hold every secret they were started with: gone once the ranks are."""
-    files = {n: [r.env_file for r in deployment.ranks if r.node.name == n] for n in transports}
+    """The ranks' env files hold every secret they were started with: gone once the ranks are
+    (the node agent's stop removes a process rank's; a container's is removed here)."""
+    docker = [r for r in deployment.ranks if r.runtime == "docker"]
+    files = {n: [r.env_file for r in docker if r.node.name == n] for n in {r.node.name for r in docker}}
     fan_out(list(files), lambda n: remove(transports[n], *files[n]))
 
 

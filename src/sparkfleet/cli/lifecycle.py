@@ -133,7 +133,6 @@ def down(
 ) -> None:
     """Stop every rank of a deployment this controller started (idempotent)."""
     from sparkfleet.apply.down import find_by_name, sweep, take_down
-    from sparkfleet.apply.instances import other_instances, stop_instances
     from sparkfleet.nodes.identity import when
     from sparkfleet.spec.cluster import load_cluster
     from sparkfleet.state.deployments import Deployments, controller_gone
@@ -171,7 +170,7 @@ def down(
         console.print(f"[green]stopped[/] {name}: " + ", ".join(report.stopped), highlight=False, soft_wrap=True)
     else:
         console.print(f"{name}: nothing was running")
-    orphans = other_instances(record)
+    orphans = report.orphans
     for instance in sorted({f.instance or "?" for f in orphans}):
         ranks = [f for f in orphans if (f.instance or "?") == instance]
         console.print(f"{name}: also an instance {instance} this controller started at {when(ranks[0].started)} "
@@ -179,7 +178,6 @@ def down(
         for item in ranks:
             console.print(f"  {item.describe()}", highlight=False, soft_wrap=True)
     if orphans:
-        stop_instances(record, orphans)
         console.print(f"[green]stopped[/] {name}: {len(orphans)} rank(s) of earlier instance(s)")
     pids = {f.ident for f in report.leftovers if f.kind == "process"}
     for memory in report.memory:

@@ -20,9 +20,11 @@ def runtime_for(rank: RankPlan | RankHandle) -> Runtime:
     return DockerRuntime() if rank.runtime == "docker" else ProcessRuntime()
 
 
-def find_ranks(transport: Transport, deployment: str, node: Node) -> list[FoundRank]:
-    """Every rank of any instance of deployment on the node, in every runtime."""
-    return [f for runtime in RUNTIMES for f in runtime.find(transport, deployment, node)]
+def find_ranks(transport: Transport, deployment: str, node: Node, *, containers: bool = True) -> list[FoundRank]:
+    """Every rank of any instance of deployment on the node, in every runtime (``containers``
+    False: host processes only, where the deployment runs none in docker)."""
+    runtimes = RUNTIMES if containers else (ProcessRuntime(),)
+    return [f for runtime in runtimes for f in runtime.find(transport, deployment, node)]
 
 
 def remove_ranks(transport: Transport, found: list[FoundRank], node: Node, grace: float = 10.0) -> None:

@@ -291,6 +291,12 @@ def stop(spec: dict) -> dict:
         except ProcessLookupError:
             pass
     _terminate(groups, members, spec.get("grace", 10))
+    # The env file holds every secret the rank was started with: gone once the rank is.
+    if spec.get("env_file"):
+        try:
+            os.unlink(spec["env_file"])
+        except OSError:
+            pass
     return {"stopped": sorted(set(members) | groups)}
 
 
