@@ -117,13 +117,12 @@ def request_log(
     """The gateway's request log: one row per request, no prompt or answer unless log_bodies."""
     from sparkfleet.gateway import db
     from sparkfleet.gateway.keys import parse_expiry
-    from sparkfleet.gateway.observe import read_log
 
     start = None
     if since:
         now = time.time()
         start = now - (parse_expiry(since, now) - now)
-    rows = read_log(db.connect(), start, limit)
+    rows = db.read_log(db.connect(), start, limit)
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
