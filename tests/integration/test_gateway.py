@@ -375,6 +375,9 @@ def test_request_log_has_a_row_per_request_without_bodies(setup: Setup) -> None:
     raw = setup.client().chat.completions.with_raw_response.create(model="capped", messages=chat("SECRET-PROMPT"),
                                                                    max_tokens=100)  # fmt: skip
     rid = raw.headers["x-request-id"]
+    setup.client().completions.create(model="replay", prompt="LOOPLINES", max_tokens=1000)
+    with pytest.raises(openai.AuthenticationError):
+        setup.client("sf-0-wrong").chat.completions.create(model="replay", messages=chat("x"))
     rows = {r["request_id"]: r for r in setup.log()}
     row = rows[rid]
     assert (row["key_name"], row["model"], row["deployment"], row["status"]) == ("alice", "capped", setup.a.url, 200)
