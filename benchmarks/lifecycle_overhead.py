@@ -1,7 +1,9 @@
 """Orchestration overhead of up / status / down on loopback fleets of several sizes, side by side
-(Bar: sparkfleet's own `up` time at 16 nodes ≤ 1.5 × at 4; `status` ≤ 0.5 s at 4 nodes).
+(Bar, issue 32: `up` ≤ 1.0 s wall at 4 nodes; `status` ≤ 0.5 s at 4 nodes). Simulated nodes
+share this machine's cores, so figures at larger sizes measure the rig more than sparkfleet: the
+round trips and SSH connections per node are what carries over to a real fleet.
 
-    python benchmarks/lifecycle_overhead.py --nodes 4 16 [--rounds 7] [--root]
+    python benchmarks/lifecycle_overhead.py --nodes 4 [--rounds 7] [--root]
 
 Each node is a real sshd on its own 127.0.0.x address; the CLI runs as a user would
 (`sparkfleet up|status|down`, wall time of the whole command, Python start-up included). Rank 0
@@ -15,8 +17,10 @@ trace (SPARKFLEET_TRACE) and the CLI's rusage:
 * cpu: the controller's CPU (sparkfleet and its ssh clients, user + sys);
 * rt/node: round trips per node (the most any node got): SSH calls and requests over the node's
   agent session (opening the session is not one: its first request goes with it);
-* nodes: CPU the nodes spent on the command (their SSH sessions and sparkfleet's agents there,
-  resident agents and the connections they serve included; not the engines) — on a real fleet
+* ssh/node: SSH connections per node (the most any node got): ssh clients started, each an SSH
+  channel, a shell and a command on the node (one of them the node's agent session);
+* nodes: CPU the nodes spent on the command (their SSH sessions and sparkfleet's agents there;
+  not the engines) — on a real fleet
   each node has its own cores, here all N share the same 2, so at 16 nodes this alone is
   ~nodes/2 s of the wall time;
 * engines: up's readiness wait — the stand-in engines starting on this shared machine (N
@@ -57,8 +61,8 @@ USER = "sparkfleet-bench"
 OPS = ("up", "status", "down")
 # sh -c's $0 is the python, "$@" the stand-in and its flags; the agent sets SPARKFLEET_RANK.
 WORKERS_SLEEP = '[ "$SPARKFLEET_RANK" = 0 ] && exec "$0" "$@"; exec sleep 2147483647'
-GROWTH_BAR = 1.5  # own up time at the largest fleet / at the smallest
-STATUS_BAR_S = 0.5  # status at 4 nodes
+UP_BAR_S = 1.0  # up at 4 nodes, wall
+STATUS_BAR_S = 0.5  # status at 4 nodes, wall
 
 
 def ensure_user() -> None:
@@ -87,14 +91,18 @@ def cli(*args: str, env: dict[str, str], fleet: LoopbackFleet) -> dict[str, floa
     if proc.returncode != 0:
         raise SystemExit(f"sparkfleet {' '.join(args)} failed:\n{proc.stderr}")
     per_node: dict[str, int] = {}
+    ssh_per_node: dict[str, int] = {}
     wait = 0.0
     for line in trace.read_text().splitlines():
         kind, node, t0, t1, _ = line.split("\t")
         if kind in ("ssh", "ssh-agent"):
             per_node[node] = per_node.get(node, 0) + 1
-        elif kind == "phase":
+        if kind in ("ssh", "ssh-stream"):
+            ssh_per_node[node] = ssh_per_node.get(node, 0) + 1
+        if kind == "phase":
             wait += float(t1) - float(t0)
     return {"wall": elapsed, "cpu": _children_cpu() - cpu, "rt": max(per_node.values(), default=0),
+            "ssh": max(ssh_per_node.values(), default=0),
             "engines": wait, "own": elapsed - wait, "nodes": sessions_cpu(fleet) - nodes}  # fmt: skip
 
 
@@ -113,7 +121,7 @@ def fleet_of(nodes: int, user: str | None) -> Iterator[tuple[LoopbackFleet, list
     python = "/usr/bin/python3" if user else sys.executable
     (recipe / "recipe.toml").write_text(
         'engine = "sglang"\nmodel = "org/standin"\nport = 18950\nrendezvous_port = 18951\n'
-        f'required_nodes = {nodes}\ntensor_parallel_size = {nodes}\n'
+        f"required_nodes = {nodes}\ntensor_parallel_size = {nodes}\n"
         f'entrypoint = ["/bin/sh", "-c", {WORKERS_SLEEP!r}, "{python}", "{standin}"]\n'
     )
     env = {**os.environ, "SPARKFLEET_STATE_DIR": str(work / "controller-state"),
@@ -162,7 +170,7 @@ def measure(sizes: list[int], rounds: int, user: str | None, label: str) -> dict
         print(f"\n{n} nodes, {label}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}:")
         for op, m in medians.items():
             print(f"  {op:<6} wall {m['wall']:.2f} s  own {m['own']:.2f} s  engines {m['engines']:.2f} s  "
-                  f"cpu {m['cpu']:.2f} s  nodes {m['nodes']:.2f} s  rt/node {m['rt']:.0f}"
+                  f"cpu {m['cpu']:.2f} s  nodes {m['nodes']:.2f} s  rt/node {m['rt']:.0f}  ssh/node {m['ssh']:.0f}"
                   f"  (median of {rounds})")  # fmt: skip
         out[n] = medians
     return out
@@ -183,15 +191,16 @@ def main() -> int:
         measure(opts.nodes, opts.rounds, None, "nodes log in as root (~/.bashrc runs pyenv init)")
     ok = True
     if 4 in lean:
-        status = lean[4]["status"]["wall"]
-        ok &= status <= STATUS_BAR_S
-        print(f"\nstatus at 4 nodes: {status:.2f} s (bar ≤ {STATUS_BAR_S} s)")
-    small, large = min(opts.nodes), max(opts.nodes)
-    if large > small:
-        growth = lean[large]["up"]["own"] / lean[small]["up"]["own"]
-        ok &= growth <= GROWTH_BAR
-        print(f"sparkfleet's own up time, {large} vs {small} nodes: {growth:.2f}x (bar ≤ {GROWTH_BAR}x); "
-              f"engines' start-up {lean[large]['up']['engines']:.2f} s vs {lean[small]['up']['engines']:.2f} s")
+        up, status = lean[4]["up"], lean[4]["status"]
+        ok &= up["wall"] <= UP_BAR_S and status["wall"] <= STATUS_BAR_S
+        print(
+            f"\nup at 4 nodes: {up['wall']:.2f} s wall (bar ≤ {UP_BAR_S} s), {up['rt']:.0f} round trips and "
+            f"{up['ssh']:.0f} SSH connections per node"
+        )
+        print(
+            f"status at 4 nodes: {status['wall']:.2f} s wall (bar ≤ {STATUS_BAR_S} s), {status['rt']:.0f} round "
+            f"trips and {status['ssh']:.0f} SSH connections per node"
+        )
     print(f"bar: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
 

@@ -12,4 +12,5 @@ done
 cd "$root"
 .venv/bin/ruff check src tests benchmarks
 .venv/bin/mypy
+.venv/bin/lint-imports
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

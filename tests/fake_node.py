@@ -1,5 +1,5 @@
 """A scripted node for unit tests of the lifecycle: a handler for ``MockTransport`` that answers
-the process agent, the runtime's inspect script and the docker commands as a real node would,
+the process agent and the docker commands as a real node would,
 and keeps what runs there, so a test can ask what is left after a rollback.
 
 Also a one-file HTTP stand-in for rank 0 (health, models, completions) on a loopback port.
@@ -73,8 +73,6 @@ class FakeNode:
             return 0
         if len(argv) >= 6 and argv[1:3] == ("-S", "-c"):
             return json.dumps(self._agent(argv[4], json.loads(argv[5]), call.stdin or b""))
-        if argv[:2] == ("sh", "-c") and "CLK_TCK" in argv[2]:
-            return self._inspect(argv[4])
         if argv[:2] == ("sh", "-c") and "docker stop" in argv[2]:
             for rank in self.ranks:
                 if rank.kind == "container" and rank.name in argv[5:]:
@@ -148,12 +146,6 @@ class FakeNode:
                 out.append({"port": rank.port, "uid": 0, "pid": rank.pid, "command": "engine", "deployment": "x",
                             "instance": rank.instance, "owner": "me"})
         return out
-
-    def _inspect(self, pid_path: str) -> str:
-        rank = self._rank_of({"pid_path": pid_path})
-        if rank is None:
-            return "absent\n"
-        return f"running {rank.pid} 100 1700000000 100\n" if rank.running else f"exited {rank.exit_code}\n"
 
     def _docker(self, argv: tuple[str, ...]) -> Answer:
         if argv[1:3] == ("image", "inspect"):

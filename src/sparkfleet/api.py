@@ -26,7 +26,7 @@ from sparkfleet.apply.up import UpResult
 from sparkfleet.apply.up import up as _up
 from sparkfleet.bench.decode import DecodeConfig, DecodeTierRun, run_decode
 from sparkfleet.bench.endpoint import resolve_endpoint
-from sparkfleet.errors import SparkfleetError
+from sparkfleet.errors import NotFoundError
 from sparkfleet.plan.build import plan as _plan
 from sparkfleet.plan.model import Overrides, Plan
 from sparkfleet.spec.cluster import Cluster
@@ -79,7 +79,7 @@ def up(plan: Plan, cluster: Cluster, *, timeout: float | None = None) -> UpResul
 def _record(name: str) -> Deployment:
     found = Deployments().get(name)
     if found is None:
-        raise SparkfleetError(f"no deployment named {name!r} in this state dir")
+        raise NotFoundError(f"no deployment named {name!r} in this state dir")
     return found
 
 

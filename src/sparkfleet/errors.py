@@ -4,6 +4,8 @@ Every error a user can cause or fix is a ``SparkfleetError``; the CLI prints its
 red line and exits with code 2. Anything else is a bug and gets a traceback in the log file.
 
     SparkfleetError
+     ├── UsageError         a command-line option or argument is invalid
+     ├── NotFoundError      no deployment, experiment or configuration of that name
      ├── RecipeError        a recipe file is malformed or refers to something impossible
      ├── ClusterError       a cluster inventory file is malformed, or too small for a recipe
      ├── PlanError          recipe and cluster together cannot be planned
@@ -11,13 +13,20 @@ red line and exits with code 2. Anything else is a bug and gets a traceback in t
      │    ├── TransportError   the node could not be reached or a command could not run
      │    │    ├── TransportTimeout  a command did not finish within its timeout
      │    │    └── CommandError   a command ran and failed (carries the Result)
-     │    ├── RuntimeError_    a rank could not be started, inspected or stopped
+     │    ├── RankRuntimeError  a rank could not be started, inspected or stopped
      │    └── StagingError     staging could not run or would not fit on the node
      ├── ReadinessError     a deployment did not become ready (rank exited, timeout, forbidden line)
      │    └── RankExited       a rank stopped during start-up (its message is redone after the rollback)
+     ├── StopIncomplete     ranks could not be stopped on some nodes (carries node -> why)
+     │    └── RollbackIncomplete  up failed, and its rollback could not reach some nodes
+     ├── LeftoverError      down stopped the ranks, but something of the instance is left (carries the DownReport)
      ├── StateError         the local state store or a deployment lock
      ├── BenchError         a benchmark could not run (endpoint down, bad answers)
-     └── EvalError          a quality or needle evaluation could not run
+     ├── EvalError          a quality or needle evaluation could not run
+     └── GatewayError       the gateway's configuration, a route or a key is invalid
+
+A Ctrl-C (or SIGTERM) during ``up`` stays a ``KeyboardInterrupt``: it propagates once the rollback
+has stopped every started rank.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from sparkfleet.apply.down import DownReport
     from sparkfleet.nodes.transport.base import Result
 
 
@@ -38,6 +48,14 @@ class SparkfleetError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+class UsageError(SparkfleetError):
+    """A command-line option or argument is invalid; the message names it."""
+
+
+class NotFoundError(SparkfleetError):
+    """No deployment, experiment or configuration of the name given."""
 
 
 class RecipeError(SparkfleetError):
@@ -120,6 +138,31 @@ class RankExited(ReadinessError):
         self.message, self.args = message, (message,)
 
 
+class StopIncomplete(SparkfleetError):
+    """Ranks could not be stopped on some nodes; ``failed`` maps each node to why."""
+
+    def __init__(self, message: str, failed: dict[str, str]) -> None:
+        super().__init__(message + "; ".join(f"{node}: {why}" for node, why in failed.items()))
+        self.failed = failed
+
+
+class RollbackIncomplete(StopIncomplete):
+    """``up`` failed (``why``), and its rollback could not reach some nodes (``failed``)."""
+
+    def __init__(self, why: str, failed: dict[str, str]) -> None:
+        super().__init__(f"{why}\nrollback could not reach: ", failed)
+        self.why = why
+
+
+class LeftoverError(SparkfleetError):
+    """``down`` stopped the ranks, but something of the instance is left; carries the report
+    (``report.leftovers``, the nodes it could not check, and the memory per node)."""
+
+    def __init__(self, report: DownReport) -> None:
+        super().__init__(report.problem() or f"{report.name}: left over")
+        self.report = report
+
+
 class StateError(SparkfleetError):
     """The local state store, or a deployment lock, refused the operation."""
 
@@ -130,3 +173,7 @@ class BenchError(SparkfleetError):
 
 class EvalError(SparkfleetError):
     """A quality or needle evaluation could not run."""
+
+
+class GatewayError(SparkfleetError):
+    """The gateway's configuration, a route or a key is invalid."""

@@ -95,14 +95,16 @@ class Dashboard:
         return self.state / "state.db"
 
 
-def start_dashboard(state: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
-    """``sparkfleet dashboard --port 0 ARGS``; returns the process and the address it printed."""
+def start_dashboard(state: Path, *args: str, cwd: Path | None = None) -> tuple[subprocess.Popen[str], str]:
+    """``sparkfleet dashboard --port 0 ARGS``; returns the process and the address it printed
+    (with its ``?token=``: a browser opening it gets the token as a cookie)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "sparkfleet.cli.main", "dashboard", "--port", "0", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "SPARKFLEET_STATE_DIR": str(state), "PYTHONUNBUFFERED": "1", "COLUMNS": "300"},
+        cwd=cwd,
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + 30

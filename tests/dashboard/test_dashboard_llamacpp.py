@@ -37,7 +37,8 @@ def llama_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
             pytest.skip(f"{what} missing ({path}): run scripts/setup.sh")
     state = tmp_path_factory.mktemp("dash-llama") / "state"
     port = free_port()
-    cli(state, "up", str(ROOT / "examples" / "gemma-llamacpp-python"), "--name", NAME, "--set", f"port={port}", timeout=600)
+    example = ROOT / "examples" / "gemma-llamacpp-python"
+    cli(state, "up", str(example), "--name", NAME, "--set", f"port={port}", timeout=600)
     proc = None
     try:
         for api in ("chat", "completions"):

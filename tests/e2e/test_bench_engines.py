@@ -144,3 +144,7 @@ def test_llama_cpp_python_without_stream_usage_is_refused_with_the_reason(llama_
     assert out.returncode == 2
     assert "(llama-cpp-python) reports no token usage in its streams" in out.stderr
     assert "Traceback" not in out.stderr
+    # It measured nothing, so it stores nothing: no empty "partial" run per attempt.
+    assert "kept as run" not in out.stderr
+    show = sparkfleet("bench", "show", state=tmp_path)
+    assert show.returncode == 0 and "decode" not in show.stdout, show.stdout

@@ -34,7 +34,8 @@ def test_llamacpp_killed_after_ready_is_brought_back_by_watch(tmp_path: Path) ->
 
     port, rpc = free_ports(2)
     sets = [f"port={port}", f"rendezvous_port={rpc}", "serve.restart=on-failure", "serve.backoff=0"]
-    up = cli("up", str(ROOT / "examples" / "gemma-llamacpp-python"), "--name", NAME, *(w for s in sets for w in ("--set", s)))
+    example = ROOT / "examples" / "gemma-llamacpp-python"
+    up = cli("up", str(example), "--name", NAME, *(w for s in sets for w in ("--set", s)))
     assert up.returncode == 0, up.stderr[-3000:]
     watch_out = tmp_path / "watch.out"
     try:

@@ -112,10 +112,9 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-# Every login to a node carries this (sshd's SetEnv), so the node's resident agent, which leaves
-# its session as a daemon, can still be told apart from other fleets' on this one machine.
-RESIDENT_MARK = "SPARKFLEET_TEST_NODE_DIR"
-RESIDENT_COMM = "sparkfleet-res"  # nodes/shipped/process_agent.py RESIDENT_NAME
+# Every login to a node carries this (sshd's SetEnv), so what a node's logins started, daemons
+# included, can be told apart from other fleets' on this one machine.
+NODE_MARK = "SPARKFLEET_TEST_NODE_DIR"
 
 
 def pids_with_env(entry: str, comm: str | None = None) -> list[int]:
@@ -134,21 +133,9 @@ def pids_with_env(entry: str, comm: str | None = None) -> list[int]:
     return out
 
 
-def residents(node: Node) -> list[int]:
-    """The node's resident agents (started by a session on this node, as any user)."""
-    return pids_with_env(f"{RESIDENT_MARK}={node.dir}", RESIDENT_COMM)
-
-
-def _resident_socket(pid: int) -> Path | None:
-    """Where a resident agent listens: ``~/.cache/sparkfleet/agents/KEY`` of its user, KEY being
-    the argument after ``serve`` it was started with."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        env = dict(e.split(b"=", 1) for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in e)
-        key = argv[argv.index(b"serve") + 1].decode()
-    except (OSError, ValueError, IndexError):
-        return None
-    return Path(env.get(b"HOME", b"/").decode()) / ".cache" / "sparkfleet" / "agents" / key
+def started_on(node: Node) -> list[int]:
+    """Every process a login to the node started that still runs (its sshd's own excluded)."""
+    return pids_with_env(f"{NODE_MARK}={node.dir}")
 
 
 def _release_killed_rehash_lock() -> None:
@@ -169,15 +156,13 @@ def _release_killed_rehash_lock() -> None:
 
 def sessions_cpu(fleet: LoopbackFleet) -> float:
     """CPU seconds (user + system) spent so far under the fleet's sshds: their SSH sessions and
-    every command those ran and waited for, and the nodes' resident agents with the connections
-    they served (a daemon that left its session otherwise, such as a rank's monitor and engine,
-    is not counted)."""
+    every command those ran and waited for (a daemon that left its session, such as a rank's
+    monitor and engine, is not counted)."""
     ticks = 0
     for node in fleet.nodes:
         if node.proc is None:
             continue
-        agents = residents(node)  # with the connections they serve (live, or not yet reaped)
-        for pid in (node.proc.pid, *descendants(node.proc.pid), *agents, *(c for a in agents for c in descendants(a))):
+        for pid in (node.proc.pid, *descendants(node.proc.pid)):
             try:
                 with open(f"/proc/{pid}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
@@ -289,7 +274,7 @@ class LoopbackFleet:
                 "PermitRootLogin prohibit-password\nUseDNS no\nPrintMotd no\nPrintLastLog no\n"
                 "MaxStartups 200\nMaxSessions 200\nLogLevel VERBOSE\n"
                 "AllowTcpForwarding yes\nAcceptEnv LANG LC_* SPARKFLEET_*\n"
-                f"SetEnv SPARKFLEET_NODE={name} {RESIDENT_MARK}={d}\n"
+                f"SetEnv SPARKFLEET_NODE={name} {NODE_MARK}={d}\n"
                 f"Subsystem sftp {SFTP_SERVER}\n"
             )
             pub = Path(f"{node.host_key}.pub").read_text().split()
@@ -361,15 +346,13 @@ class LoopbackFleet:
             self.start_node(i)
 
     def stop_node(self, i: int) -> None:
-        """The node goes away: kill its sshd, every session process it spawned and its resident
-        agent, and drop the client's multiplexed master so the next ssh really reconnects."""
+        """The node goes away: kill its sshd and every session process it spawned, and drop the
+        client's multiplexed master so the next ssh really reconnects."""
         node = self.nodes[i]
         self._exit_master(node)
         if node.proc is None:
             return
-        agents = residents(node)
-        sockets = [_resident_socket(pid) for pid in agents]
-        pids = [*agents, node.proc.pid, *descendants(node.proc.pid)]
+        pids = [node.proc.pid, *descendants(node.proc.pid)]
         for p in reversed(pids):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGCONT)
@@ -377,10 +360,6 @@ class LoopbackFleet:
         with contextlib.suppress(subprocess.TimeoutExpired):
             node.proc.wait(timeout=5)
         node.proc = None
-        for path in sockets:  # a killed resident cannot remove its socket
-            if path is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
         _release_killed_rehash_lock()
         with contextlib.suppress(FileNotFoundError):
             node.pid_file.unlink()

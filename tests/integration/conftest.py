@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -20,9 +21,10 @@ needs_sshd = pytest.mark.skipif(not HAVE_SSHD, reason="openssh-server missing: r
 
 
 def docker_ok() -> bool:
-    return shutil.which("docker") is not None and subprocess.run(
-        ["docker", "info"], capture_output=True, timeout=20
-    ).returncode == 0
+    return (
+        shutil.which("docker") is not None
+        and subprocess.run(["docker", "info"], capture_output=True, timeout=20).returncode == 0
+    )
 
 
 needs_docker = pytest.mark.skipif(not docker_ok(), reason="no reachable dockerd: run scripts/start-dockerd.sh")
@@ -44,6 +46,19 @@ def fleet2(tmp_path: Path) -> Iterator[LoopbackFleet]:
         pytest.skip("openssh-server missing")
     with loopback_fleet(2, tmp_path / "fleet") as fleet:
         yield fleet
+
+
+@pytest.fixture
+def other_user() -> Iterator[pwd.struct_passwd]:
+    """A second local user of this machine, removed afterwards."""
+    if os.getuid() != 0 or not shutil.which("useradd"):
+        pytest.skip("creating a second local user needs root and useradd")
+    name = f"sfmallory{os.getpid() % 100000}"
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", name], check=False)
 
 
 def standin_recipe(folder: Path, *, nodes: int, port: int, env: dict[str, str] | None = None,

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sparkfleet.state.history import History
+from sparkfleet.state.store import Store
 from tests.integration.conftest import leftover_processes, standin_recipe
 
 RUN = str(os.getpid())
@@ -58,6 +60,9 @@ def test_a_twice_as_fast_variant_is_named_and_nothing_is_left(tmp_path: Path) ->
     assert report["order"] == [["slow", "fast"], ["fast", "slow"]]
     assert report["rounds"] == 2 and report["status"] == "complete"
     assert "**fast is better**" in out.stdout and "Rule:" in out.stdout
+    # Every round's up is a configuration in the history (what `rollback` can go back to).
+    configs = History(Store(tmp_path / "state" / "state.db")).of(name)
+    assert sorted(c.variant for c in configs) == ["fast", "fast", "slow", "slow"] and all(c.ready for c in configs)
     assert leftover_processes(name) == []
 
 

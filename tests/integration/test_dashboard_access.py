@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import socket
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,13 +24,19 @@ from tests.integration.conftest import leftover_processes, sparkfleet, standin_r
 
 
 @contextmanager
-def served(state: Path, *args: str) -> Iterator[str]:
-    proc, url = start_dashboard(state, *args)
+def served(state: Path, *args: str, cwd: Path | None = None) -> Iterator[str]:
+    """The address the dashboard printed (it ends in ?token=…)."""
+    proc, url = start_dashboard(state, *args, cwd=cwd)
     try:
         yield url
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def _base_and_auth(printed: str) -> tuple[str, dict[str, str]]:
+    base, _, token = printed.partition("?token=")
+    return base, {"Authorization": f"Bearer {token}"}
 
 
 def _non_loopback_address() -> str | None:
@@ -42,14 +50,56 @@ def _non_loopback_address() -> str | None:
     return None if address.startswith("127.") else address
 
 
-def test_loopback_needs_no_token_but_refuses_other_host_names(tmp_path: Path) -> None:
-    with served(tmp_path) as url:
-        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", url)
-        assert httpx.get(url + "api/deployments").json() == []
-        assert "sparkfleet" in httpx.get(url).text
+def test_loopback_needs_the_token_too_and_refuses_other_host_names(tmp_path: Path) -> None:
+    with served(tmp_path) as printed:
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/\?token=[\w-]{24,}", printed), printed
+        url, auth = _base_and_auth(printed)
+        # Any local user can connect to a loopback port: without the printed token, nothing.
+        for path in ("", "api/deployments", "api/evals/runs"):
+            assert httpx.get(url + path).status_code == 401, path
+        assert httpx.post(url + "api/deployments/x/down", headers={"X-Sparkfleet-Action": "1"}).status_code == 401
+        assert httpx.get(url + "api/deployments", headers=auth).json() == []
+        assert "sparkfleet" in httpx.get(url, headers=auth).text
         # A web page that rebinds its own name onto 127.0.0.1 is refused (DNS rebinding).
-        rebound = httpx.get(url + "api/deployments", headers={"Host": "attacker.example"})
+        rebound = httpx.get(url + "api/deployments", headers={"Host": "attacker.example", **auth})
         assert rebound.status_code == 400
+
+
+def test_another_local_users_post_is_refused(tmp_path: Path, other_user: pwd.struct_passwd) -> None:
+    """A second local user, created by the test, cannot stop this user's deployment."""
+    env = {"SPARKFLEET_STATE_DIR": str(tmp_path / "state")}
+    name = f"mine-{os.getpid()}"
+    recipe = standin_recipe(tmp_path / "r", nodes=1, port=free_port())
+    assert sparkfleet("up", str(recipe), "--name", name, env=env).returncode == 0
+    try:
+        with served(tmp_path / "state") as printed:
+            url, _ = _base_and_auth(printed)
+            post = (
+                "import sys, urllib.request, urllib.error\n"
+                "req = urllib.request.Request(sys.argv[1], method='POST', headers={'X-Sparkfleet-Action': '1'})\n"
+                "try:\n    print(urllib.request.urlopen(req, timeout=30).status)\n"
+                "except urllib.error.HTTPError as e:\n    print(e.code)\n"
+            )
+            theirs = subprocess.run(["/usr/bin/python3", "-c", post, url + f"api/deployments/{name}/down"],
+                                    capture_output=True, text=True, timeout=60, cwd="/",
+                                    user=other_user.pw_uid, group=other_user.pw_gid, extra_groups=[])  # fmt: skip
+            assert theirs.stdout.strip() == "401", theirs.stdout + theirs.stderr
+        status = json.loads(sparkfleet("status", name, "--json", env=env).stdout)[0]
+        assert status["status"] == "ready" and leftover_processes(name)
+    finally:
+        sparkfleet("down", name, env=env)
+    assert leftover_processes(name) == []
+
+
+def test_runs_are_served_by_id_not_by_path(tmp_path: Path) -> None:
+    """A JSON file in the dashboard's working folder is not a run it serves."""
+    folder = tmp_path / "cwd"
+    folder.mkdir()
+    (folder / "planted.json").write_text(json.dumps({"id": "planted", "label": "planted", "results": []}))
+    with served(tmp_path / "state", cwd=folder) as printed:
+        url, auth = _base_and_auth(printed)
+        answer = httpx.get(url + "api/evals/quality/planted.json", headers=auth)
+    assert answer.status_code == 404, answer.text
 
 
 def test_off_loopback_every_request_needs_the_token(tmp_path: Path) -> None:
@@ -83,10 +133,11 @@ def test_a_given_token_is_used_and_not_generated(tmp_path: Path) -> None:
 
 def test_actions_need_the_action_header(tmp_path: Path) -> None:
     # A cross-site form can POST but cannot add a header: without it nothing is attempted.
-    with served(tmp_path) as url:
-        plain = httpx.post(url + "api/deployments/anything/down")
+    with served(tmp_path) as printed:
+        url, auth = _base_and_auth(printed)
+        plain = httpx.post(url + "api/deployments/anything/down", headers=auth)
         assert plain.status_code == 403
-        named = httpx.post(url + "api/deployments/anything/down", headers={"X-Sparkfleet-Action": "1"})
+        named = httpx.post(url + "api/deployments/anything/down", headers={"X-Sparkfleet-Action": "1", **auth})
         assert named.status_code == 404 and "no deployment named 'anything'" in named.json()["error"]
 
 
@@ -95,8 +146,9 @@ def test_doctor_leaves_each_nodes_last_run_for_the_dashboard(tmp_path: Path) -> 
     printed = sparkfleet("doctor", "--json", env=env)
     assert printed.returncode in (0, 1), printed.stderr
     report = json.loads(printed.stdout)
-    with served(tmp_path) as url:
-        nodes = httpx.get(url + "api/doctor").json()
+    with served(tmp_path) as printed:
+        url, auth = _base_and_auth(printed)
+        nodes = httpx.get(url + "api/doctor", headers=auth).json()
     assert [n["node"] for n in nodes] == ["local"]
     shown = {c["id"]: (c["status"], c["evidence"]) for c in nodes[0]["checks"]}
     assert shown == {c["id"]: (c["status"], c["evidence"]) for c in report["checks"]}
@@ -140,9 +192,10 @@ def test_restart_refuses_what_the_recipe_no_longer_plans(tmp_path: Path) -> None
     recipe = standin_recipe(tmp_path / "r", nodes=1, port=free_port())
     assert sparkfleet("up", str(recipe), "--name", name, "--set", f"port={port}", env=env).returncode == 0
     try:
-        with served(tmp_path / "state") as url:
+        with served(tmp_path / "state") as printed:
+            url, auth = _base_and_auth(printed)
             answer = httpx.post(
-                url + f"api/deployments/{name}/restart", headers={"X-Sparkfleet-Action": "1"}, timeout=60
+                url + f"api/deployments/{name}/restart", headers={"X-Sparkfleet-Action": "1", **auth}, timeout=60
             )
         assert answer.status_code == 400
         assert "--set overrides" in answer.json()["error"]

@@ -14,6 +14,7 @@ import pytest
 from sparkfleet.apply.distribute import distribute
 from sparkfleet.apply.staging import nfs
 from sparkfleet.errors import StagingError
+from sparkfleet.nodes.nfs import EXPORTS_DIR
 from sparkfleet.nodes.transport.local import LocalTransport
 from sparkfleet.nodes.transport.ssh import SshTransport
 from sparkfleet.plan.build import plan
@@ -152,7 +153,7 @@ def test_nfs_share_read_from_a_container_on_every_worker(tmp_path: Path) -> None
     finally:
         fleet.close()
         subprocess.run(["docker", "volume", "rm", "-f", nfs.volume_name("nfs-test", "weights")], capture_output=True)
-        Path(f"{nfs.EXPORTS_DIR}/{nfs.volume_name('nfs-test', 'weights')}.exports").unlink(missing_ok=True)
+        Path(f"{EXPORTS_DIR}/{nfs.volume_name('nfs-test', 'weights')}.exports").unlink(missing_ok=True)
         subprocess.run(["exportfs", "-ra"], capture_output=True)
         if not was_serving:  # as found: test_an_export_nobody_serves_is_refused needs it stopped
             subprocess.run(["service", "nfs-kernel-server", "stop"], capture_output=True, timeout=120)

@@ -11,7 +11,8 @@ from typing import ClassVar
 
 import pytest
 
-from sparkfleet.evals.memguard import MemGuard, parse_mem_available, read_mem_available, sglang_abort
+from sparkfleet.evals.memguard import MemGuard, read_mem_available, sglang_abort
+from sparkfleet.nodes.facts import parse_mem_available
 from sparkfleet.nodes.transport.local import LocalTransport
 
 

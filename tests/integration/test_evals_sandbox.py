@@ -8,18 +8,23 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sparkfleet.evals.sandbox import SandboxLimits, SandboxResult, run_python
 
-FAST = SandboxLimits(wall_s=8, cpu_s=3, memory_mb=256)
+# The limit tests hold without namespaces too; containment tests skip (below) where there are none.
+FAST = SandboxLimits(wall_s=8, cpu_s=3, memory_mb=256, unconfined_ok=True)
 
 
 @pytest.fixture(scope="module")
@@ -163,3 +168,86 @@ def test_huge_output_is_capped() -> None:
     result = run_python("import sys\nfor _ in range(10**6):\n    sys.stdout.write('y' * 100)\n", limits)
     assert result.output_truncated
     assert len(result.stdout) <= 4096
+
+
+NO_NAMESPACES = Path(__file__).resolve().parents[1] / "no_namespaces.py"
+
+
+@contextlib.contextmanager
+def _hostile_model(mark: Path) -> Iterator[str]:
+    """An OpenAI-style server whose answer to every code task defines the function asked for,
+    which, when called, writes mark (outside its folder) and reads a host file."""
+    import json
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from sparkfleet.evals.tasks import load_tasks
+
+    entries = {t.prompt: t.check["entry"] for t in load_tasks(categories=["code"])}
+
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, obj: object) -> None:
+            data = json.dumps(obj).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            self._send({"data": [{"id": "hostile", "owned_by": "vllm"}]})
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            entry = entries.get(body["messages"][0]["content"], "f")
+            code = (f"def {entry}(*args, **kwargs):\n    open({str(mark)!r}, 'a').write(open('/etc/hostname').read())\n"
+                    "    return None\n")  # fmt: skip
+            message = {"content": f"```python\n{code}```"}
+            self._send({"choices": [{"message": message, "finish_reason": "stop"}],
+                        "usage": {"prompt_tokens": 1, "completion_tokens": 1}})  # fmt: skip
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def _quality_without_namespaces(url: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, str(NO_NAMESPACES), sys.executable, "-m", "sparkfleet.cli.main",
+            "eval", "quality", url, "--categories", "code", "--timeout", "30", *extra]  # fmt: skip
+    env = {**os.environ, "SPARKFLEET_STATE_DIR": str(tmp_path / "state")}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+
+
+@pytest.fixture
+def world_writable() -> Iterator[Path]:
+    """A folder anyone may write, as /tmp: where unconfined code running as nobody can leave a file."""
+    path = Path(tempfile.mkdtemp(prefix="sf-sandbox-escape-", dir="/tmp"))
+    path.chmod(0o1777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_without_namespaces_eval_quality_runs_no_model_code_and_exits_2(tmp_path: Path, world_writable: Path) -> None:
+    """Namespaces refused for real (tests/no_namespaces.py: user.max_user_namespaces=0 in the
+    test's own user namespace, no CAP_SYS_ADMIN): the code tasks are refused, none runs."""
+    if os.getuid() != 0:
+        pytest.skip("tests/no_namespaces.py writes uid maps: needs root")
+    mark = world_writable / "escaped"
+    with _hostile_model(mark) as url:
+        out = _quality_without_namespaces(url, tmp_path)
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert "nothing was run" in out.stderr and "--unsafe-unconfined-code" in out.stderr
+        assert not mark.exists()  # no model code ran
+        # Asked for in so many words, it runs, and the run says it was not isolated.
+        unsafe = _quality_without_namespaces(url, tmp_path, "--unsafe-unconfined-code")
+    assert unsafe.returncode == 0, unsafe.stderr
+    assert "NOT ISOLATED" in unsafe.stdout
+    assert mark.exists()

@@ -5,7 +5,9 @@ refused before anything starts — on the local node, over SSH, and with docker.
 from __future__ import annotations
 
 import json
+import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -133,3 +135,96 @@ def test_a_taken_port_is_refused_before_start_naming_port_and_holder(tmp_path: P
         assert _serves(_endpoint(alice, "one"))
     finally:
         sparkfleet("down", "one", env=alice)
+
+
+def _killed_during_up(recipe: Path, cluster: list[str], state: dict[str, str], name: str, ranks: int) -> None:
+    """An up whose controller is SIGKILLed once every rank runs (rank 0 not yet healthy): no
+    rollback, the record left starting, the ranks running on."""
+    argv = [sys.executable, "-m", "sparkfleet.cli.main", "up", str(recipe), *cluster]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **state})
+    deadline = time.monotonic() + 90
+    while len(leftover_processes(name)) < ranks and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.kill()
+    proc.wait()
+    assert len(leftover_processes(name)) >= ranks, "the ranks never started"
+
+
+def test_an_orphan_of_a_killed_up_is_kept_refused_and_stopped_by_down(fleet2: LoopbackFleet, tmp_path: Path) -> None:
+    name, state = "orphan", _state(tmp_path, "alice")
+    cluster = ["--cluster", str(fleet2.cluster_file)]
+    recipe = standin_recipe(tmp_path / name, nodes=2, port=_free_port(),
+                            env={"STANDIN_FAULT_RANK": "0", "STANDIN_DELAY": "300"})  # fmt: skip
+    try:
+        _killed_during_up(recipe, cluster, state, name, 2)
+        orphan = json.loads(sparkfleet("status", name, "--json", env=state).stdout)[0]
+        running = sorted(leftover_processes(name))
+
+        again = sparkfleet("up", str(recipe), *cluster, env=state)
+        assert again.returncode == 2
+        assert "controller that is gone" in again.stderr and f"sparkfleet down {name}" in again.stderr
+        assert sorted(leftover_processes(name)) == running  # the refusal touched nothing on the nodes
+        kept = json.loads(sparkfleet("status", name, "--json", env=state).stdout)[0]
+        assert (kept["status"], kept.get("instance")) == (orphan["status"], orphan.get("instance"))  # nor its record
+
+        down = sparkfleet("down", name, env=state)
+        assert down.returncode == 0, down.stderr
+        assert "stopped" in down.stdout and "nothing was running" not in down.stdout
+        assert leftover_processes(name) == []
+        # Now the name is free again.
+        assert json.loads(sparkfleet("status", name, "--json", env=state).stdout)[0]["status"] == "stopped"
+    finally:
+        sparkfleet("down", name, "--sweep", *cluster, env=state)
+    assert leftover_processes(name) == []
+
+
+def test_status_says_when_the_controller_of_a_starting_instance_is_gone(tmp_path: Path) -> None:
+    name, state = "abandoned", _state(tmp_path, "alice")
+    recipe = standin_recipe(tmp_path / name, nodes=1, port=_free_port(),
+                            env={"STANDIN_FAULT_RANK": "0", "STANDIN_DELAY": "300"})  # fmt: skip
+    try:
+        _killed_during_up(recipe, [], state, name, 1)
+        shown = sparkfleet("status", name, env=state)
+        assert shown.returncode == 0 and "starting" in shown.stdout
+        assert "controller is gone" in shown.stdout, shown.stdout
+        assert json.loads(sparkfleet("status", name, "--json", env=state).stdout)[0].get("controller_gone") is True
+    finally:
+        sparkfleet("down", name, env=state)
+        sparkfleet("down", name, "--sweep", env=state)
+    assert leftover_processes(name) == []
+
+
+def test_down_stops_an_earlier_instance_whose_record_was_replaced(tmp_path: Path) -> None:
+    """The orphan's record gone (an older sparkfleet replaced it): down NAME still finds the
+    ranks this controller started, by their markers, and names them with their start time."""
+    name, state = "replaced", _state(tmp_path, "alice")
+    recipe = standin_recipe(tmp_path / name, nodes=1, port=_free_port(),
+                            env={"STANDIN_FAULT_RANK": "0", "STANDIN_DELAY": "300"})  # fmt: skip
+    try:
+        _killed_during_up(recipe, [], state, name, 1)
+        db = sqlite3.connect(tmp_path / "state-alice" / "state.db")
+        with db:  # what today's older sparkfleet left: the record of a later, refused instance
+            db.execute("UPDATE deployments SET status = 'failed', instance = 'feedfacecafe' WHERE name = ?", (name,))
+        db.close()
+        down = sparkfleet("down", name, env=state)
+        assert down.returncode == 0, down.stderr
+        assert "this controller started at" in down.stdout and " UTC" in down.stdout, down.stdout
+        assert leftover_processes(name) == []
+    finally:
+        sparkfleet("down", name, "--sweep", env=state)
+    assert leftover_processes(name) == []
+
+
+def test_sweep_works_on_the_local_cluster_without_a_file(tmp_path: Path) -> None:
+    name = "localsweep"
+    recipe = standin_recipe(tmp_path / name, nodes=1, port=_free_port())
+    alice, bob = _state(tmp_path, "alice"), _state(tmp_path, "bob")
+    assert sparkfleet("up", str(recipe), env=alice).returncode == 0
+    try:
+        out = sparkfleet("down", name, "--sweep", env=bob)  # bob has no record and no cluster file
+        assert out.returncode == 0, out.stderr
+        assert f"found 1 rank(s) of {name!r}" in out.stdout
+        assert leftover_processes(name) == []
+    finally:
+        sparkfleet("down", name, env=alice)
+    assert leftover_processes(name) == []

@@ -10,6 +10,8 @@ import pytest
 
 import sparkfleet
 from sparkfleet.errors import SparkfleetError
+from sparkfleet.state.history import History
+from sparkfleet.state.store import Store
 from tests.integration.conftest import leftover_processes, standin_recipe
 from tests.replay_server import ReplayServer, Script
 
@@ -31,6 +33,9 @@ def test_load_plan_up_status_down_through_the_package(tmp_path: Path) -> None:
     ready = sparkfleet.up(plan, cluster, timeout=60)
     try:
         assert ready.name == "lib-api" and "42" in ready.smoke_answer
+        # Recorded as the CLI's up is: `rollback` and the dashboard's history see it.
+        (config,) = History(Store()).of("lib-api")
+        assert config.id == ready.configuration and config.ready and config.recipe.endswith("recipe.toml")
         ranks = sparkfleet.status("lib-api")
         assert [(r.rank, r.state, r.health) for r in ranks] == [(0, "running", "healthy")]
     finally:

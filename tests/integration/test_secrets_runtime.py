@@ -92,3 +92,63 @@ def test_a_failed_up_shows_the_log_tail_without_the_key(runtime: str, tmp_path: 
     assert SECRET not in events.stdout
     assert SECRET.encode() not in _stored_bytes(Path(os.environ["SPARKFLEET_STATE_DIR"]))
     assert leftover_processes(name) == [] and leftover_containers(name) == []
+
+
+SET_TOKEN = "set-via-dash-dash-set-8f3a2c"  # shaped like no token: only its name marks it secret
+ARG_KEY = "sk-ArgsApiKey0123456789abcdef"
+
+
+def _everything_readable(pid_dirs: Path = Path("/proc")) -> str:
+    """Every process's argv on this machine (what `ps` shows every user)."""
+    words = []
+    for cmdline in pid_dirs.glob("[0-9]*/cmdline"):
+        try:
+            words.append(cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue
+    return "\n".join(words)
+
+
+def test_secrets_in_set_and_in_args_reach_no_file_output_or_argv(tmp_path: Path) -> None:
+    name, state = "argsecret", tmp_path / "state"
+    env = {"SPARKFLEET_STATE_DIR": str(state)}
+    folder = tmp_path / name
+    folder.mkdir()
+    port = _free_port()
+    (folder / "recipe.toml").write_text("\n".join([
+        'engine = "vllm"', 'model = "org/standin"', f"port = {port}", f"rendezvous_port = {port + 1}",
+        f'entrypoint = ["{sys.executable}", "{STANDIN}"]', f'args = ["--api-key", "{ARG_KEY}"]',
+        "[env]", 'STANDIN_LEAK = "X_TOKEN"',
+    ]) + "\n")  # fmt: skip
+    secrets = (SET_TOKEN, ARG_KEY)
+
+    validate = sparkfleet("validate", str(folder), env=env)
+    assert validate.returncode == 0, validate.stderr
+    assert "warning" in validate.stderr and "--api-key" in validate.stderr and "VLLM_API_KEY" in validate.stderr
+    plan = sparkfleet("plan", str(folder), "--json", "--set", f"env.X_TOKEN={SET_TOKEN}", env=env)
+    assert plan.returncode == 0, plan.stderr
+    assert "--api-key" in plan.stderr  # the warning
+    assert not any(s in plan.stdout + plan.stderr for s in secrets)
+
+    up = sparkfleet("up", str(folder), "--set", f"env.X_TOKEN={SET_TOKEN}", env=env)
+    try:
+        assert up.returncode == 0, up.stderr
+        shown = up.stdout + up.stderr
+        for command in (["status", name], ["logs", name], ["status", name, "--json"]):
+            out = sparkfleet(*command, env=env)
+            shown += out.stdout + out.stderr
+        assert "using X_TOKEN=***" in shown  # the engine got the --set token (and its log hides it)
+        assert not any(s in shown for s in secrets)
+        assert not any(s in _everything_readable() for s in secrets)  # in no process's argv
+        assert not any(s.encode() in _stored_bytes(state) for s in secrets)  # state.db, its WAL, logs
+        logs = list(state.rglob(f"deployments/{name}/r*.log"))
+        envs = list(state.rglob(f"deployments/{name}/r*.env"))
+        assert logs and envs
+        assert all(p.stat().st_mode & 0o077 == 0 for p in logs + envs)
+        assert all(s.encode() in envs[0].read_bytes() for s in secrets)  # passed to the engine by env
+    finally:
+        down = sparkfleet("down", name, env=env)
+    assert down.returncode == 0, down.stderr
+    assert list(state.rglob(f"deployments/{name}/r*.env")) == []  # down takes the secrets away
+    assert not any(s.encode() in p.read_bytes() for p in state.rglob("*") if p.is_file() for s in secrets)
+    assert leftover_processes(name) == []

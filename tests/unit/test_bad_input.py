@@ -14,8 +14,6 @@ from tests.conftest import ROOT, SEEDS, SPARK4
 BAD = sorted((ROOT / "tests" / "data" / "bad_recipes").glob("*.toml"))
 
 
-
-
 def _expected(path: Path) -> str:
     first = path.read_text().splitlines()[0]
     assert first.startswith("# expect: ")
@@ -200,3 +198,62 @@ def test_placeholders_in_recipe_and_cluster_are_one_message(tmp_path: Path, caps
     assert code == 2 and " ".join(err.split()).startswith(f"error: {cluster}: fill in the <SET ME: …> placeholders")
     code, _, err = run_main(capsys, "validate", str(recipe))
     assert code == 0, err
+
+
+def _recipe(tmp_path: Path, extra: str) -> Path:
+    path = tmp_path / "recipe.toml"
+    path.write_text('engine = "vllm"\nmodel = "org/m"\n' + extra)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("extra", "expect"),
+    [
+        ('[env]\nX = "a\\nb"\n', "env: X: an env value cannot hold a newline"),
+        ("required_nodes = 1000000000000\n", "required_nodes"),
+        ("tensor_parallel_size = 99999999999\n", "tensor_parallel_size"),
+        ("x = " + "[" * 5000 + "]" * 5000 + "\n", "nested more than"),
+        ("x = " + "[" * 40 + "1" + "]" * 40 + "\n", "nested more than 32"),
+        ('args = ["' + "a" * 40000 + '"]\n', "characters"),
+    ],
+    ids=["env-newline", "huge-nodes", "huge-tp", "5000-deep", "40-deep", "huge-arg"],
+)
+def test_values_out_of_bounds_are_one_line(tmp_path: Path, extra: str, expect: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    code, _, err = run_main(capsys, "validate", str(_recipe(tmp_path, extra)))
+    line = " ".join(err.split())
+    assert code == 2 and expect in line, err
+    assert len(err.strip().splitlines()) <= 2 and "internal error" not in err  # rich may wrap one line
+
+
+@pytest.mark.parametrize("name", ["../evil", "a/b", "UPPER", "-dash", "x" * 64, "dot..dot"])
+def test_deployment_names_that_are_not_plain_are_refused(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_main(capsys, "plan", str(ROOT / "examples" / "gemma-llamacpp"), "--name", name, "--json")
+    assert code == 2 and "deployment name" in err and "internal error" not in err
+
+
+def test_a_recipe_folder_name_becomes_a_plain_deployment_name(tmp_path: Path) -> None:
+    from sparkfleet.spec.recipe import deployment_name
+
+    folder = tmp_path / "My Recipe_v2"
+    folder.mkdir()
+    assert deployment_name(folder) == "my-recipe_v2"
+
+
+def test_env_newline_on_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_main(capsys, "plan", str(ROOT / "examples" / "gemma-llamacpp"), "--env", "X=a\nb")
+    assert code == 2 and "cannot hold a newline" in err
+
+
+def test_one_node_on_localhost_without_fabric_ip(tmp_path: Path) -> None:
+    """The most natural cluster file: its fabric address is an address, and doctor's interface
+    check takes a host name without crashing."""
+    from sparkfleet.doctor.probes.netif import Interface
+    from sparkfleet.spec.cluster import load_cluster
+
+    path = tmp_path / "one.toml"
+    path.write_text('name = "one"\n[[nodes]]\nname = "n0"\nhost = "localhost"\n')
+    node = load_cluster(path).nodes[0]
+    assert node.fabric_ip == "127.0.0.1"
+    lo = Interface("lo", 65536, "unknown", ("127.0.0.1",), (8,), loopback=True)
+    assert lo.holds(node.fabric_ip) and not lo.holds("localhost")

@@ -255,3 +255,12 @@ def test_what_a_variant_cannot_carry_is_reported_with_its_name(imported_variants
     result = imported_variants[2]
     carried = {n.key for n in result.not_carried}
     assert {"BUILD_DOCKERFILE (variant canary)", "NCCL_SWITCHLESS_RING_ONLY (variant switchless-ring)"} <= carried
+
+
+def test_a_worker_host_ssh_would_read_as_an_option_is_not_copied(tmp_path: Path) -> None:
+    text = 'TP_SIZE=2\nNNODES=2\nWORKER_HOSTS="-oProxyCommand=evil"\nWORKER_IPS=10.0.0.2\n'
+    result = import_mia_env(parse_profile(text, "p"))
+    assert result.cluster_toml is not None and "-oProxyCommand" not in result.cluster_toml
+    assert any(n.key == "WORKER_HOSTS" and "not a host name" in n.detail for n in result.not_understood)
+    (tmp_path / "cluster.toml").write_text(result.cluster_toml)
+    assert load_cluster(tmp_path / "cluster.toml").nodes[1].name == "worker1"  # loads; plan asks for the host

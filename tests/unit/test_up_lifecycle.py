@@ -16,7 +16,7 @@ import pytest
 from sparkfleet.apply.down import down
 from sparkfleet.apply.observe import logs, status
 from sparkfleet.apply.up import up
-from sparkfleet.errors import ReadinessError, SparkfleetError, StateError, TransportError
+from sparkfleet.errors import ReadinessError, RollbackIncomplete, SparkfleetError, StateError, TransportError
 from sparkfleet.nodes.transport.mock import Call
 from sparkfleet.state.deployments import Deployments
 from tests.fake_node import FakeFleet, FakeNode, fake_fleet, head_server
@@ -89,7 +89,7 @@ def test_signal_in_each_phase_rolls_back(tmp_path: Path, phase: str, sig: int) -
             (tmp_path / "recipe.toml").write_text((tmp_path / "recipe.toml").read_text()
                                                   + '[verify]\nexpect = ["fired up"]\n')  # fmt: skip
             fleet = FakeFleet(fleet.nodes, fleet.cluster, _replan(tmp_path, fleet))
-        with pytest.raises(ReadinessError, match="interrupted; every started rank was stopped"):
+        with pytest.raises(KeyboardInterrupt, match="every started rank was stopped"):
             _run(fleet, report)
     assert fired.is_set()
     assert fleet.left_running() == []
@@ -120,7 +120,7 @@ def test_signal_in_image_and_staging_phases_rolls_back(tmp_path: Path, phase: st
     extra = STAGED if phase != "staging" else STAGED[STAGED.index("[[staging]]\nkind = \"sparse-rows\""):]
     fleet = fake_fleet(tmp_path, port=18999, image="fake:1", extra=extra)
     assert "sparse-rows" in {s.kind for s in fleet.plan.staging}
-    with pytest.raises(ReadinessError, match="interrupted"):
+    with pytest.raises(KeyboardInterrupt, match="every started rank was stopped"):
         _run(fleet, report)
     assert fired.is_set() and fleet.left_running() == []
 
@@ -138,7 +138,7 @@ def test_signal_while_a_rank_start_is_in_flight_still_stops_that_rank(tmp_path: 
                 time.sleep(0.2)
 
         fleet.nodes["node2"].on_call = slow_start
-        with pytest.raises(ReadinessError, match="interrupted"):
+        with pytest.raises(KeyboardInterrupt, match="every started rank was stopped"):
             _run(fleet, lambda *a: print("REPORT", a))
         assert [r.rank for r in fleet.nodes["node2"].ranks] == [2]  # it did start...
         assert fleet.left_running() == []  # ...and was stopped
@@ -147,7 +147,7 @@ def test_signal_while_a_rank_start_is_in_flight_still_stops_that_rank(tmp_path: 
 def test_signal_during_the_smoke_request_rolls_back(tmp_path: Path) -> None:
     with head_server(on_completion=lambda: (_signal_soon(signal.SIGINT), time.sleep(0.3))) as port:  # type: ignore[func-returns-value]
         fleet = fake_fleet(tmp_path, port=port)
-        with pytest.raises(ReadinessError, match="interrupted"):
+        with pytest.raises(KeyboardInterrupt, match="every started rank was stopped"):
             _run(fleet)
     assert fleet.left_running() == []
 
@@ -166,6 +166,21 @@ def test_failures_in_each_phase_roll_back(tmp_path: Path) -> None:
         with pytest.raises(SparkfleetError):
             _run(fleet)
         assert fleet.left_running() == []
+
+
+def test_a_rollback_that_cannot_reach_a_node_names_it_and_what_failed(tmp_path: Path) -> None:
+    with head_server(answer=" 41") as port:
+        fleet = fake_fleet(tmp_path, port=port)
+
+        def gone_at_stop(call: Call) -> None:
+            if "stop" in call.argv[3:5]:
+                raise TransportError("node1", "cannot reach 127.0.0.1 over SSH: Connection refused")
+
+        fleet.nodes["node1"].on_call = gone_at_stop
+        with pytest.raises(RollbackIncomplete, match="smoke test failed") as raised:
+            _run(fleet)
+    assert list(raised.value.failed) == ["node1"] and "Connection refused" in raised.value.failed["node1"]
+    assert [r.rank for r in fleet.nodes["node1"].running()] == [1]  # still running: the error says where
 
 
 def test_a_name_running_under_another_instance_is_refused_before_anything_starts(tmp_path: Path) -> None:
@@ -249,7 +264,7 @@ def test_status_and_logs_read_every_rank_through_its_transport(tmp_path: Path) -
 
         fleet.nodes["node0"].on_call = unreachable
         ranks = status(record, connect=fleet.connect)
-    assert ranks[1].state == "exited" and ranks[1].detail == "exit code 3"
+    assert ranks[1].state == "exited" and ranks[1].detail.startswith("exit code 3 at ")
     assert ranks[0].state == "unknown" and "cannot reach" in ranks[0].detail
 
 

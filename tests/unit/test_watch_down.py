@@ -12,13 +12,16 @@ import pytest
 from sparkfleet.apply.down import down, take_down
 from sparkfleet.apply.up import up
 from sparkfleet.apply.watch import Watcher
-from sparkfleet.errors import SparkfleetError, StateError
+from sparkfleet.dashboard.data import restart_deployment
+from sparkfleet.errors import LeftoverError, StateError
 from sparkfleet.plan.build import plan
 from sparkfleet.plan.model import EnvVar, Overrides, RankPlan
 from sparkfleet.spec.cluster import load_cluster
 from sparkfleet.spec.recipe import load_recipe
 from sparkfleet.state.deployments import Deployments
+from sparkfleet.state.history import History
 from sparkfleet.state.plans import plan_from_json, plan_to_json, with_secrets
+from sparkfleet.state.store import Store
 from sparkfleet.state.watch_series import Sample, WatchSeries
 from tests.conftest import SEEDS, SPARK4
 from tests.fake_node import FakeFleet, fake_fleet, head_server
@@ -70,6 +73,10 @@ def test_on_failure_restarts_from_the_stored_plan_with_the_secret_from_the_env_f
         record = Deployments().get("fake")
         assert record is not None and record.status == "ready" and record.restarts == 1
         assert "restarted" in _kinds()
+        # The restart is a configuration of its own, recorded as the one it replaced.
+        first, again = reversed(History(Store()).of("fake"))
+        assert again.ready and again.instance == record.instance != first.instance
+        assert (again.recipe, again.variant, again.sets) == (first.recipe, first.variant, first.sets)
         # The restarted ranks got the token back from the env file the first up wrote.
         newest = [n.ranks[-1] for n in fleet.nodes.values()]
         assert all(f"HF_TOKEN={TOKEN}" in "".join(r.files.values()) for r in newest)
@@ -81,6 +88,20 @@ def test_on_failure_restarts_from_the_stored_plan_with_the_secret_from_the_env_f
         assert "1 restart(s) made, max_restarts = 1" in watcher.outcome.message
         assert fleet.left_running() == []
         assert Deployments().get("fake").status == "failed"  # type: ignore[union-attr]
+
+
+def test_the_dashboards_restart_brings_the_stored_plan_back_and_records_it(tmp_path: Path) -> None:
+    with head_server() as port:
+        fleet = fake_fleet(tmp_path, port=port)
+        _up(fleet)
+        (tmp_path / "recipe.toml").write_text("not a recipe any more")  # a restart never re-plans the files
+        endpoint = restart_deployment(Store(), "fake", connect=fleet.connect)
+        assert endpoint == fleet.plan.endpoint
+        record = Deployments().get("fake")
+        assert record is not None and record.status == "ready"
+        assert [c.ready for c in History(Store()).of("fake")] == [True, True]
+        assert sorted(fleet.left_running()) == [("node0", 0), ("node1", 1)]  # the first instance's are gone
+        down(record, connect=fleet.connect)
 
 
 def _token(_rank: RankPlan) -> tuple[EnvVar, ...]:
@@ -121,8 +142,9 @@ def test_down_names_what_is_left_and_the_gpu_memory_it_holds(tmp_path: Path) -> 
         assert "GPU compute apps: pid 422 python3 8710 MiB (left by this instance)" in lines["node1"]
         assert lines["node0"].endswith("no nvidia-smi") and "8.0 GiB before, 8.0 GiB after (+0 B)" in lines["node0"]
         assert Deployments().get("fake").status == "leftover"  # type: ignore[union-attr]
-        with pytest.raises(SparkfleetError, match="node1: pid 422"):
+        with pytest.raises(LeftoverError, match="node1: pid 422") as raised:
             down(record, connect=fleet.connect)
+        assert [(f.node, f.ident) for f in raised.value.report.leftovers] == [("node1", "422")]  # the report itself
         node1.leftovers = []
         assert down(record, connect=fleet.connect) == []
         assert Deployments().get("fake").status == "stopped"  # type: ignore[union-attr]

@@ -1,19 +1,20 @@
 """What a deployment was brought up from, recorded with its gate, and ``rollback`` to the last
 configuration that passed it.
 
-``up`` itself stays as it is: the callers (``up``, ``ab``, ``rollback``) describe what they plan
-as a ConfigSpec, run ``up``, and record the outcome here."""
+``apply.up.up`` records every outcome here (``record``), whoever calls it: the CLI, ``ab`` and
+``rollback`` pass the ConfigSpec they planned from; the library's ``up`` and the restarts, which
+hold a Plan, record what the Plan (or the restarted instance's own record) says."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sparkfleet.errors import SparkfleetError
+from sparkfleet.errors import NotFoundError, RecipeError, SparkfleetError, UsageError
 from sparkfleet.plan.build import plan
 from sparkfleet.plan.model import Overrides, Plan
 from sparkfleet.spec.cluster import load_cluster
@@ -25,7 +26,7 @@ from sparkfleet.spec.recipe import (
     read_toml,
     recipe_file,
 )
-from sparkfleet.spec.secrets import MASK, is_secret
+from sparkfleet.spec.secrets import MASK, is_secret, redact, split_secret_sets
 from sparkfleet.spec.validation import masked_secrets
 from sparkfleet.spec.variants import BASE, apply_variant
 from sparkfleet.state.deployments import Deployments
@@ -34,6 +35,7 @@ from sparkfleet.state.store import Store
 
 if TYPE_CHECKING:
     from sparkfleet.apply.up import UpResult
+    from sparkfleet.nodes.transport.base import Transport
 
 # up, down and the image reader (and httpx, SSH, the runtimes behind them) are imported where they
 # are used: `sparkfleet up` plans and opens its node sessions first, and the nodes' agents boot
@@ -51,6 +53,13 @@ class ConfigSpec:
     cluster: Path | None = None
     name: str | None = None
 
+    def __post_init__(self) -> None:
+        # `--set env.X_TOKEN=…` is an --env given another way: masked and never stored.
+        sets, env = split_secret_sets(self.sets)
+        if env:
+            object.__setattr__(self, "sets", sets)
+            object.__setattr__(self, "env", (*env, *self.env))
+
     @property
     def deployment(self) -> str:
         return self.name or deployment_name(self.recipe)
@@ -60,52 +69,56 @@ class ConfigSpec:
         return plan(recipe, load_cluster(self.cluster), deployment_name(self.recipe),
                     Overrides(env=self.env, name=self.name))  # fmt: skip
 
+    @classmethod
+    def of_plan(cls, planned: Plan) -> ConfigSpec:
+        """What a Plan says of how it was made (no --set or --env: a Plan does not keep them)."""
+        cluster = None if planned.cluster_source.startswith("(") else Path(planned.cluster_source)
+        return cls(Path(planned.recipe_source), planned.variant, (), (), cluster, planned.name)
+
+
+def spec_of_instance(name: str, instance: str | None, store: Store) -> ConfigSpec | None:
+    """The ConfigSpec an instance was recorded with (secret --env values masked), or None."""
+    config = History(store).current(name, instance)
+    if config is None:
+        return None
+    return ConfigSpec(Path(config.recipe), config.variant, config.sets, config.env,
+                      Path(config.cluster) if config.cluster else None, config.name)  # fmt: skip
+
 
 def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _image_ids(planned: Plan) -> dict[str, str | None]:
+def _image_ids(planned: Plan, transports: Mapping[str, Transport]) -> dict[str, str | None]:
     from sparkfleet.apply.images import image_ids
-    from sparkfleet.nodes.transport import transport_for
 
     docker = [r for r in planned.ranks if r.runtime == "docker" and r.image]
     if not docker:
         return {}
-    ids = image_ids({r.node.name: transport_for(r.node) for r in docker}, docker[0].image or "")
-    return dict(ids)
+    return dict(image_ids({r.node.name: transports[r.node.name] for r in docker}, docker[0].image or ""))
 
 
-def record(spec: ConfigSpec, planned: Plan, ready: bool, store: Store | None = None, note: str | None = None) -> int:
+def record(spec: ConfigSpec, planned: Plan, ready: bool, store: Store, transports: Mapping[str, Transport],
+           note: str | None = None) -> int:  # fmt: skip
     """Record an up of spec (ready: it passed verify and smoke); returns the configuration's id."""
-    store = store or Store()
-    file = recipe_file(spec.recipe)
+    try:
+        file = recipe_file(spec.recipe)
+        digest, data, source = _digest(file), masked_secrets(read_toml(file)), str(file.resolve())
+    except (SparkfleetError, OSError) as exc:  # a Plan made from a recipe that is gone since
+        digest, data, source = "", {}, str(spec.recipe)
+        note = (note or "") + f" (recipe not read: {exc})"
     current = Deployments(store).get(planned.name)
     try:
-        images = _image_ids(planned) if ready else {}
+        images = _image_ids(planned, transports) if ready else {}
     except SparkfleetError as exc:  # an unreachable node must not lose the record of what ran
         images, note = {}, (note or "") + f" (image IDs not read: {exc.message})"
     return History(store).add(
-        name=planned.name, instance=current.instance if current else None, recipe=str(file.resolve()),
-        recipe_digest=_digest(file), variant=spec.variant, sets=spec.sets,
+        name=planned.name, instance=current.instance if current else None, recipe=source,
+        recipe_digest=digest, variant=spec.variant, sets=tuple(redact(s) for s in spec.sets),
         env=tuple((k, MASK if is_secret(k) else v) for k, v in spec.env),
         cluster=str(spec.cluster.resolve()) if spec.cluster else None,
-        recipe_data=masked_secrets(read_toml(file)), image_ids=images, ready=ready, note=note,
+        recipe_data=data, image_ids=images, ready=ready, note=note,
     )  # fmt: skip
-
-
-def up_recorded(spec: ConfigSpec, planned: Plan, store: Store | None = None,
-                run_up: Callable[[Plan], UpResult] | None = None) -> tuple[UpResult, int]:  # fmt: skip
-    """Run up for planned and record the outcome, failed or not."""
-    from sparkfleet.apply.up import up
-
-    store = store or Store()
-    try:
-        result = (run_up or (lambda p: up(p, deployments=Deployments(store))))(planned)
-    except BaseException as exc:
-        record(spec, planned, False, store, note=getattr(exc, "message", None) or type(exc).__name__)
-        raise
-    return result, record(spec, planned, True, store)
 
 
 def quality_gate(store: Store, name: str, passed: int, total: int, run_id: str, minimum: float | None) -> str | None:
@@ -139,7 +152,7 @@ def _spec_of(config: Configuration) -> ConfigSpec:
     for key, value in config.env:
         if value == MASK:
             if key not in os.environ:
-                raise SparkfleetError(f"configuration #{config.id} was started with --env {key}; set {key} in "
+                raise UsageError(f"configuration #{config.id} was started with --env {key}; set {key} in "
                                       "this environment to roll back to it (secrets are never stored)")  # fmt: skip
             value = os.environ[key]
         env.append((key, value))
@@ -162,7 +175,7 @@ def _plan_of(config: Configuration, spec: ConfigSpec) -> Plan:
     if path.is_file() and _digest(path) == config.recipe_digest:
         return spec.plan()
     if _contains_mask(config.recipe_data):
-        raise SparkfleetError(
+        raise RecipeError(
             f"{config.recipe} changed since configuration #{config.id} (digest {config.recipe_digest[:12]}) and "
             "its recorded copy has masked secrets: restore that version of the file to roll back to it"
         )
@@ -183,7 +196,7 @@ def rollback_target(name: str, store: Store) -> tuple[Configuration, Configurati
     record_ = Deployments(store).get(name)
     current = history.current(name, record_.instance if record_ else None)
     if not configs:
-        raise SparkfleetError(f"{name}: nothing to roll back to: no configuration of {name!r} was ever recorded "
+        raise NotFoundError(f"{name}: nothing to roll back to: no configuration of {name!r} was ever recorded "
                               "(configurations are recorded by up, ab and rollback)")  # fmt: skip
     passing = [c for c in configs if c.passed and (current is None or (c.id != current.id and c.key != current.key))]
     if not passing:
@@ -191,14 +204,15 @@ def rollback_target(name: str, store: Store) -> tuple[Configuration, Configurati
             why = f"none of its {len(configs)} recorded configuration(s) passed its gate"
         else:
             why = "the only configuration that passed its gate is the one running now"
-        raise SparkfleetError(f"{name}: nothing to roll back to: {why}")
+        raise NotFoundError(f"{name}: nothing to roll back to: {why}")
     return passing[0], current
 
 
-def rollback(name: str, store: Store | None = None, report: Callable[[str], None] = lambda _m: None,
-             run_up: Callable[[Plan], UpResult] | None = None) -> tuple[Configuration, UpResult]:  # fmt: skip
+def rollback(name: str, store: Store | None = None,
+             report: Callable[[str], None] = lambda _m: None) -> tuple[Configuration, UpResult]:  # fmt: skip
     """Take name's running configuration down and bring the last passing one back up."""
     from sparkfleet.apply.down import down
+    from sparkfleet.apply.up import up
 
     store = store or Store()
     target, current = rollback_target(name, store)
@@ -209,5 +223,4 @@ def rollback(name: str, store: Store | None = None, report: Callable[[str], None
     if running is not None and running.status != "stopped":
         stopped = down(running, deployments=Deployments(store))
         report(f"took {name} down" + (f" ({current.describe()})" if current else "") + f": {len(stopped)} rank(s)")
-    result, _ = up_recorded(spec, planned, store, run_up)
-    return target, result
+    return target, up(planned, config=spec, deployments=Deployments(store))

@@ -33,6 +33,7 @@ from sparkfleet.apply.staging.nfs import NfsReport, check_volume, ensure_volume,
 from sparkfleet.apply.staging.snapshot_identity import Snapshot, check_copy, check_identity, scan_node, select
 from sparkfleet.apply.staging.sync import Endpoint, Method, SyncReport, sync_node, transfer_list
 from sparkfleet.errors import StagingError
+from sparkfleet.nodes import files as node_files
 from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.transport import controller
 from sparkfleet.nodes.transport.base import Transport
@@ -163,18 +164,14 @@ def _shared_storage(source: Endpoint, targets: Sequence[Endpoint]) -> dict[str, 
         if not others:
             continue
         marker = f"{path}/.sparkfleet-shared-{uuid.uuid4().hex}"
-        made = writer.transport.run(
-            ["sh", "-c", 'mkdir -p "$1" && : > "$2"', "sh", path, marker], check=False, timeout=60
-        )
-        if not made.ok:
+        if not node_files.make_marker(writer.transport, path, marker):
             continue  # cannot write there (read-only source): copy to every node
         try:
-            seen = _parallel(
-                {t.node: partial(t.transport.run, ["test", "-e", marker], check=False, timeout=60) for t in others}
-            )
+            jobs = {t.node: partial(node_files.exists, t.transport, marker) for t in others}
+            seen = dict(zip(jobs, _parallel(jobs), strict=True))
         finally:
-            writer.transport.run(["rm", "-f", marker], check=False, timeout=60)
-        shared.update({r.node: writer.node for r in seen if r.ok})
+            node_files.remove(writer.transport, marker)
+        shared.update({node: writer.node for node, there in seen.items() if there})
     return shared
 
 

@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 
 from sparkfleet.apply.stopping import stop_ranks
 from sparkfleet.doctor.probes.gpu import APPS_COMMAND, GpuProcess, parse_apps
-from sparkfleet.errors import SparkfleetError
+from sparkfleet.errors import LeftoverError, StopIncomplete
 from sparkfleet.nodes.fanout import fan_out, raise_first
+from sparkfleet.nodes.files import remove
 from sparkfleet.nodes.identity import FoundRank
 from sparkfleet.nodes.inspection import Leftover, NodeAfter, leftovers_on, mem_available
-from sparkfleet.nodes.runtime.docker import DockerRuntime
-from sparkfleet.nodes.runtime.process import ProcessRuntime
+from sparkfleet.nodes.runtime import find_ranks, remove_ranks
 from sparkfleet.nodes.transport import Connector, transport_for
 from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.spec.cluster import Cluster
@@ -78,12 +78,11 @@ class DownReport:
 def down(deployment: Deployment, *, deployments: Deployments | None = None,
          accept_new_host_keys: bool = False, connect: Connector | None = None) -> list[str]:  # fmt: skip
     """Stop every rank of a recorded deployment's own instance (idempotent); returns what was
-    stopped. SparkfleetError naming node and pid when anything of the instance is left."""
+    stopped. LeftoverError (carrying the report) when anything of the instance is left."""
     report = take_down(deployment, deployments=deployments, accept_new_host_keys=accept_new_host_keys,
                        connect=connect)  # fmt: skip
-    problem = report.problem()
-    if problem:
-        raise SparkfleetError(problem)
+    if report.problem():
+        raise LeftoverError(report)
     return report.stopped
 
 
@@ -98,10 +97,11 @@ def take_down(deployment: Deployment, *, deployments: Deployments | None = None,
     records.set_status(deployment.name, "stopping")
     result = stop_ranks(deployment.ranks, transports, deployment.name, deployment.instance)
     stopped = result.stopped
-    errors = [f"{n}: {e}" for n, e in result.failed.items()]
-    if errors:
-        records.event(deployment.name, "down-failed", "; ".join(errors))
-        raise SparkfleetError(f"{deployment.name}: could not stop every rank: " + "; ".join(errors))
+    if result.failed:
+        failed = {n: str(e) for n, e in result.failed.items()}
+        records.event(deployment.name, "down-failed", "; ".join(f"{n}: {e}" for n, e in failed.items()))
+        raise StopIncomplete(f"{deployment.name}: could not stop every rank: ", failed)
+    _remove_env_files(deployment, transports)
     report = _check_nodes(deployment, transports, {n: o.value if o.ok else None for n, o in before.items()})
     report = DownReport(deployment.name, stopped, report.leftovers, report.memory, report.unchecked)
     problem = report.problem()
@@ -112,6 +112,12 @@ def take_down(deployment: Deployment, *, deployments: Deployments | None = None,
         records.set_status(deployment.name, "stopped")
         records.event(deployment.name, "down", f"stopped {len(stopped)} container(s)/process(es); nothing left")
     return report
+
+
+def _remove_env_files(deployment: Deployment, transports: dict[str, Transport]) -> None:
+    """The ranks' env files hold every secret they were started with: gone once the ranks are."""
+    files = {n: [r.env_file for r in deployment.ranks if r.node.name == n] for n in transports}
+    fan_out(list(files), lambda n: remove(transports[n], *files[n]))
 
 
 def _check_nodes(deployment: Deployment, transports: dict[str, Transport], before: dict[str, int | None]) -> DownReport:
@@ -143,7 +149,7 @@ def find_by_name(cluster: Cluster, name: str) -> list[FoundRank]:
     def look(node_name: str) -> list[FoundRank]:
         node = cluster.node(node_name)
         transport = transport_for(node)
-        return DockerRuntime().find(transport, name, node) + ProcessRuntime().find(transport, name, node)
+        return find_ranks(transport, name, node)
 
     return [f for found in raise_first(fan_out([n.name for n in cluster.nodes], look)).values() for f in found]
 
@@ -155,7 +161,6 @@ def sweep(cluster: Cluster, found: list[FoundRank]) -> None:
         node = cluster.node(node_name)
         transport = transport_for(node)
         mine = [f for f in found if f.node == node_name]
-        DockerRuntime().remove(transport, mine, node)
-        ProcessRuntime().remove(transport, mine, node)
+        remove_ranks(transport, mine, node)
 
     raise_first(fan_out(sorted({f.node for f in found}), clean))

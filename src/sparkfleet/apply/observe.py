@@ -5,8 +5,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from sparkfleet.nodes import files as node_files
 from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.identity import when
 from sparkfleet.nodes.runtime import runtime_for
@@ -50,6 +51,17 @@ def _health(deployment: Deployment) -> str:
     except (OSError, ValueError):
         return "unreachable"
     return "healthy" if code == 200 else f"HTTP {code}"
+
+
+def current(deployment: Deployment, connect: Connector = transport_for) -> tuple[Deployment, list[RankStatus]]:
+    """The record with its ranks as the nodes have them now; ``degraded`` where a rank of a ready
+    deployment has died, whether or not ``watch`` saw it."""
+    if deployment.unreadable:  # a record an older version wrote: say so, read no ranks from it
+        return replace(deployment, status=f"{deployment.status} (record unreadable: {deployment.unreadable})"), []
+    ranks = status(deployment, connect) if deployment.status != "stopped" else []
+    if deployment.status == "ready" and any(r.state in ("exited", "absent") for r in ranks):
+        deployment = replace(deployment, status="degraded")
+    return deployment, ranks
 
 
 def status(deployment: Deployment, connect: Connector = transport_for) -> list[RankStatus]:
@@ -104,8 +116,8 @@ def logs(deployment: Deployment, rank: int | None = None, tail: int | None = 200
 def rank_secrets(rank: RankHandle, transport: Transport) -> dict[str, str]:
     """The secret values the rank was started with, read back from its private env file: an
     engine that prints its own token must not show it through sparkfleet."""
-    result = transport.run(["cat", rank.env_file], check=False, timeout=30)
-    return env_file_secrets(result.stdout) if result.ok else {}
+    text = node_files.read_text(transport, rank.env_file)
+    return env_file_secrets(text) if text is not None else {}
 
 
 def _one_log(deployment: Deployment, rank: int, tail: int | None, connect: Connector) -> str:

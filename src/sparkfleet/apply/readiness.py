@@ -16,8 +16,8 @@ import httpx
 from sparkfleet.errors import RankExited, ReadinessError
 from sparkfleet.nodes.fanout import fan_out, raise_first
 from sparkfleet.nodes.identity import Instance
+from sparkfleet.nodes.runtime import port_holders
 from sparkfleet.nodes.runtime.base import RankState, Runtime
-from sparkfleet.nodes.runtime.process import port_holders
 from sparkfleet.nodes.transport.base import Transport, trace
 from sparkfleet.plan.model import Plan, RankPlan, VerifySpec
 
@@ -141,6 +141,29 @@ def _tcp_ok(host: str, port: int) -> bool:
         return False
 
 
+Reporter = Callable[[str | None, int | None, str], None]
+
+
+def await_worker_ports(plan: Plan, runtimes: dict[int, Runtime], transports: dict[str, Transport],
+                       report: Reporter, within: float = 60.0) -> None:  # fmt: skip
+    """Before the head starts: until every worker with a TCP readiness port accepts a connection
+    (llama.cpp's rank 0 connects to its rpc-servers once, at start-up), or ``within`` seconds, after
+    which a worker that never listens is wait_ready's to name. A worker that stopped meanwhile is
+    named now, with its log, before the head is started."""
+    waiting = [r for r in plan.ranks if r.rank != 0 and r.readiness.tcp_port]
+    deadline = time.monotonic() + within
+    while waiting and time.monotonic() < deadline:
+        waiting = [r for r in waiting if not _tcp_ok(r.node.fabric_ip, r.readiness.tcp_port or 0)]
+        for r in waiting:
+            transport = transports[r.node.name]
+            state = runtimes[r.rank].inspect(r.handle, transport)
+            if state.state != "running":
+                raise rank_exited(r, state, runtimes[r.rank].logs(r.handle, transport))
+        if waiting:
+            report(None, None, f"waiting for the ports of rank(s) {', '.join(str(r.rank) for r in waiting)}")
+            time.sleep(0.2)
+
+
 def check_answered_by(plan: Plan, transport: Transport, instance: Instance) -> None:
     """Raise unless the process listening on rank 0's port is the rank this up started: a
     health answer from another server (another deployment on the port) is no readiness."""
@@ -174,6 +197,7 @@ def wait_ready(
     deadline = began + timeout
     next_logs = 0.0
     healthy = False
+    ports_seen: set[int] = set()
     ranks = {r.rank: r for r in plan.ranks}
     handles = {r: rank.handle for r, rank in ranks.items()}
 
@@ -214,9 +238,14 @@ def wait_ready(
                 check_answered_by(plan, transport(0), instance)
         else:
             healthy = True
-        workers_ok = all(
-            _tcp_ok(r.node.fabric_ip, r.readiness.tcp_port) for r in plan.ranks if r.readiness.tcp_port
-        )
+        # A worker's port is probed until it has answered once: llama.cpp's rpc-server serves one
+        # client at a time, so once rank 0 holds its connection a probe would wait in its backlog.
+        # Whether it is still alive after that is the rank's process state, which look() watches.
+        ports_seen.update(
+            r.rank for r in plan.ranks
+            if r.readiness.tcp_port and r.rank not in ports_seen and _tcp_ok(r.node.fabric_ip, r.readiness.tcp_port)
+        )  # fmt: skip
+        workers_ok = all(r.rank in ports_seen for r in plan.ranks if r.readiness.tcp_port)
         missing = boot.missing()
         if healthy and workers_ok and not missing:
             # The logs once more, read after rank 0 answered: a forbidden line that a rank printed

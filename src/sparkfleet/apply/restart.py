@@ -4,7 +4,8 @@ Plan, the one the state store kept. Every step is an event; after ``max_restarts
 gives up, saying so.
 
 The stored Plan has no secret values; they are read back from each rank's env file on its node
-(``up`` wrote it, ``down`` leaves it), so a restart needs nothing from the user's shell.
+(``up`` wrote it, ``down`` leaves it), so a restart needs nothing from the user's shell. The
+dashboard's restart button is ``restart``: the same stored Plan, once, without the policy.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sparkfleet.apply.down import take_down
+from sparkfleet.apply.configurations import spec_of_instance
+from sparkfleet.apply.down import down, take_down
 from sparkfleet.apply.observe import rank_secrets
-from sparkfleet.apply.up import up
-from sparkfleet.errors import SparkfleetError
+from sparkfleet.apply.up import UpResult, up
+from sparkfleet.errors import NotFoundError, SparkfleetError
 from sparkfleet.nodes.fanout import fan_out
-from sparkfleet.nodes.transport import Connector
+from sparkfleet.nodes.transport import Connector, transport_for
 from sparkfleet.plan.model import Plan, ServeSpec
 from sparkfleet.state.deployments import Deployment, Deployments
 from sparkfleet.state.plans import masked_keys, with_secrets
@@ -52,6 +54,24 @@ def _secret_files(plan: Plan, connect: Connector) -> dict[int, dict[str, str] | 
         return rank_secrets(rank.handle, connect(rank.node)) or None
 
     return {int(k): o.value if o.ok else None for k, o in fan_out(list(needing), read).items()}
+
+
+def _up_again(record: Deployment, stored: Plan, secrets: dict[int, dict[str, str] | None], records: Deployments,
+              connect: Connector) -> UpResult:  # fmt: skip
+    """Bring the stored Plan up again, recorded as the configuration its instance was."""
+    config = spec_of_instance(record.name, record.instance, records.store)
+    return up(with_secrets(stored, secrets), config=config, deployments=records, connect=connect)
+
+
+def restart(record: Deployment, *, records: Deployments, connect: Connector = transport_for) -> UpResult:
+    """Take record down and bring its stored Plan up again, once (the dashboard's restart)."""
+    stored = records.stored_plan(record.name)
+    if stored is None:
+        raise NotFoundError(f"cannot restart {record.name}: its record predates stored plans; bring it up "
+                            "again with `up`")  # fmt: skip
+    secrets = _secret_files(stored, connect)  # before anything is stopped: the env files are the only copy
+    down(record, deployments=records, connect=connect)
+    return _up_again(record, stored, secrets, records, connect)
 
 
 def recover(record: Deployment, why: str, *, records: Deployments, connect: Connector, emit: Emit,
@@ -92,12 +112,11 @@ def recover(record: Deployment, why: str, *, records: Deployments, connect: Conn
              + (f"; {left}" if left else "; nothing left"), None)  # fmt: skip
         done += 1
         try:
-            plan = with_secrets(stored, secrets)
-            result = up(plan, deployments=records, connect=connect)
+            result = _up_again(current, stored, secrets, records, connect)
+        except KeyboardInterrupt:
+            records.set_restarts(record.name, done)
+            raise
         except SparkfleetError as exc:
-            if isinstance(exc.__cause__, KeyboardInterrupt):
-                records.set_restarts(record.name, done)
-                raise KeyboardInterrupt from exc
             why = exc.message.splitlines()[0]
             records.set_restarts(record.name, done)
             emit("restart-failed", f"restart {done}/{policy.max_restarts} of {record.name} failed: {exc.message}", None)

@@ -4,6 +4,7 @@ even one whose local record was lost."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
@@ -12,18 +13,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
 
-from sparkfleet.apply.distribute import distribute
+from sparkfleet.apply.configurations import ConfigSpec, record
 from sparkfleet.apply.images import ensure_same_image
-from sparkfleet.apply.readiness import smoke, wait_ready
-from sparkfleet.apply.staging.runner import stage_all
+from sparkfleet.apply.readiness import await_worker_ports, smoke, wait_ready
+from sparkfleet.apply.staging.phase import stage
 from sparkfleet.apply.stopping import stop_ranks
-from sparkfleet.errors import RankExited, ReadinessError, SparkfleetError, StateError
+from sparkfleet.errors import RankExited, RollbackIncomplete, SparkfleetError, StateError
 from sparkfleet.nodes.fanout import fan_out, raise_first
 from sparkfleet.nodes.identity import FoundRank, Instance, PortHolder
-from sparkfleet.nodes.runtime import runtime_for
+from sparkfleet.nodes.runtime import preflight, runtime_for
 from sparkfleet.nodes.runtime.base import Runtime
-from sparkfleet.nodes.runtime.docker import DockerRuntime, ensure_image
-from sparkfleet.nodes.runtime.process import found_processes, node_agent
+from sparkfleet.nodes.runtime.docker import ensure_image
 from sparkfleet.nodes.transport import Connector, transport_for
 from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.plan.model import Plan, RankPlan
@@ -33,8 +33,6 @@ from sparkfleet.state.deployments import Deployments
 
 # Called with (node or None, rank or None, message) as up progresses.
 Reporter = Callable[[str | None, int | None, str], None]
-NODE_STAGED_KINDS = ("sparse-rows", "composed")
-DISTRIBUTED_KINDS = ("sync", "copy", "nfs")
 
 
 
@@ -46,6 +44,7 @@ class UpResult:
     endpoint: str
     smoke_answer: str
     seconds: float
+    configuration: int | None = None  # its row in the history of configurations
 
 
 def _quiet(_node: str | None, _rank: int | None, _msg: str) -> None:
@@ -71,15 +70,10 @@ def _preflight(plan: Plan, transports: dict[str, Transport], instance: Instance)
 
     def check(node_name: str) -> tuple[list[FoundRank], list[tuple[PortHolder, str]]]:
         ranks = [r for r in plan.ranks if r.node.name == node_name]
-        node = ranks[0].node
         roles = {p: role for r in ranks for p, role in _port_roles(r, plan).items()}
-        answer = node_agent(transports[node_name], node.python, "preflight",
-                            {"deployment": plan.name, "node": node_name, "ports": sorted(roles)})  # fmt: skip
-        found = found_processes(node_name, plan.name, answer["found"])
-        if any(r.runtime == "docker" for r in ranks):
-            found += DockerRuntime().find(transports[node_name], plan.name, node)
-        held = [(PortHolder(**h), roles[h["port"]]) for h in answer["holders"]]
-        return [f for f in found if f.instance != instance.id], held
+        found, holders = preflight(transports[node_name], ranks[0].node, plan.name, list(roles),
+                                   containers=any(r.runtime == "docker" for r in ranks))  # fmt: skip
+        return [f for f in found if f.instance != instance.id], [(h, roles[h.port]) for h in holders]
 
     results = raise_first(fan_out(transports, check))
     others = [f for found, _ in results.values() for f in found]
@@ -155,17 +149,19 @@ def _start_rank(plan: Plan, r: int, runtimes: dict[int, Runtime], transports: di
     return time.time(), "start", f"rank {r} started ({ident})", rank.node.name
 
 
-def rollback(plan_ranks: tuple[RankPlan, ...], name: str, instance: str, transports: dict[str, Transport]) -> list[str]:
+def stop_instance(plan_ranks: tuple[RankPlan, ...], name: str, instance: str,
+                  transports: dict[str, Transport]) -> dict[str, str]:  # fmt: skip
     """Stop every rank of this instance on every reachable node, in the engine's stop order;
-    returns the nodes that failed."""
+    returns the nodes that failed, with why."""
     result = stop_ranks(tuple(r.handle for r in plan_ranks), transports, name, instance, grace=5.0)
-    return [f"{node}: {error}" for node, error in result.failed.items()]
+    return {node: str(error) for node, error in result.failed.items()}
 
 
 def up(
     plan: Plan,
     cluster: Cluster | None = None,
     *,
+    config: ConfigSpec | None = None,
     deployments: Deployments | None = None,
     report: Reporter = _quiet,
     timeout: float | None = None,
@@ -176,7 +172,10 @@ def up(
     """Execute plan: stage, start ranks in launch order, wait until it really serves.
 
     connect makes each node's Transport (ssh or local by default; tests pass a scripted one).
-    The Plan carries its cluster's identity; ``cluster`` is accepted for older callers only."""
+    The outcome, ready or failed, is recorded in the history of configurations (``config``: what
+    the plan was made from; without, what the Plan says). The Plan carries its cluster's
+    identity; ``cluster`` is accepted for older callers only."""
+    config = config or ConfigSpec.of_plan(plan)
     records = deployments or Deployments()
     start = time.monotonic()
     instance = Instance.new(plan.name)
@@ -191,23 +190,26 @@ def up(
     except BaseException as exc:
         with _shielded():
             report(None, None, "rolling back")
-            failed = rollback(plan.ranks, plan.name, instance.id, transports) if transports else []
+            failed = stop_instance(plan.ranks, plan.name, instance.id, transports) if transports else {}
             if isinstance(exc, RankExited):
                 exc.refresh()  # every rank is stopped now: the dead rank's log is final
             records.set_status(plan.name, "failed")
             why = redact("interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc), secrets)
             records.event(plan.name, "failed", why)
+            with contextlib.suppress(SparkfleetError, OSError):  # the error that ended up comes first
+                record(config, plan, False, records.store, transports, note=why)
         if failed:
-            raise SparkfleetError(f"{why}\nrollback could not reach: " + "; ".join(failed)) from exc
+            raise RollbackIncomplete(why, failed) from exc
         if isinstance(exc, KeyboardInterrupt):
-            raise ReadinessError(f"{plan.name}: interrupted; every started rank was stopped") from exc
+            raise KeyboardInterrupt(f"{plan.name}: every started rank was stopped") from exc
         if isinstance(exc, SparkfleetError):
             # Same error type, its text with the deployment's secrets hidden (log tails in it).
             exc.message, exc.args = why, (why,)
         raise
     records.set_status(plan.name, "ready")
     records.event(plan.name, "ready", f"ready at {plan.endpoint}; smoke answer {answer.strip()[:60]!r}")
-    return UpResult(plan.name, plan.endpoint, answer, time.monotonic() - start)
+    configuration = record(config, plan, True, records.store, transports)
+    return UpResult(plan.name, plan.endpoint, answer, time.monotonic() - start, configuration)
 
 
 def _run_up(plan: Plan, instance: Instance, records: Deployments, report: Reporter, timeout: float | None,
@@ -219,16 +221,7 @@ def _run_up(plan: Plan, instance: Instance, records: Deployments, report: Report
     _preflight(plan, transports, instance)
     _ensure_images(plan, transports, report)
     ensure_same_image(plan, transports, allow_mismatch=allow_image_mismatch)
-    # Synced snapshots first (each node's copy is read back and compared with the source, and
-    # a node that differs is refused): composed model directories link into them.
-    if any(s.kind in DISTRIBUTED_KINDS for s in plan.staging):
-        report(None, None, "distributing model files")
-        for note in distribute(plan, transports).notes:
-            report(None, None, note)
-    staged = [s for s in plan.staging if s.kind in NODE_STAGED_KINDS]
-    if staged:
-        report(None, None, f"staging {len(staged)} step(s)")
-        stage_all(staged, transports, pythons={r.node.name: r.node.python for r in plan.ranks})
+    stage(plan, transports, say=lambda message: report(None, None, message))
     runtimes = {r.rank: runtime_for(r) for r in plan.ranks}
     # Workers first, all at once; the head last, once every worker runs (the seeds' order).
     workers = [r for r in plan.launch_order if r != 0]
@@ -237,6 +230,8 @@ def _run_up(plan: Plan, instance: Instance, records: Deployments, report: Report
         # One transaction per batch, the ranks that failed to start left out, before any error.
         records.events_at(plan.name, sorted(started.succeeded.values()))
         started.raise_first()
+        if batch != ["0"]:
+            await_worker_ports(plan, runtimes, transports, report)
     boot = wait_ready(
         plan, transports, runtimes, instance, timeout=timeout or plan.verify.timeout,
         on_progress=lambda msg: report(plan.head.node.name, 0, msg),

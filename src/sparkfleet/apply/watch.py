@@ -40,7 +40,7 @@ from sparkfleet.bench.server_metrics import (
     parse_prometheus,
 )
 from sparkfleet.bench.store import BenchStore
-from sparkfleet.errors import SparkfleetError
+from sparkfleet.errors import NotFoundError, SparkfleetError
 from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.inspection import NodeWatch, watch_node
 from sparkfleet.nodes.runtime import runtime_for
@@ -178,7 +178,7 @@ class Watcher:
     def _record(self) -> Deployment:
         record = self.records.get(self.name)
         if record is None:
-            raise SparkfleetError(f"no deployment named {self.name!r} (see `sparkfleet status`)")
+            raise NotFoundError(f"no deployment named {self.name!r} (see `sparkfleet status`)")
         return record
 
     def _event(self, events: list[Event], kind: str, message: str, node: str | None = None) -> None:

@@ -83,6 +83,17 @@ def schedule_for(arrivals: Arrivals, duration: float, seed: int = 0, limit: int 
     return out
 
 
+def parse_burstiness(text: str, constant: bool = False) -> float:
+    """A gamma shape, or ``inf`` for constant gaps (also with ``constant``)."""
+    try:
+        value = math.inf if constant or text.strip().lower() in ("inf", "constant") else float(text)
+    except ValueError:
+        raise BenchError(f"bad --burstiness {text!r}: a positive number (1 = Poisson) or inf (constant)") from None
+    if not value > 0:
+        raise BenchError(f"bad --burstiness {text!r}: a positive number (1 = Poisson) or inf (constant)")
+    return value
+
+
 def parse_rates(text: str) -> tuple[float, ...]:
     """``1,2,4,inf`` → rates in requests/s; one clear line naming ``--request-rate`` otherwise."""
     out: list[float] = []

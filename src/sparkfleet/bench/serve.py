@@ -19,6 +19,7 @@ own lengths.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -84,6 +85,14 @@ class ServeConfig:
             raise BenchError("--duration with --request-rate inf needs --max-concurrency")
         if self.repeats < 1 or self.discard_runs < 0:
             raise BenchError("--repeats must be at least 1 and --discard-runs at least 0")
+        if self.api not in ("chat", "completions"):
+            raise BenchError(f"--api must be chat or completions, not {self.api!r}")
+        if self.workload.dataset == "multiturn" and self.workload.turns < 2:
+            raise BenchError("--dataset multiturn needs --turns 2 or more")
+        if self.workload.dataset.endswith((".jsonl", ".json")) and not os.path.isfile(self.workload.dataset):
+            raise BenchError(f"--dataset {self.workload.dataset}: no such file")
+        if self.engine_log is not None and not os.path.isfile(self.engine_log):
+            raise BenchError(f"--engine-log {self.engine_log}: no such file")
 
 
 @dataclass(frozen=True)

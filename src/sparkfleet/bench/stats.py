@@ -24,12 +24,16 @@ Definitions (the docs repeat them):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from sparkfleet.bench.client import RequestRecord
+from sparkfleet.errors import BenchError
+
+_SLO_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e", "e2el": "e2e"}
 
 SPREAD_FLAG = 0.10
 OVERHEAD_CAP = 0.8
@@ -266,6 +270,29 @@ class SLO:
     ttft: float | None = None
     tpot: float | None = None
     e2e: float | None = None
+
+    @classmethod
+    def parse(cls, text: str | None) -> SLO | None:
+        """``ttft=500ms,tpot=50,e2e=10s`` → an SLO in seconds; a bare number is milliseconds (as
+        vLLM's); BenchError naming ``--slo`` otherwise."""
+        if not text:
+            return None
+        targets: dict[str, float] = {}
+        for part in text.split(","):
+            key, eq, value = part.strip().partition("=")
+            key = key.strip().lower()
+            if not eq or key not in _SLO_KEYS:
+                raise BenchError(f"bad --slo {part.strip()!r}: use ttft=…,tpot=…,e2e=… (ms, or with an s or ms unit)")
+            value = value.strip().lower()
+            scale = 1.0 if value.endswith("s") and not value.endswith("ms") else 1e-3
+            try:
+                seconds = float(value.removesuffix("ms").removesuffix("s")) * scale
+            except ValueError:
+                raise BenchError(f"bad --slo {part.strip()!r}: {value!r} is not a time such as 500ms or 2s") from None
+            if not seconds > 0 or math.isinf(seconds):
+                raise BenchError(f"bad --slo {part.strip()!r}: targets must be positive")
+            targets[_SLO_KEYS[key]] = seconds
+        return cls(**targets)
 
     def met(self, rec: RequestRecord) -> bool:
         if not rec.ok:

@@ -134,6 +134,18 @@ class BenchStore:
         with self.store.connect() as conn:
             conn.execute("UPDATE bench_runs SET meta = ? WHERE id = ?", (json.dumps(meta, default=str), run_id))
 
+    def has_run(self, run_id: int) -> bool:
+        with self.store.connect() as conn:
+            return conn.execute("SELECT 1 FROM bench_runs WHERE id = ?", (run_id,)).fetchone() is not None
+
+    def discard_if_empty(self, run_id: int) -> bool:
+        """Delete the run if it holds no measured sample (it measured nothing); True if it did."""
+        with self.store.connect() as conn:
+            if conn.execute("SELECT 1 FROM bench_samples WHERE run_id = ? LIMIT 1", (run_id,)).fetchone():
+                return False
+            conn.execute("DELETE FROM bench_runs WHERE id = ?", (run_id,))
+            return True
+
     def finish_run(self, run_id: int, status: str, note: str | None = None) -> None:
         """Mark a run ``complete`` or ``partial``."""
         with self.store.connect() as conn:

@@ -12,7 +12,7 @@ import typer
 from sparkfleet.cli.console import console, err_console
 from sparkfleet.cli.int_lists import parse_int_list
 from sparkfleet.cli.options import ClusterOpt, EnvOpt, NameOpt, RecipeArg, SetOpt, parse_env
-from sparkfleet.errors import SparkfleetError
+from sparkfleet.errors import BenchError, SparkfleetError, UsageError
 
 
 def ab(
@@ -50,14 +50,14 @@ def ab(
 
     pair = tuple(v.strip() for v in variants.split(","))
     if len(pair) != 2 or not all(pair):
-        raise SparkfleetError(f"--variants {variants!r}: give exactly two, e.g. --variants base,fast")
+        raise UsageError(f"--variants {variants!r}: give exactly two, e.g. --variants base,fast")
     kinds = {k.strip() for k in bench.split(",") if k.strip() and k.strip() != "none"}
     if kinds - {"decode", "prefill"}:
-        raise SparkfleetError(f"--bench {bench!r}: choose decode, prefill or decode,prefill")
+        raise UsageError(f"--bench {bench!r}: choose decode, prefill or decode,prefill")
     if eval_ not in (None, "quality"):
-        raise SparkfleetError(f"--eval {eval_!r}: only quality runs inside an A/B")
+        raise UsageError(f"--eval {eval_!r}: only quality runs inside an A/B")
     if api not in ("chat", "completions"):
-        raise SparkfleetError(f"--api must be chat or completions, not {api!r}")
+        raise UsageError(f"--api must be chat or completions, not {api!r}")
     decode = DecodeConfig(concurrency=parse_int_list(concurrency, "concurrency", SparkfleetError),
                           prompt_types=prompt_types(types), new_tokens=tokens, repeats=repeats, warmups=warmups,
                           api=api) if "decode" in kinds else None  # type: ignore[arg-type]  # fmt: skip
@@ -82,7 +82,7 @@ def ab(
                           f"{report['experiment']}[/]")  # fmt: skip
         sys.exit(130)
     if report["status"] == "failed":
-        raise SparkfleetError(f"experiment {report['experiment']} stopped: {report['note']}")
+        raise BenchError(f"experiment {report['experiment']} stopped: {report['note']}")
 
 
 def register(app: typer.Typer) -> None:

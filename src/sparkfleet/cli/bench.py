@@ -98,23 +98,25 @@ def _progress_bar() -> Progress:
 
 
 def _execute(bench: BenchStore, run_id: int, work: Callable[[RichProgress], Coroutine[Any, Any, Any]]) -> None:
-    """Run ``work``; mark the run complete, or partial on Ctrl-C / BenchError (then re-raise)."""
+    """Run ``work`` as the stored run (``bench.runs``), with a progress bar; say what was kept
+    when it is cut short."""
     import asyncio
+
+    from sparkfleet.bench.runs import run_stored
 
     with _progress_bar() as bar:
         try:
-            asyncio.run(work(RichProgress(bar)))
+            run_stored(bench, run_id, lambda: asyncio.run(work(RichProgress(bar))))
         except KeyboardInterrupt:
-            bench.finish_run(run_id, "partial", "interrupted by the user")
-            err_console.print(f"[yellow]interrupted: partial results kept as run {run_id}[/]")
+            kept = f"partial results kept as run {run_id}" if bench.has_run(run_id) else "nothing was measured"
+            err_console.print(f"[yellow]interrupted: {kept}[/]")
             # typer turns KeyboardInterrupt into a return value that the entry point drops, so
             # the conventional exit code is set here.
             sys.exit(130)
-        except BenchError as exc:
-            bench.finish_run(run_id, "partial", exc.message)
-            err_console.print(f"[yellow]results measured so far kept as run {run_id} (partial)[/]")
+        except BenchError:
+            if bench.has_run(run_id):
+                err_console.print(f"[yellow]results measured so far kept as run {run_id} (partial)[/]")
             raise
-    bench.finish_run(run_id, "complete")
 
 
 # ---------------------------------------------------------------- decode / prefill
@@ -251,18 +253,9 @@ def prefill_cmd(
 
 
 def _create(bench: BenchStore, kind: str, endpoint: Endpoint, config: Any, label: str | None) -> int:
-    from sparkfleet.bench.meta import run_meta
+    from sparkfleet.bench.runs import create_run
 
-    run_id = bench.create_run(
-        kind,
-        endpoint.base_url,
-        model=endpoint.model,
-        engine=endpoint.engine,
-        engine_version=endpoint.engine_version,
-        deployment=endpoint.deployment,
-        meta=run_meta(endpoint, config),
-        label=label,
-    )
+    run_id = create_run(bench, kind, endpoint, config, label)
     err_console.print(
         f"bench {kind} run {run_id}: {endpoint.model} at {endpoint.base_url} "
         f"({endpoint.engine}{' ' + endpoint.engine_version if endpoint.engine_version else ''})"

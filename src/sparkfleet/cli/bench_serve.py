@@ -3,7 +3,6 @@ serve runs are shown and compared (``bench show`` / ``bench compare`` call in he
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -28,47 +27,8 @@ if TYPE_CHECKING:
     from sparkfleet.bench.decode import ExactLength
     from sparkfleet.bench.report import TierSummary
     from sparkfleet.bench.serve import ServeTierRun
-    from sparkfleet.bench.stats import SLO, Spread
+    from sparkfleet.bench.stats import Spread
     from sparkfleet.bench.store import StoredRun
-
-SLO_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e", "e2el": "e2e"}
-
-
-def parse_slo(text: str | None) -> SLO | None:
-    """``ttft=500ms,tpot=50,e2e=10s`` → an SLO in seconds; a bare number is milliseconds (as vLLM's)."""
-    from sparkfleet.bench.stats import SLO
-
-    if not text:
-        return None
-    targets: dict[str, float] = {}
-    for part in text.split(","):
-        key, eq, value = part.strip().partition("=")
-        key = key.strip().lower()
-        if not eq or key not in SLO_KEYS:
-            raise BenchError(f"bad --slo {part.strip()!r}: use ttft=…,tpot=…,e2e=… (ms, or with an s or ms unit)")
-        value = value.strip().lower()
-        scale = 1.0 if value.endswith("s") and not value.endswith("ms") else 1e-3
-        number = value.removesuffix("ms").removesuffix("s")
-        try:
-            seconds = float(number) * scale
-        except ValueError:
-            raise BenchError(f"bad --slo {part.strip()!r}: {value!r} is not a time such as 500ms or 2s") from None
-        if not seconds > 0 or math.isinf(seconds):
-            raise BenchError(f"bad --slo {part.strip()!r}: targets must be positive")
-        targets[SLO_KEYS[key]] = seconds
-    return SLO(**targets)
-
-
-def parse_burstiness(text: str) -> float:
-    """A gamma shape, or ``inf`` for constant gaps."""
-    try:
-        value = math.inf if text.strip().lower() in ("inf", "constant") else float(text)
-    except ValueError:
-        raise BenchError(f"bad --burstiness {text!r}: a positive number (1 = Poisson) or inf (constant)") from None
-    if not value > 0:
-        raise BenchError(f"bad --burstiness {text!r}: a positive number (1 = Poisson) or inf (constant)")
-    return value
-
 
 @bench_app.command("serve")
 def serve_cmd(
@@ -118,48 +78,27 @@ def serve_cmd(
     TPOT, ITL and E2E, KV-cache use, speculative acceptance when exported, and foreign requests:
     the most requests the engine reported running beyond the bench's own (flagged; --strict aborts).
     """
-    from sparkfleet.bench.arrivals import parse_rates
+    from sparkfleet.bench.arrivals import parse_burstiness, parse_rates
     from sparkfleet.bench.endpoint import resolve_endpoint
     from sparkfleet.bench.report import summarize, to_json
     from sparkfleet.bench.serve import ServeBench, ServeConfig
+    from sparkfleet.bench.stats import SLO
     from sparkfleet.bench.store import BenchStore
     from sparkfleet.bench.workload import Lengths, WorkloadConfig
 
-    if api not in ("chat", "completions"):
-        raise BenchError(f"--api must be chat or completions, not {api!r}")
     if requests is not None and duration is not None:
         raise BenchError("give --requests or --duration, not both")
-    if dataset == "multiturn" and turns < 2:
-        raise BenchError("--dataset multiturn needs --turns 2 or more")
-    workload = WorkloadConfig(
-        dataset=dataset,
-        input_len=Lengths.parse(input_len, "--input-len"),
-        output_len=Lengths.parse(output_len, "--output-len"),
-        prefix_len=prefix_len,
-        turns=turns,
-    )
-    if dataset.endswith((".jsonl", ".json")) and not Path(dataset).is_file():
-        raise BenchError(f"--dataset {dataset}: no such file")
+    workload = WorkloadConfig(dataset=dataset, input_len=Lengths.parse(input_len, "--input-len"),
+                              output_len=Lengths.parse(output_len, "--output-len"), prefix_len=prefix_len,
+                              turns=turns)  # fmt: skip
     config = ServeConfig(
-        rates=parse_rates(request_rate),
-        burstiness=math.inf if constant else parse_burstiness(burstiness),
-        max_concurrency=max_concurrency,
-        requests=requests if requests is not None or duration is not None else 100,
-        duration=duration,
-        workload=workload,
-        slo=parse_slo(slo),
-        repeats=repeats,
-        discard_runs=discard_runs,
-        strict=strict,
-        seed=seed,
-        api=api,  # type: ignore[arg-type]
-        timeout=timeout,
-        watch_metrics=not no_metrics,
-        engine_log=str(engine_log) if engine_log else None,
+        rates=parse_rates(request_rate), burstiness=parse_burstiness(burstiness, constant),
+        max_concurrency=max_concurrency, requests=requests if requests is not None or duration is not None else 100,
+        duration=duration, workload=workload, slo=SLO.parse(slo), repeats=repeats, discard_runs=discard_runs,
+        strict=strict, seed=seed, api=api,  # type: ignore[arg-type]
+        timeout=timeout, watch_metrics=not no_metrics, engine_log=str(engine_log) if engine_log else None,
         extra_body=parse_extra(extra_body),
-    )
-    if engine_log is not None and not engine_log.is_file():
-        raise BenchError(f"--engine-log {engine_log}: no such file")
+    )  # fmt: skip
     endpoint = resolve_endpoint(target, model)
     bench = BenchStore()
     run_id = _create(bench, "serve", endpoint, config, label)

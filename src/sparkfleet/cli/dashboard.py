@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from sparkfleet.cli.console import console
-from sparkfleet.errors import SparkfleetError
+from sparkfleet.errors import UsageError
 
 TOKEN_ENV = "SPARKFLEET_DASHBOARD_TOKEN"
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -31,7 +31,7 @@ def bind(host: str, port: int) -> socket.socket:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
-        raise SparkfleetError(f"--host {host!r}: cannot resolve it ({exc.strerror})") from None
+        raise UsageError(f"--host {host!r}: cannot resolve it ({exc.strerror})") from None
     family, kind, proto, _, address = infos[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -39,14 +39,14 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind(address)
     except OSError as exc:
         sock.close()
-        raise SparkfleetError(f"cannot listen on {host}:{port}: {exc.strerror} (try another --port)") from None
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror} (try another --port)") from None
     sock.listen(128)
     return sock
 
 
 def dashboard(
     host: Annotated[
-        str, typer.Option("--host", help="Address to listen on; off loopback a token is required.")
+        str, typer.Option("--host", help="Address to listen on (a token is required on every address).")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free port).")] = 8765,
     token: Annotated[
@@ -55,7 +55,7 @@ def dashboard(
             "--token",
             envvar=TOKEN_ENV,
             show_envvar=True,
-            help="Access token (generated when listening off loopback and none is given).",
+            help="Access token (generated and printed when none is given).",
         ),
     ] = None,
 ) -> None:
@@ -67,23 +67,23 @@ def dashboard(
 
         from sparkfleet.dashboard.app import create_app
     except ImportError as exc:
-        raise SparkfleetError(
+        raise UsageError(
             f"the dashboard needs its extras ({exc.name} is missing): pip install 'sparkfleet[dashboard]'"
         ) from None
     from sparkfleet.state.store import Store
 
     loopback = is_loopback(host)
-    if not loopback and not token:
-        token = secrets.token_urlsafe(24)
+    # Loopback too: every local user can reach 127.0.0.1, and the page stops deployments.
+    token = token or secrets.token_urlsafe(24)
     sock = bind(host, port)
     bound_port = sock.getsockname()[1]
-    # Off loopback the token guards; on loopback the Host check stops DNS rebinding.
+    # The token guards; on loopback the Host check also stops DNS rebinding.
     allowed = list(LOOPBACK_NAMES) if loopback else None
     store = Store()
     app = create_app(store, token=token, allowed_hosts=allowed)
     shown = socket.gethostname() if host in ("0.0.0.0", "::") else host
     shown = f"[{shown}]" if ":" in shown else shown
-    url = f"http://{shown}:{bound_port}/" + (f"?token={token}" if token else "")
+    url = f"http://{shown}:{bound_port}/?token={token}"
     console.print(f"dashboard on [bold]{url}[/] (state {store.path}); Ctrl-C stops it", soft_wrap=True)
     # No access log: the first request of a browser carries the token in its address.
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")

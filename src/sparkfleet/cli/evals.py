@@ -100,6 +100,14 @@ def quality(
         typer.Option(help="Pass fraction the deployment's gate needs (default: no fewer than its last passing "
                      "configuration's quality run)."),
     ] = None,
+    unsafe_unconfined_code: Annotated[
+        bool,
+        typer.Option(
+            "--unsafe-unconfined-code",
+            help="Run code tasks even where the sandbox gets no namespaces: the model's code can then write "
+            "this user's files and reach the network.",
+        ),
+    ] = False,
 ) -> None:
     """Run the auto-scored quality tasks (temperature 0, one request at a time) and store the result.
     Against a deployment name, the result joins that configuration's gate (see `sparkfleet rollback`)."""
@@ -125,7 +133,7 @@ def quality(
             engine=endpoint.engine,
             api_choice=api_choice,
             thinking_budget=thinking_budget,
-            limits=SandboxLimits(),
+            limits=SandboxLimits(unconfined_ok=unsafe_unconfined_code),
             on_result=lambda i, r: _print_result_line(i, len(tasks), r),
         )
     finally:
@@ -234,46 +242,18 @@ def needle(
     json_out: JsonOpt = None,
 ) -> None:
     """Needle-in-a-haystack over a length x depth grid; exact-match scoring; effective length."""
-    from sparkfleet.bench.endpoint import resolve_endpoint
-    from sparkfleet.evals.client import EvalClient
-    from sparkfleet.evals.memguard import MemGuard, abort_action_for
-    from sparkfleet.evals.needle import run_needle
-    from sparkfleet.evals.store import RunRow, save_run
-    from sparkfleet.nodes.transport import transport_for
-    from sparkfleet.spec.cluster import load_cluster
-    from sparkfleet.state.store import Store
+    from sparkfleet.evals.needle import run_stored
 
     if png:
         require_extra("plots", ("matplotlib",), "--png")
-    endpoint = resolve_endpoint(target, model)
-    client = EvalClient(endpoint.base_url, endpoint.model, timeout=timeout)
-    guard = None
-    if mem_floor > 0:
-        nodes = load_cluster(cluster).nodes
-        action = abort_action_for(endpoint.engine, endpoint.base_url, client.http)
-        guard = MemGuard([transport_for(n) for n in nodes], int(mem_floor * 1024**3), [action] if action else [])
-    try:
-        run = run_needle(
-            client,
-            lengths=parse_int_list(lengths, "length", EvalError),
-            depths=tuple(float(d) for d in parse_int_list(depths, "depth", EvalError, minimum=0)),
-            context=endpoint.max_model_len,
-            label=label,
-            seed=seed,
-            guard=guard,
-            on_cell=lambda c: err_console.print(
-                f"{c.tokens:>7} tok @ {c.depth:>5g}%  {_mark(c.passed)}  {c.seconds:6.1f}s  "
-                f"expected {c.expected}  got {c.answer[:40]!r}",
-                highlight=False,
-            ),
-        )
-    finally:
-        client.close()
-    save_run(
-        Store(),
-        RunRow(run.id, "needle", run.label, run.endpoint, run.model, run.started_utc, run.passed, run.total),
-        run.to_json(),
-    )
+    run = run_stored(
+        target, model, lengths=parse_int_list(lengths, "length", EvalError),
+        depths=tuple(float(d) for d in parse_int_list(depths, "depth", EvalError, minimum=0)), seed=seed,
+        label=label, timeout=timeout, mem_floor_gib=mem_floor, cluster=str(cluster) if cluster else None,
+        on_cell=lambda c: err_console.print(f"{c.tokens:>7} tok @ {c.depth:>5g}%  {_mark(c.passed)}  "
+                                            f"{c.seconds:6.1f}s  expected {c.expected}  got {c.answer[:40]!r}",
+                                            highlight=False),
+    )  # fmt: skip
     if png:
         # matplotlib is heavy; imported only when a heatmap is asked for.
         from sparkfleet.evals.heatmap import write_heatmap

@@ -11,7 +11,7 @@ import typer
 from sparkfleet.cli.app import group
 from sparkfleet.cli.console import err_console
 from sparkfleet.cli.options import NameOpt, RecipeArg, SetOpt
-from sparkfleet.errors import SparkfleetError
+from sparkfleet.errors import NotFoundError, UsageError
 
 if TYPE_CHECKING:
     from sparkfleet.spec.cluster import Node
@@ -56,7 +56,7 @@ def _emit(text: str, out: Path | None, executable: bool = False) -> None:
         if executable:
             out.chmod(0o755)
     except OSError as exc:
-        raise SparkfleetError(f"{out}: cannot write: {exc.strerror}") from None
+        raise UsageError(f"{out}: cannot write: {exc.strerror}") from None
     err_console.print(f"[green]wrote[/] {out}")
 
 
@@ -111,7 +111,7 @@ def slurm(
     from sparkfleet.spec.recipe import deployment_name, load_recipe
 
     if container not in ("docker", "pyxis"):
-        raise SparkfleetError(f"--container {container!r}: expected docker or pyxis")
+        raise UsageError(f"--container {container!r}: expected docker or pyxis")
     loaded = load_recipe(recipe, tuple(set_ or ()))
     opts = SlurmOptions(
         container=container,  # type: ignore[arg-type]
@@ -139,7 +139,7 @@ def systemd(
     from sparkfleet.state.store import state_dir
 
     if Deployments().get(name) is None:
-        raise SparkfleetError(f"no deployment named {name!r} in {state_dir()} (bring it up first; "
+        raise NotFoundError(f"no deployment named {name!r} in {state_dir()} (bring it up first; "
                               "see `sparkfleet status`)")  # fmt: skip
     opts = UnitOptions(state_dir=str(state_dir().resolve()), interval=interval, user=getpass.getuser(),
                        user_unit=user_unit)  # fmt: skip

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from sparkfleet.errors import SparkfleetError
+from sparkfleet.errors import UsageError
 
 
 def require_extra(extra: str, modules: tuple[str, ...], what: str) -> None:
@@ -15,6 +15,6 @@ def require_extra(extra: str, modules: tuple[str, ...], what: str) -> None:
     """
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
-        raise SparkfleetError(
+        raise UsageError(
             f"{what} needs the [{extra}] extra ({', '.join(missing)} not installed): pip install 'sparkfleet[{extra}]'"
         )

@@ -9,7 +9,7 @@ import typer
 
 from sparkfleet.cli.app import group
 from sparkfleet.cli.console import console, err_console
-from sparkfleet.errors import SparkfleetError
+from sparkfleet.errors import UsageError
 
 if TYPE_CHECKING:
     from sparkfleet.importers.report import ImportResult
@@ -23,7 +23,7 @@ ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite existing outp
 
 def _write(path: Path, text: str, force: bool) -> None:
     if path.exists() and not force:
-        raise SparkfleetError(f"{path}: already exists (use --force to overwrite)")
+        raise UsageError(f"{path}: already exists (use --force to overwrite)")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 
 from sparkfleet.cli.console import console, err_console
 from sparkfleet.cli.options import ClusterOpt, EnvOpt, JsonOpt, NameOpt, RecipeArg, SetOpt, VariantOpt, parse_env
-from sparkfleet.errors import SparkfleetError
+from sparkfleet.errors import LeftoverError, NotFoundError, StateError, UsageError
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -78,15 +78,18 @@ def up(
     # sharing two cores that was most of up's growth over 4): one transport per node, made now.
     transports = {r.node.name: transport_for(r.node, accept_new_host_keys=accept_new) for r in planned.ranks}
     open_sessions(transports, {r.node.name: r.node.python for r in planned.ranks})
-    from sparkfleet.apply.configurations import up_recorded
     from sparkfleet.apply.up import up as run_up
 
     progress = _Progress([(r.rank, r.node.name) for r in planned.ranks])
-    with progress.live:
-        result, _ = up_recorded(spec, planned, run_up=lambda p: run_up(
-            p, report=progress, timeout=timeout, allow_image_mismatch=allow_image_mismatch,
-            connect=lambda node: transports[node.name]))  # fmt: skip
-        progress(None, None, f"ready in {result.seconds:.1f}s")
+    try:
+        with progress.live:
+            result = run_up(planned, config=spec, report=progress, timeout=timeout,
+                            allow_image_mismatch=allow_image_mismatch, connect=lambda node: transports[node.name])
+            progress(None, None, f"ready in {result.seconds:.1f}s")
+    except KeyboardInterrupt as exc:
+        # typer turns KeyboardInterrupt into exit code 130 and drops what up said of its rollback.
+        err_console.print(f"[bold red]interrupted[/]: {escape(str(exc))}" if str(exc) else "[bold red]interrupted[/]")
+        raise SystemExit(130) from None
     console.print(f"[green]ready[/] {result.name} at [bold]{result.endpoint}[/] "
                   f"(smoke answer: {result.smoke_answer.strip()[:60]!r})")  # fmt: skip
 
@@ -107,32 +110,40 @@ def _record(name: str):  # type: ignore[no-untyped-def]
 
     found = Deployments().get(name)
     if found is None:
-        raise SparkfleetError(f"no deployment named {name!r} (see `sparkfleet status`)")
+        raise NotFoundError(f"no deployment named {name!r} (see `sparkfleet status`)")
     return found
 
 
 def down(
     name: Annotated[str, typer.Argument(help="Deployment name.")],
     cluster: Annotated[
-        str | None, typer.Option("--cluster", "-c", help="With --sweep: the cluster whose nodes to search.")
+        str | None,
+        typer.Option(
+            "--cluster", "-c", help="With --sweep: the cluster whose nodes to search (default: this machine)."
+        ),
     ] = None,
     sweep_: Annotated[
         bool,
-        typer.Option("--sweep", help="Find the deployment's ranks by name on every node of --cluster, whoever "
-                     "started them, list them with their owner, and stop them (when the local record is lost)."),
+        typer.Option(
+            "--sweep",
+            help="Find the deployment's ranks by name on every node of --cluster (this machine "
+            "without one), whoever "
+            "started them, list them with their owner, and stop them (when the local record is lost).",
+        ),
     ] = False,
 ) -> None:
     """Stop every rank of a deployment this controller started (idempotent)."""
     from sparkfleet.apply.down import find_by_name, sweep, take_down
+    from sparkfleet.apply.instances import other_instances, stop_instances
+    from sparkfleet.nodes.identity import when
     from sparkfleet.spec.cluster import load_cluster
-    from sparkfleet.state.deployments import Deployments
+    from sparkfleet.state.deployments import Deployments, controller_gone
 
     if sweep_:
-        if cluster is None:
-            raise SparkfleetError("down --sweep needs --cluster FILE: the nodes to search for ranks of " + repr(name))
+        # Without --cluster: this machine, the local cluster a recipe runs on without one.
         found = find_by_name(load_cluster(cluster), name)
         if not found:
-            console.print(f"{name}: nothing of that name on any node of {cluster}")
+            console.print(f"{name}: nothing of that name on any node of {cluster or 'the local cluster'}")
             return
         console.print(f"found {len(found)} rank(s) of {name!r}:")
         for item in found:
@@ -142,21 +153,40 @@ def down(
         return
     record = Deployments().get(name)
     if record is None:
-        raise SparkfleetError(
+        raise NotFoundError(
             f"no local record of {name!r} in this state dir; if its ranks are still running somewhere, "
             f"`sparkfleet down {name} --sweep --cluster FILE` lists them with their owner and stops them"
         )
+    if record.unreadable:
+        Deployments().set_status(name, "stopped")  # the name is free again; the record stays for history
+        raise StateError(
+            f"{name}: its record cannot be read by this version ({record.unreadable}); marked stopped. If its "
+            f"ranks still run, `sparkfleet down {name} --sweep --cluster FILE` finds and stops them"
+        )
+    if controller_gone(record):
+        console.print(f"{name}: the controller of this starting instance is gone "
+                      f"(pid {record.owner_pid} on {record.owner_host}); stopping what it started",
+                      highlight=False, soft_wrap=True)  # fmt: skip
     report = take_down(record)
     if report.stopped:
         console.print(f"[green]stopped[/] {name}: " + ", ".join(report.stopped), highlight=False, soft_wrap=True)
     else:
         console.print(f"{name}: nothing was running")
+    orphans = other_instances(record)
+    for instance in sorted({f.instance or "?" for f in orphans}):
+        ranks = [f for f in orphans if (f.instance or "?") == instance]
+        console.print(f"{name}: also an instance {instance} this controller started at {when(ranks[0].started)} "
+                      "(its record was replaced):", highlight=False, soft_wrap=True)  # fmt: skip
+        for item in ranks:
+            console.print(f"  {item.describe()}", highlight=False, soft_wrap=True)
+    if orphans:
+        stop_instances(record, orphans)
+        console.print(f"[green]stopped[/] {name}: {len(orphans)} rank(s) of earlier instance(s)")
     pids = {f.ident for f in report.leftovers if f.kind == "process"}
     for memory in report.memory:
         console.print(f"  {memory.describe(pids)}", markup=False, highlight=False, soft_wrap=True)
-    problem = report.problem()
-    if problem:
-        raise SparkfleetError(problem)
+    if report.problem():
+        raise LeftoverError(report)
     console.print(f"{name}: checked every node: nothing of the instance is left")
 
 
@@ -173,20 +203,15 @@ def status(name: Annotated[str | None, typer.Argument(help="Deployment name (all
     """Per rank: node, state, uptime, health."""
     from rich.table import Table
 
-    from sparkfleet.apply.observe import status as live_status
-    from sparkfleet.state.deployments import Deployments
+    from sparkfleet.apply.observe import current
+    from sparkfleet.state.deployments import Deployments, controller_gone
 
-    records = [_record(name)] if name else Deployments().all()
-    out = []
-    for rec in records:
-        ranks = live_status(rec) if rec.status not in ("stopped",) else []
-        if rec.status == "ready" and any(r.state in ("exited", "absent") for r in ranks):
-            rec = replace(rec, status="degraded")  # a rank died after ready, whether or not watch saw it
-        out.append((rec, ranks))
+    out = [current(rec) for rec in ([_record(name)] if name else Deployments().all())]
     if as_json:
         typer.echo(json.dumps([
             {"name": rec.name, "status": rec.status, "engine": rec.engine, "endpoint": rec.endpoint,
-             "ready_at": rec.ready_at, "restarts": rec.restarts, "ranks": [r.__dict__ for r in ranks]}
+             "ready_at": rec.ready_at, "restarts": rec.restarts, "instance": rec.instance,
+             "controller_gone": controller_gone(rec), "ranks": [r.__dict__ for r in ranks]}
             for rec, ranks in out
         ], indent=2))  # fmt: skip
         return
@@ -194,7 +219,10 @@ def status(name: Annotated[str | None, typer.Argument(help="Deployment name (all
         console.print("no deployments")
     for rec, ranks in out:
         restarts = f"  restarted {rec.restarts}x" if rec.restarts else ""
-        table = Table(title=f"{rec.name}  {rec.status}  {rec.engine}  {rec.endpoint}{restarts}", title_justify="left")
+        state = rec.status
+        if controller_gone(rec):  # its up was killed: it will never become ready by itself
+            state += f" (its controller is gone: pid {rec.owner_pid}; `sparkfleet down {rec.name}`)"
+        table = Table(title=f"{rec.name}  {state}  {rec.engine}  {rec.endpoint}{restarts}", title_justify="left")
         for col in ("rank", "node", "host", "runtime", "state", "uptime", "health", "detail"):
             table.add_column(col)
         for r in ranks:
@@ -216,7 +244,7 @@ def logs(
 
     record = _record(name)
     if rank is not None and not 0 <= rank < len(record.ranks):
-        raise SparkfleetError(f"{name} has ranks 0..{len(record.ranks) - 1}, not {rank}")
+        raise UsageError(f"{name} has ranks 0..{len(record.ranks) - 1}, not {rank}")
     nodes = {r.rank: r.node.name for r in record.ranks}
     if follow:
         lock = threading.Lock()

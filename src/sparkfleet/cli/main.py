@@ -138,8 +138,9 @@ def main(argv: list[str] | None = None) -> None:
 
         err_console.print(f"[bold red]error:[/] {escape(redact(exc.message))}", soft_wrap=True)
         sys.exit(EXIT_USER_ERROR)
-    except KeyboardInterrupt:
-        err_console.print("[bold red]interrupted[/]")
+    except KeyboardInterrupt as exc:
+        # up says what its rollback did (``KeyboardInterrupt("NAME: every started rank was stopped")``).
+        err_console.print("[bold red]interrupted[/]" + escape(f": {exc}" if str(exc) else ""))
         sys.exit(130)
     except SystemExit:
         raise
@@ -151,11 +152,17 @@ def main(argv: list[str] | None = None) -> None:
         # usage errors all derive from TyperException; standalone_mode=False hands them to us.
         _usage_error(exc)
     except Exception as exc:
+        from sparkfleet.nodes.private import open_private_append, private_dir
+
         log = _crash_log()
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("a") as fh:
-            fh.write(traceback.format_exc() + "\n")
-        err_console.print(f"[bold red]internal error:[/] {exc!r} (traceback in {log})")
+        try:  # the traceback may quote secrets: a 0600 file in the private state dir
+            private_dir(log.parent, parents=True)
+            with os.fdopen(open_private_append(log), "a") as fh:
+                fh.write(traceback.format_exc() + "\n")
+            where = f"traceback in {log}"
+        except (OSError, SparkfleetError) as why:
+            where = f"no traceback kept: {why}"
+        err_console.print(f"[bold red]internal error:[/] {exc!r} ({where})")
         sys.exit(1)
     if isinstance(code, int) and code != 0:
         sys.exit(code)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from sparkfleet.errors import SparkfleetError
+from sparkfleet.errors import UsageError
 from sparkfleet.spec.secrets import MASK, is_secret
 
 if TYPE_CHECKING:
@@ -36,11 +36,13 @@ def parse_env(items: list[str] | None) -> tuple[tuple[str, str], ...]:
         key, sep, value = item.partition("=")
         if not key or not (key.replace("_", "a").isalnum()) or key[0].isdigit():
             shown = f"{key}={MASK}" if sep and is_secret(key) else item  # a mistyped name still holds the token
-            raise SparkfleetError(f"--env {shown!r}: expected KEY=VALUE with a valid variable name")
+            raise UsageError(f"--env {shown!r}: expected KEY=VALUE with a valid variable name")
         if not sep:
             if key not in os.environ:
-                raise SparkfleetError(f"--env {key}: not set in this environment")
+                raise UsageError(f"--env {key}: not set in this environment")
             value = os.environ[key]
+        if "\n" in value or "\r" in value or "\0" in value:
+            raise UsageError(f"--env {key}: a value cannot hold a newline or NUL (it is one line of an env file)")
         pairs.append((key, value))
     return tuple(pairs)
 

@@ -32,17 +32,24 @@ DiffOpt = Annotated[
 ]
 
 
-def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
-    """Check a recipe and every variant it defines: exit 0 when all are valid, 2 with one line
-    naming the problem otherwise."""
+def validate(recipe: RecipeArg, set_: SetOpt = None, cluster: ClusterOpt = None) -> None:
+    """Check a recipe and every variant it defines (and, with --cluster, the cluster file): exit 0
+    when all are valid, 2 with one line naming the problem otherwise."""
     from sparkfleet.plan.build import check_plannable
+    from sparkfleet.spec.cluster import load_cluster
     from sparkfleet.spec.recipe import load_recipe, recipe_variants
 
     loaded = load_recipe(recipe, tuple(set_ or ()))
-    check_plannable(loaded)  # what plan checks before it needs a cluster
+    inventory = load_cluster(cluster) if cluster is not None else None
+    check_plannable(loaded, inventory)  # what plan checks before it places ranks
     variants = recipe_variants(recipe)[1:]
     for name in variants:
         check_plannable(load_recipe(recipe, tuple(set_ or ()), name))
+    from sparkfleet.cli.console import err_console
+    from sparkfleet.plan.build import secret_arg_notes
+
+    for note in secret_arg_notes(loaded):
+        err_console.print(f"[yellow]warning:[/] {loaded.source}: {escape(note)}", soft_wrap=True, highlight=False)
     more = f", variants: {', '.join(variants)}" if variants else ""
     console.print(f"[green]ok[/] {loaded.source}: {loaded.engine}, {loaded.required_nodes} node(s), "
                   f"tp={loaded.tensor_parallel_size} pp={loaded.pipeline_parallel_size}{more}",
@@ -90,6 +97,9 @@ def report_overrides(planned: Plan, strict: bool) -> None:
         raise PlanError(f"{planned.recipe_source}: --strict: " + "; ".join(w.message for w in planned.warnings))
     for w in planned.warnings:
         err_console.print(f"[yellow]warning:[/] {escape(w.message)}", soft_wrap=True, highlight=False)
+    for note in planned.secret_args:
+        err_console.print(f"[yellow]warning:[/] {planned.recipe_source}: {escape(note)}", soft_wrap=True,
+                          highlight=False)  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:

@@ -22,10 +22,10 @@ def watch(
     and events; with [serve] restart = "on-failure", bring the deployment back after a rank dies.
     Ends when the deployment is taken down (exit 0) or the restart policy gives up (exit 1)."""
     from sparkfleet.apply.watch import MIN_INTERVAL_S, Event, Poll, Watcher
-    from sparkfleet.errors import SparkfleetError
+    from sparkfleet.errors import UsageError
 
     if interval < MIN_INTERVAL_S:
-        raise SparkfleetError(f"watch --interval {interval:g}: must be at least {MIN_INTERVAL_S:g} second(s)")
+        raise UsageError(f"watch --interval {interval:g}: must be at least {MIN_INTERVAL_S:g} second(s)")
 
     def show_event(event: Event) -> None:
         style = "green" if event.kind in ("restarted", "health-back", "mem-ok", "node-back") else "red"

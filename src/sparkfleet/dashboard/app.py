@@ -1,7 +1,8 @@
 """The dashboard's ASGI app: one HTML page, its static files and a JSON API over the state store.
 
-Guards, in order: the Host header must name this server (no DNS rebinding onto localhost); when a
-token is set every request must carry it (``?token=`` once, which sets a same-site cookie, or an
+Guards, in order: the Host header must name this server (no DNS rebinding onto localhost); the
+token (the CLI always sets one: any local user can connect to a loopback port) must come with every
+request (``?token=`` once, which sets a same-site cookie, or an
 ``Authorization: Bearer`` header); actions are POSTs with a custom header, which a cross-site form
 cannot send, so another web page cannot stop a deployment through the user's browser.
 """
@@ -62,7 +63,8 @@ class _TokenGate(BaseHTTPMiddleware):
 
 
 def create_app(store: Store, *, token: str | None = None, allowed_hosts: list[str] | None = None) -> Starlette:
-    """The app over store; token None means no token (only for a loopback address)."""
+    """The app over store; token None means no token (for tests in one process: the CLI always
+    sets one, loopback included, since every local user can reach a loopback port)."""
 
     def json_of(fn: Callable[..., Any], *args: Any) -> Callable[[], Awaitable[Response]]:
         async def call() -> Response:

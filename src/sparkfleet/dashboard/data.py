@@ -9,24 +9,21 @@ exactly like ``sparkfleet down`` / ``sparkfleet up``.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from sparkfleet.apply import observe
 from sparkfleet.apply.down import down
-from sparkfleet.apply.up import up
+from sparkfleet.apply.restart import restart
 from sparkfleet.bench.report import TierSummary, summarize
 from sparkfleet.bench.store import BenchStore, StoredRun
 from sparkfleet.dashboard.doctor_history import last_doctor
-from sparkfleet.errors import SparkfleetError
+from sparkfleet.errors import NotFoundError, SparkfleetError
 from sparkfleet.evals.compare import compare_runs
 from sparkfleet.evals.needle import NeedleRun
 from sparkfleet.evals.results import QualityRun
 from sparkfleet.evals.store import list_runs, load_run
 from sparkfleet.nodes.fanout import fan_out
-from sparkfleet.plan.build import plan
-from sparkfleet.spec.cluster import load_cluster
-from sparkfleet.spec.recipe import load_recipe
+from sparkfleet.nodes.transport import Connector, transport_for
 from sparkfleet.state.deployments import Deployment, Deployments
 from sparkfleet.state.store import Store
 
@@ -34,8 +31,7 @@ LOG_TAIL = 8  # log lines per rank on the deployments page
 LIVE = ("starting", "ready", "failed", "stopping")  # statuses worth asking the nodes about
 
 
-class NotFound(SparkfleetError):
-    """A run or deployment the page asked for is not in the store."""
+NotFound = NotFoundError  # a run or deployment the page asked for is not in the store
 
 
 # ---------------------------------------------------------------- deployments
@@ -117,33 +113,10 @@ def down_deployment(store: Store, name: str) -> list[str]:
     return down(_record(store, name), deployments=Deployments(store))
 
 
-def restart_deployment(store: Store, name: str) -> str:
-    """Stop the deployment, then bring it up again from its recorded recipe and cluster files.
-
-    Like ``sparkfleet down NAME`` then ``sparkfleet up RECIPE [--cluster FILE] --name NAME``.
-    Refused, with nothing stopped, when the recipe and cluster no longer plan the recorded command
-    lines (``--set`` overrides are not recorded); ``--env`` values given to the first ``up`` are
-    not recorded either (they may be secrets), so not re-applied. Returns the endpoint once it
-    serves again.
-    """
-    record = _record(store, name)
-    recipe_path = Path(record.recipe)
-    if not recipe_path.exists():
-        raise SparkfleetError(f"{name}: its recipe {record.recipe} no longer exists; cannot restart")
-    # The local cluster is recorded by its description, not a file.
-    cluster = load_cluster(None if record.cluster.startswith("(") else record.cluster)
-    planned = plan(load_recipe(recipe_path), cluster, name)
-    # Refuse before stopping anything when the files no longer give what runs (--set at up, or
-    # edited since): restarting would silently bring up something else.
-    if [r.argv for r in planned.ranks] != [r.argv for r in record.ranks]:
-        raise SparkfleetError(
-            f"{name}: {record.recipe} on {record.cluster} no longer plans the command lines that run "
-            "(--set overrides at `up`, or the files changed); restart it with `sparkfleet down` and "
-            "`sparkfleet up` and the same options"
-        )
-    records = Deployments(store)
-    down(record, deployments=records)
-    return up(planned, cluster, deployments=records).endpoint
+def restart_deployment(store: Store, name: str, connect: Connector = transport_for) -> str:
+    """Stop the deployment and bring its stored Plan up again (``apply.restart.restart``, as a
+    watch restart does); returns the endpoint once it serves again."""
+    return restart(_record(store, name), records=Deployments(store), connect=connect).endpoint
 
 
 # ---------------------------------------------------------------- bench
@@ -219,7 +192,7 @@ def eval_runs(store: Store, kind: str | None = None, limit: int = 200) -> list[d
 
 def _load(store: Store, run_id: str, kind: str) -> dict[str, Any]:
     try:
-        return load_run(store, run_id, kind=kind)
+        return load_run(store, run_id, kind=kind, files=False)  # by id or label: never a path on this machine
     except SparkfleetError as exc:
         raise NotFound(str(exc)) from exc
 

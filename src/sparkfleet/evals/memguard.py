@@ -22,28 +22,17 @@ from dataclasses import dataclass
 import httpx
 
 from sparkfleet.errors import EvalError, SparkfleetError
+from sparkfleet.nodes.facts import mem_available
 from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.plan.engines import ENGINES, AbortRoute, engine_for
 
 AbortAction = Callable[[], str]
 
 
-def parse_mem_available(meminfo: str) -> int:
-    """MemAvailable in bytes from the text of /proc/meminfo."""
-    for line in meminfo.splitlines():
-        if line.startswith("MemAvailable:"):
-            parts = line.split()
-            if len(parts) >= 2 and parts[1].isdigit():
-                unit = parts[2].lower() if len(parts) > 2 else "kb"
-                return int(parts[1]) * (1024 if unit == "kb" else 1)
-    raise ValueError("no MemAvailable line in /proc/meminfo")
-
-
 def read_mem_available(transport: Transport) -> int:
     """MemAvailable of the node behind ``transport``, in bytes."""
-    result = transport.run(["cat", "/proc/meminfo"], timeout=10)
     try:
-        return parse_mem_available(result.stdout)
+        return mem_available(transport)
     except ValueError as exc:
         raise EvalError(f"{transport.node}: {exc}") from exc
 

@@ -319,3 +319,34 @@ def _grid(
             cells.append(cell)
             if on_cell:
                 on_cell(cell)
+
+
+def run_stored(target: str, model: str | None = None, *, lengths: Sequence[int] = DEFAULT_LENGTHS,
+               depths: Sequence[float] = DEFAULT_DEPTHS, seed: int | None = None, label: str | None = None,
+               timeout: float = 1800.0, mem_floor_gib: float = 0.0, cluster: str | None = None,
+               on_cell: Callable[[NeedleCell], None] | None = None) -> NeedleRun:  # fmt: skip
+    """``sparkfleet eval needle``: the grid against a deployment (by name) or an endpoint URL,
+    with a memory guard over the cluster's nodes when ``mem_floor_gib`` is set; the run is stored."""
+    from sparkfleet.bench.endpoint import resolve_endpoint
+    from sparkfleet.evals.client import EvalClient
+    from sparkfleet.evals.memguard import MemGuard, abort_action_for
+    from sparkfleet.evals.store import RunRow, save_run
+    from sparkfleet.nodes.transport import transport_for
+    from sparkfleet.spec.cluster import load_cluster
+    from sparkfleet.state.store import Store
+
+    endpoint = resolve_endpoint(target, model)
+    client = EvalClient(endpoint.base_url, endpoint.model, timeout=timeout)
+    guard = None
+    if mem_floor_gib > 0:
+        action = abort_action_for(endpoint.engine, endpoint.base_url, client.http)
+        guard = MemGuard([transport_for(n) for n in load_cluster(cluster).nodes], int(mem_floor_gib * 1024**3),
+                         [action] if action else [])  # fmt: skip
+    try:
+        run = run_needle(client, lengths=lengths, depths=depths, context=endpoint.max_model_len, label=label,
+                         seed=seed, guard=guard, on_cell=on_cell)  # fmt: skip
+    finally:
+        client.close()
+    row = RunRow(run.id, "needle", run.label, run.endpoint, run.model, run.started_utc, run.passed, run.total)
+    save_run(Store(), row, run.to_json())
+    return run

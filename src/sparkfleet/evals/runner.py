@@ -88,7 +88,15 @@ def run_quality(
     if not tasks:
         raise EvalError("no tasks selected")
     run_id = new_run_id("q")
-    sandbox = run_python("pass", limits).isolation
+    probe = run_python("pass", limits)
+    sandbox = probe.isolation
+    code_tasks = [t.id for t in tasks if t.category == "code"]
+    if code_tasks and not probe.isolated and not (limits and limits.unconfined_ok):
+        raise EvalError(
+            f"{len(code_tasks)} code task(s) run model-written code, and this machine gives the sandbox no "
+            f"isolation ({probe.isolation}); nothing was run: leave code out (--categories) or, on a machine "
+            "you can lose, pass --unsafe-unconfined-code"
+        )
     api, why_api = choose_api(client, api_choice)
     started = datetime.now(UTC).isoformat(timespec="seconds")
     t0 = time.monotonic()

@@ -12,8 +12,10 @@ What protects a run (reported in ``SandboxResult.isolation``, never assumed):
 - no privileges: as root the code runs as ``nobody``; always with an empty capability bounding
   set and no-new-privileges, so it cannot remount anything writable;
 - a wall-clock timeout that kills the whole process group (and with it the PID namespace).
-Where the OS refuses namespaces the run still happens, and ``isolation`` says plainly that the
-network and the filesystem are not isolated.
+Where the OS refuses namespaces (Docker's default seccomp, many CI runners,
+``user.max_user_namespaces=0``) the code is not run at all (``ran`` is False) unless the limits
+say ``unconfined_ok`` (``eval quality --unsafe-unconfined-code``); then ``isolation`` says plainly
+that the network and the filesystem are not isolated.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class SandboxLimits:
     file_bytes: int = 4 * 1024 * 1024
     tmpfs_mb: int = 32
     nproc: int = 64
+    unconfined_ok: bool = False  # run even where no isolation can be had (the user said so)
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class SandboxResult:
     duration: float
     isolation: str
     isolated: bool
+    ran: bool = True  # False: refused before the code started (no isolation to be had)
 
     @property
     def signal(self) -> int | None:
@@ -98,6 +102,9 @@ def _describe(report: dict[str, Any] | None) -> tuple[str, bool]:
     mode = report.get("namespaces")
     failed = report.get("remount_failed") or []
     user = report.get("user")
+    if report.get("refused"):
+        why = "this OS refused new namespaces" if mode == "none" else "NOT read-only: " + ", ".join(map(str, failed))
+        return f"NOT RUN: no isolation ({why}); model code runs only isolated", False
     if mode == "none":
         return (
             "NOT ISOLATED: this OS refused new namespaces, so the code could reach the network and "
@@ -140,6 +147,7 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
             "file_bytes": limits.file_bytes,
             "tmpfs_mb": limits.tmpfs_mb,
             "nproc": limits.nproc,
+            "unconfined_ok": limits.unconfined_ok,
         }
         report_r, report_w = os.pipe()
         cfg["report_fd"] = report_w
@@ -180,6 +188,7 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
             duration=duration,
             isolation=isolation,
             isolated=isolated,
+            ran=not (report or {}).get("refused"),
         )
     finally:
         shutil.rmtree(base, ignore_errors=True)

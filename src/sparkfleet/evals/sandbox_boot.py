@@ -7,7 +7,8 @@ Steps, reported on the fd named in CONFIG as one JSON line so the parent can say
 1. new mount + network + PID namespaces: as root directly, otherwise inside a new user
    namespace (uid mapped to 0); if neither is allowed, none (the report says so);
 2. every mount remounted read-only in the private mount namespace, then a size-limited tmpfs
-   over the work directory — the only writable place;
+   over the work directory — the only writable place; without namespaces, or with a mount
+   left writable, the code is not run (exit 126) unless CONFIG says ``unconfined_ok``;
 3. a forked child becomes PID 1 of the new PID namespace, dies with this process (so a model
    process that escapes the process group still dies), sets resource limits, gives up
    privileges (as root: becomes ``nobody``; always: an empty capability bounding set and
@@ -44,6 +45,7 @@ PR_SET_PDEATHSIG = 1
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 NOBODY = 65534
+REFUSED = 126  # the code was not run: no isolation, and unconfined runs were not allowed
 _OUTSIDE_UID = os.getuid()
 _KEEP_FLAGS = {
     "nosuid": MS_NOSUID,
@@ -142,6 +144,12 @@ def main() -> None:
     work = cfg["work"]
     mode = _enter_namespaces()
     failed = _read_only_everything(work, cfg["tmpfs_mb"]) if mode != "none" else []
+    if (mode == "none" or failed) and not cfg.get("unconfined_ok"):
+        # Without its isolation the model's code could write the user's files and reach the
+        # network: it is not run at all unless the user asked for that in so many words.
+        report.write(json.dumps({"namespaces": mode, "remount_failed": failed, "user": None, "refused": True}) + "\n")
+        report.close()
+        sys.exit(REFUSED)
     # Lo stays down in the new network namespace: no route anywhere, loopback included.
     pid = os.fork()
     if pid == 0:

@@ -72,10 +72,11 @@ def list_runs(store: Store, kind: str | None = None, limit: int = 30) -> list[Ru
     return [RunRow(*tuple(r)) for r in rows]
 
 
-def load_run(store: Store, ref: str, kind: str | None = None) -> dict[str, Any]:
-    """A run's result by id, by label (the newest with that label) or from a JSON file path."""
+def load_run(store: Store, ref: str, kind: str | None = None, *, files: bool = True) -> dict[str, Any]:
+    """A run's result by id, by label (the newest with that label) or, with files, from a JSON
+    file path (the CLI's; the dashboard serves stored runs only)."""
     path = Path(ref)
-    if ref.endswith(".json") and path.is_file():
+    if files and ref.endswith(".json") and path.is_file():
         try:
             data: dict[str, Any] = json.loads(path.read_text())
         except (OSError, ValueError) as exc:

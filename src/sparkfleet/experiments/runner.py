@@ -15,16 +15,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkfleet.apply.configurations import ConfigSpec, up_recorded
+from sparkfleet.apply.configurations import ConfigSpec
 from sparkfleet.apply.down import down
 from sparkfleet.apply.observe import logs
 from sparkfleet.apply.up import _shielded, _signals_interrupt, up  # up's SIGTERM-as-Ctrl-C and shield
 from sparkfleet.bench.decode import DecodeConfig, DecodeTierRun, run_decode
 from sparkfleet.bench.endpoint import Endpoint, resolve_endpoint
-from sparkfleet.bench.meta import run_meta
 from sparkfleet.bench.prefill import PrefillConfig, PrefillRun, run_prefill
+from sparkfleet.bench.runs import create_run, run_stored
 from sparkfleet.bench.store import BenchStore
-from sparkfleet.errors import SparkfleetError
+from sparkfleet.errors import SparkfleetError, UsageError
 from sparkfleet.evals.results import QualityRun
 from sparkfleet.experiments.report import build_report
 from sparkfleet.experiments.store import Experiments, VariantRound
@@ -56,12 +56,12 @@ class ABConfig:
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
-            raise SparkfleetError("--rounds must be at least 1")
+            raise UsageError("--rounds must be at least 1")
         if self.variants[0] == self.variants[1]:
-            raise SparkfleetError(f"--variants names {self.variants[0]!r} twice: an A/B needs two variants "
+            raise UsageError(f"--variants names {self.variants[0]!r} twice: an A/B needs two variants "
                                   "(define an identical one with extends to measure the noise)")  # fmt: skip
         if self.decode is None and self.prefill is None and not self.quality:
-            raise SparkfleetError("nothing to measure: give --bench decode and/or prefill, or --eval quality")
+            raise UsageError("nothing to measure: give --bench decode and/or prefill, or --eval quality")
 
     def spec(self, variant: str) -> ConfigSpec:
         return ConfigSpec(self.recipe, variant, self.sets, self.env, self.cluster, self.name)
@@ -109,16 +109,9 @@ def _prefill_metrics(part: VariantRound, runs: list[PrefillRun]) -> None:
 
 def _bench(kind: str, bench: BenchStore, endpoint: Endpoint, config: Any, label: str,
            work: Callable[[int], Any]) -> int:  # fmt: skip
-    """Run work (given the stored run's id) as one stored bench run: complete, or partial when cut."""
-    run_id = bench.create_run(kind, endpoint.base_url, model=endpoint.model, engine=endpoint.engine,
-                              engine_version=endpoint.engine_version, deployment=endpoint.deployment,
-                              meta=run_meta(endpoint, config), label=label)  # fmt: skip
-    try:
-        work(run_id)
-    except BaseException as exc:
-        bench.finish_run(run_id, "partial", "interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc))
-        raise
-    bench.finish_run(run_id, "complete")
+    """Run work (given the stored run's id) as one stored bench run (``bench.runs``)."""
+    run_id = create_run(bench, kind, endpoint, config, label)
+    run_stored(bench, run_id, lambda: work(run_id))
     return run_id
 
 
@@ -185,9 +178,8 @@ def _variant_round(cfg: ABConfig, experiment: int, variant: str, rnd: int, posit
     planned = spec.plan()
     say(f"round {rnd + 1}/{cfg.rounds}: {variant} up")
     try:
-        run_up = lambda p: up(p, deployments=Deployments(store), timeout=cfg.timeout)  # noqa: E731
-        result, config_id = up_recorded(spec, planned, store, run_up)
-        part = VariantRound(rnd, position, variant, result.seconds, configuration=config_id)
+        result = up(planned, config=spec, deployments=Deployments(store), timeout=cfg.timeout)
+        part = VariantRound(rnd, position, variant, result.seconds, configuration=result.configuration)
         record = Deployments(store).get(planned.name)
         if record is not None:
             part.figures = engine_figures("\n".join(logs(record, tail=2000).values()))

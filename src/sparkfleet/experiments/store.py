@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkfleet.errors import SparkfleetError
+from sparkfleet.errors import NotFoundError
 from sparkfleet.state.store import Store
 
 SCHEMA = """
@@ -105,7 +105,7 @@ class Experiments:
         with self.store.connect() as conn:
             row = conn.execute("SELECT * FROM experiments WHERE id = ?", (experiment,)).fetchone()
         if row is None:
-            raise SparkfleetError(f"no experiment {experiment} in {self.store.path}")
+            raise NotFoundError(f"no experiment {experiment} in {self.store.path}")
         return _from_row(row)
 
     def all(self, limit: int = 100) -> list[Experiment]:

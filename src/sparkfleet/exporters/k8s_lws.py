@@ -24,6 +24,7 @@ from sparkfleet.errors import RecipeError
 from sparkfleet.exporters.rank_templates import Markers, NodeShape, rank_templates, staged_paths
 from sparkfleet.plan.engines import engine_for
 from sparkfleet.plan.model import CONTAINER_HF_HOME, RankPlan
+from sparkfleet.plan.secret_args import mask_words
 from sparkfleet.spec.cluster import Node
 from sparkfleet.spec.recipe import Recipe
 from sparkfleet.spec.secrets import is_secret
@@ -129,7 +130,7 @@ def _container(
     container: dict[str, Any] = {
         "name": role,
         "image": image,
-        "command": [kubelet_literal(word) for word in rank.argv],
+        "command": [kubelet_literal(word) for word in mask_words(rank.argv, rank.secret_words)],
         "env": _env(rank, secret, host_ip_keys),
         "securityContext": {"privileged": True, "capabilities": {"add": ["IPC_LOCK"]}},
         "volumeMounts": mounts,

@@ -19,6 +19,7 @@ from typing import Literal
 
 from sparkfleet.exporters.rank_templates import Markers, NodeShape, gpus_per_node, rank_templates, staged_paths
 from sparkfleet.plan.model import EnvVar, RankPlan
+from sparkfleet.plan.secret_args import mask_words
 from sparkfleet.spec.cluster import Node
 from sparkfleet.spec.recipe import Recipe
 
@@ -105,7 +106,7 @@ def _env_file(env: tuple[EnvVar, ...]) -> list[str]:
 
 def _docker_words(rank: RankPlan) -> list[str]:
     assert rank.container_argv is not None
-    words = list(rank.container_argv)
+    words = list(mask_words(rank.container_argv, rank.secret_words))  # an argv-only credential: never in a file
     words[words.index("-d")] = "--rm"
     words[words.index("--env-file") + 1] = "@@ENVFILE@@"
     name_at = words.index("--name") + 1
@@ -122,7 +123,7 @@ def _docker_words(rank: RankPlan) -> list[str]:
 def _launch(rank: RankPlan, recipe: Recipe, opts: SlurmOptions) -> list[str]:
     """The lines of one rank's branch in the task script."""
     if rank.runtime == "process" or opts.container == "pyxis":
-        return [*_exports(rank.env), f"exec {_line(rank.argv)}"]
+        return [*_exports(rank.env), f"exec {_line(mask_words(rank.argv, rank.secret_words))}"]
     words = _docker_words(rank)
     image_at = words.index(recipe.docker_image or "")
     head = _line(words[:image_at])

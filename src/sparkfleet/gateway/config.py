@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sparkfleet.errors import SparkfleetError
+from sparkfleet.errors import GatewayError
 
 DEFAULT_PORT = 8400
 # The seed profile's figures (.env.tp4.example: DSV41_MAX_NEW_TOKENS, DSV41_LOOP_*).
@@ -91,23 +91,23 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
 def _check(where: str, key: str, value: Any, kind: type | tuple[type, ...]) -> Any:
     # bool is an int to Python; a port of `true` is still a mistake.
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise SparkfleetError(f"{where}: {key} = {value!r} is not a {getattr(kind, '__name__', 'number')}")
+        raise GatewayError(f"{where}: {key} = {value!r} is not a {getattr(kind, '__name__', 'number')}")
     if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
-        raise SparkfleetError(f"{where}: {key} = {value!r} must not be negative")
+        raise GatewayError(f"{where}: {key} = {value!r} must not be negative")
     return value
 
 
 def _unknown(where: str, data: dict[str, Any], allowed: set[str]) -> None:
     extra = sorted(set(data) - allowed)
     if extra:
-        raise SparkfleetError(f"{where}: unknown key {extra[0]!r} (known: {', '.join(sorted(allowed))})")
+        raise GatewayError(f"{where}: unknown key {extra[0]!r} (known: {', '.join(sorted(allowed))})")
 
 
 def _loop(where: str, data: Any, base: LoopAbort) -> LoopAbort:
     if isinstance(data, bool):  # loop_abort = false turns every rule off, true keeps the defaults
         return base if data else LoopAbort(0, 0, 0, 0)
     if not isinstance(data, dict):
-        raise SparkfleetError(f"{where}: loop_abort must be a table or true/false")
+        raise GatewayError(f"{where}: loop_abort must be a table or true/false")
     _unknown(f"{where} loop_abort", data, _LOOP)
     return replace(base, **{k: _check(f"{where} loop_abort", k, v, int) for k, v in data.items()})
 
@@ -121,20 +121,20 @@ def parse(data: dict[str, Any], source: str) -> GatewayConfig:
     routes: list[Route] = []
     table = data.get("routes", {})
     if not isinstance(table, dict):
-        raise SparkfleetError(f'{source}: routes must be a table of [routes."MODEL"] entries')
+        raise GatewayError(f'{source}: routes must be a table of [routes."MODEL"] entries')
     for model, spec in table.items():
         where = f"{source} [routes.{model!r}]"
         if not isinstance(spec, dict):
-            raise SparkfleetError(f"{where}: expected a table")
+            raise GatewayError(f"{where}: expected a table")
         _unknown(where, spec, _ROUTE)
         targets = spec.get("targets", [])
         if isinstance(targets, str):
             targets = [targets]
         if not isinstance(targets, list) or not all(isinstance(t, str) and t for t in targets):
-            raise SparkfleetError(f"{where}: targets must be a list of deployment names or URLs")
+            raise GatewayError(f"{where}: targets must be a list of deployment names or URLs")
         fields = spec.get("fields", {})
         if not isinstance(fields, dict):
-            raise SparkfleetError(f"{where}: fields must be a table of request fields")
+            raise GatewayError(f"{where}: fields must be a table of request fields")
         route = Route(
             model=model,
             targets=tuple(targets),
@@ -147,7 +147,7 @@ def parse(data: dict[str, Any], source: str) -> GatewayConfig:
         routes.append(route)
         aliases = spec.get("aliases", {})
         if not isinstance(aliases, dict) or not all(isinstance(v, dict) for v in aliases.values()):
-            raise SparkfleetError(f'{where}: aliases must be tables of request fields, e.g. [routes.M.aliases."M-x"]')
+            raise GatewayError(f'{where}: aliases must be tables of request fields, e.g. [routes.M.aliases."M-x"]')
         for alias, extra in aliases.items():
             # An alias is the same route under another name, its fields over the route's.
             routes.append(replace(route, model=alias, upstream_model=route.upstream_model or model,
@@ -162,9 +162,9 @@ def load(path: Path | None) -> GatewayConfig:
     try:
         data = tomllib.loads(path.read_text())
     except OSError as exc:
-        raise SparkfleetError(f"{path}: cannot read it ({exc.strerror})") from None
+        raise GatewayError(f"{path}: cannot read it ({exc.strerror})") from None
     except tomllib.TOMLDecodeError as exc:
-        raise SparkfleetError(f"{path}: not valid TOML ({exc})") from None
+        raise GatewayError(f"{path}: not valid TOML ({exc})") from None
     return parse(data, str(path))
 
 
@@ -178,12 +178,12 @@ def with_overrides(
     for item in routes:
         model, sep, target = item.partition("=")
         if not sep or not model or not target:
-            raise SparkfleetError(f"--route {item!r}: expected MODEL=TARGET (a deployment name or a URL)")
+            raise GatewayError(f"--route {item!r}: expected MODEL=TARGET (a deployment name or a URL)")
         route = by_model.get(model) or config.default_route(model)
         by_model[model] = replace(route, targets=(*route.targets, target))
     if max_new_tokens is not None:
         if max_new_tokens < 0:
-            raise SparkfleetError(f"--max-new-tokens {max_new_tokens}: must be 0 (no cap) or more")
+            raise GatewayError(f"--max-new-tokens {max_new_tokens}: must be 0 (no cap) or more")
         by_model = {m: replace(r, max_new_tokens=max_new_tokens) for m, r in by_model.items()}
         config = replace(config, default_max_new_tokens=max_new_tokens)
     return replace(

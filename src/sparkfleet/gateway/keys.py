@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sparkfleet.errors import SparkfleetError
+from sparkfleet.errors import GatewayError
 from sparkfleet.gateway import db
 
 PREFIX = "sf"
@@ -59,12 +59,12 @@ def parse_expiry(text: str, now: float) -> float:
     try:
         when = datetime.fromisoformat(text.strip())
     except ValueError:
-        raise SparkfleetError(f"--expires {text!r}: expected a duration (30d, 12h) or a date (2027-01-31)") from None
+        raise GatewayError(f"--expires {text!r}: expected a duration (30d, 12h) or a date (2027-01-31)") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     stamp = when.timestamp()
     if stamp <= now:
-        raise SparkfleetError(f"--expires {text!r}: that is in the past")
+        raise GatewayError(f"--expires {text!r}: that is in the past")
     return stamp
 
 
@@ -88,13 +88,13 @@ class KeyStore:
                expires: float | None) -> tuple[Key, str]:  # fmt: skip
         """A new key; returns it and its value (shown once, stored only as a hash)."""
         if not _NAME.match(name):
-            raise SparkfleetError(f"key name {name!r}: use 1-64 letters, digits, '.', '_', '-' or '@'")
+            raise GatewayError(f"key name {name!r}: use 1-64 letters, digits, '.', '_', '-' or '@'")
         for what, value in (("--rpm", rpm), ("--tpm", tpm)):
             if value is not None and value <= 0:
-                raise SparkfleetError(f"{what} {value}: must be a positive number")
+                raise GatewayError(f"{what} {value}: must be a positive number")
         now = time.time()
         if any(k.name == name and k.state(now) == "active" for k in self.all()):
-            raise SparkfleetError(f"a key named {name!r} is already active: revoke it first or pick another name")
+            raise GatewayError(f"a key named {name!r} is already active: revoke it first or pick another name")
         key_id = secrets.token_hex(4)
         secret = secrets.token_urlsafe(32)
         self.conn.execute(
@@ -116,7 +116,7 @@ class KeyStore:
         now = time.time()
         hits = [k for k in self.all() if name_or_id in (k.name, k.id) and k.state(now) == "active"]
         if not hits:
-            raise SparkfleetError(f"no active key named {name_or_id!r} (see `sparkfleet gateway key list`)")
+            raise GatewayError(f"no active key named {name_or_id!r} (see `sparkfleet gateway key list`)")
         self.conn.executemany("UPDATE keys SET revoked = ? WHERE id = ?", [(now, k.id) for k in hits])
         return hits
 

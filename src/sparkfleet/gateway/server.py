@@ -8,7 +8,7 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from sparkfleet.errors import SparkfleetError
+from sparkfleet.errors import GatewayError
 from sparkfleet.gateway import db
 from sparkfleet.gateway.app import Gateway
 from sparkfleet.gateway.config import GatewayConfig
@@ -28,7 +28,7 @@ def build(config: GatewayConfig, state_db: Path, gateway_db: Path | None = None)
     keys = KeyStore(db.connect(gateway_db)) if config.auth else None
     loopback = is_loopback(config.host)
     if keys is not None and not keys.any_active() and not loopback:
-        raise SparkfleetError(
+        raise GatewayError(
             f"--host {config.host}: off loopback the gateway needs API keys; create one with "
             "`sparkfleet gateway key create NAME` (or pass --no-auth to serve without keys)"
         )
@@ -43,9 +43,9 @@ def serve(config: GatewayConfig, state_db: Path, announce: Callable[[str], None]
 
     for what, path in (("tls_cert", config.tls_cert), ("tls_key", config.tls_key)):
         if path and not Path(path).is_file():
-            raise SparkfleetError(f"{what} {path!r}: no such file")
+            raise GatewayError(f"{what} {path!r}: no such file")
     if bool(config.tls_cert) != bool(config.tls_key):
-        raise SparkfleetError("tls_cert and tls_key go together: give both or neither")
+        raise GatewayError("tls_cert and tls_key go together: give both or neither")
     app = build(config, state_db)
     sock: socket.socket = bind(config.host, config.port)
     port = sock.getsockname()[1]

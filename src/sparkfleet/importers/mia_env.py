@@ -22,6 +22,7 @@ from sparkfleet.importers.shell_profile import OptionalBlock, Profile
 from sparkfleet.importers.toml_text import TomlDoc
 from sparkfleet.plan.flags import flag_groups, flag_name
 from sparkfleet.plan.model import CONTAINER_HF_HOME
+from sparkfleet.spec import names
 from sparkfleet.spec.secrets import is_secret
 
 DEFAULT_REPO = "deepseek-ai/DeepSeek-V4.1-Flash"
@@ -233,6 +234,13 @@ def _cluster_toml(b: _Build, profile: Profile) -> str:
     node_env = {"GLOO_SOCKET_IFNAME": gloo} if gloo and gloo != nic else {}
     hosts = [("head", "localhost", v.get("HEAD_IP") or placeholder("HEAD_IP (head fabric address)"), True)]
     for i, host in enumerate(workers):
+        try:
+            names.host(host)
+        except ValueError as exc:  # ssh would read it as an option, or it is two words
+            b.not_understood.append(Note("WORKER_HOSTS", f"{exc}: left as a placeholder"))
+            hosts.append((f"worker{i + 1}", placeholder(f"host name of worker {i + 1}"),
+                          placeholder(f"fabric address of worker {i + 1}"), False))  # fmt: skip
+            continue
         fabric = ips[i] if i < len(ips) else placeholder(f"fabric address of {host}")
         hosts.append((host, host, fabric, False))
     if len(ips) != len(workers):

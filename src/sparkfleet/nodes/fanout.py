@@ -105,11 +105,11 @@ class GroupResult(Mapping[str, Outcome[T]]):
 
     def raise_first(self) -> dict[str, T]:
         """The values, or the first failed node's error (user-facing ones as they are; anything
-        else as a SparkfleetError naming the node, caused by the original)."""
+        else as a NodeError naming the node, caused by the original)."""
         for node, error in self.failures.items():
             if isinstance(error, SparkfleetError):
                 raise error
-            raise SparkfleetError(f"{node}: {error}") from error
+            raise NodeError(node, str(error)) from error
         return self.succeeded
 
     def raise_all(self, error: Callable[[str, str], SparkfleetError] = NodeError) -> dict[str, T]:

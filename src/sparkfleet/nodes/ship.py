@@ -13,7 +13,6 @@ stays free for data (an env file, a payload), so nothing secret sits in argv.
 from __future__ import annotations
 
 import functools
-import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,10 +43,10 @@ class ShippedProgram:
     site: bool = False
 
 
-PROCESS_AGENT = ShippedProgram("process-agent", ("lean_stdlib", "process_agent"))
+PROCESS_AGENT = ShippedProgram("process-agent", ("process_agent",))
 STAGE_WORKER = ShippedProgram(
     "stage-worker",
-    ("lean_stdlib", "failure", "safetensors_index", "ledger", "disk", "layouts", "sparse_rows"),
+    ("failure", "safetensors_index", "ledger", "disk", "layouts", "sparse_rows"),
     site=True,
 )
 COMPOSE_WORKER = ShippedProgram("compose-worker", ("composed_worker",))
@@ -76,51 +75,9 @@ def program_text(program: ShippedProgram) -> str:
     return joined
 
 
-# The ``-c`` word: the program's text as a string, compiled on the node once per program version
-# and interpreter, not on every call. Compiling the process agent cost the node as much CPU as
-# starting the interpreter, and up, status and down run it once per node and phase. The code
-# object is kept (marshal, named by the text's digest and the interpreter's cache tag) under
-# ~/.cache/sparkfleet/shipped on the node; where that cannot be read or written, the carried
-# text is compiled as before. Nothing else of sparkfleet is left on a node.
-_LOADER = """import marshal, os, sys
-source = {source!r}
-tag = sys.implementation.cache_tag
-path = tag and os.path.join(os.path.expanduser("~"), ".cache", "sparkfleet", "shipped", "{name}-{digest}-" + tag)
-code = None
-if path:
-    try:
-        with open(path, "rb") as fh:
-            code = marshal.load(fh)
-    except (OSError, EOFError, ValueError, TypeError):
-        pass
-if code is None:
-    code = compile(source, "{name}", "exec")
-    if path:
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path + ".tmp" + str(os.getpid()), "wb") as fh:
-                marshal.dump(code, fh)
-            os.replace(path + ".tmp" + str(os.getpid()), path)
-        except OSError:
-            pass
-exec(code, {{"__name__": "__main__", "__builtins__": __builtins__}})
-"""
-
-
-@functools.cache
-def loader_text(program: ShippedProgram) -> str:
-    """The ``-c`` program that runs program from the node's compiled copy (see ``_LOADER``)."""
-    text = program_text(program)
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    loader = _LOADER.format(source=text, name=program.name, digest=digest)
-    if len(loader.encode()) > MAX_PROGRAM_BYTES:
-        raise AssertionError(f"{program.name}'s loader is over {MAX_PROGRAM_BYTES} bytes for one argv word")
-    return loader
-
-
 def shipped_argv(python: str, program: ShippedProgram, args: Sequence[str] = ()) -> list[str]:
     """The words that run program on a node with its python."""
-    return [python, *([] if program.site else ["-S"]), "-c", loader_text(program), *args]
+    return [python, *([] if program.site else ["-S"]), "-c", program_text(program), *args]
 
 
 def run_shipped(transport: Transport, python: str, program: ShippedProgram, args: Sequence[str] = (), *,

@@ -30,6 +30,8 @@ from sparkfleet.plan.model import (
     container_name,
     volume_name,
 )
+from sparkfleet.plan.secret_args import split_secret_args
+from sparkfleet.spec import names
 from sparkfleet.spec.cluster import Cluster, Node
 from sparkfleet.spec.placeholders import placeholder_keys
 from sparkfleet.spec.recipe import Recipe, StagingSpec
@@ -66,6 +68,10 @@ def plan(recipe: Recipe, cluster: Cluster, deployment: str, overrides: Overrides
     """Plan recipe on the first ``required_nodes`` nodes of cluster as deployment NAME."""
     overrides = overrides or Overrides()
     name = overrides.name or deployment
+    try:
+        names.deployment(name)
+    except ValueError as exc:
+        raise PlanError(f"{'--name' if overrides.name else recipe.source}: {exc}") from None
     nnodes = recipe.required_nodes
     check_plannable(recipe, cluster)
     if nnodes > len(cluster.nodes):
@@ -103,7 +109,14 @@ def plan(recipe: Recipe, cluster: Cluster, deployment: str, overrides: Overrides
         variant=recipe.variant,
         serve=ServeSpec(recipe.serve.restart, recipe.serve.max_restarts, recipe.serve.backoff, recipe.serve.mem_floor),
         warnings=env_overrides(ranks, {n.name: cluster_env(n, adapter.host_ip_env) for n in nodes}),
+        secret_args=secret_arg_notes(recipe),
     )
+
+
+def secret_arg_notes(recipe: Recipe) -> tuple[str, ...]:
+    """What validate and plan say about credentials in the recipe's args (as written)."""
+    _, found = split_secret_args(recipe.engine, recipe.args)
+    return tuple(dict.fromkeys(a.describe() for a in found))
 
 
 def cluster_env(node: Node, host_ip_env: tuple[str, ...]) -> dict[str, str]:
@@ -268,7 +281,8 @@ def _nfs_mounts(
 
 
 def _env(
-    recipe: Recipe, node: Node, rank: int, deployment: str, docker: bool, overrides: Overrides
+    recipe: Recipe, node: Node, rank: int, deployment: str, docker: bool, overrides: Overrides,
+    from_args: dict[str, str] | None = None,
 ) -> tuple[EnvVar, ...]:
     adapter = engine_for(recipe.engine)
     values = _template_values(node, rank, deployment)
@@ -276,7 +290,8 @@ def _env(
     engine_env = {"HF_HUB_OFFLINE": "1", "HF_HOME": CONTAINER_HF_HOME if docker else node.hf_cache}
     layers.append(("engine", engine_env))
     layers.append(("cluster", cluster_env(node, adapter.host_ip_env)))
-    layers.append(("recipe", {k: render(v, values) for k, v in recipe.env.items()}))
+    # Secrets taken out of the recipe's args: under the recipe's own env, which may name them.
+    layers.append(("recipe", {**(from_args or {}), **{k: render(v, values) for k, v in recipe.env.items()}}))
     layers.append(("cli", dict(overrides.env)))
     merged: dict[str, EnvVar] = {}
     for source, env in layers:
@@ -313,7 +328,8 @@ def _rank_plan(
         entrypoint=entrypoint,
         bind_ip=node.bind_address,
     )
-    launch = recipe.launch_spec(tuple(render(a, values) for a in recipe.args))
+    args, secret_args = split_secret_args(recipe.engine, tuple(render(a, values) for a in recipe.args))
+    launch = recipe.launch_spec(args)
     argv = adapter.rank_argv(launch, entrypoint, ctx)
     for m in recipe.extra_mounts:
         mounts.append(MountSpec(render(m.host, values), render(m.container, values), m.read_only))
@@ -321,7 +337,7 @@ def _rank_plan(
         mounts = _nfs_mounts(recipe, deployment, node, nodes, mounts)
     workdir = f"{node.state_dir}/deployments/{deployment}"
     name = container_name(deployment, rank)
-    env = _env(recipe, node, rank, deployment, docker, overrides)
+    env = _env(recipe, node, rank, deployment, docker, overrides, {a.env: a.value for a in secret_args if a.env})
     env_file = f"{workdir}/r{rank}.env"
     container_argv = (
         docker_run_argv(recipe.docker_image, recipe.shm_size, node, deployment, rank, name, env_file, tuple(mounts),
@@ -346,6 +362,7 @@ def _rank_plan(
         readiness=readiness,
         ports=ports,
         stop_wave=next(i for i, wave in enumerate(adapter.stop_waves(len(nodes))) if rank in wave),
+        secret_words=tuple(a.value for a in secret_args if not a.env),
     )
 
 

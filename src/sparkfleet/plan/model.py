@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sparkfleet.plan.engines import Readiness
+from sparkfleet.plan.secret_args import mask_words
 from sparkfleet.spec.cluster import Node
 from sparkfleet.spec.secrets import is_secret
 
@@ -129,6 +130,8 @@ class RankPlan:
     readiness: Readiness
     ports: tuple[int, ...]
     stop_wave: int = 0  # down and rollback stop wave 0 on every node, then wave 1, ...
+    # Credentials that stay in argv (the engine reads them nowhere else): masked in renderings.
+    secret_words: tuple[str, ...] = ()
 
     def env_dict(self) -> dict[str, str]:
         """The real environment (secrets included): only for the runtime that starts the rank."""
@@ -138,7 +141,8 @@ class RankPlan:
     def handle(self) -> RankHandle:
         """What finds, watches and stops this rank once started (what the state stores)."""
         return RankHandle(
-            rank=self.rank, node=self.node, runtime=self.runtime, image=self.image, argv=self.argv,
+            rank=self.rank, node=self.node, runtime=self.runtime, image=self.image,
+            argv=mask_words(self.argv, self.secret_words),
             mounts=self.mounts, container_name=self.container_name, workdir=self.workdir, env_file=self.env_file,
             log_path=self.log_path, pid_path=self.pid_path, readiness=self.readiness, ports=self.ports,
             stop_wave=self.stop_wave,
@@ -253,6 +257,7 @@ class Plan:
     variant: str = "base"  # the recipe's overlay this plan was made from (spec/variants.py)
     serve: ServeSpec = ServeSpec()
     warnings: tuple[EnvOverride, ...] = ()  # per-node cluster values replaced by one value for all
+    secret_args: tuple[str, ...] = ()  # what was found in the recipe's args (plan/secret_args.py)
 
     @property
     def head(self) -> RankPlan:

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from sparkfleet.plan.memory import plan_memory_lines
 from sparkfleet.plan.model import Plan, RankPlan, StagingStep
+from sparkfleet.plan.secret_args import mask_words
 from sparkfleet.spec.secrets import MASK
 from sparkfleet.spec.sizes import format_size
 
@@ -24,7 +25,7 @@ def masked_argv(words: tuple[str, ...] | None, rank: RankPlan) -> list[str] | No
     if words is None:
         return None
     secrets = {v.value for v in rank.env if v.secret and len(v.value) >= 4}
-    return [MASK if w in secrets else w for w in words]
+    return list(mask_words(words, secrets | set(rank.secret_words)))
 
 
 def _staging_json(step: StagingStep) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sparkfleet.errors import ClusterError
+from sparkfleet.spec import names
 from sparkfleet.spec.caches import local_hf_cache
 from sparkfleet.spec.recipe import read_toml
 from sparkfleet.spec.sizes import parse_size
@@ -54,6 +55,11 @@ class NodeSettings(_Strict):
     # fabric_ip). Nodes that share one host (a loopback fleet) must not all take 0.0.0.0:PORT.
     bind_address: str | None = None
 
+    @field_validator("user")
+    @classmethod
+    def _user_ok(cls, value: str | None) -> str | None:
+        return None if value is None else names.user(value)
+
     @field_validator("bind_address")
     @classmethod
     def _bind_ok(cls, value: str | None) -> str | None:
@@ -83,13 +89,28 @@ class NodeSpec(NodeSettings):
     transport: Literal["ssh", "local"] = "ssh"
     env: dict[str, str] = Field(default_factory=dict)
 
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, value: str) -> str:
+        return names.node_name(value)
+
+    @field_validator("host", "fabric_ip")
+    @classmethod
+    def _host_ok(cls, value: str | None) -> str | None:
+        return None if value is None else names.host(value)
+
+    @field_validator("env")
+    @classmethod
+    def _env_ok(cls, value: dict[str, str]) -> dict[str, str]:
+        return names.env(value)
+
 
 class ClusterFile(_Strict):
     """The cluster.toml file as written."""
 
     name: str
     defaults: NodeSettings = Field(default_factory=NodeSettings)
-    nodes: tuple[NodeSpec, ...] = Field(min_length=1)
+    nodes: tuple[NodeSpec, ...] = Field(min_length=1, max_length=4096)
 
     @model_validator(mode="after")
     def _unique(self) -> ClusterFile:
@@ -127,6 +148,17 @@ class Node(BaseModel):
     env: dict[str, str]
     bind_address: str = "0.0.0.0"  # resolved: an address, never "fabric"
 
+    # Checked here too: a record an older sparkfleet stored never reaches ssh's argv unchecked.
+    @field_validator("host")
+    @classmethod
+    def _host_ok(cls, value: str) -> str:
+        return names.host(value)
+
+    @field_validator("user")
+    @classmethod
+    def _user_ok(cls, value: str | None) -> str | None:
+        return None if value is None else names.user(value)
+
 
 class Cluster(BaseModel):
     """A resolved cluster: nodes in rank order."""
@@ -157,7 +189,9 @@ def _resolve(spec: NodeSpec, defaults: NodeSettings) -> Node:
     user = pick("user", None)
     home = "/root" if user == "root" else (f"/home/{user}" if user else str(Path.home()))
     hf_cache = str(pick("hf_cache", f"{home}/.cache/huggingface"))
-    fabric_ip = spec.fabric_ip or spec.host
+    # A node named by its host name alone (host = "localhost" on a one-node cluster): the
+    # fabric address checks and engines need an address.
+    fabric_ip = spec.fabric_ip or ("127.0.0.1" if spec.host == "localhost" else spec.host)
     bind = str(pick("bind_address", "0.0.0.0"))
     return Node(
         name=spec.name,

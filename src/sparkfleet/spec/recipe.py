@@ -16,12 +16,14 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from sparkfleet.errors import RecipeError
 from sparkfleet.plan.engines import LaunchSpec, engine_for
+from sparkfleet.spec import names
 from sparkfleet.spec.sizes import parse_size
 from sparkfleet.spec.templates import KNOWN, unknown_templates
 from sparkfleet.spec.validation import describe, key_path, shown_error
 from sparkfleet.spec.variants import BASE, Variant, apply_variant, variant_names
 
 RECIPE_FILE = "recipe.toml"
+MAX_FILE_CHARS = 4 * 1024 * 1024  # a recipe or cluster file: kilobytes in practice
 Engine = Literal["sglang", "vllm", "llama-cpp"]
 StagingKind = Literal["sparse-rows", "sync", "nfs", "copy"]
 
@@ -165,13 +167,13 @@ class Recipe(_Strict):
     docker_image_dir: str | None = None
     port: int | None = Field(default=None, ge=1, le=65535)
     rendezvous_port: int | None = Field(default=None, ge=1, le=65535)
-    required_nodes: int = Field(default=1, ge=1)
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    pipeline_parallel_size: int = Field(default=1, ge=1)
+    required_nodes: int = Field(default=1, ge=1, le=4096)
+    tensor_parallel_size: int = Field(default=1, ge=1, le=65536)
+    pipeline_parallel_size: int = Field(default=1, ge=1, le=4096)
     distributed_backend: Literal["mp", "ray"] = "mp"
     shm_size: str | None = None
     entrypoint: tuple[str, ...] | None = None
-    args: tuple[ArgWord, ...] = ()
+    args: tuple[ArgWord, ...] = Field(default=(), max_length=4096)
     env: dict[str, str] = Field(default_factory=dict)
     extra_mounts: tuple[Mount, ...] = ()
     staging: tuple[StagingSpec, ...] = ()
@@ -200,9 +202,14 @@ class Recipe(_Strict):
     @field_validator("env")
     @classmethod
     def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        for key in value:
-            if not key.replace("_", "a").isalnum() or key[0].isdigit():
-                raise ValueError(f"{key!r} is not a valid environment variable name")
+        return names.env(value)
+
+    @field_validator("args", "entrypoint")
+    @classmethod
+    def _words(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        for word in value or ():
+            if len(word) > names.MAX_VALUE or "\0" in word:
+                raise ValueError(f"an argument of {len(word)} characters (or with a NUL) cannot be passed")
         return value
 
     def launch_spec(self, args: tuple[str, ...] | None = None) -> LaunchSpec:
@@ -255,11 +262,14 @@ def recipe_file(path: Path) -> Path:
 
 
 def deployment_name(path: Path) -> str:
-    """The default deployment name: the recipe's folder name, or the file's stem."""
+    """The default deployment name: the recipe's folder name, or the file's stem (lowercased,
+    characters a deployment name cannot hold as '-')."""
     path = Path(path)
     if path.is_dir():
-        return path.resolve().name
-    return path.resolve().parent.name if path.name == RECIPE_FILE else path.stem
+        stem = path.resolve().name
+    else:
+        stem = path.resolve().parent.name if path.name == RECIPE_FILE else path.stem
+    return names.derived_deployment(stem)
 
 
 def read_toml(path: Path, error: type[RecipeError] | Any = RecipeError) -> dict[str, Any]:
@@ -270,10 +280,19 @@ def read_toml(path: Path, error: type[RecipeError] | Any = RecipeError) -> dict[
         raise error(f"{path}: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise error(f"{path}: is not a UTF-8 text file") from None
+    if len(text) > MAX_FILE_CHARS:
+        raise error(f"{path}: {len(text)} characters is over the {MAX_FILE_CHARS} a recipe or cluster file may hold")
     try:
-        return tomllib.loads(text)
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise error(f"{path}: invalid TOML: {exc}") from None
+    except RecursionError:
+        raise error(f"{path}: nested more than {names.MAX_DEPTH} tables/arrays deep") from None
+    try:
+        names.depth(data)
+    except ValueError as exc:
+        raise error(f"{path}: {exc}") from None
+    return data
 
 
 def _check_templates(data: Any, path: str = "") -> None:

@@ -21,7 +21,7 @@ def masked(env: Mapping[str, str]) -> dict[str, str]:
 
 # Credentials an engine may print whatever its env is called: Hugging Face tokens and HTTP
 # bearer tokens (an API key echoed in a request log).
-TOKEN_PATTERNS = (r"\bhf_[A-Za-z0-9]{8,}", r"(?<=Bearer )[A-Za-z0-9._~+/=-]{4,}")
+TOKEN_PATTERNS = (r"\bhf_[A-Za-z0-9]{8,}", r"\bsk-[A-Za-z0-9_-]{16,}", r"(?<=Bearer )[A-Za-z0-9._~+/=-]{4,}")
 _PATTERNS = tuple(re.compile(p) for p in TOKEN_PATTERNS)
 
 
@@ -45,3 +45,41 @@ def secrets_of(env: Iterable[tuple[str, str]]) -> dict[str, str]:
 def env_file_secrets(text: str) -> dict[str, str]:
     """The secret entries of a ``KEY=VALUE`` env file (what a rank was started with)."""
     return secrets_of(tuple(line.split("=", 1)) for line in text.splitlines() if "=" in line)  # type: ignore[misc]
+
+
+def split_secret_sets(sets: Iterable[str]) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """``--set`` items without ``env.KEY=VALUE`` for secret KEYs, and those as ``--env`` pairs:
+    a token given either way is masked and never stored."""
+    kept: list[str] = []
+    env: list[tuple[str, str]] = []
+    for item in sets:
+        key, sep, value = item.partition("=")
+        parts = key.strip().split(".")
+        if sep and len(parts) == 2 and parts[0] == "env" and is_secret(parts[1]):
+            env.append((parts[1], value))
+        else:
+            kept.append(item)
+    return tuple(kept), tuple(env)
+
+
+# Flags whose value is a credential: --api-key, --hf-token, --admin-api-key, --db-password, ...
+SECRET_FLAG = re.compile(r"^--?(?:[a-z0-9]+[-_])*(?:api[-_]?key|token|password|passwd|secret)$", re.IGNORECASE)
+# Values shaped like a credential whatever flag carries them: Hugging Face and OpenAI-style keys.
+SECRET_VALUE = re.compile(r"^(?:hf_[A-Za-z0-9]{8,}|sk-[A-Za-z0-9_-]{16,})$")
+
+
+def argv_secrets(words: Iterable[object]) -> list[str]:
+    """The credentials in a command line: values of secret-named flags (``--api-key K`` or
+    ``--api-key=K``) and words shaped like a token."""
+    seq = [w for w in words if isinstance(w, str)]
+    found = []
+    for i, word in enumerate(seq):
+        flag, eq, inline = word.partition("=")
+        if word.startswith("-") and SECRET_FLAG.match(flag):
+            if eq:
+                found.append(inline)
+            elif i + 1 < len(seq) and not seq[i + 1].startswith("-"):
+                found.append(seq[i + 1])
+        elif SECRET_VALUE.match(word):
+            found.append(word)
+    return [f for f in found if f]

@@ -9,7 +9,7 @@ from typing import Any, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from sparkfleet.spec.secrets import MASK, is_secret
+from sparkfleet.spec.secrets import MASK, argv_secrets, is_secret
 
 _ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=")
 
@@ -70,7 +70,8 @@ def masked_secrets(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: (MASK if isinstance(k, str) and is_secret(k) else masked_secrets(v)) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return type(value)(masked_secrets(v) for v in value)
+        hidden = set(argv_secrets(value))  # an args list with `--api-key K` or a token-shaped word
+        return type(value)(MASK if isinstance(v, str) and v in hidden else masked_secrets(v) for v in value)
     if isinstance(value, str):
         match = _ASSIGNMENT.match(value)  # "HF_TOKEN=hf_…" written where a table was expected
         if match and is_secret(match.group(1)):

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from sparkfleet.errors import StateError
-from sparkfleet.nodes.identity import Instance
+from sparkfleet.errors import SparkfleetError, StateError
+from sparkfleet.nodes.identity import Instance, when
 from sparkfleet.plan.engines import Readiness
 from sparkfleet.plan.model import MountSpec, Plan, RankHandle
 from sparkfleet.spec.cluster import Node, NodeSpec, parse_cluster
@@ -68,6 +68,9 @@ class Deployment:
     instance: str | None = None  # None: recorded before instance ids (stops match by name)
     owner: str | None = None
     restarts: int = 0  # how often watch's restart policy brought it up again
+    owner_pid: int | None = None  # the controller process of the up that made the record
+    owner_host: str | None = None
+    unreadable: str | None = None  # why its ranks could not be read (a record of an older version)
 
 
 def rank_to_json(rank: RankHandle) -> dict[str, Any]:
@@ -131,6 +134,17 @@ def rank_from_json(data: dict[str, Any]) -> RankHandle:
     )
 
 
+def gone(row: Any) -> str:
+    """The dead controller of a record, for messages: pid, host, instance and start time."""
+    return (f"pid {row['owner_pid']} on {row['owner_host']}, instance {row['instance'] or '?'}, "
+            f"started {when(row['created'])}")  # fmt: skip
+
+
+def controller_gone(deployment: Deployment) -> bool:
+    """Whether the ``up`` that left a deployment ``starting`` has died (it will never finish)."""
+    return deployment.status == "starting" and not _alive(deployment.owner_pid, deployment.owner_host)
+
+
 def _alive(pid: int | None, host: str | None) -> bool:
     """Whether the ``up`` that holds a lock still runs (another machine's: assume it does)."""
     if pid is None:
@@ -161,11 +175,16 @@ class Deployments:
         """Record plan as starting, or refuse if a deployment of that name is up or starting."""
         now = time.time()
         with self.store.connect() as conn:
-            row = conn.execute("SELECT status, owner_pid, owner_host FROM deployments WHERE name = ?",
-                               (plan.name,)).fetchone()  # fmt: skip
-            # A "starting" row whose up process died is stale: take it over.
-            if row and (row["status"] == "ready" or (row["status"] == "starting"
-                                                     and _alive(row["owner_pid"], row["owner_host"]))):
+            row = conn.execute("SELECT status, owner_pid, owner_host, instance, created FROM deployments"
+                               " WHERE name = ?", (plan.name,)).fetchone()  # fmt: skip
+            if row and row["status"] == "starting" and not _alive(row["owner_pid"], row["owner_host"]):
+                # Its up was killed: its ranks may run on, and this record is all that names
+                # them, so it is kept for `down`, not replaced.
+                raise StateError(
+                    f"deployment {plan.name!r} was being started by a controller that is gone ({gone(row)}); "
+                    f"its ranks may still run: `sparkfleet down {plan.name}` stops them, then `up` again"
+                )
+            if row and row["status"] in ("ready", "starting"):
                 raise StateError(
                     f"deployment {plan.name!r} is already {row['status']}; "
                     f"run `sparkfleet down {plan.name}` first (or `up --name` for a second copy)"
@@ -194,7 +213,7 @@ class Deployments:
     def stored_plan(self, name: str) -> Plan | None:
         """The Plan the deployment was last brought up from (secret env values masked), or None
         for a record written before plans were stored."""
-        with self.store.connect() as conn:
+        with self.store.connect(write=False) as conn:
             row = conn.execute("SELECT plan_json FROM deployments WHERE name = ?", (name,)).fetchone()
         return plan_from_json(row["plan_json"]) if row and row["plan_json"] else None
 
@@ -221,26 +240,35 @@ class Deployments:
 
     def get(self, name: str) -> Deployment | None:
         """The recorded deployment, or None."""
-        with self.store.connect() as conn:
+        with self.store.connect(write=False) as conn:
             row = conn.execute("SELECT * FROM deployments WHERE name = ?", (name,)).fetchone()
         return _from_row(row) if row else None
 
     def all(self) -> list[Deployment]:
         """Every recorded deployment, newest first."""
-        with self.store.connect() as conn:
+        with self.store.connect(write=False) as conn:
             rows = conn.execute("SELECT * FROM deployments ORDER BY created DESC").fetchall()
         return [_from_row(r) for r in rows]
 
     def events(self, name: str, limit: int = 50) -> list[dict[str, Any]]:
         """The latest events of a deployment, oldest first."""
-        with self.store.connect() as conn:
+        with self.store.connect(write=False) as conn:
             rows = conn.execute("SELECT time, kind, node, message FROM events WHERE name = ? "
                                 "ORDER BY id DESC LIMIT ?", (name, limit)).fetchall()  # fmt: skip
         return [dict(r) for r in reversed(rows)]
 
 
 def _from_row(row: Any) -> Deployment:
+    """The record as a Deployment; one whose ranks this version cannot read (a host an older
+    version let through, a changed layout) has none, and says why, so that status and down
+    still work for it and for every other deployment."""
+    try:
+        ranks = tuple(rank_from_json(r) for r in json.loads(row["ranks_json"]))
+        unreadable = None
+    except (ValueError, TypeError, KeyError, AttributeError, SparkfleetError) as exc:
+        ranks, unreadable = (), (exc.message if isinstance(exc, SparkfleetError) else str(exc)).splitlines()[0][:200]
     return Deployment(
+        unreadable=unreadable,
         name=row["name"],
         engine=row["engine"],
         recipe=row["recipe"],
@@ -251,8 +279,10 @@ def _from_row(row: Any) -> Deployment:
         created=row["created"],
         updated=row["updated"],
         ready_at=row["ready_at"],
-        ranks=tuple(rank_from_json(r) for r in json.loads(row["ranks_json"])),
+        ranks=ranks,
         instance=row["instance"],
         owner=row["owner"],
         restarts=row["restarts"] or 0,
+        owner_pid=row["owner_pid"],
+        owner_host=row["owner_host"],
     )

@@ -60,6 +60,8 @@ def _decode(kind: Any, data: Any) -> Any:
 def plan_to_json(plan: Plan) -> str:
     """The Plan as stored: secret env values masked, stray copies of them redacted."""
     secrets = secrets_of((v.key, v.value) for r in plan.ranks for v in r.env)
+    # Credentials the engine reads from argv only: named as secrets so redact hides them too.
+    secrets.update({f"ARGV_{i}_SECRET": w for i, w in enumerate(w for r in plan.ranks for w in r.secret_words)})
     data = _encode(plan)
     for rank in data["ranks"]:
         rank["env"] = [{**v, "value": MASK} if EnvVar(v["key"], "", v["source"]).secret else v for v in rank["env"]]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkfleet.errors import StagingError, TransportError
+from sparkfleet.nodes import files as node_files
 from sparkfleet.nodes.transport.base import Transport
 
 
@@ -59,15 +60,10 @@ def local_files(paths: Sequence[str], base: Path, step_id: str) -> tuple[LocalFi
 
 def remote_hashes(transport: Transport, paths: Sequence[str]) -> dict[str, str]:
     """sha256 of each path that exists on the node (missing paths are left out)."""
-    script = 'for p; do [ -f "$p" ] && sha256sum -- "$p"; done; true'
-    result = transport.run(["sh", "-c", script, "sh", *paths], check=False, timeout=300)
+    result = node_files.sha256_of(transport, paths)
     if not result.ok:
         raise StagingError(transport.node, f"cannot hash files on the node: {result.tail()}")
-    hashes = {}
-    for line in result.stdout.splitlines():
-        digest, _, path = line.partition("  ")
-        hashes[path.lstrip("*")] = digest
-    return hashes
+    return node_files.parse_sha256sum(result.stdout)
 
 
 def copy_files(transport: Transport, files: Sequence[LocalFile], dst: str, step_id: str) -> CopyReport:

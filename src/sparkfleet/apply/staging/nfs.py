@@ -10,12 +10,12 @@ shows at launch; that is why every worker reads ``check_file`` from a container 
 
 from __future__ import annotations
 
-import shlex
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sparkfleet.errors import StagingError
+from sparkfleet.nodes import files, nfs
 from sparkfleet.nodes.runtime import docker
 from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.plan.model import volume_name as volume_name  # the naming rule is the plan's
@@ -26,7 +26,6 @@ DEFAULT_OPTIONS = "nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,ti
 # The seed's export options; fsid is added per export (overlay and some other filesystems
 # cannot be exported without one).
 EXPORT_OPTIONS = "ro,sync,no_subtree_check,no_root_squash,insecure"
-EXPORTS_DIR = "/etc/exports.d"
 
 
 @dataclass(frozen=True)
@@ -64,39 +63,27 @@ def exports_line(path: str, clients: Sequence[str], volume: str) -> str:
     return f"{path} " + " ".join(f"{c}({EXPORT_OPTIONS},fsid={fsid})" for c in clients) + "\n"
 
 
-def _as_root(argv: Sequence[str]) -> list[str]:
-    # Exports are root's; use sudo -n (never a password prompt) when not already root.
-    return ["sh", "-c", 'if [ "$(id -u)" = 0 ]; then exec "$@"; else exec sudo -n "$@"; fi', "sh", *argv]
-
-
 def export(server: Transport, path: str, clients: Sequence[str], volume: str) -> NfsReport:
     """Export path read-only from the server node to clients; reload the kernel's export table."""
-    has = server.run(["test", "-d", path], check=False, timeout=60)
-    if not has.ok:
+    if not files.is_dir(server, path):
         raise StagingError(server.node, f"cannot export {path}: no such folder on the NFS server node")
-    probe = server.run(["sh", "-c", "command -v exportfs || ls /usr/sbin/exportfs"], check=False, timeout=60)
-    if not probe.ok:
+    if not nfs.has_exportfs(server):
         raise StagingError(
             server.node, "no NFS server here (exportfs not found): install nfs-kernel-server on this node"
         )
     # exportfs only edits the export table; without nfsd threads nothing answers the clients.
-    serving = server.run(["sh", "-c", "cat /proc/fs/nfsd/threads"], check=False, timeout=60)
-    if not serving.ok or not serving.stdout.strip().isdigit() or int(serving.stdout) == 0:
-        why = "no nfsd threads" if serving.ok else "/proc/fs/nfsd is not mounted: no kernel NFS server"
+    threads = nfs.nfsd_threads(server)
+    if not threads:
+        why = "no nfsd threads" if threads == 0 else "/proc/fs/nfsd is not mounted: no kernel NFS server"
         raise StagingError(
             server.node,
             f"cannot export {path}: the NFS server is not running ({why}); start nfs-kernel-server",
         )
-    line = exports_line(path, clients, volume)
-    target = f"{EXPORTS_DIR}/{volume}.exports"
-    write = server.run(
-        _as_root(["sh", "-c", f"mkdir -p {EXPORTS_DIR} && cat > {shlex.quote(target)}"]),
-        stdin=line.encode(), check=False, timeout=60,
-    )  # fmt: skip
+    write = nfs.write_exports(server, volume, exports_line(path, clients, volume))
     if not write.ok:
+        target = f"{nfs.EXPORTS_DIR}/{volume}.exports"
         raise StagingError(server.node, f"cannot write {target} (needs root or sudo -n): {write.tail()}")
-    reload = server.run(_as_root(["exportfs", "-ra"]), check=False, timeout=120)
-    listed = server.run(_as_root(["exportfs", "-v"]), check=False, timeout=60)
+    reload, listed = nfs.reload_exports(server)
     if not reload.ok or path not in listed.stdout:
         detail = (reload.tail() or listed.tail() or "the export is not listed by exportfs -v").strip()
         raise StagingError(server.node, f"exporting {path} over NFS failed: {detail}")

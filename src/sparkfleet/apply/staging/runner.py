@@ -16,6 +16,7 @@ from typing import Any
 
 from sparkfleet.apply.staging.composed import ComposedModel, compose_model
 from sparkfleet.errors import StagingError
+from sparkfleet.nodes import files as node_files
 from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.ship import STAGE_WORKER, run_shipped
 from sparkfleet.nodes.shipped.sparse_rows import RESULT_MARKER
@@ -100,10 +101,10 @@ def _poll_progress(
     transport: Transport, steps: Sequence[StagingStep], path: str, done: threading.Event, progress: ProgressFn
 ) -> None:
     while not done.wait(_POLL_SECONDS):
-        seen = transport.run(["cat", path], check=False, timeout=30)
-        if seen.ok:
+        seen = node_files.read_text(transport, path)
+        if seen is not None:
             try:
-                state = json.loads(seen.stdout)
+                state = json.loads(seen)
                 progress(steps[int(state["job"])], int(state["done"]), int(state["total"]))
             except (ValueError, KeyError, TypeError, IndexError):
                 continue  # a poll between the worker's write and rename
@@ -134,7 +135,7 @@ def _sparse_rows(
         if poller is not None:
             poller.join()
         if progress_file is not None:
-            transport.run(["rm", "-f", progress_file, progress_file + ".tmp"], check=False, timeout=30)
+            node_files.remove(transport, progress_file, progress_file + ".tmp")
     reports = []
     for step, data in zip(steps, _parse_result(steps, result), strict=True):
         outputs = tuple(

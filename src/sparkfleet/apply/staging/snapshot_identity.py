@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sparkfleet.errors import StagingError
+from sparkfleet.nodes import files as node_files
 from sparkfleet.nodes.ship import SNAPSHOT_SCAN, run_shipped, standalone
 from sparkfleet.nodes.shipped.snapshot_scan import scan_snapshot
 from sparkfleet.nodes.transport.base import Transport
@@ -96,25 +97,13 @@ def scan_node(transport: Transport, root: str, revision: str | None, *, python: 
     return parse_scan(transport.node, root, data)
 
 
-def _check_script() -> str:
-    names = " -o ".join(f"-name '{p}'" for p in HASHED)
-    return (
-        'cd "$1" || { echo "cannot enter $1" >&2; exit 4; }; shift; '
-        "stat -L -c 'S\t%n\t%s' -- \"$@\" 2>/dev/null; "
-        "find \"$@\" -maxdepth 0 -type l -printf 'L\\t%p\\t%l\\n' 2>/dev/null; "
-        f'find -L "$@" -maxdepth 0 -type f \\( {names} \\) -size -{HASH_LIMIT // 1024 + 1}k -print0 '
-        "2>/dev/null | xargs -0 -r sha256sum -- | sed 's/^/H\t/'; true"
-    )
-
-
 def check_copy(transport: Transport, root: str, reference: Snapshot, paths: Sequence[str]) -> Snapshot:
     """A node's copy of reference at root, read with stat, find and sha256sum (no interpreter to
     start, so it is cheap after every sync): sizes and link targets of paths (snapshot-relative)
     and sha256 of the ``HASHED`` names. ``scan_node`` also finds files the reference lacks."""
     # "./" so that no path can read as an option of find or stat
     base = f"./snapshots/{reference.revision}/" if reference.layout == "hf" else "./"
-    argv = ["sh", "-c", _check_script(), "sh", root, *[base + p for p in paths]]
-    result = transport.run(argv, check=False, timeout=300)
+    result = node_files.snapshot_check(transport, root, [base + p for p in paths], HASHED, HASH_LIMIT)
     if result.exit_code == 4:
         raise StagingError(transport.node, f"{root}: {result.tail()}")
     sizes: dict[str, int] = {}

@@ -22,12 +22,10 @@ with tar over SSH through the controller, and the report says that rsync was mis
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shlex
 import shutil
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,9 +33,10 @@ from typing import Literal
 
 from sparkfleet.apply.staging.snapshot_identity import Snapshot, select
 from sparkfleet.errors import StagingError, TransportError
-from sparkfleet.nodes.transport.base import Stream, Transport
+from sparkfleet.nodes import files as node_files
+from sparkfleet.nodes.transport.base import Transport
 
-PARTIAL_DIR = ".sparkfleet-partial"
+PARTIAL_DIR = node_files.PARTIAL_DIR
 Method = Literal["auto", "rsync", "tar"]
 BytesFn = Callable[[int], None]
 _IO_TIMEOUT_S = 120
@@ -122,7 +121,7 @@ def _prepare(end: Endpoint) -> None:
     if end.local:
         os.makedirs(end.path, exist_ok=True)
         return
-    made = end.transport.run(["mkdir", "-p", end.path], check=False, timeout=60)
+    made = node_files.make_dir(end.transport, end.path)
     if not made.ok:
         raise StagingError(end.node, f"cannot create {end.path}: {made.tail()}")
 
@@ -135,47 +134,6 @@ def _ssh_words(transport: Transport) -> list[str] | None:
     """The ssh words of an SSH transport, ending with the host; None for other transports."""
     words = transport.capabilities.ssh
     return list(words) if words is not None else None
-
-
-def _node_side_ssh(target: Endpoint, source_files: set[str]) -> str:
-    """The ssh command rsync uses on a source node to reach target: the target's user/port, and
-    the controller's ssh_config and key only where the same path exists on the source node."""
-    words = _ssh_words(target.transport) or []
-    out = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
-    config = next((words[i + 1] for i, w in enumerate(words[:-1]) if w == "-F"), None)
-    if config is None or config not in source_files:
-        # No ssh_config of ours there to say how host keys are checked: learn a node's key on first
-        # contact (a changed key is still refused).
-        out += ["-o", "StrictHostKeyChecking=accept-new"]
-    i = 1
-    while i < len(words) - 1:
-        flag, value = words[i], words[i + 1]
-        if flag in ("-F", "-i") and value in source_files:
-            out += [flag, value]
-        elif flag == "-i":
-            pass
-        elif flag in ("-p", "-l"):
-            out += [flag, value]
-        i += 2 if flag in ("-F", "-i", "-p", "-l", "-o") else 1
-    return shlex.join(out)
-
-
-def rsync_argv(src: str, dest: str, ssh: str | None, make_dest: str | None = None) -> list[str]:
-    """rsync words: exact file list on stdin (NUL separated), archive mode, resumable partials.
-    With make_dest, the receiving side creates that folder first (no extra SSH round trip).
-
-    ``--modify-window=-1``: the quick check compares mtimes to the nanosecond (receivers from
-    rsync 3.1.3). At the default, whole seconds, a table rewritten at the same size within a
-    second of the last sync looked unchanged and was never sent."""
-    words = [
-        "rsync", "-a", "--modify-window=-1", "--from0", "--files-from=-", f"--partial-dir={PARTIAL_DIR}",
-        f"--timeout={_IO_TIMEOUT_S}", "--info=progress2", "--stats", "--no-human-readable",
-    ]  # fmt: skip
-    if ssh:
-        words += ["-e", ssh]
-    if make_dest:
-        words.append(f"--rsync-path=mkdir -p {shlex.quote(make_dest)} && rsync")
-    return [*words, src.rstrip("/") + "/", dest.rstrip("/") + "/"]
 
 
 _STAT_FIELDS = {
@@ -198,71 +156,44 @@ def parse_stats(text: str) -> dict[str, int]:
     return out
 
 
-def _pump(stream: Stream, on_bytes: BytesFn | None, sink: list[bytes]) -> None:
-    buf = b""
-    while chunk := stream.read(65536):
-        sink.append(chunk)
-        buf += chunk
-        *lines, buf = re.split(rb"[\r\n]", buf)
-        for line in lines:
-            m = _PROGRESS.match(line)
-            if m and on_bytes is not None:
-                on_bytes(int(m.group(1).replace(b",", b"")))
-
-
-def _run_streaming(runner: Transport, argv: list[str], stdin: bytes, on_bytes: BytesFn | None) -> tuple[int, str, str]:
-    """Run argv on the runner's node, stdin fed, stdout read for progress as it comes."""
-    try:
-        stream = runner.stream(argv, stdin=True, merge_stderr=False)
-    except TransportError as exc:
-        if runner.capabilities.local:
-            raise StagingError("controller", f"{argv[0]} is not installed on this machine") from exc
-        raise StagingError(runner.node, exc.detail) from exc
-    out: list[bytes] = []
-    reader = threading.Thread(target=_pump, args=(stream, on_bytes, out), daemon=True)
-    reader.start()
-    with contextlib.suppress(BrokenPipeError):  # rsync died early: its exit code and stderr say why
-        stream.write(stdin)
-    stream.close_stdin()
-    code = stream.wait()
-    reader.join()
-    return code, b"".join(out).decode(errors="replace"), stream.errors()
-
-
-def _rsync(source: Endpoint, target: Endpoint, files: list[str], on_bytes: BytesFn | None) -> dict[str, int]:
+def _rsync(source: Endpoint, target: Endpoint, names: list[str], on_bytes: BytesFn | None) -> dict[str, int]:
     """Run one rsync from source to target; return its --stats figures."""
     same_node = source.node == target.node
     if source.local:
         if target.local or same_node:
-            argv = rsync_argv(source.path, target.path, None)
+            argv = node_files.rsync_argv(source.path, target.path, None)
         else:
             words = _ssh_words(target.transport)
             if words is None:
                 raise StagingError(target.node, "sync needs an SSH (or local) transport to this node")
-            argv = rsync_argv(source.path, f"{words[-1]}:{target.path}", shlex.join(words[:-1]), make_dest=target.path)
+            argv = node_files.rsync_argv(source.path, f"{words[-1]}:{target.path}", shlex.join(words[:-1]),
+                                         make_dest=target.path)  # fmt: skip
         where = "controller"
     else:
         if same_node:
-            inner = ["sh", "-c", 'mkdir -p "$1" && shift && exec "$@"', "sh", target.path]
-            inner += rsync_argv(source.path, target.path, None)
+            inner = node_files.in_new_folder(target.path, node_files.rsync_argv(source.path, target.path, None))
         else:
             tgt_words = _ssh_words(target.transport) or []
             candidates = [tgt_words[i + 1] for i, w in enumerate(tgt_words[:-1]) if w in ("-F", "-i")]
-            present = _present_on(source.transport, candidates)
+            present = node_files.readable(source.transport, candidates)
             address = target.address or (tgt_words[-1] if tgt_words else target.node)
-            inner = rsync_argv(
+            inner = node_files.rsync_argv(
                 source.path,
                 f"{address}:{target.path}",
-                _node_side_ssh(target, present),
+                node_files.node_side_ssh(tgt_words, present),
                 make_dest=target.path,
             )
         argv = inner
         where = source.node
-    payload = b"\0".join(p.encode() for p in files) + b"\0"
     if source.local and target.local:
         os.makedirs(target.path, exist_ok=True)
     # rsync runs where the source is: here for a controller path, on the source node otherwise.
-    code, out, err = _run_streaming(source.transport, argv, payload, on_bytes)
+    try:
+        code, out, err = node_files.run_rsync(source.transport, argv, names, on_bytes)
+    except TransportError as exc:
+        if source.transport.capabilities.local:
+            raise StagingError("controller", f"{argv[0]} is not installed on this machine") from exc
+        raise StagingError(source.node, exc.detail) from exc
     if code != 0 and _NOT_FOUND.search(err):
         # 127 from the shell that ssh started on the runner: the runner lacks rsync; otherwise the
         # receiving side's shell said so.
@@ -270,14 +201,6 @@ def _rsync(source: Endpoint, target: Endpoint, files: list[str], on_bytes: Bytes
     if code != 0:
         raise StagingError(target.node, _rsync_failure(code, err, source, target, where))
     return parse_stats(out)
-
-
-def _present_on(transport: Transport, paths: list[str]) -> set[str]:
-    if not paths:
-        return set()
-    script = 'for p; do [ -r "$p" ] && printf "%s\\n" "$p"; done; true'
-    seen = transport.run(["sh", "-c", script, "sh", *paths], check=False, timeout=60)
-    return set(seen.stdout.splitlines())
 
 
 def _rsync_failure(code: int, err: str, source: Endpoint, target: Endpoint, where: str) -> str:
@@ -298,30 +221,14 @@ def _rsync_failure(code: int, err: str, source: Endpoint, target: Endpoint, wher
 # ---- tar fallback: no rsync on one side ----
 
 
-# size, mtime, type, link target and path of each path itself (links not followed)
-_FIND_STAT = (
-    'cd "$1" || { echo "cannot enter $1" >&2; exit 4; }; shift; '
-    "find \"$@\" -maxdepth 0 -printf '%s\\t%T@\\t%y\\t%l\\t%p\\n' 2>/dev/null; true"
-)
-
-
 def _stat(end: Endpoint, paths: list[str]) -> dict[str, tuple[int, int, str | None]]:
     """{path: (size, mtime, link target or None)} for the paths that exist under end.path."""
     if end.local:
         os.makedirs(end.path, exist_ok=True)
-    argv = ["sh", "-c", _FIND_STAT, "sh", end.path, *[f"./{p}" for p in paths]]
-    result = end.transport.run(argv, check=False, timeout=600)
+    result = node_files.stat_entries(end.transport, end.path, paths)
     if not result.ok:
         raise StagingError(end.node, f"cannot list {end.path}: {result.tail()}")
-    out: dict[str, tuple[int, int, str | None]] = {}
-    for line in result.stdout.splitlines():
-        size, mtime, kind, link, path = line.split("\t", 4)
-        # A link is compared by its target alone: its own mtime is not worth a copy.
-        if kind == "l":
-            out[path.removeprefix("./")] = (0, 0, link)
-        else:
-            out[path.removeprefix("./")] = (int(size), int(float(mtime)), None)
-    return out
+    return node_files.parse_stat_entries(result.stdout)
 
 
 def _tar(source: Endpoint, target: Endpoint, files: list[str], on_bytes: BytesFn | None) -> tuple[int, int]:
@@ -336,9 +243,8 @@ def _tar(source: Endpoint, target: Endpoint, files: list[str], on_bytes: BytesFn
         return 0, 0
     payload = sum(want[p][0] for p in todo if want[p][2] is None)
     # Both ends through this machine: tar -c on the source, tar -x on the target, chunk by chunk.
-    reader = source.transport.stream(["tar", "-C", source.path, "--null", "-T", "-", "-cf", "-"], stdin=True,
-                                     merge_stderr=False)  # fmt: skip
-    writer = target.transport.stream(["tar", "-C", target.path, "-xpf", "-"], stdin=True, merge_stderr=False)
+    reader = node_files.tar_out(source.transport, source.path)
+    writer = node_files.tar_in(target.transport, target.path)
     reader.write(b"\0".join(p.encode() for p in todo) + b"\0")
     reader.close_stdin()
     moved = 0

@@ -36,7 +36,10 @@ class Interface:
             return True
         if not self.loopback:
             return False
-        addr = ipaddress.ip_address(ip)
+        try:
+            addr = ipaddress.ip_address(ip)
+        except ValueError:  # a host name (fabric_ip left to default to the host): not an address here
+            return False
         return any(
             addr in ipaddress.ip_network(f"{a}/{n}", strict=False)
             for a, n in zip(self.ipv4, self.prefixes, strict=False)

@@ -48,6 +48,8 @@ def score(spec: Mapping[str, Any], answer: str, *, limits: SandboxLimits | None 
     token = "HARNESS_OK_" + secrets.token_hex(8)
     program = f"{code}\n\n{spec['tests'].strip()}\nprint({token!r})\n"
     run = run_python(program, limits)
+    if not run.ran:
+        return Verdict.fail(f"not run: {run.isolation}")
     if run.timed_out:
         return Verdict.fail("timeout (wall clock)")
     if run.exit_code == 0 and token in run.stdout:

@@ -13,11 +13,9 @@ in parallel), and when the session never came up — then the one-shot call repo
 python, a refused login) the way it always has. A session that dies in the middle of a call
 raises: the command may have run there, so it is not sent again.
 
-Over SSH a session also makes sure the node has its resident agent (``serve KEY IDLE``, see
-``nodes/shipped/process_agent.py``) and has the ssh master forward to its socket; the next
-command's session is a connection to that forward, which costs the node a fork of an agent that
-is already loaded instead of a shell and an interpreter. A forward whose agent has gone ends
-before the agent's hello: nothing was delivered, and the session becomes an SSH one.
+As Mitogen's remote interpreter, the agent lives and dies with its connection: when this process
+ends (or drops the transport), the ssh client ends, the agent's stdin ends, and the agent exits.
+Nothing of it stays on the node but the ranks it started and their monitors.
 """
 
 from __future__ import annotations
@@ -29,15 +27,11 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 from sparkfleet.errors import RankRuntimeError, SparkfleetError
-from sparkfleet.nodes.ship import PROCESS_AGENT, loader_text, shipped_argv
-from sparkfleet.nodes.transport.base import ResidentCarrier, Stream, Transport, trace
-
-# How long a node's resident agent waits for the next connection before it exits: as long as
-# the ssh master that forwards to it stays up without a command (ssh.PERSIST_S).
-RESIDENT_IDLE_S = 300
+from sparkfleet.nodes.ship import PROCESS_AGENT, shipped_argv
+from sparkfleet.nodes.transport.base import Stream, Transport, trace
 
 
 class AgentSession:
@@ -45,37 +39,15 @@ class AgentSession:
 
     def __init__(self, transport: Transport, python: str) -> None:
         self.node = transport.node
-        # Weak: the transport's finalizer closes this session, and would never run while the
-        # session held the transport.
-        self._transport: weakref.ref[Transport] = weakref.ref(transport)
-        self._python = python
         self._lock = threading.Lock()
         self.serving = False  # the agent said hello
         self.pid: int | None = None  # the agent's pid on the node, from its hello
         self.closed = False
-        self._key = ""
-        stream: Stream | None = None
-        if transport.capabilities.resident:
-            carrier = cast(ResidentCarrier, transport)
-            self._key = carrier.resident_key(f"{python}\0{loader_text(PROCESS_AGENT)}")
-            stream = carrier.open_resident(self._key)
-        # A forward that connected stays as it is when its agent has gone: the master keeps
-        # one per socket name, and a new resident listens where the old one did.
-        self._via_resident = self._forwarded = stream is not None
-        self._attach(stream or self._session_stream())
-
-    def _session_stream(self) -> Stream:
-        serve = ["serve", self._key, str(RESIDENT_IDLE_S)] if self._key else ["serve"]
-        transport = self._transport()
-        if transport is None:
-            raise OSError("the session's transport was closed")
-        return transport.stream(shipped_argv(self._python, PROCESS_AGENT, serve), stdin=True,
-                                      merge_stderr=False)  # fmt: skip
-
-    def _attach(self, stream: Stream) -> None:
-        self._stream = stream
+        # The session holds no reference to its transport: the transport's finalizer closes it.
+        self._stream = transport.stream(shipped_argv(python, PROCESS_AGENT, ["serve"]), stdin=True,
+                                        merge_stderr=False)  # fmt: skip
         self._lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, args=(stream, self._lines), name=f"agent-session-{self.node}",
+        threading.Thread(target=self._read, args=(self._stream, self._lines), name=f"agent-session-{self.node}",
                          daemon=True).start()  # fmt: skip
 
     @staticmethod
@@ -101,47 +73,23 @@ class AgentSession:
     def release(self) -> None:
         self._lock.release()
 
-    def _fall_back(self) -> bool:
-        """The resident agent did not answer (gone after its idle time, or never started): use
-        a session of the node's own, which starts a resident for the next command. Nothing was
-        delivered, so the request goes again. False when this session was one already."""
-        if not self._via_resident:
-            return False
-        self._via_resident = False
-        self._stream.close()
-        try:
-            self._attach(self._session_stream())
-        except (OSError, SparkfleetError):
-            return False  # the caller's one-shot call reports what is wrong with the node
-        return True
-
     def _send(self, request: bytes) -> bool:
-        while True:
-            try:
-                self._stream.write(request)
-                return True
-            except (OSError, ValueError):  # the agent is gone: nothing was delivered
-                if not self._fall_back():
-                    self.close()
-                    return False
+        try:
+            self._stream.write(request)
+            return True
+        except (OSError, ValueError):  # the agent is gone: nothing was delivered
+            self.close()
+            return False
 
-    def _hello(self, request: bytes, deadline: float) -> bool:
+    def _hello(self, deadline: float) -> bool:
         """Wait for the agent's hello (anything a login shell prints comes before it)."""
         while not self.serving:
             line = self._next(deadline)
             if line is None:
-                if self._fall_back() and self._send(request):
-                    continue
                 self.close()
                 return False  # it never served, so it never read the request
             if line.startswith('{"serving"'):
-                hello = json.loads(line)
-                self.serving, self.pid = True, int(hello["serving"])
-                carrier = cast("ResidentCarrier | None", self._transport())
-                if hello.get("resident") and not self._forwarded and carrier is not None:
-                    # The node started (or has) its resident agent: later commands go there.
-                    with contextlib.suppress(OSError, SparkfleetError):
-                        carrier.forward_resident(self._key, hello["resident"])
+                self.serving, self.pid = True, int(json.loads(line)["serving"])
         return True
 
     def call(self, command: str, payload: dict[str, object], stdin: bytes | None,
@@ -154,7 +102,7 @@ class AgentSession:
         if not self._send(request):
             return None
         try:
-            if not self._hello(request, deadline):
+            if not self._hello(deadline):
                 return None
             line = self._next(deadline)
         except TimeoutError:
@@ -178,9 +126,8 @@ class AgentSession:
         self._stream.close_stdin()
 
 
-# Per transport: its sessions by python, and the lock under which they are opened. Each node's
-# is opened under its own lock: starting the ssh client takes ~10 ms, and one lock for all nodes
-# queued the 16 nodes' openings one behind another (0.19 s of a 16-node `up`).
+# Per transport: its sessions by python, and the lock under which they are opened (one per node:
+# a lock for all nodes queued their ssh clients' starts one behind another).
 _sessions: weakref.WeakKeyDictionary[Transport, tuple[dict[str, AgentSession], threading.Lock]] = (
     weakref.WeakKeyDictionary()
 )
@@ -207,11 +154,10 @@ def session_for(transport: Transport, python: str, *, open_one: bool = True) -> 
 
 
 def call_in_session(transport: Transport, python: str, command: str, payload: dict[str, object], *,
-                    stdin: bytes | None = None, timeout: float = 30,
-                    open_one: bool = True) -> dict[str, Any] | None:  # fmt: skip
+                    stdin: bytes | None = None, timeout: float = 30) -> dict[str, Any] | None:  # fmt: skip
     """The agent's answer through the transport's session; None when there is none to use (no
     session, a busy one, one that never came up): the caller then makes its own call."""
-    session = session_for(transport, python, open_one=open_one)
+    session = session_for(transport, python)
     if session is None or not session.acquire():
         return None
     try:

@@ -18,24 +18,6 @@ from sparkfleet.plan.model import RankHandle, RankPlan
 from sparkfleet.spec.cluster import Node
 from sparkfleet.spec.secrets import TOKEN_PATTERNS
 
-# Prints "running PID STARTTICKS BTIME HZ", "exited CODE MTIME" or "absent". The pid file holds
-# "PGID PID STARTTICKS"; a pid whose start time differs was reused by another process. MTIME has
-# its fraction where stat can print one: a rank that died within the second its deployment
-# became ready must still read as after ready.
-_INSPECT_SH = r"""
-if [ -f "$2" ]; then
-  echo exited "$(cat "$2")" "$(stat -c %.9Y "$2" 2>/dev/null || stat -c %Y "$2" 2>/dev/null)"; exit 0
-fi
-[ -r "$1" ] || { echo absent; exit 0; }
-read pgid pid start < "$1"
-now=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1,20)
-case "$now" in
-  "Z "*|"") echo exited unknown ;;
-  *) [ "${now#* }" = "$start" ] && echo running "$pid" "$start" "$(sed -n 's/^btime //p' /proc/stat)" \
-       "$(getconf CLK_TCK)" || echo exited unknown ;;
-esac
-"""
-
 
 def node_agent(transport: Transport, python: str, command: str, payload: dict[str, object], *,
                timeout: float = 30, stdin: bytes | None = None) -> dict:  # fmt: skip
@@ -93,29 +75,11 @@ class ProcessRuntime:
         return str(state.get("pid") or "")
 
     def inspect(self, rank: RankHandle, transport: Transport) -> RankState:
-        # up's readiness polls: the agent is there already. watch gives inspect's answer and, as
-        # the shell does, when the rank exited.
-        watched = call_in_session(transport, rank.node.python, "watch", {"ranks": [_spec(rank, "")]}, timeout=20,
-                                  open_one=False)  # fmt: skip
-        if watched is not None:
-            s = watched["ranks"][0]
-            return RankState(rank.rank, rank.node.name, s["state"], s["exit_code"], s["started_at"],
-                             str(s["pid"]) if s["pid"] else None,
-                             s["exited_at"] if s["state"] == "exited" else None)  # fmt: skip
-        # Plain sh, not a new Python agent: status polls this, and a shell starts 10x faster.
-        result = transport.run(["sh", "-c", _INSPECT_SH, "sh", rank.pid_path, rank.exit_path], timeout=20,
-                               check=False)  # fmt: skip
-        words = result.stdout.split()
-        if not result.ok or not words:
-            raise RankRuntimeError(rank.node.name, f"cannot inspect rank {rank.rank}: {result.tail(3)}")
-        if words[0] == "running":
-            pid, ticks, btime, hz = words[1:5]
-            return RankState(rank.rank, rank.node.name, "running", None, int(btime) + int(ticks) / int(hz), pid)
-        if words[0] == "exited":
-            code = int(words[1]) if len(words) > 1 and words[1].lstrip("-").isdigit() else None
-            ended = float(words[2]) if len(words) > 2 and words[2].replace(".", "", 1).isdigit() else None
-            return RankState(rank.rank, rank.node.name, "exited", code, None, None, ended)
-        return RankState(rank.rank, rank.node.name, "absent")
+        # watch: inspect's answer and when the rank exited (status tells a crash after ready).
+        s = node_agent(transport, rank.node.python, "watch", {"ranks": [_spec(rank, "")]}, timeout=20)["ranks"][0]
+        return RankState(rank.rank, rank.node.name, s["state"], s["exit_code"], s["started_at"],
+                         str(s["pid"]) if s["pid"] else None,
+                         s["exited_at"] if s["state"] == "exited" else None)  # fmt: skip
 
     def probe(self, rank: RankHandle, transport: Transport) -> tuple[RankState, str]:
         s = self._agent(rank, transport, "probe", _spec(rank, ""), 20)

@@ -10,13 +10,10 @@ from __future__ import annotations
 import os
 import struct
 import threading
+from typing import Any, Literal
 
 from sparkfleet.nodes.shipped.failure import StageFailure
 from sparkfleet.nodes.shipped.safetensors_index import RowTable, ShardHeader, TensorLoc
-
-TYPE_CHECKING = False  # typing's import is a tenth of a re-stage (see lean_stdlib)
-if TYPE_CHECKING:
-    from typing import Any, Literal
 
 _NUMPY: list[Any] = []  # [module or None] once looked up
 _NUMPY_IMPORT: list[threading.Thread] = []

@@ -15,14 +15,10 @@ The ledger vouches for the file at the output path only while ``output`` matches
 
 from __future__ import annotations
 
+import json
 import os
-
-from sparkfleet.nodes.shipped.lean_stdlib import json_loads
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Callable
-    from typing import Any
+from collections.abc import Callable
+from typing import Any
 
 try:
     import xxhash
@@ -98,7 +94,7 @@ def read_ledger(output: str) -> dict[str, Any] | None:
     """The ledger for ``output``, or None when it is missing, unreadable or of another format."""
     try:
         with open(ledger_path(output), encoding="utf-8") as fh:
-            data = json_loads(fh.read())
+            data = json.loads(fh.read())
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or data.get("format") != LEDGER_FORMAT:

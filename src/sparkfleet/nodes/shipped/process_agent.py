@@ -3,9 +3,8 @@
 Shipped as ``python3 -c <this source> COMMAND JSON``, or ``… serve``: a session that answers one
 JSON request per line on stdin (``{"command", "payload", "stdin"}``) with one JSON line
 (``{"answer"}`` or ``{"error"}``) until its stdin ends, so a controller pays for SSH and this
-interpreter once per node and command, not once per call. ``serve KEY IDLE`` also starts the
-node's resident agent for KEY (see ``ensure_resident``) and names its socket in the hello, so
-later commands reach a served copy of it through the ssh master's forward. Commands:
+interpreter once per node and command, not once per call. Nothing of it outlives the session
+but the ranks it started and their monitors. Commands:
   start   fork a monitor in a new session; it starts the engine in its process group, records
           "pgid pid starttime" in the pid file, waits, and writes the exit code file
   inspect print {"state", "pid", "exit_code", "started_at"} as JSON
@@ -23,15 +22,13 @@ later commands reach a served copy of it through the ssh master's forward. Comma
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
 
-from sparkfleet.nodes.shipped.lean_stdlib import json_dumps, json_loads
-
-# Only os, sys and time at the top: every up, status and down starts this agent once per node
-# and phase, and on a node the imports were most of its run time (json, signal, subprocess and
-# contextlib alone cost 3x a bare interpreter start). The rest is imported where it is used.
+# The rest is imported where it is used: every up, status and down starts this agent once per
+# node, and signal, socket and subprocess would double its start-up for the calls that need none.
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -80,7 +77,9 @@ def _env(spec: dict) -> dict[str, str]:
 
 
 def start(spec: dict, env_text: bytes) -> dict:
-    os.makedirs(spec["workdir"], exist_ok=True)
+    import select
+
+    os.makedirs(spec["workdir"], mode=0o700, exist_ok=True)
     # The env file arrives on stdin (or in a session's request), so secrets never sit in argv;
     # only this user may read it.
     fd = os.open(spec["env_file"] + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -99,8 +98,6 @@ def start(spec: dict, env_text: bytes) -> dict:
     ready_r, ready_w = os.pipe()
     middle = os.fork()
     if middle != 0:
-        import select
-
         os.close(ready_w)
         os.waitpid(middle, 0)
         if select.select([ready_r], [], [], 10)[0]:
@@ -119,21 +116,25 @@ def start(spec: dict, env_text: bytes) -> dict:
 
 
 def _monitor(spec: dict, env: dict[str, str], ready_r: int, ready_w: int) -> None:
+    import signal
+    import subprocess
+
     os.close(ready_r)
-    try:
-        import _signal as signals  # signal's C core: the module's enum wrappers cost ~4 ms to import
-    except ImportError:
-        import signal as signals
     os.setsid()
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     # The monitor outlives a SIGTERM to the group so it can record how the engine ended.
-    signals.signal(signals.SIGTERM, signals.SIG_IGN)
-    signals.signal(signals.SIGHUP, signals.SIG_IGN)
-    with open(spec["log_path"], "ab") as log:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    with os.fdopen(os.open(spec["log_path"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as log:
+        os.fchmod(log.fileno(), 0o600)  # an engine's log quotes its argv and requests: this user's only
         try:
-            proc = _Engine(spec["argv"], env, spec["workdir"], devnull, signals)
+            # Popen's restore_signals gives the engine SIGPIPE and SIGXFSZ back; SIGTERM and
+            # SIGHUP, ignored here, go back to default before the exec.
+            proc = subprocess.Popen(spec["argv"], env=env, cwd=spec["workdir"], stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    preexec_fn=_default_signals)  # fmt: skip
         except OSError as exc:
             log.write(f"sparkfleet: cannot start {spec['argv'][0]}: {exc}\n".encode())
             log.flush()  # os._exit skips the file's buffer
@@ -147,73 +148,20 @@ def _monitor(spec: dict, env: dict[str, str], ready_r: int, ready_w: int) -> Non
     _write(spec["exit_path"], str(code))
 
 
-class _Engine:
-    """The engine as a child of the monitor: fork and exec by hand, as subprocess.Popen would
-    (stdin /dev/null, stdout and stderr one pipe, its own cwd, SIGTERM, SIGPIPE and SIGXFSZ back
-    to default, no other descriptor inherited), because importing subprocess was most of the monitor's time before
-    the rank's pid is known, which every ``start`` waits for. Exec failures raise OSError here."""
+def _default_signals() -> None:
+    import signal
 
-    def __init__(self, argv: list, env: dict, cwd: str, devnull: int, signals) -> None:  # type: ignore[no-untyped-def]
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()  # close-on-exec: EOF means the exec happened
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.dup2(devnull, 0)
-                os.dup2(out_w, 1)
-                os.dup2(out_w, 2)
-                for name in os.listdir("/proc/self/fd"):
-                    if int(name) > 2 and int(name) != err_w:
-                        try:
-                            os.close(int(name))
-                        except OSError:
-                            pass
-                os.chdir(cwd)
-                # As Popen's restore_signals: Python ignores SIGPIPE and SIGXFSZ, an engine must not.
-                for sig in (signals.SIGTERM, signals.SIGPIPE, signals.SIGXFSZ):
-                    signals.signal(sig, signals.SIG_DFL)
-                os.execvpe(argv[0], argv, env)
-            except BaseException as exc:  # whatever it was, the monitor must hear of it
-                try:
-                    os.write(err_w, str(exc).encode(errors="replace") or b"exec failed")
-                finally:
-                    os._exit(127)
-        os.close(out_w)
-        os.close(err_w)
-        failure = b""
-        while True:
-            chunk = os.read(err_r, 4096)
-            if not chunk:
-                break
-            failure += chunk
-        os.close(err_r)
-        if failure:
-            os.close(out_r)
-            os.waitpid(pid, 0)
-            raise OSError(failure.decode(errors="replace"))
-        self.pid, self.fd = pid, out_r
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            done, status = os.waitpid(self.pid, os.WNOHANG)
-            if done:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self) -> int:
-        if self.returncode is None:
-            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
-        return self.returncode
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def _redactor(spec: dict, env: dict[str, str]):  # type: ignore[no-untyped-def]
     """bytes -> bytes hiding the rank's secret values and token-shaped words (the controller
     sends which keys are secret and the patterns; the values stay in the env file)."""
-    values = sorted({env[k].encode() for k in spec.get("secret_keys", []) if len(env.get(k, "")) >= 4}, key=len,
-                    reverse=True)  # fmt: skip
     import re
 
+    values = sorted({env[k].encode() for k in spec.get("secret_keys", []) if len(env.get(k, "")) >= 4}, key=len,
+                    reverse=True)  # fmt: skip
     patterns = [re.compile(p.encode()) for p in spec.get("secret_patterns", [])]
 
     def redact(data: bytes) -> bytes:
@@ -231,7 +179,7 @@ def _copy_redacted(proc, log, redact) -> None:  # type: ignore[no-untyped-def]
     secret never straddles two writes), until the engine exits."""
     import select
 
-    fd = proc.fd
+    fd = proc.stdout.fileno()
     pending = b""
     while True:
         ready, _, _ = select.select([fd], [], [], 0.5)
@@ -412,20 +360,20 @@ def _bindable(port: int) -> bool:
     """Nothing listens on the port on any address of this node, IPv4 or IPv6: a wildcard bind
     of each succeeds. Reading /proc/net/tcp costs the kernel a walk of its whole socket table (1.5 ms per
     table here), and up asks this of every node before it starts anything."""
-    import _socket
+    import socket
 
-    families = [(_socket.AF_INET, "0.0.0.0")]
-    if getattr(_socket, "has_ipv6", False):
-        families.append((_socket.AF_INET6, "::"))
+    families = [(socket.AF_INET, "0.0.0.0")]
+    if socket.has_ipv6:
+        families.append((socket.AF_INET6, "::"))
     for family, address in families:
         try:
-            sock = _socket.socket(family, _socket.SOCK_STREAM)
+            sock = socket.socket(family, socket.SOCK_STREAM)
         except OSError:
             continue  # no IPv6 here
         try:
             # As a server binds: connections of an earlier rank still in TIME_WAIT don't count,
             # and Linux refuses the bind while anything listens on the port.
-            sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((address, port))
         except OSError:
             return False  # taken (or privileged): /proc says by whom, or that nobody listens
@@ -502,6 +450,8 @@ def mem_available() -> int | None:
 
 def watch(spec: dict) -> dict:
     """Each rank's inspect answer plus when its exit file was written, and MemAvailable."""
+    import resource
+
     ranks = []
     for rank in spec.get("ranks", []):
         state = inspect(rank)
@@ -510,8 +460,6 @@ def watch(spec: dict) -> dict:
         except OSError:
             state["exited_at"] = None
         ranks.append(state)
-    import resource
-
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu = usage.ru_utime + usage.ru_stime - _session_cpu[0]  # a session's earlier requests are not this poll's
     return {"ranks": ranks, "mem_available": mem_available(), "cpu_s": cpu}
@@ -674,195 +622,32 @@ def answer(command: str, payload: dict, stdin: bytes) -> dict:
 _session_cpu = [0.0]
 
 
-def serve(resident: str | None = None) -> None:
-    """Answer requests, one JSON line each way, until stdin ends (stdin and stdout are the SSH
-    session's, or a resident agent's connection)."""
+def serve() -> None:
+    """Answer requests, one JSON line each way, until stdin ends (the SSH session's)."""
     import resource
 
     out = sys.stdout
-    # The controller knows the session is up, and where this node's resident agent listens.
-    out.write(json_dumps({"serving": os.getpid(), "resident": resident}) + "\n")
+    out.write(json.dumps({"serving": os.getpid()}) + "\n")  # the controller knows the session is up
     out.flush()
     for line in sys.stdin.buffer:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         _session_cpu[0] = usage.ru_utime + usage.ru_stime
         reply: dict[str, object]
         try:
-            request = json_loads(line.decode())
+            request = json.loads(line.decode())
             reply = {"answer": answer(request["command"], request["payload"], (request.get("stdin") or "").encode())}
         except Exception as exc:  # the session goes on; the controller raises what failed
             import traceback
 
             reply = {"error": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-2000:]}
-        out.write(json_dumps(reply) + "\n")
+        out.write(json.dumps(reply) + "\n")
         out.flush()
-
-
-# The resident agent: one per node, user, interpreter and agent version, listening on a unix
-# socket that the controller's ssh master forwards to (``-L local:remote`` streamlocal). A call
-# through it costs the node a fork of an interpreter that is already loaded, where a session
-# costs an SSH channel's shell and a new interpreter (~15 ms of a node's CPU per command, which
-# on a real node is small but on a shared test machine was most of up's growth with fleet size).
-RESIDENT_NAME = "sparkfleet-res"  # its /proc comm (ps shows it): at most 15 bytes
-RESIDENT_DIR = "~/.cache/sparkfleet/agents"
-
-
-def _resident_dir() -> str | None:
-    """The user's private folder for agent sockets, or None where it is not (then no resident:
-    a socket another user could swap would receive env files)."""
-    import stat
-
-    path = os.path.expanduser(RESIDENT_DIR)
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        st = os.lstat(path)
-    except OSError:
-        return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        return None
-    return path
-
-
-def _listening(path: str) -> bool:
-    import socket
-
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(path)
-            return True
-        except OSError:
-            return False
-
-
-def ensure_resident(key: str, idle: float) -> str | None:
-    """The path of this node's resident agent for key, started (detached) when none listens;
-    None where there can be none here (no private folder, a path too long for a socket)."""
-    folder = _resident_dir()
-    if folder is None or not key.isalnum():
-        return None
-    path = os.path.join(folder, key)
-    if len(path.encode()) > 100:  # sun_path is 108 bytes
-        return None
-    if _listening(path):
-        return path
-    middle = os.fork()
-    if middle != 0:
-        os.waitpid(middle, 0)
-        return path  # the forward's first connection finds it, or falls back to a session
-    # Forked twice and in a session of its own, as a rank's monitor: it outlives this session.
-    os.setsid()
-    if os.fork() != 0:
-        os._exit(0)
-    try:
-        _resident(path, idle)
-    finally:
-        os._exit(0)
-
-
-def _resident(path: str, idle: float) -> None:
-    import select
-    import socket
-
-    try:
-        import _signal as signals
-    except ImportError:
-        import signal as signals
-    os.chdir("/")
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(devnull, fd)
-    os.close(devnull)
-    signals.signal(signals.SIGHUP, signals.SIG_IGN)
-    try:
-        with open("/proc/self/comm") as fh:
-            comm = fh.read().strip()
-        with open("/proc/self/comm", "w") as fh:
-            fh.write(RESIDENT_NAME)
-    except OSError:
-        comm = ""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        old = os.umask(0o177)
-        try:
-            listener.bind(path)
-        finally:
-            os.umask(old)
-    except OSError:
-        if _listening(path):
-            return  # another session's resident got there first
-        try:
-            os.unlink(path)  # a dead resident's socket
-            listener.bind(path)
-        except OSError:
-            return
-    ino = os.stat(path).st_ino
-    listener.listen(64)
-    children: set[int] = set()
-    last = time.monotonic()
-    while True:
-        while children:
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                children.clear()
-                break
-            if pid == 0:
-                break
-            children.discard(pid)
-        if children:
-            last = time.monotonic()
-        try:
-            replaced = os.stat(path).st_ino != ino
-        except OSError:
-            replaced = True
-        # Gone after idle (as the controller's ssh master, ControlPersist), or when its socket
-        # was removed or replaced (a newer resident, a node's home cleaned).
-        if replaced or time.monotonic() - last > idle:
-            break
-        if not select.select([listener], [], [], 1.0)[0]:
-            continue
-        try:
-            conn, _ = listener.accept()
-        except OSError:
-            continue
-        last = time.monotonic()
-        # Only this user (sshd's forwarding runs as the user who logged in); the folder is
-        # private already, this holds if its mode is changed later.
-        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-        if int.from_bytes(creds[4:8], sys.byteorder) != os.getuid():
-            conn.close()
-            continue
-        pid = os.fork()
-        if pid == 0:
-            try:
-                listener.close()
-                # The connection as stdin and stdout, as a session's: a rank's monitor gives
-                # them up for /dev/null, so no started process holds the connection open.
-                os.dup2(conn.fileno(), 0)
-                os.dup2(conn.fileno(), 1)
-                conn.close()
-                signals.signal(signals.SIGHUP, signals.SIG_DFL)
-                if comm:
-                    with open("/proc/self/comm", "w") as fh:
-                        fh.write(comm)
-                serve(path)
-            finally:
-                os._exit(0)
-        conn.close()
-        children.add(pid)
-    listener.close()
-    try:
-        if os.stat(path).st_ino == ino:
-            os.unlink(path)
-    except OSError:
-        pass
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "serve":
-        # serve KEY IDLE: also make sure this node's resident agent for KEY is up (see above).
-        serve(ensure_resident(sys.argv[2], float(sys.argv[3])) if len(sys.argv) > 3 else None)
+        serve()
     else:
         # The env file of a start arrives on stdin; other commands get none (an empty read).
         stdin = sys.stdin.buffer.read() if sys.argv[1] == "start" else b""
-        print(json_dumps(answer(sys.argv[1], json_loads(sys.argv[2]), stdin)))
+        print(json.dumps(answer(sys.argv[1], json.loads(sys.argv[2]), stdin)))

@@ -9,15 +9,15 @@ checkpoint probe use ``header_tensors`` / ``tensor_sizes`` from here too.
 
 from __future__ import annotations
 
+import fnmatch
+import hashlib
+import json
 import os
 import struct
+from collections.abc import Mapping
+from typing import NamedTuple
 
 from sparkfleet.nodes.shipped.failure import StageFailure
-from sparkfleet.nodes.shipped.lean_stdlib import NamedRecord, glob_match, json_loads, sha256_hex
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Mapping
 
 INDEX_NAME = "model.safetensors.index.json"
 # Real headers are a few MB at most; a larger length means the file is not safetensors.
@@ -28,8 +28,8 @@ _DTYPE_BYTES = {
     "F32": 4, "I32": 4, "U32": 4, "F64": 8, "I64": 8, "U64": 8,
 }  # fmt: skip
 # Named tuples, not dataclasses: importing dataclasses (inspect, ast, dis, ...) is a measurable
-# part of a re-stage, which is mostly the worker's start-up (``NamedRecord``: nor typing).
-class ShardHeader(NamedRecord):
+# part of a re-stage, which is mostly the worker's start-up.
+class ShardHeader(NamedTuple):
     """One shard's parsed header: where its data starts and its tensors."""
 
     path: str
@@ -40,7 +40,7 @@ class ShardHeader(NamedRecord):
     tensors: dict[str, dict[str, object]]
 
 
-class TensorLoc(NamedRecord):
+class TensorLoc(NamedTuple):
     """Where one 2-D tensor's bytes lie in its shard."""
 
     name: str
@@ -55,7 +55,7 @@ class TensorLoc(NamedRecord):
         return self.rows * self.row_bytes
 
 
-class RowTable(NamedRecord):
+class RowTable(NamedTuple):
     """A table to stage: its weight tensor, the optional ``.scale`` partner, and its layer."""
 
     weight: TensorLoc
@@ -67,7 +67,7 @@ def header_tensors(raw: bytes | str) -> dict[str, dict[str, object]]:
     """The tensor entries of a safetensors JSON header (``__metadata__`` left out); ValueError
     when it is not a JSON object."""
     try:
-        header = json_loads(raw)
+        header = json.loads(raw)
     except ValueError as exc:
         raise ValueError(f"safetensors header is not JSON ({exc})") from exc
     if not isinstance(header, dict):
@@ -120,7 +120,7 @@ def read_header(path: str) -> ShardHeader:
         size=st.st_size,
         mtime_ns=st.st_mtime_ns,
         data_start=8 + length,
-        header_hash=sha256_hex(head + raw),
+        header_hash=hashlib.sha256(head + raw).hexdigest(),
         tensors=tensors,
     )
 
@@ -158,7 +158,7 @@ def shard_paths(src: str) -> tuple[list[str], dict[str, str] | None]:
     if os.path.exists(index):
         try:
             with open(index, encoding="utf-8") as fh:
-                weight_map = json_loads(fh.read())["weight_map"]
+                weight_map = json.loads(fh.read())["weight_map"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise StageFailure(f"{index}: cannot read the weight map ({exc})") from exc
         mapping = {str(k): os.path.join(src, str(v)) for k, v in weight_map.items()}
@@ -194,14 +194,14 @@ def find_tables(src: str, patterns: list[str]) -> tuple[list[RowTable], dict[str
         return headers[path]
 
     if weight_map is not None:
-        names = sorted(n for n in weight_map if any(glob_match(n, p) for p in patterns))
+        names = sorted(n for n in weight_map if any(fnmatch.fnmatchcase(n, p) for p in patterns))
         owner = weight_map
     else:
         owner = {}
         for shard in shards:
             for n in header_of(shard).tensors:
                 owner[n] = shard
-        names = sorted(n for n in owner if any(glob_match(n, p) for p in patterns))
+        names = sorted(n for n in owner if any(fnmatch.fnmatchcase(n, p) for p in patterns))
     if not names:
         raise StageFailure(f"source {src} has no tensor matching {patterns}")
     tables = []

@@ -18,12 +18,15 @@ import bisect
 import fcntl
 import functools
 import itertools
+import json
 import os
 import random
 import sys
 import threading
 import time
+from collections.abc import Callable
 from queue import Queue
+from typing import Any, TypeVar
 
 from sparkfleet.nodes.shipped.disk import allocated_bytes, check_room
 from sparkfleet.nodes.shipped.failure import StageFailure
@@ -34,7 +37,6 @@ from sparkfleet.nodes.shipped.layouts import (
     numpy_pending,
     read_exact,
 )
-from sparkfleet.nodes.shipped.lean_stdlib import json_dumps, json_loads
 from sparkfleet.nodes.shipped.ledger import (
     LEDGER_FORMAT,
     default_algorithm,
@@ -47,12 +49,7 @@ from sparkfleet.nodes.shipped.ledger import (
 )
 from sparkfleet.nodes.shipped.safetensors_index import ShardHeader, find_tables
 
-TYPE_CHECKING = False  # typing's import is a tenth of a re-stage (see lean_stdlib)
-if TYPE_CHECKING:
-    from collections.abc import Callable
-    from typing import Any, TypeVar
-
-    _T = TypeVar("_T")
+_T = TypeVar("_T")
 
 DEFAULT_CHUNK_BYTES = 16 << 20
 DEFAULT_SAMPLE_ROWS = 128
@@ -98,7 +95,7 @@ class Progress:
         self._last = time.monotonic()
         tmp = self.path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(json_dumps({"job": self.job, "done": self.done, "total": self.total, "output": self.output}))
+            fh.write(json.dumps({"job": self.job, "done": self.done, "total": self.total, "output": self.output}))
         os.replace(tmp, self.path)
 
 
@@ -357,10 +354,11 @@ def chunk_picks(outs: list[Layout], rng: random.Random, full: bool) -> list[list
 
 def assess(
     out: Layout, ident: list[dict[str, Any]], fds: dict[str, int], rng: random.Random,
-    sample_rows: int, picks: list[int],
+    sample_rows: int, picks: list[int], against_source: bool = False,
 ) -> tuple[str, dict[str, Any] | None]:  # fmt: skip
     """``("ok", ledger)`` when the output is vouched for and checks out (its header, sampled rows
-    against the source, the chunks ``picks`` against the ledger), else the reason."""
+    against the source, the chunks ``picks`` against the ledger, or with ``against_source``
+    rebuilt from the source byte for byte: ``stage --verify``), else the reason."""
     ledger = read_ledger(out.path)
     stat = output_stat(out.path)
     if stat is None:
@@ -397,12 +395,34 @@ def assess(
                 # "matching" them. The repair then builds each chunk from the source and compares.
                 return "damaged", None
         buf = bytearray(out.max_block)
+        if against_source:
+            # Every row range against the source itself: a source rewritten in place with its
+            # size, mtime and header kept matches the ledger, not these bytes.
+            return ("ok", ledger) if _same_as_source(fd, out, picks, buf) else ("damaged", None)
         for i in picks:
             if _chunk_hash(fd, out, i, buf, hash_algorithms()[ledger["hash"]]) != hashes[i]:
                 return "damaged", ledger
     finally:
         os.close(fd)
     return "ok", ledger
+
+
+def _same_as_source(fd: int, out: Layout, picks: list[int], buf: bytearray) -> bool:
+    """Whether chunks ``picks`` of the output hold exactly what ``build`` makes of the source."""
+    streams = {name: os.open(path, os.O_RDONLY) for name, path in out.streams().items()}
+    try:
+        built = bytearray(out.max_block)
+        for i in picks:
+            for boff, blen in out.blocks(i):
+                view = memoryview(buf)[:blen]
+                read_exact(fd, view, boff)
+                if view != out.build(boff, blen, built, streams):
+                    return False
+            _drop_cache(fd, *out.chunks[i])
+    finally:
+        for sfd in streams.values():
+            os.close(sfd)
+    return True
 
 
 # An output is packed by this many threads at once, each through a contiguous run of its chunks
@@ -715,7 +735,8 @@ class _Job:
         try:
             self.checked = _together(
                 [
-                    functools.partial(assess, o, i, self.fds, random.Random(seed), self.sample_rows, p)
+                    functools.partial(assess, o, i, self.fds, random.Random(seed), self.sample_rows, p,
+                                      self.mode == "verify")
                     for o, i, seed, p in zip(self.outs, self.idents, seeds, picks, strict=True)
                 ]
             )
@@ -910,7 +931,7 @@ def main(argv: list[str] | None = None) -> int:
         result: dict[str, Any] = {"ok": False, "error": "usage: stage-worker '<json arguments>'"}
     else:
         try:
-            args = json_loads(words[0])
+            args = json.loads(words[0])
         except ValueError as exc:
             args = {"error": f"bad staging worker arguments: {exc}"}
         if "error" in args:
@@ -920,7 +941,7 @@ def main(argv: list[str] | None = None) -> int:
             result = {"ok": True, "jobs": run_jobs(jobs)}
         else:
             result = run_job(args)
-    sys.stdout.write(RESULT_MARKER + json_dumps(result) + "\n")
+    sys.stdout.write(RESULT_MARKER + json.dumps(result) + "\n")
     sys.stdout.flush()
     return 0 if result["ok"] else 3
 

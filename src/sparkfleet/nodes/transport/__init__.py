@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from sparkfleet.nodes.transport.base import Capabilities, Stream, Transport
 from sparkfleet.nodes.transport.local import LocalTransport
-from sparkfleet.nodes.transport.ssh import SshTransport
+from sparkfleet.nodes.transport.ssh import SshTransport, control_dir
 from sparkfleet.spec.cluster import Node
 
 # Makes the Transport of a node: transport_for by default; tests pass MockTransports.
@@ -24,4 +24,5 @@ def transport_for(node: Node, *, accept_new_host_keys: bool = False) -> Transpor
     """The Transport that reaches node: local for this machine, ssh otherwise."""
     if node.transport == "local":
         return LocalTransport(node.name)
+    control_dir()  # the master sockets' folder checked before anything is started or sent
     return SshTransport(node, accept_new_host_keys=accept_new_host_keys)

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Protocol, Self, runtime_checkable
+from typing import Protocol, Self, runtime_checkable
 
 from sparkfleet.errors import CommandError, TransportError, TransportTimeout
 
@@ -60,15 +60,11 @@ class Capabilities:
     sessions: a stream with stdin may stay open for a whole sparkfleet command as the node's
         agent session (``nodes/runtime/agent_session.py``): each call otherwise pays for a
         connection and an interpreter there. Its streams never get the terminal's Ctrl-C.
-    resident: the transport is a ``ResidentCarrier``: it can keep a way to a node's resident
-        agent open between sparkfleet commands (an ssh master's socket forward), so a session
-        costs the node neither a shell nor an interpreter.
     """
 
     local: bool = False
     ssh: tuple[str, ...] | None = None
     sessions: bool = False
-    resident: bool = False
 
     @property
     def address(self) -> str | None:
@@ -160,17 +156,27 @@ class Stream(Protocol):
                  tb: TracebackType | None) -> None: ...  # fmt: skip
 
 
-class PipeStream:
-    """The part of a Stream that is pipes to the command: its stdin (None when opened without),
-    its stdout, and its stderr unless merged into stdout, read all along by a thread (a command
-    that fills its stderr pipe would block otherwise). Subclasses say how the command runs:
-    ``wait``, ``exit_code`` and ``close``."""
+class ProcessStream:
+    """A Stream over a process started on this machine (a local command, or ssh to the node).
+    Its stderr, unless merged into stdout, is read all along by a thread: a command that fills
+    its stderr pipe would block otherwise."""
 
-    node: str
-    _shown: str
-
-    def _hold(self, stdin: IO[bytes] | None, stdout: IO[bytes], stderr: IO[bytes] | None) -> None:
-        self._stdin, self._stdout = stdin, stdout
+    def __init__(self, node: str, argv: Sequence[str], *, stdin: bool = False, merge_stderr: bool = True,
+                 shown: str | None = None, new_session: bool = False) -> None:  # fmt: skip
+        self.node = node
+        self._shown = shown or display_command(argv, 120)
+        try:
+            self._proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+                start_new_session=new_session,
+            )
+        except FileNotFoundError as exc:
+            raise TransportError(node, f"{argv[0]}: command not found") from exc
+        assert self._proc.stdout is not None
+        self._stdin, self._stdout, stderr = self._proc.stdin, self._proc.stdout, self._proc.stderr
         self._err: list[bytes] = []
         self._err_reader: threading.Thread | None = None
         if stderr is not None:
@@ -200,36 +206,12 @@ class PipeStream:
             self._err_reader.join()
         return b"".join(self._err).decode(errors="replace")
 
-    def close(self) -> None:
-        raise NotImplementedError
-
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:  # fmt: skip
         self.close()
-
-
-class ProcessStream(PipeStream):
-    """A Stream over a process started on this machine (a local command, or ssh to the node)."""
-
-    def __init__(self, node: str, argv: Sequence[str], *, stdin: bool = False, merge_stderr: bool = True,
-                 shown: str | None = None, new_session: bool = False) -> None:  # fmt: skip
-        self.node = node
-        self._shown = shown or display_command(argv, 120)
-        try:
-            self._proc = subprocess.Popen(
-                list(argv),
-                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
-                start_new_session=new_session,
-            )
-        except FileNotFoundError as exc:
-            raise TransportError(node, f"{argv[0]}: command not found") from exc
-        assert self._proc.stdout is not None
-        self._hold(self._proc.stdin, self._proc.stdout, self._proc.stderr)
 
     def wait(self, timeout: float | None = None) -> int:
         try:
@@ -297,18 +279,3 @@ class Transport(Protocol):
         """Release connections (a no-op for local)."""
         ...
 
-
-class ResidentCarrier(Transport, Protocol):
-    """A transport that can reach a node's resident agent (``capabilities.resident``)."""
-
-    def resident_key(self, salt: str) -> str:
-        """The resident agent's name on this node for salt (interpreter and agent version)."""
-        ...
-
-    def open_resident(self, key: str) -> Stream | None:
-        """A connection to the resident agent; None where no way to it is open here."""
-        ...
-
-    def forward_resident(self, key: str, remote: str) -> None:
-        """Open a way to the resident agent listening at remote on the node (OSError if not)."""
-        ...

@@ -8,12 +8,10 @@ four nodes costs one handshake each and later commands ride the open connection.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import re
 import shlex
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sparkfleet.errors import TransportError, TransportTimeout
+from sparkfleet.nodes.private import private_dir
 from sparkfleet.nodes.transport.base import Capabilities, ProcessStream, Result, Stream, display_command, trace
-from sparkfleet.nodes.transport.ssh_mux import MuxStream, SocketStream, open_forward
 from sparkfleet.spec.cluster import Node
 
 SSH_FAILED = 255
@@ -36,26 +34,7 @@ PERSIST_S = 300
 
 def control_dir() -> Path:
     """A short, private directory for master sockets (unix socket paths max out at 108 bytes)."""
-    path = Path(tempfile.gettempdir()) / f"sparkfleet-ssh-{os.getuid()}"
-    path.mkdir(mode=0o700, exist_ok=True)
-    return path
-
-
-def _sweep_dead_forwards() -> None:
-    """Remove forward sockets whose master has exited (ssh leaves them behind): those no process
-    listens on (/proc/net/unix, so no live forward is connected to) and older than a master's
-    idle lifetime, so one being set up right now is never taken. Nothing where /proc is not."""
-    try:
-        with open("/proc/net/unix") as fh:
-            next(fh)  # "Num RefCount Protocol Flags Type St Inode Path"; flag 0x10000: listening
-            listening = {f[7] for f in (line.split() for line in fh) if len(f) > 7 and int(f[3], 16) & 0x10000}
-    except (OSError, ValueError, StopIteration):
-        return
-    now = time.time()
-    for path in control_dir().glob("*.agent"):
-        with contextlib.suppress(OSError):
-            if str(path) not in listening and now - path.lstat().st_mtime > PERSIST_S:
-                path.unlink()
+    return private_dir(Path(tempfile.gettempdir()) / f"sparkfleet-ssh-{os.getuid()}")
 
 
 class SshTransport:
@@ -70,7 +49,7 @@ class SshTransport:
     @property
     def capabilities(self) -> Capabilities:
         """Another machine, reached with the ssh words of ``ssh_argv``."""
-        return Capabilities(local=False, ssh=tuple(self.ssh_argv()), sessions=True, resident=True)
+        return Capabilities(local=False, ssh=tuple(self.ssh_argv()), sessions=True)
 
     def control_path(self) -> str:
         """This node's master socket, named by a digest of how the node is reached: host, port,
@@ -79,8 +58,7 @@ class SshTransport:
 
         The name alone would hand a command to a master opened for another inventory that once
         used the same address (a re-imaged node, a re-created test fleet): a stale session on the
-        wrong machine, whose host key was never checked against this cluster's known_hosts. A
-        path without ssh's %-tokens is one this process can open itself (``ssh_mux``).
+        wrong machine, whose host key was never checked against this cluster's known_hosts.
         """
         n = self._node
         config = n.ssh_config or os.path.expanduser("~/.ssh/config")
@@ -122,14 +100,14 @@ class SshTransport:
             words += ["-i", n.ssh_key, "-o", "IdentitiesOnly=yes"]
         if n.user:
             words += ["-l", n.user]
-        words.append(n.host)
+        words += ["--", n.host]  # the destination can never be read as an option (cluster.py checks it too)
         return words
 
     def _command(self, argv: Sequence[str], env: dict[str, str] | None) -> list[str]:
         remote = shlex.join(argv)
         if env:
             remote = shlex.join(["env", *(f"{k}={v}" for k, v in env.items())]) + " " + remote
-        return [*self.ssh_argv(), "--", remote]
+        return [*self.ssh_argv(), remote]
 
     def _exec(
         self, argv: Sequence[str], stdin: bytes | None, timeout: float | None, env: dict[str, str] | None
@@ -198,17 +176,12 @@ class SshTransport:
         Path(local).write_bytes(out)
 
     def stream(self, argv: Sequence[str], *, stdin: bool = False, merge_stderr: bool = True) -> Stream:
-        """Start argv on the node over the master connection; a handle on its output (and its
-        stdin with ``stdin=True``). With a master up, this process asks it for the session
-        itself (``ssh_mux``); otherwise an ssh client does, opening the master on the way."""
+        """Start argv on the node over the master connection (an ssh client opens it where none
+        is up); a handle on its output (and its stdin with ``stdin=True``)."""
         now = time.time()
         trace("ssh-stream", self.node, now, now, shlex.join(argv))
         shown = display_command(argv, 120)
         command = self._command(argv, None)
-        master = self.control_path()
-        if os.path.exists(master):
-            with contextlib.suppress(OSError):  # a master gone stale: the ssh client replaces it
-                return MuxStream(self.node, master, command[-1], stdin=stdin, merge_stderr=merge_stderr, shown=shown)
         try:
             # Its own session, as run's: Ctrl-C goes to sparkfleet, which closes what it opened
             # (an agent session must outlive the Ctrl-C that starts up's rollback).
@@ -216,44 +189,6 @@ class SshTransport:
                                  new_session=True)  # fmt: skip
         except TransportError as exc:
             raise TransportError(self.node, "the ssh client is not installed on this machine") from exc
-
-    # -- the node's resident agent (nodes/runtime/agent_session.py) ---------------------------
-    def resident_key(self, salt: str) -> str:
-        """The name of this node's resident agent for salt (the interpreter and agent version):
-        one per way of reaching the node, so nodes that share a home folder (a test fleet on
-        one machine) each keep their own."""
-        return hashlib.sha256(f"{self.control_path()}\0{salt}".encode()).hexdigest()[:24]
-
-    def _resident_local(self, key: str) -> str:
-        return f"{control_dir()}/{key}.agent"
-
-    def open_resident(self, key: str) -> Stream | None:
-        """A connection to the node's resident agent through the master's forward; None where
-        no forward is up here (no master, or none asked for yet). A forward whose agent has gone
-        connects and then ends at once: the caller sees no hello."""
-        local = self._resident_local(key)
-        if not os.path.exists(local):
-            return None
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.connect(local)
-        except OSError as exc:
-            sock.close()
-            if isinstance(exc, ConnectionRefusedError):  # the master that held the forward is gone
-                with contextlib.suppress(OSError):
-                    os.unlink(local)
-            return None
-        now = time.time()
-        trace("ssh-stream", self.node, now, now, f"resident agent {key}")
-        return SocketStream(self.node, sock, f"resident agent on {self.node}")
-
-    def forward_resident(self, key: str, remote: str) -> None:
-        """Have the master forward this node's resident agent socket (OSError when it cannot)."""
-        local = self._resident_local(key)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(local)  # left by a master that has exited; the new forward binds the name
-        _sweep_dead_forwards()
-        open_forward(self.control_path(), local, remote)
 
     def close(self) -> None:
         """Leave the master running: the next sparkfleet command reuses it (ControlPersist)."""

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# One device call (docs/gateway.md, docs/gpu-run.md): llama.cpp's llama-server and rpc-server
+# built with CUDA and RPC, a Llama-3-8B-shaped GGUF, then through sparkfleet itself:
+#   A. one rank: decode c1/c4 directly and through `sparkfleet gateway serve`, alternating
+#      (direct, gateway, direct, gateway), each as a stored bench run;
+#   B. two ranks on the same GPU over RPC (rank 1 rpc-server with CUDA, rank 0 llama-server --rpc;
+#      two nodes of one cluster on this host): up, decode c1/c4, down.
+# Nothing is left running (each phase ends with down; the gateway is stopped).
+#
+# usage: benchmarks/gpu_front_door.sh LLAMA_SRC.tar.gz RESULTS WHEELS
+set -uo pipefail
+SRC=${1:?usage: gpu_front_door.sh LLAMA_SRC.tar.gz RESULTS WHEELS}
+RESULTS=${2:?}
+WHEELS=${3:?}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+WORK=${SPARKFLEET_GPU_WORK:-/var/tmp/sparkfleet-gpu}
+PY=${PYTHON:-python3}
+MODEL_NAME=llama3-8b-shape-random
+MODEL_FILE=llama3-8b-f16.gguf
+RECIPE=$HERE/gpu_run/llama-server-cuda
+mkdir -p "$RESULTS" "$WORK/models" "$WORK/src"
+RESULTS=$(cd "$RESULTS" && pwd)
+export SPARKFLEET_STATE_DIR=$WORK/state PYTHONUNBUFFERED=1 NO_COLOR=1 COLUMNS=160
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+exec > >(tee -a "$RESULTS/run.log") 2>&1
+T0=$SECONDS
+say() { echo "=== [$((SECONDS - T0))s] $*"; }
+sf() { "$PY" -m sparkfleet.cli.main "$@"; }
+
+"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$WORK/site" \
+  "$WHEELS"/*.whl || exit 1
+export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
+"$PY" -c 'import sparkfleet, uvicorn, aiohttp, prometheus_client; print("sparkfleet", sparkfleet.__file__)' || exit 1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+
+say "unpack, build (CUDA sm_90, RPC) and write the model at once"
+tar -xzf "$SRC" -C "$WORK/src" || exit 1
+(
+  cmake -S "$WORK/src" -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_RPC=ON -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF >"$RESULTS/build.log" 2>&1 &&
+    timeout 420 ninja -C "$WORK/build" -j"$(nproc)" llama-server ggml-rpc-server >>"$RESULTS/build.log" 2>&1
+) &
+BUILD=$!
+PYTHONPATH=$WORK/src/gguf-py:$PYTHONPATH "$PY" "$HERE/gpu_run/make_gguf.py" "$WORK/models/$MODEL_FILE" \
+  --shape llama3-8b --info "$RESULTS/model.json" || exit 1
+wait "$BUILD" || { tail -30 "$RESULTS/build.log"; exit 1; }
+cp "$WORK/build/bin/ggml-rpc-server" "$WORK/build/bin/rpc-server"
+"$WORK/build/bin/llama-server" --version 2>&1 | tail -2
+say "built"
+
+sets=(--set "model=$WORK/models" --set "model_file=$MODEL_FILE" --set "entrypoint=[\"$WORK/build/bin/llama-server\"]"
+  --set 'verify.expect=["model loaded", "listening on http://"]'
+  --set 'args=["-ngl", "999", "-np", "4", "-c", "65536", "-fa", "on", "--metrics"]')
+# (this llama.cpp logs "llama_server: model loaded" / "listening on", b4747 "main: …"; -fa takes a value)
+decode=(--concurrency 1,4 --types prose --tokens 256 --repeats 3 --timeout 120)
+
+say "A: one rank, direct and through the gateway"
+sf up "$RECIPE" --name one "${sets[@]}" --set port=18080 --timeout 240 || exit 1
+sf gateway serve --route "$MODEL_NAME=one" --port 18200 >"$RESULTS/gateway.log" 2>&1 &
+GW=$!
+for i in 1 2 3; do curl -sf http://127.0.0.1:18200/health >/dev/null && break; sleep 1; done
+for round in 1 2; do
+  sf bench decode one "${decode[@]}" --label "direct-$round" | tail -12
+  sf bench export last -f json -o "$RESULTS/direct-$round.json"
+  sf bench decode http://127.0.0.1:18200 --model "$MODEL_NAME" "${decode[@]}" --label "gateway-$round" | tail -12
+  sf bench export last -f json -o "$RESULTS/gateway-$round.json"
+  sf bench compare last~1 last | tail -12
+done
+kill "$GW"; wait "$GW" 2>/dev/null
+sf down one
+
+say "B: two ranks over RPC on the same GPU"
+cat >"$WORK/two.toml" <<TOML
+name = "one-host-two-nodes"
+[defaults]
+bind_address = "fabric"
+gpus = "all"
+[[nodes]]
+name = "rank0"
+host = "localhost"
+transport = "local"
+fabric_ip = "127.0.0.1"
+[[nodes]]
+name = "rank1"
+host = "localhost"
+transport = "local"
+fabric_ip = "127.0.0.2"
+TOML
+rpc=(--set required_nodes=2 --set rendezvous_port=50052)
+sf up "$RECIPE" --name rpc --cluster "$WORK/two.toml" "${sets[@]}" "${rpc[@]}" --set port=18090 --timeout 240 &&
+  sf bench decode rpc "${decode[@]}" --label rpc | tail -12 && sf bench export last -f json -o "$RESULTS/rpc.json"
+sf logs rpc --tail 60 >"$RESULTS/rpc-logs.txt" 2>&1
+sf down rpc
+{ ps -eo pid,args | grep -E '[l]lama-server|[r]pc-server|[s]parkfleet' || echo none; } >"$RESULTS/left-running.txt"
+say "left running: $(cat "$RESULTS/left-running.txt")"
+nvidia-smi --query-gpu=memory.used --format=csv,noheader

@@ -1,0 +1,1 @@
+"""Quality, needle and memory-guard evaluations of a deployment or an endpoint."""
