@@ -50,7 +50,9 @@ def serve(
         auth = "API keys" if settings.auth else "no keys (--no-auth)"
         console.print(f"gateway on [bold]{url}[/] ({auth}; routes: {routes}); Ctrl-C stops it", soft_wrap=True)
 
-    run(settings, state_db, announce)
+    from sparkfleet.cli.dashboard import bind, is_loopback
+
+    run(settings, state_db, is_loopback(settings.host), bind, announce)
 
 
 @key_app.command("create")
