@@ -34,6 +34,8 @@ def script_for(body: dict[str, Any]) -> Script:
         return Script(base_ttft=0.002, itl=0.002, pattern=("same line\n",), role_chunk=False)
     if "LOOP" in text:
         return Script(base_ttft=0.002, itl=0.002, pattern=LOOP, role_chunk=False)
+    if "BULK" in text:  # as fast as the server can write
+        return Script(base_ttft=0.0, itl=0.0, role_chunk=False)
     if "SLOW" in text:
         return Script(base_ttft=0.002, itl=0.05, role_chunk=False)
     return fast
@@ -73,6 +75,7 @@ def create_key(state: Path, *args: str) -> str:
 CONFIG = """
 max_body_bytes = 65536
 health_interval = 0.3
+client_timeout = 1
 retry_after = 7
 
 [routes.replay]
@@ -91,6 +94,12 @@ max_new_tokens = 64
 [routes.other]
 targets = ["{a}"]
 upstream_model = "replay-model"
+loop_abort = false
+
+[routes.bulk]
+targets = ["{a}"]
+upstream_model = "replay-model"
+max_new_tokens = 0
 loop_abort = false
 
 [routes.flaky]
@@ -183,7 +192,7 @@ def test_embeddings_pass_through(setup: Setup) -> None:
 
 def test_models_lists_only_the_keys_models(setup: Setup) -> None:
     assert {m.id for m in setup.client("alice").models.list()} == {
-        "replay", "replay-thinking", "capped", "other", "flaky", "down"}  # fmt: skip
+        "replay", "replay-thinking", "capped", "other", "bulk", "flaky", "down"}  # fmt: skip
     assert [m.id for m in setup.client("bob").models.list()] == ["other"]
 
 
@@ -300,6 +309,24 @@ def test_client_going_away_cancels_the_upstream_request(setup: Setup) -> None:
     wait_for(lambda: setup.a.open_streams + setup.b.open_streams == 0, 1.0)
 
 
+def test_a_client_that_stops_reading_is_dropped_and_its_engine_request_cancelled(setup: Setup) -> None:
+    host, port = setup.gw.root.removeprefix("http://").split(":")
+    body = json.dumps({"model": "bulk", "messages": chat("BULK"), "max_tokens": 2_000_000, "stream": True})
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {setup.keys['alice']}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")  # fmt: skip
+    with socket.socket() as stalled:
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect((host, int(port)))
+        stalled.sendall(head.encode() + body.encode())  # and never reads the answer
+        wait_for(lambda: setup.a.open_streams == 1, 5.0)
+        # The gateway stops reading the engine once the client's buffers are full, drops the
+        # client after client_timeout (1 s) of that, and the engine's stream ends.
+        wait_for(lambda: setup.a.open_streams == 0, 15.0)
+        assert setup.client().chat.completions.create(model="replay", messages=chat("x"), max_tokens=2).choices
+    rows = [r for r in setup.log() if r["model"] == "bulk"]
+    assert rows[-1]["status"] == 499 and rows[-1]["error"] == "the client read nothing for 1 s"
+
+
 def test_least_outstanding_requests_spreads_over_replicas(setup: Setup) -> None:
     a0, b0 = len(setup.a.bodies), len(setup.b.bodies)
     c = setup.client()
@@ -361,7 +388,7 @@ def test_bad_input_gets_clear_openai_shaped_errors_and_the_gateway_keeps_serving
     assert r.status_code == 413
     r = httpx.post(url + "/chat/completions", json={"model": "gpt-17", "messages": []}, headers=auth)
     assert r.status_code == 404 and "gpt-17" in r.json()["error"]["message"]
-    assert "available: capped, down, flaky, other, replay, replay-thinking" in r.json()["error"]["message"]
+    assert "available: bulk, capped, down, flaky, other, replay, replay-thinking" in r.json()["error"]["message"]
     r = httpx.get(url + "/engines", headers=auth)
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
     assert httpx.get(setup.gw.root + "/health").json() == {"status": "ok"}

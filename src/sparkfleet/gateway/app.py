@@ -429,7 +429,14 @@ class Gateway:
                     await send({"type": "http.response.start", "status": 200, "headers": headers})
                     ex.started = started = True
                     self._first_byte(ex)
-                await send({"type": "http.response.body", "body": out, "more_body": True})
+                try:
+                    # A client that takes nothing for client_timeout seconds (the socket's buffers
+                    # full) is dropped, and with it the engine's request.
+                    async with asyncio.timeout(self.config.client_timeout):
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                except TimeoutError:
+                    ex.row.error = f"the client read nothing for {self.config.client_timeout:g} s"
+                    raise _ClientGone from None
         except _UPSTREAM_ERRORS as exc:
             # The engine went away mid-answer: tell the client in the stream (the openai client
             # raises on an error event) and take the replica out until it answers again.

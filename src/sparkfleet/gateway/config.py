@@ -63,6 +63,7 @@ class GatewayConfig:
     log_keep_rows: int = 1_000_000
     connect_timeout: float = 5.0
     read_timeout: float = 600.0  # longest silence from an engine mid-answer (prefill of a long prompt)
+    client_timeout: float = 60.0  # longest a streaming client may take no bytes before it is dropped
     health_interval: float = 2.0  # how often the state store is re-read and failed replicas probed
     retry_after: int = 5  # seconds, for 503 while no replica is up
     tls_cert: str | None = None
@@ -83,7 +84,8 @@ _LOOP = set(LoopAbort.__dataclass_fields__)
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "host": str, "port": int, "auth": bool, "max_body_bytes": int, "log_bodies": bool,
     "log_keep_days": (int, float), "log_keep_rows": int, "connect_timeout": (int, float),
-    "read_timeout": (int, float), "health_interval": (int, float), "retry_after": int,
+    "read_timeout": (int, float), "client_timeout": (int, float), "health_interval": (int, float),
+    "retry_after": int,
     "tls_cert": str, "tls_key": str, "max_new_tokens": int,
 }  # fmt: skip
 
