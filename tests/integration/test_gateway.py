@@ -5,6 +5,7 @@ it is streaming, so an upstream cancellation is seen as that count dropping)."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import sqlite3
 import subprocess
@@ -520,6 +521,39 @@ def test_tls_and_logged_bodies(tmp_path: Path) -> None:
             rows = json.loads(cli(tmp_path, "gateway", "log", "--json").stdout)
     assert rows[-1]["request_body"]["messages"] == chat("remember this")
     assert rows[-1]["response_text"] == " t0 t1 t2"
+
+
+def test_export_systemd_gateway_writes_a_unit_that_verifies_and_serves(tmp_path: Path) -> None:
+    import shlex
+    import signal
+
+    config = tmp_path / "gw.toml"
+    config.write_text("port = 0\n")
+    unit = tmp_path / "sparkfleet-gateway.service"
+    out = cli(tmp_path, "export", "systemd", "gateway", "--config", str(config), "--out", str(unit))
+    assert out.returncode == 0, out.stderr
+    verify = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stderr
+    text = unit.read_text()
+    env = dict(shlex.split(line.removeprefix("Environment="))[0].split("=", 1)
+               for line in text.splitlines() if line.startswith("Environment="))  # fmt: skip
+    assert env["SPARKFLEET_STATE_DIR"] == str(tmp_path.resolve())
+    argv = shlex.split(next(line for line in text.splitlines() if line.startswith("ExecStart="))[len("ExecStart=") :])
+    assert argv[3:] == ["gateway", "serve", "--config", str(config.resolve())]
+    assert "RestartPreventExitStatus=2" in text
+    log = tmp_path / "unit.out"
+    with log.open("w") as fh:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env={"PATH": "/usr/bin:/bin", **env})
+    try:
+        wait_for(lambda: "gateway on" in log.read_text() or proc.poll() is not None, 30.0)
+        url = re.search(r"gateway on (\S+)/v1", log.read_text())
+        assert url, log.read_text()
+        assert httpx.get(url.group(1) + "/health").json() == {"status": "ok"}
+    finally:
+        proc.send_signal(signal.SIGTERM)  # systemctl stop
+        assert proc.wait(15) == -signal.SIGTERM
+    bad = cli(tmp_path, "export", "systemd", "gateway", "--config", str(tmp_path / "missing.toml"))
+    assert bad.returncode == 2 and "missing.toml" in bad.stderr
 
 
 def _env() -> dict[str, str]:
