@@ -98,5 +98,8 @@ def test_command_line_routes_and_cap_go_over_the_file() -> None:
     assert routes["m"].targets == ("a", "http://h:1") and routes["n"].targets == ("dep",)
     assert {r.max_new_tokens for r in config.routes} == {50} and config.default_max_new_tokens == 50
     assert (config.host, config.port, config.auth) == ("0.0.0.0", 9000, False)
+    quiet = with_overrides(base, ["n=dep"], None, None, None, no_auth=False, no_loop_abort=True)
+    assert not quiet.default_loop.enabled and not any(r.loop.enabled for r in quiet.routes)
+    assert all(r.loop.enabled for r in config.routes)
     with pytest.raises(SparkfleetError, match="expected MODEL=TARGET"):
         with_overrides(base, ["m"], None, None, None, no_auth=False)

@@ -35,6 +35,12 @@ def serve(
         int | None, typer.Option("--max-new-tokens", help="Output cap for every route (0: none; default 32768).")
     ] = None,
     no_auth: Annotated[bool, typer.Option("--no-auth", help="Serve without API keys, also off loopback.")] = False,
+    no_loop_abort: Annotated[
+        bool,
+        typer.Option(
+            "--no-loop-abort", help="Never stop a repeating answer (e.g. a benchmark of a model that repeats)."
+        ),
+    ] = False,
 ) -> None:
     """Serve /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /health, /metrics."""
     require_extra("gateway", _NEEDS, "the gateway")
@@ -42,7 +48,7 @@ def serve(
     from sparkfleet.gateway.server import serve as run
     from sparkfleet.state.store import state_dir
 
-    settings = with_overrides(load(config), route or [], host, port, max_new_tokens, no_auth)
+    settings = with_overrides(load(config), route or [], host, port, max_new_tokens, no_auth, no_loop_abort)
     state_db = state_dir() / "state.db"
 
     def announce(url: str) -> None:

@@ -172,7 +172,7 @@ def load(path: Path | None) -> GatewayConfig:
 
 def with_overrides(
     config: GatewayConfig, routes: list[str], host: str | None, port: int | None, max_new_tokens: int | None,
-    no_auth: bool,
+    no_auth: bool, no_loop_abort: bool = False,
 ) -> GatewayConfig:  # fmt: skip
     """The command line's settings over the file's: ``--route MODEL=TARGET`` adds TARGET to MODEL's
     route (creating it with the defaults), the others replace the file's values."""
@@ -188,6 +188,10 @@ def with_overrides(
             raise GatewayError(f"--max-new-tokens {max_new_tokens}: must be 0 (no cap) or more")
         by_model = {m: replace(r, max_new_tokens=max_new_tokens) for m, r in by_model.items()}
         config = replace(config, default_max_new_tokens=max_new_tokens)
+    if no_loop_abort:
+        off = LoopAbort(0, 0, 0, 0)
+        by_model = {m: replace(r, loop=off) for m, r in by_model.items()}
+        config = replace(config, default_loop=off)
     return replace(
         config,
         routes=tuple(by_model.values()),
