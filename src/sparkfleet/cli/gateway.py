@@ -124,12 +124,9 @@ def request_log(
 ) -> None:
     """The gateway's request log: one row per request, no prompt or answer unless log_bodies."""
     from sparkfleet.gateway import db
-    from sparkfleet.gateway.keys import parse_expiry
+    from sparkfleet.gateway.keys import parse_since
 
-    start = None
-    if since:
-        now = time.time()
-        start = now - (parse_expiry(since, now) - now)
+    start = parse_since(since, time.time()) if since else None
     rows = db.read_log(db.connect(), start, limit)
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
