@@ -5,6 +5,7 @@ it is streaming, so an upstream cancellation is seen as that count dropping)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import sqlite3
@@ -481,6 +482,31 @@ def test_routes_come_from_the_state_store_and_follow_its_changes(tmp_path: Path)
             wait_for(lambda: not list(c.models.list()), 5.0)
             with pytest.raises(openai.NotFoundError):
                 c.chat.completions.create(model="replay-model", messages=chat("x"), max_tokens=3)
+
+
+def test_a_recipes_serve_section_gives_its_deployment_route_cap_and_aliases(tmp_path: Path) -> None:
+    from tests.integration.conftest import leftover_processes, standin_recipe
+
+    recipe = standin_recipe(tmp_path / "standin", nodes=1, port=free_port())
+    with (recipe / "recipe.toml").open("a") as fh:
+        fh.write('[serve]\nmax_new_tokens = 7\nloop_abort = false\nrequest_defaults = { temperature = 0.5 }\n'
+                 '[serve.aliases."org/standin-fast"]\ntop_k = 1\n')  # fmt: skip
+    name = f"test-gw-serve-{os.getpid()}"
+    state = tmp_path / "state"
+    up = cli(state, "up", str(recipe), "--name", name, timeout=300)
+    assert up.returncode == 0, up.stderr[-3000:]
+    try:
+        with gateway(state) as gw:
+            c = openai.OpenAI(base_url=gw.url, api_key="unused", max_retries=0)
+            assert sorted(m.id for m in c.models.list()) == ["org/standin", "org/standin-fast"]
+            raw = c.completions.with_raw_response.create(model="org/standin-fast", prompt="x", stream=True)
+            assert raw.headers["x-sparkfleet-output-cap"] == "filled max_tokens=7"
+            assert "".join(ch.choices[0].text for ch in raw.parse() if ch.choices) == "".join(
+                f" t{i}" for i in range(7)
+            )
+    finally:
+        assert cli(state, "down", name).returncode == 0
+        assert not leftover_processes(name)
 
 
 def test_off_loopback_without_keys_is_refused_unless_no_auth(tmp_path: Path) -> None:

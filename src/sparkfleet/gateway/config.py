@@ -125,36 +125,42 @@ def parse(data: dict[str, Any], source: str) -> GatewayConfig:
     if not isinstance(table, dict):
         raise GatewayError(f'{source}: routes must be a table of [routes."MODEL"] entries')
     for model, spec in table.items():
-        where = f"{source} [routes.{model!r}]"
-        if not isinstance(spec, dict):
-            raise GatewayError(f"{where}: expected a table")
-        _unknown(where, spec, _ROUTE)
-        targets = spec.get("targets", [])
-        if isinstance(targets, str):
-            targets = [targets]
-        if not isinstance(targets, list) or not all(isinstance(t, str) and t for t in targets):
-            raise GatewayError(f"{where}: targets must be a list of deployment names or URLs")
-        fields = spec.get("fields", {})
-        if not isinstance(fields, dict):
-            raise GatewayError(f"{where}: fields must be a table of request fields")
-        route = Route(
-            model=model,
-            targets=tuple(targets),
-            upstream_model=_check(where, "upstream_model", spec["upstream_model"], str) if "upstream_model" in spec
-            else None,
-            max_new_tokens=_check(where, "max_new_tokens", spec.get("max_new_tokens", cap), int),
-            loop=_loop(where, spec["loop_abort"], loop) if "loop_abort" in spec else loop,
-            fields=tuple(sorted(fields.items())),
-        )  # fmt: skip
-        routes.append(route)
-        aliases = spec.get("aliases", {})
-        if not isinstance(aliases, dict) or not all(isinstance(v, dict) for v in aliases.values()):
-            raise GatewayError(f'{where}: aliases must be tables of request fields, e.g. [routes.M.aliases."M-x"]')
-        for alias, extra in aliases.items():
-            # An alias is the same route under another name, its fields over the route's.
-            routes.append(replace(route, model=alias, upstream_model=route.upstream_model or model,
-                                  fields=tuple(sorted({**fields, **extra}.items()))))  # fmt: skip
+        routes += route_table(model, spec, f"{source} [routes.{model!r}]", cap, loop)
     return GatewayConfig(**top, routes=tuple(routes), default_max_new_tokens=cap, default_loop=loop)
+
+
+def route_table(model: str, spec: Any, where: str, cap: int, loop: LoopAbort) -> list[Route]:
+    """A ``[routes."MODEL"]`` table (or a recipe's ``[serve]`` route settings) as the route and
+    its aliases; ``cap`` and ``loop`` are what it does not set."""
+    if not isinstance(spec, dict):
+        raise GatewayError(f"{where}: expected a table")
+    _unknown(where, spec, _ROUTE)
+    targets = spec.get("targets", [])
+    if isinstance(targets, str):
+        targets = [targets]
+    if not isinstance(targets, list) or not all(isinstance(t, str) and t for t in targets):
+        raise GatewayError(f"{where}: targets must be a list of deployment names or URLs")
+    fields = spec.get("fields", {})
+    if not isinstance(fields, dict):
+        raise GatewayError(f"{where}: fields must be a table of request fields")
+    route = Route(
+        model=model,
+        targets=tuple(targets),
+        upstream_model=_check(where, "upstream_model", spec["upstream_model"], str) if "upstream_model" in spec
+        else None,
+        max_new_tokens=_check(where, "max_new_tokens", spec.get("max_new_tokens", cap), int),
+        loop=_loop(where, spec["loop_abort"], loop) if "loop_abort" in spec else loop,
+        fields=tuple(sorted(fields.items())),
+    )  # fmt: skip
+    aliases = spec.get("aliases", {})
+    if not isinstance(aliases, dict) or not all(isinstance(v, dict) for v in aliases.values()):
+        raise GatewayError(f'{where}: aliases must be tables of request fields, e.g. [routes.M.aliases."M-x"]')
+    # An alias is the same route under another name, its fields over the route's.
+    return [route] + [
+        replace(route, model=alias, upstream_model=route.upstream_model or model,
+                fields=tuple(sorted({**fields, **extra}.items())))
+        for alias, extra in aliases.items()
+    ]  # fmt: skip
 
 
 def load(path: Path | None) -> GatewayConfig:
