@@ -181,6 +181,11 @@ def test_alias_adds_its_fields_and_asks_for_the_real_model(setup: Setup) -> None
     sent = max(setup.a.bodies[-1:] + setup.b.bodies[-1:], key=lambda b: "chat_template_kwargs" in b)
     assert sent["chat_template_kwargs"] == {"enable_thinking": True}
     assert sent["model"] == "replay-model"
+    # A client's own table is merged with the alias's.
+    c.chat.completions.create(model="replay-thinking", messages=chat("hi"), max_tokens=2,
+                              extra_body={"chat_template_kwargs": {"effort": 3}})  # fmt: skip
+    sent = max(setup.a.bodies[-1:] + setup.b.bodies[-1:], key=lambda b: "effort" in b.get("chat_template_kwargs", {}))
+    assert sent["chat_template_kwargs"] == {"enable_thinking": True, "effort": 3}
 
 
 def test_embeddings_pass_through(setup: Setup) -> None:

@@ -125,3 +125,16 @@ def test_request_log_keeps_the_newest_rows_and_since_reads_back_from_a_moment(tm
     assert parse_since("2026-12-01", now) == 1_796_083_200.0  # a date: midnight UTC
     with pytest.raises(SparkfleetError, match="--since 'yesterday': expected a duration"):
         parse_since("yesterday", now)
+
+
+def test_an_alias_merges_its_tables_into_the_routes() -> None:
+    text = """
+[routes.m]
+targets = ["d"]
+fields = { chat_template_kwargs = { reasoning_effort = 75 }, temperature = 0.2 }
+[routes.m.aliases.m-thinking]
+chat_template_kwargs = { thinking = true }
+"""
+    routes = {r.model: dict(r.fields) for r in parse(tomllib.loads(text), "gw.toml").routes}
+    assert routes["m-thinking"] == {"chat_template_kwargs": {"reasoning_effort": 75, "thinking": True},
+                                    "temperature": 0.2}  # fmt: skip

@@ -321,7 +321,10 @@ class Gateway:
             raise _Reject(429, f"rate limit of key {ex.key.name!r} reached; retry in {max(1, round(wait))} s",
                           "rate_limit_error", "rate_limit_exceeded", retry_after=wait)  # fmt: skip
         for name, value in route.fields:
-            body.setdefault(name, value)
+            if name not in body:
+                body[name] = value
+            elif isinstance(value, dict) and isinstance(body[name], dict):
+                body[name] = {**value, **body[name]}  # the client's keys win, the route's others stay
         if kind != "embeddings":
             ex.cap_header = _cap(body, kind, route.max_new_tokens)
             if ex.cap_header:

@@ -129,6 +129,15 @@ def parse(data: dict[str, Any], source: str) -> GatewayConfig:
     return GatewayConfig(**top, routes=tuple(routes), default_max_new_tokens=cap, default_loop=loop)
 
 
+def merge_fields(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` on ``base``, a table in both merged key by key (an alias that turns thinking on
+    keeps the route's reasoning_effort in the same chat_template_kwargs)."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = {**out[key], **value} if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 def route_table(model: str, spec: Any, where: str, cap: int, loop: LoopAbort) -> list[Route]:
     """A ``[routes."MODEL"]`` table (or a recipe's ``[serve]`` route settings) as the route and
     its aliases; ``cap`` and ``loop`` are what it does not set."""
@@ -158,7 +167,7 @@ def route_table(model: str, spec: Any, where: str, cap: int, loop: LoopAbort) ->
     # An alias is the same route under another name, its fields over the route's.
     return [route] + [
         replace(route, model=alias, upstream_model=route.upstream_model or model,
-                fields=tuple(sorted({**fields, **extra}.items())))
+                fields=tuple(sorted(merge_fields(fields, extra).items())))
         for alias, extra in aliases.items()
     ]  # fmt: skip
 
