@@ -57,3 +57,19 @@ def test_extras_are_named_before_any_work(capsys: pytest.CaptureFixture[str], mo
     assert code == 2 and "pip install 'sparkfleet[plots]'" in err and len(err.splitlines()) == 1
     code, _, err = run_main(capsys, "eval", "needle", "http://127.0.0.1:9", "--png", "h.png")
     assert code == 2 and "pip install 'sparkfleet[plots]'" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("bench", "decode", "http://127.0.0.1:9", "--model", "m", "--api", "chatty"),
+        ("bench", "serve", "http://127.0.0.1:9", "--model", "m", "--api", "chatty"),
+        ("ab", "examples/gemma-llamacpp", "--variants", "base,fast", "--api", "chatty"),
+    ],
+    ids=["bench-decode", "bench-serve", "ab"],
+)
+def test_a_bad_api_is_refused_by_the_config_in_one_line(capsys: pytest.CaptureFixture[str],
+                                                        argv: tuple[str, ...]) -> None:  # fmt: skip
+    # One check (bench.client.check_api) in the configs the commands build, before any request.
+    code, _, err = run_main(capsys, *argv)
+    assert code == 2 and err.strip() == "error: --api must be chat or completions, not 'chatty'"

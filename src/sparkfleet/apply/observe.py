@@ -34,23 +34,25 @@ class RankStatus:
     exited_at: float | None = None  # when an exited rank ended, where its runtime knows
 
 
-def _health(deployment: Deployment) -> str:
+def rank0_health(deployment: Deployment, timeout: float = 2.0) -> tuple[str, bool]:
+    """Rank 0's health endpoint as ``status`` and ``watch`` show it ("healthy", "HTTP 503",
+    "unreachable (…)"; "-" where the engine has none), and whether it is healthy."""
     head = deployment.ranks[0]
     path = head.readiness.health_path
     if not head.readiness.serves_http or not path:
-        return "-"
+        return "-", True
     # urllib, not httpx: one GET does not justify the 0.1-0.2 s httpx adds to `sparkfleet status`.
     import urllib.error
     import urllib.request
 
     try:
-        with urllib.request.urlopen(deployment.endpoint + path, timeout=2.0) as answer:
+        with urllib.request.urlopen(deployment.endpoint + path, timeout=timeout) as answer:
             code = answer.status
     except urllib.error.HTTPError as exc:
         code = exc.code
-    except (OSError, ValueError):
-        return "unreachable"
-    return "healthy" if code == 200 else f"HTTP {code}"
+    except (OSError, ValueError) as exc:
+        return f"unreachable ({type(exc).__name__})", False
+    return ("healthy", True) if code == 200 else (f"HTTP {code}", False)
 
 
 def current(deployment: Deployment, connect: Connector = transport_for) -> tuple[Deployment, list[RankStatus]]:
@@ -73,7 +75,7 @@ def status(deployment: Deployment, connect: Connector = transport_for) -> list[R
         return runtime_for(rank).inspect(rank, connect(rank.node))
 
     outcomes = fan_out(list(ranks), inspect)
-    head_health = _health(deployment)
+    head_health, _ = rank0_health(deployment)
     now = time.time()
     out = []
     for key, outcome in outcomes.items():

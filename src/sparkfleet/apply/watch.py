@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 
 import httpx
 
-from sparkfleet.apply.observe import exit_detail, rank_secrets
+from sparkfleet.apply.observe import exit_detail, rank0_health, rank_secrets
 from sparkfleet.apply.readiness import tail
 from sparkfleet.apply.restart import Outcome, recover
 from sparkfleet.bench.server_metrics import (
@@ -201,7 +201,7 @@ class Watcher:
         nodes: dict[str, NodeWatch | str] = {}
         for node, outcome in outcomes.items():
             nodes[node] = outcome.value if outcome.ok and outcome.value is not None else str(outcome.error)
-        health, healthy = self._health(record)
+        health, healthy = rank0_health(record, timeout=5.0)
         metrics = self._metrics(record) if healthy else Metrics()
         plan = self.records.stored_plan(self.name)
         serve = plan.serve if plan else ServeSpec()
@@ -272,16 +272,6 @@ class Watcher:
                 self.seen.low.discard(node)
                 self._event(events, "mem-ok", f"{node}: MemAvailable {format_size(mem)} is over the floor again "
                             f"(low-water {format_size(self.seen.low_water[node])})", node)  # fmt: skip
-
-    def _health(self, record: Deployment) -> tuple[str, bool]:
-        head = record.ranks[0]
-        if not head.readiness.serves_http or not head.readiness.health_path:
-            return "-", True
-        try:
-            code = self.http.get(record.endpoint + head.readiness.health_path).status_code
-        except httpx.HTTPError as exc:
-            return f"unreachable ({type(exc).__name__})", False
-        return ("healthy", True) if code == 200 else (f"HTTP {code}", False)
 
     def _health_events(self, health: str, healthy: bool, events: list[Event]) -> None:
         if self.seen.healthy and not healthy:

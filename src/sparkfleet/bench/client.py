@@ -26,7 +26,16 @@ from typing import Any, Literal
 
 import httpx
 
+from sparkfleet.errors import BenchError
+
 Api = Literal["chat", "completions"]
+
+
+def check_api(api: str) -> None:
+    """BenchError unless api is one of ``Api``'s (what ``--api`` takes)."""
+    if api not in ("chat", "completions"):
+        raise BenchError(f"--api must be chat or completions, not {api!r}")
+
 
 # Kept short so that a stored run of c16 x 256 tokens stays small; the text is for eyeballing.
 TEXT_KEEP_CHARS = 2000

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from sparkfleet.bench.client import NO_USAGE_ERROR, Api, RequestRecord, RequestSpec, stream_request
+from sparkfleet.bench.client import NO_USAGE_ERROR, Api, RequestRecord, RequestSpec, check_api, stream_request
 from sparkfleet.bench.corpus import PROMPT_TYPES, decode_prompt
 from sparkfleet.bench.endpoint import Endpoint
 from sparkfleet.bench.progress import NullProgress, Progress
@@ -53,6 +53,7 @@ class DecodeConfig:
             raise BenchError("--tokens must be at least 2 (decode speed needs two tokens)")
         if self.repeats < 1 or self.waves < 1 or self.warmups < 0:
             raise BenchError("--repeats and --waves must be at least 1, --warmups at least 0")
+        check_api(self.api)
 
 
 @dataclass(frozen=True)

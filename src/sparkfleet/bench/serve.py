@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 
 from sparkfleet.bench.arrivals import INF, Arrivals, rate_label, schedule, schedule_for
-from sparkfleet.bench.client import Api, RequestRecord, RequestSpec, stream_request
+from sparkfleet.bench.client import Api, RequestRecord, RequestSpec, check_api, stream_request
 from sparkfleet.bench.corpus import haystack
 from sparkfleet.bench.decode import DecodeConfig, ExactLength, probe_exact_length
 from sparkfleet.bench.endpoint import Endpoint
@@ -85,8 +85,7 @@ class ServeConfig:
             raise BenchError("--duration with --request-rate inf needs --max-concurrency")
         if self.repeats < 1 or self.discard_runs < 0:
             raise BenchError("--repeats must be at least 1 and --discard-runs at least 0")
-        if self.api not in ("chat", "completions"):
-            raise BenchError(f"--api must be chat or completions, not {self.api!r}")
+        check_api(self.api)
         if self.workload.dataset == "multiturn" and self.workload.turns < 2:
             raise BenchError("--dataset multiturn needs --turns 2 or more")
         if self.workload.dataset.endswith((".jsonl", ".json")) and not os.path.isfile(self.workload.dataset):

@@ -56,8 +56,6 @@ def ab(
         raise UsageError(f"--bench {bench!r}: choose decode, prefill or decode,prefill")
     if eval_ not in (None, "quality"):
         raise UsageError(f"--eval {eval_!r}: only quality runs inside an A/B")
-    if api not in ("chat", "completions"):
-        raise UsageError(f"--api must be chat or completions, not {api!r}")
     decode = DecodeConfig(concurrency=parse_int_list(concurrency, "concurrency", SparkfleetError),
                           prompt_types=prompt_types(types), new_tokens=tokens, repeats=repeats, warmups=warmups,
                           api=api) if "decode" in kinds else None  # type: ignore[arg-type]  # fmt: skip

@@ -160,8 +160,6 @@ def decode_cmd(
     from sparkfleet.bench.endpoint import resolve_endpoint
     from sparkfleet.bench.store import BenchStore
 
-    if api not in ("chat", "completions"):
-        raise BenchError(f"--api must be chat or completions, not {api!r}")
     config = DecodeConfig(
         concurrency=parse_ints(concurrency, "concurrency"),
         prompt_types=prompt_types(types),

@@ -37,7 +37,7 @@ def doctor(
     ports, clocks. Exit 0 when nothing failed, 1 otherwise."""
     # The library (threads, probes, plan) is imported here so other commands start fast.
     from sparkfleet.cli.options import build_plan
-    from sparkfleet.dashboard.doctor_history import record_doctor
+    from sparkfleet.doctor.history import record_doctor
     from sparkfleet.doctor.run import memory_for, run_doctor, sort_for_display, spec_for
     from sparkfleet.nodes.transport import transport_for
     from sparkfleet.plan.memory import render_memory_plans

@@ -74,8 +74,7 @@ def up(
 
     spec = ConfigSpec(recipe, variant, tuple(set_ or ()), parse_env(env), cluster, name)
     planned = spec.plan()
-    # The nodes' agents boot while the rest of up loads (a fifth of a second here; on 16 nodes
-    # sharing two cores that was most of up's growth over 4): one transport per node, made now.
+    # The nodes' agents boot while the rest of up loads: one transport per node, made now.
     transports = {r.node.name: transport_for(r.node, accept_new_host_keys=accept_new) for r in planned.ranks}
     open_sessions(transports, {r.node.name: r.node.python for r in planned.ranks})
     from sparkfleet.apply.up import up as run_up

@@ -1,2 +1,3 @@
-"""The web dashboard: read models over the state store (data), the ASGI app (app), the doctor
-history it shows (doctor_history). Importing this package pulls in neither Starlette nor uvicorn."""
+"""The web dashboard: read models over the state store (data) and the ASGI app (app); the doctor
+history it shows is doctor's own (``doctor/history.py``). Importing this package pulls in
+neither Starlette nor uvicorn."""

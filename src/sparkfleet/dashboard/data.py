@@ -16,7 +16,7 @@ from sparkfleet.apply.down import down
 from sparkfleet.apply.restart import restart
 from sparkfleet.bench.report import TierSummary, summarize
 from sparkfleet.bench.store import BenchStore, StoredRun
-from sparkfleet.dashboard.doctor_history import last_doctor
+from sparkfleet.doctor.history import last_doctor
 from sparkfleet.errors import NotFoundError, SparkfleetError
 from sparkfleet.evals.compare import compare_runs
 from sparkfleet.evals.needle import NeedleRun

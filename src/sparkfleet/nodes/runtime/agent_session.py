@@ -2,7 +2,7 @@
 
 A one-shot agent call costs a new SSH channel, a shell and an interpreter on the node and an ssh
 client here; `up` makes three to four calls per node (preflight, start, readiness, the head's
-probe) and `down` three. On 16 nodes that sharing of cores was most of `up`'s growth over 4. A
+probe) and `down` three. A
 session opens on the first call (``… serve``: JSON requests and answers, one line each) and
 answers every later call on the same transport in about a millisecond. It closes when its
 transport is dropped; the node's agent ends when its stdin does.

@@ -358,8 +358,8 @@ def _listeners(ports: set[int]) -> dict[str, tuple[int, int]]:
 
 def _bindable(port: int) -> bool:
     """Nothing listens on the port on any address of this node, IPv4 or IPv6: a wildcard bind
-    of each succeeds. Reading /proc/net/tcp costs the kernel a walk of its whole socket table (1.5 ms per
-    table here), and up asks this of every node before it starts anything."""
+    of each succeeds (cheaper than /proc/net/tcp, a walk of the kernel's whole socket table,
+    which up would otherwise read on every node before it starts anything)."""
     import socket
 
     families = [(socket.AF_INET, "0.0.0.0")]
@@ -537,7 +537,7 @@ def leftovers(spec: dict) -> list[dict]:
     workdir = os.path.realpath(spec["workdir"]) if spec.get("workdir") else ""
     since = float(spec.get("since") or 0)
     # Only ports something listens on need /proc/net/tcp, whose reading walks the kernel's whole
-    # socket table (8 ms a call on the test VM, most of leftovers' time on 16 nodes).
+    # socket table.
     sockets = _listeners({int(p) for p in spec.get("ports", []) if not _bindable(int(p))})
     skip = _ancestors()
     envs = {p: _environ(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in skip}
