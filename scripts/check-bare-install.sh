@@ -130,6 +130,9 @@ for seed in tests/data/seeds/*/recipe.toml; do
   check "plan --json $(basename "$(dirname "$seed")")" 0 ok "" -- plan "$seed" --cluster "$spark4" --json
 done
 check "dashboard without [dashboard]" 2 mistake "sparkfleet[dashboard]" -- dashboard
+check "gateway without [gateway]" 2 mistake "sparkfleet[gateway]" -- gateway serve
+check "gateway key revoke of no key" 2 mistake "no active key" -- gateway key revoke nobody
+check "gateway log (empty)" 0 ok "" -- gateway log --json
 check "bench png without [plots]" 2 mistake "sparkfleet[plots]" -- bench export last --format png
 check "needle png without [plots]" 2 mistake "sparkfleet[plots]" -- \
   eval needle http://127.0.0.1:9 --png "$work/heatmap.png"

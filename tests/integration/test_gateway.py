@@ -5,6 +5,8 @@ it is streaming, so an upstream cancellation is seen as that count dropping)."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import socket
 import sqlite3
 import subprocess
@@ -34,6 +36,8 @@ def script_for(body: dict[str, Any]) -> Script:
         return Script(base_ttft=0.002, itl=0.002, pattern=("same line\n",), role_chunk=False)
     if "LOOP" in text:
         return Script(base_ttft=0.002, itl=0.002, pattern=LOOP, role_chunk=False)
+    if "BULK" in text:  # as fast as the server can write
+        return Script(base_ttft=0.0, itl=0.0, role_chunk=False)
     if "SLOW" in text:
         return Script(base_ttft=0.002, itl=0.05, role_chunk=False)
     return fast
@@ -73,6 +77,7 @@ def create_key(state: Path, *args: str) -> str:
 CONFIG = """
 max_body_bytes = 65536
 health_interval = 0.3
+client_timeout = 1
 retry_after = 7
 
 [routes.replay]
@@ -91,6 +96,12 @@ max_new_tokens = 64
 [routes.other]
 targets = ["{a}"]
 upstream_model = "replay-model"
+loop_abort = false
+
+[routes.bulk]
+targets = ["{a}"]
+upstream_model = "replay-model"
+max_new_tokens = 0
 loop_abort = false
 
 [routes.flaky]
@@ -170,6 +181,11 @@ def test_alias_adds_its_fields_and_asks_for_the_real_model(setup: Setup) -> None
     sent = max(setup.a.bodies[-1:] + setup.b.bodies[-1:], key=lambda b: "chat_template_kwargs" in b)
     assert sent["chat_template_kwargs"] == {"enable_thinking": True}
     assert sent["model"] == "replay-model"
+    # A client's own table is merged with the alias's.
+    c.chat.completions.create(model="replay-thinking", messages=chat("hi"), max_tokens=2,
+                              extra_body={"chat_template_kwargs": {"effort": 3}})  # fmt: skip
+    sent = max(setup.a.bodies[-1:] + setup.b.bodies[-1:], key=lambda b: "effort" in b.get("chat_template_kwargs", {}))
+    assert sent["chat_template_kwargs"] == {"enable_thinking": True, "effort": 3}
 
 
 def test_embeddings_pass_through(setup: Setup) -> None:
@@ -183,7 +199,7 @@ def test_embeddings_pass_through(setup: Setup) -> None:
 
 def test_models_lists_only_the_keys_models(setup: Setup) -> None:
     assert {m.id for m in setup.client("alice").models.list()} == {
-        "replay", "replay-thinking", "capped", "other", "flaky", "down"}  # fmt: skip
+        "replay", "replay-thinking", "capped", "other", "bulk", "flaky", "down"}  # fmt: skip
     assert [m.id for m in setup.client("bob").models.list()] == ["other"]
 
 
@@ -300,6 +316,24 @@ def test_client_going_away_cancels_the_upstream_request(setup: Setup) -> None:
     wait_for(lambda: setup.a.open_streams + setup.b.open_streams == 0, 1.0)
 
 
+def test_a_client_that_stops_reading_is_dropped_and_its_engine_request_cancelled(setup: Setup) -> None:
+    host, port = setup.gw.root.removeprefix("http://").split(":")
+    body = json.dumps({"model": "bulk", "messages": chat("BULK"), "max_tokens": 2_000_000, "stream": True})
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {setup.keys['alice']}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")  # fmt: skip
+    with socket.socket() as stalled:
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect((host, int(port)))
+        stalled.sendall(head.encode() + body.encode())  # and never reads the answer
+        wait_for(lambda: setup.a.open_streams == 1, 5.0)
+        # The gateway stops reading the engine once the client's buffers are full, drops the
+        # client after client_timeout (1 s) of that, and the engine's stream ends.
+        wait_for(lambda: setup.a.open_streams == 0, 15.0)
+        assert setup.client().chat.completions.create(model="replay", messages=chat("x"), max_tokens=2).choices
+    rows = [r for r in setup.log() if r["model"] == "bulk"]
+    assert rows[-1]["status"] == 499 and rows[-1]["error"] == "the client read nothing for 1 s"
+
+
 def test_least_outstanding_requests_spreads_over_replicas(setup: Setup) -> None:
     a0, b0 = len(setup.a.bodies), len(setup.b.bodies)
     c = setup.client()
@@ -361,7 +395,7 @@ def test_bad_input_gets_clear_openai_shaped_errors_and_the_gateway_keeps_serving
     assert r.status_code == 413
     r = httpx.post(url + "/chat/completions", json={"model": "gpt-17", "messages": []}, headers=auth)
     assert r.status_code == 404 and "gpt-17" in r.json()["error"]["message"]
-    assert "available: capped, down, flaky, other, replay, replay-thinking" in r.json()["error"]["message"]
+    assert "available: bulk, capped, down, flaky, other, replay, replay-thinking" in r.json()["error"]["message"]
     r = httpx.get(url + "/engines", headers=auth)
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
     assert httpx.get(setup.gw.root + "/health").json() == {"status": "ok"}
@@ -375,6 +409,9 @@ def test_request_log_has_a_row_per_request_without_bodies(setup: Setup) -> None:
     raw = setup.client().chat.completions.with_raw_response.create(model="capped", messages=chat("SECRET-PROMPT"),
                                                                    max_tokens=100)  # fmt: skip
     rid = raw.headers["x-request-id"]
+    setup.client().completions.create(model="replay", prompt="LOOPLINES", max_tokens=1000)
+    with pytest.raises(openai.AuthenticationError):
+        setup.client("sf-0-wrong").chat.completions.create(model="replay", messages=chat("x"))
     rows = {r["request_id"]: r for r in setup.log()}
     row = rows[rid]
     assert (row["key_name"], row["model"], row["deployment"], row["status"]) == ("alice", "capped", setup.a.url, 200)
@@ -452,6 +489,31 @@ def test_routes_come_from_the_state_store_and_follow_its_changes(tmp_path: Path)
                 c.chat.completions.create(model="replay-model", messages=chat("x"), max_tokens=3)
 
 
+def test_a_recipes_serve_section_gives_its_deployment_route_cap_and_aliases(tmp_path: Path) -> None:
+    from tests.integration.conftest import leftover_processes, standin_recipe
+
+    recipe = standin_recipe(tmp_path / "standin", nodes=1, port=free_port())
+    with (recipe / "recipe.toml").open("a") as fh:
+        fh.write('[serve]\nmax_new_tokens = 7\nloop_abort = false\nrequest_defaults = { temperature = 0.5 }\n'
+                 '[serve.aliases."org/standin-fast"]\ntop_k = 1\n')  # fmt: skip
+    name = f"test-gw-serve-{os.getpid()}"
+    state = tmp_path / "state"
+    up = cli(state, "up", str(recipe), "--name", name, timeout=300)
+    assert up.returncode == 0, up.stderr[-3000:]
+    try:
+        with gateway(state) as gw:
+            c = openai.OpenAI(base_url=gw.url, api_key="unused", max_retries=0)
+            assert sorted(m.id for m in c.models.list()) == ["org/standin", "org/standin-fast"]
+            raw = c.completions.with_raw_response.create(model="org/standin-fast", prompt="x", stream=True)
+            assert raw.headers["x-sparkfleet-output-cap"] == "filled max_tokens=7"
+            assert "".join(ch.choices[0].text for ch in raw.parse() if ch.choices) == "".join(
+                f" t{i}" for i in range(7)
+            )
+    finally:
+        assert cli(state, "down", name).returncode == 0
+        assert not leftover_processes(name)
+
+
 def test_off_loopback_without_keys_is_refused_unless_no_auth(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "sparkfleet.cli.main", "gateway", "serve", "--host", "0.0.0.0", "--port", "0"]
     env = {"SPARKFLEET_STATE_DIR": str(tmp_path)}
@@ -490,6 +552,39 @@ def test_tls_and_logged_bodies(tmp_path: Path) -> None:
             rows = json.loads(cli(tmp_path, "gateway", "log", "--json").stdout)
     assert rows[-1]["request_body"]["messages"] == chat("remember this")
     assert rows[-1]["response_text"] == " t0 t1 t2"
+
+
+def test_export_systemd_gateway_writes_a_unit_that_verifies_and_serves(tmp_path: Path) -> None:
+    import shlex
+    import signal
+
+    config = tmp_path / "gw.toml"
+    config.write_text("port = 0\n")
+    unit = tmp_path / "sparkfleet-gateway.service"
+    out = cli(tmp_path, "export", "systemd", "gateway", "--config", str(config), "--out", str(unit))
+    assert out.returncode == 0, out.stderr
+    verify = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stderr
+    text = unit.read_text()
+    env = dict(shlex.split(line.removeprefix("Environment="))[0].split("=", 1)
+               for line in text.splitlines() if line.startswith("Environment="))  # fmt: skip
+    assert env["SPARKFLEET_STATE_DIR"] == str(tmp_path.resolve())
+    argv = shlex.split(next(line for line in text.splitlines() if line.startswith("ExecStart="))[len("ExecStart=") :])
+    assert argv[3:] == ["gateway", "serve", "--config", str(config.resolve())]
+    assert "RestartPreventExitStatus=2" in text
+    log = tmp_path / "unit.out"
+    with log.open("w") as fh:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env={"PATH": "/usr/bin:/bin", **env})
+    try:
+        wait_for(lambda: "gateway on" in log.read_text() or proc.poll() is not None, 30.0)
+        url = re.search(r"gateway on (\S+)/v1", log.read_text())
+        assert url, log.read_text()
+        assert httpx.get(url.group(1) + "/health").json() == {"status": "ok"}
+    finally:
+        proc.send_signal(signal.SIGTERM)  # systemctl stop
+        assert proc.wait(15) == -signal.SIGTERM
+    bad = cli(tmp_path, "export", "systemd", "gateway", "--config", str(tmp_path / "missing.toml"))
+    assert bad.returncode == 2 and "missing.toml" in bad.stderr
 
 
 def _env() -> dict[str, str]:

@@ -98,5 +98,43 @@ def test_command_line_routes_and_cap_go_over_the_file() -> None:
     assert routes["m"].targets == ("a", "http://h:1") and routes["n"].targets == ("dep",)
     assert {r.max_new_tokens for r in config.routes} == {50} and config.default_max_new_tokens == 50
     assert (config.host, config.port, config.auth) == ("0.0.0.0", 9000, False)
+    quiet = with_overrides(base, ["n=dep"], None, None, None, no_auth=False, no_loop_abort=True)
+    assert not quiet.default_loop.enabled and not any(r.loop.enabled for r in quiet.routes)
+    assert all(r.loop.enabled for r in config.routes)
     with pytest.raises(SparkfleetError, match="expected MODEL=TARGET"):
         with_overrides(base, ["m"], None, None, None, no_auth=False)
+
+
+def test_request_log_keeps_the_newest_rows_and_since_reads_back_from_a_moment(tmp_path: Path) -> None:
+    import time
+
+    from sparkfleet.gateway import db
+    from sparkfleet.gateway.keys import parse_since
+    from sparkfleet.gateway.observe import RequestLog, Row
+
+    now = time.time()
+    log = RequestLog(db.connect(tmp_path / "gateway.db"), keep_days=1, keep_rows=5)
+    log.add(Row(time=now - 3 * 86400, request_id="old", key_name="k", model="m", deployment="d", status=200))
+    for i in range(8):
+        log.add(Row(time=now - 60 + i, request_id=f"r{i}", key_name="k", model="m", deployment="d", status=200))
+    log.flush()
+    rows = db.read_log(db.connect(tmp_path / "gateway.db"), None, 100)
+    assert [r["request_id"] for r in rows] == ["r3", "r4", "r5", "r6", "r7"]  # older than a day, and beyond 5: gone
+    since = db.read_log(db.connect(tmp_path / "gateway.db"), parse_since("55s", now), 100)
+    assert [r["request_id"] for r in since] == ["r5", "r6", "r7"]
+    assert parse_since("2026-12-01", now) == 1_796_083_200.0  # a date: midnight UTC
+    with pytest.raises(SparkfleetError, match="--since 'yesterday': expected a duration"):
+        parse_since("yesterday", now)
+
+
+def test_an_alias_merges_its_tables_into_the_routes() -> None:
+    text = """
+[routes.m]
+targets = ["d"]
+fields = { chat_template_kwargs = { reasoning_effort = 75 }, temperature = 0.2 }
+[routes.m.aliases.m-thinking]
+chat_template_kwargs = { thinking = true }
+"""
+    routes = {r.model: dict(r.fields) for r in parse(tomllib.loads(text), "gw.toml").routes}
+    assert routes["m-thinking"] == {"chat_template_kwargs": {"reasoning_effort": 75, "thinking": True},
+                                    "temperature": 0.2}  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -264,3 +265,14 @@ def test_a_worker_host_ssh_would_read_as_an_option_is_not_copied(tmp_path: Path)
     assert any(n.key == "WORKER_HOSTS" and "not a host name" in n.detail for n in result.not_understood)
     (tmp_path / "cluster.toml").write_text(result.cluster_toml)
     assert load_cluster(tmp_path / "cluster.toml").nodes[1].name == "worker1"  # loads; plan asks for the host
+
+
+def test_the_profiles_cap_loop_abort_and_reasoning_effort_become_the_gateway_route(imported) -> None:  # type: ignore[no-untyped-def]
+    recipe, _, _ = imported
+    serve = load_recipe(recipe).serve
+    assert json.loads(serve.gateway_route() or "{}") == {
+        "max_new_tokens": 32768,
+        "loop_abort": {"ngram": 32, "repeats": 4, "token_repeats": 64, "line_repeats": 8},
+        "fields": {"chat_template_kwargs": {"reasoning_effort": 75}},
+    }
+    assert "max_new_tokens = 32768  # DSV41_MAX_NEW_TOKENS" in recipe.read_text()

@@ -33,9 +33,7 @@ GpusOpt = Annotated[
 ]
 StateOpt = Annotated[
     str | None,
-    typer.Option(
-        "--state-dir", help="Where `sparkfleet stage` wrote (default: the --cluster state_dir)."
-    ),
+    typer.Option("--state-dir", help="Where `sparkfleet stage` wrote (default: the --cluster state_dir)."),
 ]
 
 
@@ -126,23 +124,34 @@ def slurm(
 
 @export_app.command("systemd")
 def systemd(
-    name: Annotated[str, typer.Argument(help="Deployment name (one this controller brought up).")],
+    name: Annotated[str, typer.Argument(help="Deployment name (one this controller brought up), or `gateway`.")],
     out: OutOpt = None,
     interval: Annotated[float, typer.Option(help="watch --interval of the service.")] = 10.0,
     user_unit: Annotated[bool, typer.Option("--user-unit", help="A unit for systemctl --user.")] = False,
+    config: Annotated[Path | None, typer.Option("--config", help="gateway: its gateway.toml.")] = None,
 ) -> None:
-    """A systemd unit that runs `sparkfleet watch NAME` (and its restart policy) across reboots."""
+    """A systemd unit that runs `sparkfleet watch NAME` (and its restart policy) across reboots;
+    `export systemd gateway` one that runs `sparkfleet gateway serve`."""
     import getpass
 
-    from sparkfleet.exporters.systemd import UnitOptions, systemd_unit
+    from sparkfleet.exporters.systemd import UnitOptions, gateway_unit, systemd_unit
     from sparkfleet.state.deployments import Deployments
     from sparkfleet.state.store import state_dir
 
+    opts = UnitOptions(state_dir=str(state_dir().resolve()), interval=interval, user=getpass.getuser(),
+                       user_unit=user_unit)  # fmt: skip
+    if name == "gateway":
+        if config is not None:
+            from sparkfleet.gateway.config import load
+
+            load(config)  # a mistake in it is said now, not by a unit that will not start
+        _emit(gateway_unit(opts, str(config.resolve()) if config else None), out)
+        return
+    if config is not None:
+        raise UsageError("--config is the gateway's: `sparkfleet export systemd gateway --config gateway.toml`")
     if Deployments().get(name) is None:
         raise NotFoundError(f"no deployment named {name!r} in {state_dir()} (bring it up first; "
                               "see `sparkfleet status`)")  # fmt: skip
-    opts = UnitOptions(state_dir=str(state_dir().resolve()), interval=interval, user=getpass.getuser(),
-                       user_unit=user_unit)  # fmt: skip
     _emit(systemd_unit(name, opts), out)
 
 

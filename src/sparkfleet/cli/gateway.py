@@ -35,6 +35,12 @@ def serve(
         int | None, typer.Option("--max-new-tokens", help="Output cap for every route (0: none; default 32768).")
     ] = None,
     no_auth: Annotated[bool, typer.Option("--no-auth", help="Serve without API keys, also off loopback.")] = False,
+    no_loop_abort: Annotated[
+        bool,
+        typer.Option(
+            "--no-loop-abort", help="Never stop a repeating answer (e.g. a benchmark of a model that repeats)."
+        ),
+    ] = False,
 ) -> None:
     """Serve /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /health, /metrics."""
     require_extra("gateway", _NEEDS, "the gateway")
@@ -42,7 +48,7 @@ def serve(
     from sparkfleet.gateway.server import serve as run
     from sparkfleet.state.store import state_dir
 
-    settings = with_overrides(load(config), route or [], host, port, max_new_tokens, no_auth)
+    settings = with_overrides(load(config), route or [], host, port, max_new_tokens, no_auth, no_loop_abort)
     state_db = state_dir() / "state.db"
 
     def announce(url: str) -> None:
@@ -50,7 +56,9 @@ def serve(
         auth = "API keys" if settings.auth else "no keys (--no-auth)"
         console.print(f"gateway on [bold]{url}[/] ({auth}; routes: {routes}); Ctrl-C stops it", soft_wrap=True)
 
-    run(settings, state_db, announce)
+    from sparkfleet.cli.dashboard import bind, is_loopback
+
+    run(settings, state_db, is_loopback(settings.host), bind, announce)
 
 
 @key_app.command("create")
@@ -116,14 +124,10 @@ def request_log(
 ) -> None:
     """The gateway's request log: one row per request, no prompt or answer unless log_bodies."""
     from sparkfleet.gateway import db
-    from sparkfleet.gateway.keys import parse_expiry
-    from sparkfleet.gateway.observe import read_log
+    from sparkfleet.gateway.keys import parse_since
 
-    start = None
-    if since:
-        now = time.time()
-        start = now - (parse_expiry(since, now) - now)
-    rows = read_log(db.connect(), start, limit)
+    start = parse_since(since, time.time()) if since else None
+    rows = db.read_log(db.connect(), start, limit)
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return

@@ -24,7 +24,7 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from sparkfleet.dashboard import data, watch_data
+from sparkfleet.dashboard import data, gateway_data, watch_data
 from sparkfleet.errors import SparkfleetError
 from sparkfleet.state.store import Store
 
@@ -127,6 +127,9 @@ def create_app(store: Store, *, token: str | None = None, allowed_hosts: list[st
     async def experiment(request: Request) -> Response:
         return await json_of(data.experiment, request.path_params["experiment_id"])()
 
+    async def gateway(_: Request) -> Response:
+        return await json_of(gateway_data.gateway)()
+
     async def watched(_: Request) -> Response:
         return await json_of(watch_data.watched)()
 
@@ -145,6 +148,7 @@ def create_app(store: Store, *, token: str | None = None, allowed_hosts: list[st
         Route("/api/evals/quality/{run_id}", quality_run),
         Route("/api/evals/needle/{run_id}", needle_run),
         Route("/api/doctor", doctor),
+        Route("/api/gateway", gateway),
         Route("/api/watch", watched),
         Route("/api/watch/{name}", watch_series),
         Route("/api/experiments", experiments),

@@ -1,5 +1,6 @@
 """``export systemd NAME``: a unit that runs ``sparkfleet watch NAME`` (and so its restart
-policy) as a service, started at boot and restarted when the watcher itself dies.
+policy) as a service, started at boot and restarted when the watcher itself dies; ``export
+systemd gateway``: the same for ``sparkfleet gateway serve``.
 
 What the unit pins, and why:
 - the state dir of the user who exported it (``Environment=SPARKFLEET_STATE_DIR``), so the
@@ -72,6 +73,45 @@ def systemd_unit(deployment: str, opts: UnitOptions) -> str:
         "Restart=on-failure",
         "RestartSec=30",
         "RestartPreventExitStatus=1 2",
+        "",
+        "[Install]",
+        f"WantedBy={'default.target' if opts.user_unit else 'multi-user.target'}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+GATEWAY_UNIT = "sparkfleet-gateway.service"
+
+
+def gateway_unit(opts: UnitOptions, config: str | None) -> str:
+    """The unit of ``sparkfleet gateway serve`` (``config``: an absolute gateway.toml, or None for the
+    defaults). Its state dir is the exporter's: the keys, the request log and the deployments it
+    routes to. A mistake in the config (exit 2) keeps it stopped; a crash or a reboot brings it back."""
+    argv = [opts.python, "-m", "sparkfleet.cli.main", "gateway", "serve", *(["--config", config] if config else [])]
+    where = "~/.config/systemd/user/" if opts.user_unit else "/etc/systemd/system/"
+    ctl = "systemctl --user" if opts.user_unit else "systemctl"
+    lines = [
+        "# Written by `sparkfleet export systemd gateway`: runs the gateway (docs/gateway.md) across reboots.",
+        f"#   install: copy to {where}{GATEWAY_UNIT}, then {ctl} daemon-reload && {ctl} enable --now {GATEWAY_UNIT}",
+        "[Unit]",
+        "Description=sparkfleet gateway",
+        "Wants=network-online.target",
+        "After=network-online.target",
+        "",
+        "[Service]",
+        "Type=simple",
+    ]
+    if opts.user and not opts.user_unit:
+        lines.append(f"User={opts.user}")
+    lines += [
+        f"Environment={_quote('SPARKFLEET_STATE_DIR=' + opts.state_dir)}",
+        "Environment=PYTHONUNBUFFERED=1",
+        "ExecStart=" + " ".join(_quote(w) for w in argv),
+        # systemd's SIGTERM: uvicorn finishes the answers in flight, the request log is flushed,
+        # and the process ends by that signal, which systemd counts as a clean stop.
+        "Restart=on-failure",
+        "RestartSec=5",
+        "RestartPreventExitStatus=2",
         "",
         "[Install]",
         f"WantedBy={'default.target' if opts.user_unit else 'multi-user.target'}",

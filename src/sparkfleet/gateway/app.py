@@ -321,7 +321,10 @@ class Gateway:
             raise _Reject(429, f"rate limit of key {ex.key.name!r} reached; retry in {max(1, round(wait))} s",
                           "rate_limit_error", "rate_limit_exceeded", retry_after=wait)  # fmt: skip
         for name, value in route.fields:
-            body.setdefault(name, value)
+            if name not in body:
+                body[name] = value
+            elif isinstance(value, dict) and isinstance(body[name], dict):
+                body[name] = {**value, **body[name]}  # the client's keys win, the route's others stay
         if kind != "embeddings":
             ex.cap_header = _cap(body, kind, route.max_new_tokens)
             if ex.cap_header:
@@ -429,7 +432,14 @@ class Gateway:
                     await send({"type": "http.response.start", "status": 200, "headers": headers})
                     ex.started = started = True
                     self._first_byte(ex)
-                await send({"type": "http.response.body", "body": out, "more_body": True})
+                try:
+                    # A client that takes nothing for client_timeout seconds (the socket's buffers
+                    # full) is dropped, and with it the engine's request.
+                    async with asyncio.timeout(self.config.client_timeout):
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                except TimeoutError:
+                    ex.row.error = f"the client read nothing for {self.config.client_timeout:g} s"
+                    raise _ClientGone from None
         except _UPSTREAM_ERRORS as exc:
             # The engine went away mid-answer: tell the client in the stream (the openai client
             # raises on an error event) and take the replica out until it answers again.

@@ -63,6 +63,7 @@ class GatewayConfig:
     log_keep_rows: int = 1_000_000
     connect_timeout: float = 5.0
     read_timeout: float = 600.0  # longest silence from an engine mid-answer (prefill of a long prompt)
+    client_timeout: float = 60.0  # longest a streaming client may take no bytes before it is dropped
     health_interval: float = 2.0  # how often the state store is re-read and failed replicas probed
     retry_after: int = 5  # seconds, for 503 while no replica is up
     tls_cert: str | None = None
@@ -83,7 +84,8 @@ _LOOP = set(LoopAbort.__dataclass_fields__)
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "host": str, "port": int, "auth": bool, "max_body_bytes": int, "log_bodies": bool,
     "log_keep_days": (int, float), "log_keep_rows": int, "connect_timeout": (int, float),
-    "read_timeout": (int, float), "health_interval": (int, float), "retry_after": int,
+    "read_timeout": (int, float), "client_timeout": (int, float), "health_interval": (int, float),
+    "retry_after": int,
     "tls_cert": str, "tls_key": str, "max_new_tokens": int,
 }  # fmt: skip
 
@@ -123,36 +125,51 @@ def parse(data: dict[str, Any], source: str) -> GatewayConfig:
     if not isinstance(table, dict):
         raise GatewayError(f'{source}: routes must be a table of [routes."MODEL"] entries')
     for model, spec in table.items():
-        where = f"{source} [routes.{model!r}]"
-        if not isinstance(spec, dict):
-            raise GatewayError(f"{where}: expected a table")
-        _unknown(where, spec, _ROUTE)
-        targets = spec.get("targets", [])
-        if isinstance(targets, str):
-            targets = [targets]
-        if not isinstance(targets, list) or not all(isinstance(t, str) and t for t in targets):
-            raise GatewayError(f"{where}: targets must be a list of deployment names or URLs")
-        fields = spec.get("fields", {})
-        if not isinstance(fields, dict):
-            raise GatewayError(f"{where}: fields must be a table of request fields")
-        route = Route(
-            model=model,
-            targets=tuple(targets),
-            upstream_model=_check(where, "upstream_model", spec["upstream_model"], str) if "upstream_model" in spec
-            else None,
-            max_new_tokens=_check(where, "max_new_tokens", spec.get("max_new_tokens", cap), int),
-            loop=_loop(where, spec["loop_abort"], loop) if "loop_abort" in spec else loop,
-            fields=tuple(sorted(fields.items())),
-        )  # fmt: skip
-        routes.append(route)
-        aliases = spec.get("aliases", {})
-        if not isinstance(aliases, dict) or not all(isinstance(v, dict) for v in aliases.values()):
-            raise GatewayError(f'{where}: aliases must be tables of request fields, e.g. [routes.M.aliases."M-x"]')
-        for alias, extra in aliases.items():
-            # An alias is the same route under another name, its fields over the route's.
-            routes.append(replace(route, model=alias, upstream_model=route.upstream_model or model,
-                                  fields=tuple(sorted({**fields, **extra}.items()))))  # fmt: skip
+        routes += route_table(model, spec, f"{source} [routes.{model!r}]", cap, loop)
     return GatewayConfig(**top, routes=tuple(routes), default_max_new_tokens=cap, default_loop=loop)
+
+
+def merge_fields(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` on ``base``, a table in both merged key by key (an alias that turns thinking on
+    keeps the route's reasoning_effort in the same chat_template_kwargs)."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = {**out[key], **value} if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def route_table(model: str, spec: Any, where: str, cap: int, loop: LoopAbort) -> list[Route]:
+    """A ``[routes."MODEL"]`` table (or a recipe's ``[serve]`` route settings) as the route and
+    its aliases; ``cap`` and ``loop`` are what it does not set."""
+    if not isinstance(spec, dict):
+        raise GatewayError(f"{where}: expected a table")
+    _unknown(where, spec, _ROUTE)
+    targets = spec.get("targets", [])
+    if isinstance(targets, str):
+        targets = [targets]
+    if not isinstance(targets, list) or not all(isinstance(t, str) and t for t in targets):
+        raise GatewayError(f"{where}: targets must be a list of deployment names or URLs")
+    fields = spec.get("fields", {})
+    if not isinstance(fields, dict):
+        raise GatewayError(f"{where}: fields must be a table of request fields")
+    route = Route(
+        model=model,
+        targets=tuple(targets),
+        upstream_model=_check(where, "upstream_model", spec["upstream_model"], str) if "upstream_model" in spec
+        else None,
+        max_new_tokens=_check(where, "max_new_tokens", spec.get("max_new_tokens", cap), int),
+        loop=_loop(where, spec["loop_abort"], loop) if "loop_abort" in spec else loop,
+        fields=tuple(sorted(fields.items())),
+    )  # fmt: skip
+    aliases = spec.get("aliases", {})
+    if not isinstance(aliases, dict) or not all(isinstance(v, dict) for v in aliases.values()):
+        raise GatewayError(f'{where}: aliases must be tables of request fields, e.g. [routes.M.aliases."M-x"]')
+    # An alias is the same route under another name, its fields over the route's.
+    return [route] + [
+        replace(route, model=alias, upstream_model=route.upstream_model or model,
+                fields=tuple(sorted(merge_fields(fields, extra).items())))
+        for alias, extra in aliases.items()
+    ]  # fmt: skip
 
 
 def load(path: Path | None) -> GatewayConfig:
@@ -170,7 +187,7 @@ def load(path: Path | None) -> GatewayConfig:
 
 def with_overrides(
     config: GatewayConfig, routes: list[str], host: str | None, port: int | None, max_new_tokens: int | None,
-    no_auth: bool,
+    no_auth: bool, no_loop_abort: bool = False,
 ) -> GatewayConfig:  # fmt: skip
     """The command line's settings over the file's: ``--route MODEL=TARGET`` adds TARGET to MODEL's
     route (creating it with the defaults), the others replace the file's values."""
@@ -186,6 +203,10 @@ def with_overrides(
             raise GatewayError(f"--max-new-tokens {max_new_tokens}: must be 0 (no cap) or more")
         by_model = {m: replace(r, max_new_tokens=max_new_tokens) for m, r in by_model.items()}
         config = replace(config, default_max_new_tokens=max_new_tokens)
+    if no_loop_abort:
+        off = LoopAbort(0, 0, 0, 0)
+        by_model = {m: replace(r, loop=off) for m, r in by_model.items()}
+        config = replace(config, default_loop=off)
     return replace(
         config,
         routes=tuple(by_model.values()),

@@ -4,9 +4,12 @@ dashboard read, so the file that holds key hashes can be 0600 whatever the rest 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 from sparkfleet.errors import StateError
 from sparkfleet.state.store import state_dir
@@ -71,3 +74,19 @@ def connect(path: Path | None = None) -> sqlite3.Connection:
         if p.exists():
             os.chmod(p, 0o600)
     return conn
+
+
+def read_log(conn: sqlite3.Connection, since: float | None, limit: int) -> list[dict[str, Any]]:
+    """The newest ``limit`` rows since a time, oldest first."""
+    rows = conn.execute(
+        "SELECT * FROM requests WHERE time >= ? ORDER BY id DESC LIMIT ?", (since or 0.0, limit)
+    ).fetchall()
+    out = []
+    for r in reversed(rows):
+        d = dict(r)
+        d.pop("id", None)
+        if d.get("request_body"):
+            with contextlib.suppress(ValueError):
+                d["request_body"] = json.loads(d["request_body"])
+        out.append(d)
+    return out

@@ -49,23 +49,34 @@ class Key:
         return "active"
 
 
-def parse_expiry(text: str, now: float) -> float:
-    """``--expires``: a duration (``90m``, ``12h``, ``30d``, ``2w``) or an ISO date/time (UTC when no
-    zone is given), as a Unix time in the future."""
+def _duration(text: str) -> float | None:
     m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhdw])", text.strip())
-    if m:
-        seconds = float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[m.group(2)]
-        return now + seconds
+    return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[m.group(2)] if m else None
+
+
+def _moment(text: str, option: str) -> float:
     try:
         when = datetime.fromisoformat(text.strip())
     except ValueError:
-        raise GatewayError(f"--expires {text!r}: expected a duration (30d, 12h) or a date (2027-01-31)") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    stamp = when.timestamp()
+        raise GatewayError(f"{option} {text!r}: expected a duration (30d, 12h) or a date (2027-01-31)") from None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+
+
+def parse_expiry(text: str, now: float) -> float:
+    """``--expires``: a duration (``90m``, ``12h``, ``30d``, ``2w``) or an ISO date/time (UTC when no
+    zone is given), as a Unix time in the future."""
+    seconds = _duration(text)
+    stamp = now + seconds if seconds is not None else _moment(text, "--expires")
     if stamp <= now:
         raise GatewayError(f"--expires {text!r}: that is in the past")
     return stamp
+
+
+def parse_since(text: str, now: float) -> float:
+    """``gateway log --since``: how far back (a duration) or from when (an ISO date/time, UTC
+    when no zone is given), as a Unix time."""
+    seconds = _duration(text)
+    return now - seconds if seconds is not None else _moment(text, "--since")
 
 
 def _digest(secret: str) -> bytes:

@@ -4,13 +4,10 @@ value never reaches either."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import sqlite3
 import threading
 import time
 from dataclasses import astuple, dataclass
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -92,22 +89,6 @@ class RequestLog:
         if self._thread.is_alive():
             self._thread.join(5)
         self.flush()
-
-
-def read_log(conn: sqlite3.Connection, since: float | None, limit: int) -> list[dict[str, Any]]:
-    """The newest ``limit`` rows since a time, oldest first."""
-    rows = conn.execute(
-        "SELECT * FROM requests WHERE time >= ? ORDER BY id DESC LIMIT ?", (since or 0.0, limit)
-    ).fetchall()
-    out = []
-    for r in reversed(rows):
-        d = dict(r)
-        d.pop("id", None)
-        if d.get("request_body"):
-            with contextlib.suppress(ValueError):
-                d["request_body"] = json.loads(d["request_body"])
-        out.append(d)
-    return out
 
 
 class Metrics:

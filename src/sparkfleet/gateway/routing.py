@@ -12,13 +12,18 @@ for a ready replica instead of getting 503.
 
 from __future__ import annotations
 
+import json
+import logging
 import sqlite3
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkfleet.gateway.config import GatewayConfig, Route
+from sparkfleet.errors import GatewayError
+from sparkfleet.gateway.config import GatewayConfig, Route, route_table
+
+log = logging.getLogger("sparkfleet.gateway")
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,7 @@ class Target:
     endpoint: str
     served_model: str
     status: str
+    route: str | None = None  # the recipe's [serve] route settings (JSON), from the stored Plan
 
 
 def read_deployments(path: Path) -> list[Target]:
@@ -38,12 +44,23 @@ def read_deployments(path: Path) -> list[Target]:
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
         try:
-            rows = conn.execute("SELECT name, endpoint, served_model, status FROM deployments").fetchall()
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(deployments)")}
+            plan = "plan_json" if "plan_json" in columns else "NULL"  # a store older than stored Plans
+            rows = conn.execute(f"SELECT name, endpoint, served_model, status, {plan} FROM deployments").fetchall()
         finally:
             conn.close()
     except sqlite3.Error:
         return []  # no deployments table yet: nothing was ever brought up with this state dir
-    return [Target(*row) for row in rows]
+    return [Target(row[0], row[1], row[2], row[3], _route_settings(row[4])) for row in rows]
+
+
+def _route_settings(plan_json: str | None) -> str | None:
+    if not plan_json:
+        return None
+    try:
+        return json.loads(plan_json).get("serve", {}).get("gateway")
+    except (ValueError, AttributeError):
+        return None
 
 
 def base_url(url: str) -> str:
@@ -96,7 +113,7 @@ class Router:
         by_name = {d.name: d for d in deployments}
         routes = list(self.config.routes)
         if not routes:  # no routes configured: every served model in the state store is one
-            routes = [self.config.default_route(m) for m in sorted({d.served_model for d in ready})]
+            routes = self._from_recipes(ready)
         table: dict[str, RouteState] = {}
         seen: set[tuple[str, str, str]] = set()
         for route in routes:
@@ -127,6 +144,26 @@ class Router:
                     del self._replicas[key]
         self.routes = table
         self.refreshed = time.monotonic()
+
+    def _from_recipes(self, ready: list[Target]) -> list[Route]:
+        """A route per served model, with what its deployment's recipe says in ``[serve]`` (the
+        first deployment's, when several serve one model); a recipe whose settings do not parse
+        gets the defaults and a warning, not a gateway that stops routing."""
+        routes: dict[str, Route] = {}
+        c = self.config
+        for d in sorted(ready, key=lambda d: d.name):
+            if d.served_model in routes:
+                continue
+            found = [c.default_route(d.served_model)]
+            if d.route:
+                try:
+                    found = route_table(d.served_model, json.loads(d.route), f"deployment {d.name!r} [serve]",
+                                        c.default_max_new_tokens, c.default_loop)  # fmt: skip
+                except (ValueError, GatewayError) as exc:
+                    log.warning("deployment %s: its [serve] route settings are ignored: %s", d.name, exc)
+            for r in found:
+                routes.setdefault(r.model, r)
+        return list(routes.values())
 
     def models(self) -> list[str]:
         return sorted(self.routes)

@@ -17,16 +17,10 @@ from sparkfleet.gateway.observe import Metrics, RequestLog
 from sparkfleet.gateway.routing import Router
 
 
-def is_loopback(host: str) -> bool:
-    from sparkfleet.cli.dashboard import is_loopback as check
-
-    return check(host)
-
-
-def build(config: GatewayConfig, state_db: Path, gateway_db: Path | None = None) -> Gateway:
-    """The app, its key store and request log opened, routes not yet read (startup does that)."""
+def build(config: GatewayConfig, state_db: Path, loopback: bool, gateway_db: Path | None = None) -> Gateway:
+    """The app, its key store and request log opened, routes not yet read (startup does that).
+    ``loopback``: whether the address it listens on takes connections from this machine alone."""
     keys = KeyStore(db.connect(gateway_db)) if config.auth else None
-    loopback = is_loopback(config.host)
     if keys is not None and not keys.any_active() and not loopback:
         raise GatewayError(
             f"--host {config.host}: off loopback the gateway needs API keys; create one with "
@@ -36,18 +30,19 @@ def build(config: GatewayConfig, state_db: Path, gateway_db: Path | None = None)
     return Gateway(config, Router(config, state_db), keys, request_log, Metrics(), open_without_keys=loopback)
 
 
-def serve(config: GatewayConfig, state_db: Path, announce: Callable[[str], None]) -> None:
+def serve(config: GatewayConfig, state_db: Path, loopback: bool, bind: Callable[[str, int], socket.socket],
+          announce: Callable[[str], None]) -> None:  # fmt: skip
+    """Serve until interrupted; ``bind(host, port)`` makes the listening socket (the CLI's, which
+    says in one line why it cannot)."""
     import uvicorn
-
-    from sparkfleet.cli.dashboard import bind
 
     for what, path in (("tls_cert", config.tls_cert), ("tls_key", config.tls_key)):
         if path and not Path(path).is_file():
             raise GatewayError(f"{what} {path!r}: no such file")
     if bool(config.tls_cert) != bool(config.tls_key):
         raise GatewayError("tls_cert and tls_key go together: give both or neither")
-    app = build(config, state_db)
-    sock: socket.socket = bind(config.host, config.port)
+    app = build(config, state_db, loopback)
+    sock = bind(config.host, config.port)
     port = sock.getsockname()[1]
     scheme = "https" if config.tls_cert else "http"
     shown = f"[{config.host}]" if ":" in config.host else config.host

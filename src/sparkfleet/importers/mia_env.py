@@ -203,6 +203,39 @@ def _env(b: _Build, tp4: bool) -> dict[str, tuple[str, str]]:
     return env
 
 
+def _gateway_route(b: _Build) -> list[tuple[str, object, str]]:
+    """``[serve]`` keys for the gateway from the profile's DSV41_MAX_NEW_TOKENS, DSV41_LOOP_* and
+    SGLANG_DSV41_REASONING_EFFORT (they stay in the env too: the engine's patch reads them)."""
+    v = b.values
+
+    def number(key: str) -> int | None:
+        text = v.get(key)
+        if text is None:
+            return None
+        if text.strip().isdigit():
+            return int(text)
+        b.not_understood.append(Note(key, f"{text!r} is not a whole number (not carried to [serve])"))
+        return None
+
+    out: list[tuple[str, object, str]] = []
+    cap = number("DSV41_MAX_NEW_TOKENS")
+    if cap is not None:
+        out.append(("max_new_tokens", cap, "DSV41_MAX_NEW_TOKENS"))
+    if v.get("DSV41_LOOP_ABORT") is not None:
+        if v["DSV41_LOOP_ABORT"].strip() == "0":
+            out.append(("loop_abort", False, "DSV41_LOOP_ABORT=0"))
+        else:
+            rules = {"ngram": number("DSV41_LOOP_NGRAM"), "repeats": number("DSV41_LOOP_REPEATS"),
+                     "line_repeats": number("DSV41_LOOP_LINE_REPEATS")}  # fmt: skip
+            out.append(("loop_abort", {k: n for k, n in rules.items() if n is not None}, "DSV41_LOOP_*"))
+    effort = v.get("SGLANG_DSV41_REASONING_EFFORT")
+    if effort is not None and effort.strip():
+        value: object = int(effort) if effort.strip().isdigit() else effort.strip()
+        out.append(("request_defaults", {"chat_template_kwargs": {"reasoning_effort": value}},
+                    "SGLANG_DSV41_REASONING_EFFORT"))  # fmt: skip
+    return out
+
+
 def _snapshot(repo: str, revision: str | None, root: str) -> str:
     rev = revision or placeholder("HF_REVISION (snapshot commit of " + repo + ")")
     return f"{root}/hub/models--{repo.replace('/', '--')}/snapshots/{rev}"
@@ -515,6 +548,14 @@ def import_mia_env(profile: Profile, tp4: bool = True) -> ImportResult:
         doc.set("id", "engram")
         doc.set("src", _snapshot(repo, revision, "{{hf}}"))
         doc.set("dst", engram_dir, "ENGRAM_DIR")
+    serve = _gateway_route(b)
+    if serve:
+        doc.blank()
+        doc.comment("The gateway's route for this deployment (docs/gateway.md): the profile's output cap, loop abort")
+        doc.comment("and reasoning-effort default, applied in front of the engine as well as by it.")
+        doc.table("serve")
+        for name, item, src in serve:
+            doc.set(name, item, src)
     for variant in variants:
         variant.write(doc)
     comment_block(doc, "Placeholders to fill in", b.placeholders)

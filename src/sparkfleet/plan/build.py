@@ -107,7 +107,8 @@ def plan(recipe: Recipe, cluster: Cluster, deployment: str, overrides: Overrides
         revision=recipe.revision,
         model_repo=_model_repo(recipe),
         variant=recipe.variant,
-        serve=ServeSpec(recipe.serve.restart, recipe.serve.max_restarts, recipe.serve.backoff, recipe.serve.mem_floor),
+        serve=ServeSpec(recipe.serve.restart, recipe.serve.max_restarts, recipe.serve.backoff, recipe.serve.mem_floor,
+                        recipe.serve.gateway_route()),
         warnings=env_overrides(ranks, {n.name: cluster_env(n, adapter.host_ip_env) for n in nodes}),
         secret_args=secret_arg_notes(recipe),
     )

@@ -201,6 +201,7 @@ class ServeSpec:
     max_restarts: int = 3
     backoff: float = 10.0
     mem_floor: int | None = None
+    gateway: str | None = None  # the recipe's route settings for the gateway, JSON (spec.recipe.Serve)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ that file: every mistake becomes a RecipeError naming the file and the key path.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import tomllib
@@ -144,13 +145,41 @@ class Memory(_Strict):
     device_memory: Size | None = None
 
 
+class LoopAbortSpec(_Strict):
+    """``[serve] loop_abort``: when the gateway stops a repeating answer (0 turns a rule off)."""
+
+    ngram: int = Field(default=32, ge=0)
+    repeats: int = Field(default=4, ge=0)
+    token_repeats: int = Field(default=64, ge=0)
+    line_repeats: int = Field(default=8, ge=0)
+
+
 class Serve(_Strict):
-    """``[serve]``: what ``sparkfleet watch`` does while the deployment serves (docs/watch.md)."""
+    """``[serve]``: what ``sparkfleet watch`` does while the deployment serves (docs/watch.md), and
+    the route ``sparkfleet gateway serve`` gives it (docs/gateway.md): output cap, loop abort,
+    request defaults and aliases."""
 
     restart: Literal["no", "on-failure"] = "no"
     max_restarts: int = Field(default=3, ge=0)
     backoff: float = Field(default=10.0, ge=0)  # seconds before the first restart, doubled per retry
     mem_floor: Size | None = None  # a node's MemAvailable under this is an event
+    max_new_tokens: int | None = Field(default=None, ge=0)  # None: the gateway's default
+    loop_abort: bool | LoopAbortSpec | None = None  # None: the gateway's default; false: off
+    request_defaults: dict[str, Any] = Field(default_factory=dict)  # fields added when a request lacks them
+    aliases: dict[str, dict[str, Any]] = Field(default_factory=dict)  # another model name, more fields
+
+    def gateway_route(self) -> str | None:
+        """The route settings as the stored Plan keeps them (JSON; None when the recipe sets none)."""
+        route: dict[str, Any] = {}
+        if self.max_new_tokens is not None:
+            route["max_new_tokens"] = self.max_new_tokens
+        if self.loop_abort is not None:
+            route["loop_abort"] = self.loop_abort if isinstance(self.loop_abort, bool) else self.loop_abort.model_dump()
+        if self.request_defaults:
+            route["fields"] = self.request_defaults
+        if self.aliases:
+            route["aliases"] = self.aliases
+        return json.dumps(route, sort_keys=True) if route else None
 
 
 class Recipe(_Strict):

@@ -510,9 +510,37 @@ async function loadWatch() {
   }
 }
 
+// ---------------------------------------------------------------- gateway
+
+function simpleTable(id, heads, rows, empty) {
+  document.getElementById(id).replaceChildren(rows.length ? el("table", { class: "events" },
+    el("thead", {}, el("tr", {}, heads.map((h) => el("th", {}, h)))),
+    el("tbody", {}, rows.map((cells) => el("tr", {}, cells.map((c) => el("td", {}, c === null || c === undefined ? "–" : String(c)))))))
+    : el("p", { class: "muted" }, empty));
+}
+
+async function loadGateway() {
+  try {
+    const g = await api("/api/gateway");
+    simpleTable("gateway-routes", ["model", "replicas", "output cap", "loop abort", "request fields"],
+      g.routes.map((r) => [r.model, r.replicas.map((p) => `${p.name} (${p.url})`).join(", ") || "none ready",
+        r.max_new_tokens || "none", r.loop_abort ? "on" : "off", JSON.stringify(r.fields)]),
+      "No ready deployment: `sparkfleet up` one, or route a URL in gateway.toml.");
+    simpleTable("gateway-keys", ["name", "id", "rpm", "tpm", "state"],
+      g.keys.map((k) => [k.name, k.id, k.rpm, k.tpm, k.state]), "No keys: `sparkfleet gateway key create NAME`.");
+    simpleTable("gateway-requests", ["time", "key", "model", "deployment", "status", "tokens", "TTFT (ms)", "e2e (ms)",
+      "finish", "capped", "loop"], g.requests.map((r) => [new Date(r.time * 1000).toLocaleString(), r.key_name, r.model,
+      r.deployment, r.status, `${r.prompt_tokens || 0}+${r.completion_tokens || 0}`,
+      r.ttft === null ? null : fmtNum(r.ttft * 1000, 0), r.e2e === null ? null : fmtNum(r.e2e * 1000, 0),
+      r.finish_reason, r.clamped ? "yes" : "", r.loop_aborted ? "stopped" : ""]), "No requests logged yet.");
+  } catch (err) {
+    showError(document.getElementById("gateway-routes"), err);
+  }
+}
+
 // ---------------------------------------------------------------- router
 
-const PAGES = { deployments: loadDeployments, bench: loadBench, evals: loadEvals, ab: loadExperiments, watch: loadWatch, doctor: loadDoctor };
+const PAGES = { deployments: loadDeployments, bench: loadBench, evals: loadEvals, ab: loadExperiments, watch: loadWatch, gateway: loadGateway, doctor: loadDoctor };
 
 function route() {
   const page = (location.hash.slice(1) || "deployments").split("?")[0];
