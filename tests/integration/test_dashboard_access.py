@@ -183,24 +183,25 @@ def test_without_the_extras_the_command_says_what_to_install(tmp_path: Path) -> 
     assert "pip install 'sparkfleet[dashboard]'" in out.stderr
 
 
-def test_restart_refuses_what_the_recipe_no_longer_plans(tmp_path: Path) -> None:
-    # Brought up with --set: the recipe alone would plan another port, so a restart from the
-    # recorded files would bring up something else. Refused, and nothing is stopped.
+def test_restart_brings_back_the_stored_plan_with_its_sets(tmp_path: Path) -> None:
+    # Brought up with --set: the recipe alone would plan another port. The restart brings up the
+    # stored Plan (apply.restart, as watch does), so it serves on the port it had, as a new instance.
     env = {"SPARKFLEET_STATE_DIR": str(tmp_path / "state")}
     name = f"restart-guard-{os.getpid()}"
     port = free_port()
     recipe = standin_recipe(tmp_path / "r", nodes=1, port=free_port())
     assert sparkfleet("up", str(recipe), "--name", name, "--set", f"port={port}", env=env).returncode == 0
     try:
+        before = json.loads(sparkfleet("status", name, "--json", env=env).stdout)[0]["instance"]
         with served(tmp_path / "state") as printed:
             url, auth = _base_and_auth(printed)
             answer = httpx.post(
-                url + f"api/deployments/{name}/restart", headers={"X-Sparkfleet-Action": "1", **auth}, timeout=60
+                url + f"api/deployments/{name}/restart", headers={"X-Sparkfleet-Action": "1", **auth}, timeout=120
             )
-        assert answer.status_code == 400
-        assert "--set overrides" in answer.json()["error"]
+        assert answer.status_code == 200, answer.text
+        after = json.loads(sparkfleet("status", name, "--json", env=env).stdout)[0]
+        assert after["status"] == "ready" and after["instance"] != before
         assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
-        assert leftover_processes(name)
     finally:
         sparkfleet("down", name, env=env)
     assert leftover_processes(name) == []
