@@ -140,3 +140,15 @@ def test_a_node_without_iperf3_fails_with_the_package_named() -> None:
 
 def test_mtu_ladder() -> None:
     assert mtu_ladder(9000) == (9000, 1500, 1280) and mtu_ladder(1500) == (1500, 1280) and mtu_ladder(None) == (1500,)
+
+
+def test_fabric_runs_are_kept_and_the_newest_read_back(tmp_path: Path) -> None:
+    from sparkfleet.doctor.history import last_fabric, record_fabric
+    from sparkfleet.state.store import Store
+
+    store = Store(tmp_path / "state.db")
+    assert last_fabric(store) is None
+    record_fabric(store, {"ok": False, "pairs": [{"a": "node0", "b": "node3", "forward_mbps": 19.7}]}, 10.7)
+    record_fabric(store, {"ok": True, "pairs": []}, 10.1, "recipes/x")
+    last = last_fabric(store)
+    assert last is not None and last["ok"] is True and last["recipe"] == "recipes/x" and last["run_at"] > 0

@@ -10,11 +10,13 @@ parse `ib_write_bw` / `ib_write_lat` (Debian's perftest).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sparkfleet.errors import TransportError
 from sparkfleet.nodes.transport.base import Transport
 
 IPERF3_PORT = 5201
@@ -62,11 +64,17 @@ def parse_local(text: str) -> LocalLink:
 
 
 # -- iperf3 ---------------------------------------------------------------------------------
+_SERVER_SCRIPT = (
+    'timeout -k 1 "$1" iperf3 -s -1 --forceflush -B "$2" -p "$3" & pid=$!; '
+    'cat >/dev/null; kill "$pid" 2>/dev/null; wait "$pid"'
+)
+
+
 def server_command(bind_ip: str, port: int, limit_s: float) -> list[str]:
-    """iperf3's server for one test on bind_ip:port, ended by `timeout` at limit_s whatever happens
+    """iperf3's server for one test on bind_ip:port (`-1`: it exits after that test), stopped when
+    the controller closes its stdin, and by `timeout` at limit_s whatever happens
     (`--forceflush`: its "Server listening" line arrives at once, not when it exits)."""
-    return ["timeout", "-k", "1", f"{limit_s:g}", "iperf3", "-s", "-1", "--forceflush", "-B", bind_ip,
-            "-p", str(port)]  # fmt: skip
+    return ["sh", "-c", _SERVER_SCRIPT, "iperf3-server", f"{limit_s:g}", bind_ip, str(port)]
 
 
 READY = "Server listening"
@@ -231,7 +239,7 @@ def measure_pair(
 
     if not bandwidth:
         return client(0)
-    server = target.stream(server_command(dst_ip, port, limit))
+    server = target.stream(server_command(dst_ip, port, limit), stdin=True)
     try:
         seen = []
         for line in server:
@@ -243,6 +251,9 @@ def measure_pair(
         why = f"iperf3 server on {dst_ip}:{port} did not start: {said or 'no output'}"
         return PairMeasurement(None, rest.ping, rest.mtu, (why, *rest.errors))
     finally:
+        server.close_stdin()  # the server's wrapper stops it, if the test has not already
+        with contextlib.suppress(TransportError):
+            server.wait(timeout=3)
         server.close()
 
 
