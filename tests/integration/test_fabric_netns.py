@@ -16,12 +16,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.fleet.netns import NetnsFleet, names_in_use, usable
 
+STANDIN = Path(__file__).resolve().parents[1] / "standin_engine.py"
 WHY_NOT = usable() or (None if shutil.which("iperf3") else "iperf3 missing (scripts/setup-system.sh installs it)")
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(WHY_NOT is not None, reason=f"netns fleet: {WHY_NOT}")]
 
@@ -125,3 +127,29 @@ def test_a_hop_with_a_smaller_mtu_is_named_on_its_pairs(fleet: NetnsFleet) -> No
     ev = next(ev for (check, _), ev in fails.items() if check == "fabric.path_mtu")
     assert "9000-byte don't-fragment packets are lost, 1500 passes; the interface MTU is 9000" in ev
     assert "enp1s0f1np1" in ev  # node1's own NIC name
+
+
+def test_up_refuses_a_recipe_whose_fabric_minimum_a_pair_misses(fleet: NetnsFleet, tmp_path: Path) -> None:
+    # [verify] fabric_min_gbps = 0.1 (100 Mbit/s): node3's link at 20 fails its three pairs, up stops
+    # before anything starts on any node.
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text("\n".join([
+        'engine = "sglang"', f'model = "{tmp_path}/model"', "port = 31000", "rendezvous_port = 31001",
+        "required_nodes = 4", "tensor_parallel_size = 4", f'entrypoint = ["{sys.executable}", "{STANDIN}"]',
+        "[verify]", "fabric_min_gbps = 0.1",
+    ]) + "\n")  # fmt: skip
+    fleet.shape(3, SLOW)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "sparkfleet.cli.main", "up", str(recipe), "--cluster",
+                               str(fleet.cluster_file), "--name", "fabricmin"], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "NO_COLOR": "1"})  # fmt: skip
+    finally:
+        fleet.shape(3, FAST)
+    assert proc.returncode != 0, proc.stdout
+    said = proc.stderr + proc.stdout
+    assert "the fabric failed the pair test that [verify] fabric_min_gbps asks for" in said, said
+    named = {pair for pair in ("node0<->node3", "node3<->node1", "node1<->node3", "node2<->node3") if pair in said}
+    assert len(named) == 3 and "expected ≥ 100.0 Mbit/s ([verify] fabric_min_gbps = 0.1)" in said, said
+    assert "node0<->node1" not in said and "node1<->node2" not in said and "node0<->node2" not in said
+    for i in range(4):
+        assert fleet.processes(i).count("python3") == 0 and "iperf3" not in fleet.processes(i)

@@ -152,3 +152,19 @@ def test_fabric_runs_are_kept_and_the_newest_read_back(tmp_path: Path) -> None:
     record_fabric(store, {"ok": True, "pairs": []}, 10.1, "recipes/x")
     last = last_fabric(store)
     assert last is not None and last["ok"] is True and last["recipe"] == "recipes/x" and last["run_at"] > 0
+
+
+def test_a_recipe_minimum_fails_pairs_the_median_would_pass() -> None:
+    from pydantic import ValidationError
+
+    from sparkfleet.spec.recipe import Verify
+
+    links = {n: LocalLink("eth0", 9000, True) for n in ("a", "b", "c")}
+    results = [_pair("a", "b", 60.0, 61.0), _pair("a", "c", 59.0, 60.0), _pair("b", "c", 60.5, 60.0)]
+    assert not [c for c in verdicts(results, links, Thresholds()) if c.status == "fail"]
+    fails = [c for c in verdicts(results, links, Thresholds(min_mbps=100.0)) if c.status == "fail"]
+    assert {c.node for c in fails} == {"a<->b", "a<->c", "b<->c"}
+    assert all("expected ≥ 100.0 Mbit/s ([verify] fabric_min_gbps = 0.1)" in c.evidence for c in fails)
+    assert Verify(fabric_min_gbps=100).fabric_min_gbps == 100
+    with pytest.raises(ValidationError):
+        Verify(fabric_min_gbps=0)

@@ -55,6 +55,7 @@ def schedule(names: Sequence[str]) -> tuple[tuple[tuple[str, str], ...], ...]:
 class Thresholds:
     fraction: float = 0.7
     max_loss_pct: float = 1.0
+    min_mbps: float | None = None  # an absolute floor besides the median's ([verify] fabric_min_gbps)
 
 
 @dataclass(frozen=True)
@@ -132,13 +133,13 @@ def verdicts(
                 why = "; ".join(r.errors) or "no result"
                 checks.append(Check("fabric.bandwidth", pair, "fail", f"{_ends(r)}: not measured: {why}"))
         elif median is not None:
-            floor = th.fraction * median
+            floor, why = th.fraction * median, f"{th.fraction:g} × the fleet's median {median:.1f} Mbit/s"
+            if th.min_mbps is not None and th.min_mbps > floor:
+                floor, why = th.min_mbps, f"[verify] fabric_min_gbps = {th.min_mbps / 1000:g}"
             slow = [(fwd, rate) for fwd, rate in ((True, r.forward_mbps), (False, r.reverse_mbps)) if rate < floor]
             if slow:
                 said = "; ".join(f"{_ends(r, fwd)} {rate:.1f} Mbit/s" for fwd, rate in slow)
-                checks.append(Check("fabric.bandwidth", pair, "fail",
-                                    f"{said}, expected ≥ {floor:.1f} Mbit/s ({th.fraction:g} × the fleet's median "
-                                    f"{median:.1f} Mbit/s)",
+                checks.append(Check("fabric.bandwidth", pair, "fail", f"{said}, expected ≥ {floor:.1f} Mbit/s ({why})",
                                     "check this pair's cables, ports and switch port speed (ethtool IF)"))  # fmt: skip
             else:
                 said = f"{_ends(r)} {r.forward_mbps:.1f} Mbit/s, back {r.reverse_mbps:.1f} Mbit/s"
