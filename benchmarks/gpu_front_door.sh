@@ -18,8 +18,9 @@ PY=${PYTHON:-python3}
 MODEL_NAME=llama3-8b-shape-random
 MODEL_FILE=llama3-8b-f16.gguf
 RECIPE=$HERE/gpu_run/llama-server-cuda
-mkdir -p "$RESULTS" "$WORK/models" "$WORK/src"
+mkdir -p "$RESULTS" "$WORK/models" "$WORK/src" "$WORK/res"
 RESULTS=$(cd "$RESULTS" && pwd)
+RES=$WORK/res  # every capture; packed into $RESULTS/captures.tar.gz at the end (run.log beside it)
 export SPARKFLEET_STATE_DIR=$WORK/state PYTHONUNBUFFERED=1 NO_COLOR=1 COLUMNS=160
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 exec > >(tee -a "$RESULTS/run.log") 2>&1
@@ -38,13 +39,13 @@ tar -xzf "$SRC" -C "$WORK/src" || exit 1
 (
   cmake -S "$WORK/src" -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_RPC=ON -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF >"$RESULTS/build.log" 2>&1 &&
-    timeout 420 ninja -C "$WORK/build" -j"$(nproc)" llama-server ggml-rpc-server >>"$RESULTS/build.log" 2>&1
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF >"$RES/build.log" 2>&1 &&
+    timeout 420 ninja -C "$WORK/build" -j"$(nproc)" llama-server ggml-rpc-server >>"$RES/build.log" 2>&1
 ) &
 BUILD=$!
 PYTHONPATH=$WORK/src/gguf-py:$PYTHONPATH "$PY" "$HERE/gpu_run/make_gguf.py" "$WORK/models/$MODEL_FILE" \
-  --shape llama3-8b --info "$RESULTS/model.json" || exit 1
-wait "$BUILD" || { tail -30 "$RESULTS/build.log"; exit 1; }
+  --shape llama3-8b --info "$RES/model.json" || exit 1
+wait "$BUILD" || { tail -30 "$RES/build.log"; exit 1; }
 cp "$WORK/build/bin/ggml-rpc-server" "$WORK/build/bin/rpc-server"
 "$WORK/build/bin/llama-server" --version 2>&1 | tail -2
 say "built"
@@ -56,17 +57,22 @@ sets=(--set "model=$WORK/models" --set "model_file=$MODEL_FILE" --set "entrypoin
 decode=(--concurrency 1,4 --types prose --tokens 256 --repeats 3 --timeout 120)
 
 say "A: one rank, direct and through the gateway"
+# The random-weights model repeats one token (make_gguf.py): the loop abort would rightly stop
+# every answer after 64 of them, so this route turns it off to compare the same 256-token answers.
+printf 'loop_abort = false\n' >"$WORK/gateway.toml"
 sf up "$RECIPE" --name one "${sets[@]}" --set port=18080 --timeout 240 || exit 1
-sf gateway serve --route "$MODEL_NAME=one" --port 18200 >"$RESULTS/gateway.log" 2>&1 &
+"$PY" -m sparkfleet.cli.main gateway serve --config "$WORK/gateway.toml" --route "$MODEL_NAME=one" --port 18200 \
+  >"$RES/gateway.log" 2>&1 &
 GW=$!
-for i in 1 2 3; do curl -sf http://127.0.0.1:18200/health >/dev/null && break; sleep 1; done
-for round in 1 2; do
-  sf bench decode one "${decode[@]}" --label "direct-$round" | tail -12
-  sf bench export last -f json -o "$RESULTS/direct-$round.json"
-  sf bench decode http://127.0.0.1:18200 --model "$MODEL_NAME" "${decode[@]}" --label "gateway-$round" | tail -12
-  sf bench export last -f json -o "$RESULTS/gateway-$round.json"
-  sf bench compare last~1 last | tail -12
+for i in 1 2 3 4 5; do curl -sf http://127.0.0.1:18200/health >/dev/null && break; sleep 1; done
+for round in 1 2 3; do
+  sf bench decode one "${decode[@]}" --label "direct-$round" | tail -6
+  sf bench export last -f json -o "$RES/direct-$round.json"
+  sf bench decode http://127.0.0.1:18200 --model "$MODEL_NAME" "${decode[@]}" --label "gateway-$round" | tail -6
+  sf bench export last -f json -o "$RES/gateway-$round.json"
+  sf bench compare last~1 last | tail -8
 done
+sf gateway log --json >"$RES/gateway-requests.json" 2>&1
 kill "$GW"; wait "$GW" 2>/dev/null
 sf down one
 
@@ -89,9 +95,10 @@ fabric_ip = "127.0.0.2"
 TOML
 rpc=(--set required_nodes=2 --set rendezvous_port=50052)
 sf up "$RECIPE" --name rpc --cluster "$WORK/two.toml" "${sets[@]}" "${rpc[@]}" --set port=18090 --timeout 240 &&
-  sf bench decode rpc "${decode[@]}" --label rpc | tail -12 && sf bench export last -f json -o "$RESULTS/rpc.json"
-sf logs rpc --tail 60 >"$RESULTS/rpc-logs.txt" 2>&1
+  sf bench decode rpc "${decode[@]}" --label rpc | tail -12 && sf bench export last -f json -o "$RES/rpc.json"
+sf logs rpc --tail 60 >"$RES/rpc-logs.txt" 2>&1
 sf down rpc
-{ ps -eo pid,args | grep -E '[l]lama-server|[r]pc-server|[s]parkfleet' || echo none; } >"$RESULTS/left-running.txt"
-say "left running: $(cat "$RESULTS/left-running.txt")"
+{ ps -eo pid,args | grep -E '[l]lama-server|[r]pc-server|[s]parkfleet' || echo none; } >"$RES/left-running.txt"
+say "left running: $(cat "$RES/left-running.txt")"
+tar -czf "$RESULTS/captures.tar.gz" -C "$WORK" res
 nvidia-smi --query-gpu=memory.used --format=csv,noheader
