@@ -129,6 +129,22 @@ def test_a_hop_with_a_smaller_mtu_is_named_on_its_pairs(fleet: NetnsFleet) -> No
     assert "enp1s0f1np1" in ev  # node1's own NIC name
 
 
+def test_a_pair_that_cannot_talk_is_named_and_its_server_stopped(fleet: NetnsFleet) -> None:
+    # node2 has no route to node3: the iperf3 server started on node3 never gets its client, and
+    # must be gone when doctor returns (_fabric checks every namespace). The pair is in the last
+    # round, so the server's own time limit cannot have ended it before the check.
+    fleet.block(2, 3)
+    try:
+        rc, report, _ = _fabric(fleet)
+    finally:
+        fleet.unblock(2, 3)
+    assert report["rounds"][-1][-1] == ["node2", "node3"]
+    fails = _fails(report)
+    assert rc == 1 and {pair for _, pair in fails} == {"node2<->node3"}, fails
+    assert {check for check, _ in fails} >= {"fabric.bandwidth", "fabric.loss"}
+    assert "not measured: iperf3: unable to connect" in fails[("fabric.bandwidth", "node2<->node3")]
+
+
 def test_up_refuses_a_recipe_whose_fabric_minimum_a_pair_misses(fleet: NetnsFleet, tmp_path: Path) -> None:
     # [verify] fabric_min_gbps = 0.1 (100 Mbit/s): node3's link at 20 fails its three pairs, up stops
     # before anything starts on any node.

@@ -168,3 +168,10 @@ def test_a_recipe_minimum_fails_pairs_the_median_would_pass() -> None:
     assert Verify(fabric_min_gbps=100).fabric_min_gbps == 100
     with pytest.raises(ValidationError):
         Verify(fabric_min_gbps=0)
+
+
+def test_a_node_that_does_not_answer_fails_once_not_on_every_pair() -> None:
+    links = {"a": LocalLink("eth0", 1500, True), "b": LocalLink(None, None, False, "ssh: connect to host b: timed out")}
+    checks = verdicts([PairResult("a", "b", "eth0", None, 1500)], links)
+    assert [(c.id, c.node, c.status) for c in checks] == [("fabric.tool", "a", "pass"), ("fabric.node", "b", "fail")]
+    assert "timed out" in checks[1].evidence

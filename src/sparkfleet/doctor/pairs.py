@@ -9,6 +9,7 @@ measurements:
     fabric.loss        ping loss ≤ max_loss_pct (default 1 %)
     fabric.path_mtu    a don't-fragment packet of the source interface's MTU is answered
     fabric.tool        iperf3 is installed on the node
+    fabric.node        the node answered (SSH); a node that did not fails here, its pairs are skipped
 """
 
 from __future__ import annotations
@@ -119,13 +120,17 @@ def verdicts(
     """Every pair's checks, and a fabric.tool check per node."""
     checks: list[Check] = []
     for node, link in links.items():
-        if link.has_iperf3:
+        if link.error is not None:
+            checks.append(Check("fabric.node", node, "fail", f"no answer: {link.error}; its pairs are not measured"))
+        elif link.has_iperf3:
             checks.append(Check("fabric.tool", node, "pass", "iperf3 installed"))
         else:
             checks.append(Check("fabric.tool", node, "fail", "iperf3 not found on the node: its pairs' bandwidth is "
                                 "not measured", IPERF3_FIX))  # fmt: skip
     median = median_mbps(results)
     for r in results:
+        if links[r.a].error is not None or links[r.b].error is not None:
+            continue  # the node's own failure says it
         pair = _pair(r)
         # bandwidth
         if r.forward_mbps is None or r.reverse_mbps is None:
@@ -255,7 +260,7 @@ def run_fabric(
     local = fan_out(names, lambda n: transports[n].run(local_command(by_name[n].fabric_ip), timeout=timeout),
                     workers=max(1, len(names)))  # fmt: skip
     links = {n: parse_local(r.stdout) for n, r in local.succeeded.items()}
-    links.update({n: LocalLink(None, None, False) for n in local.failures})
+    links.update({n: LocalLink(None, None, False, str(e)) for n, e in local.failures.items()})
     rounds = schedule(names)
     results: list[PairResult] = []
     for pairs in rounds:
@@ -266,6 +271,7 @@ def run_fabric(
                                 seconds=seconds, mtu_sizes=mtu_ladder(links[a].mtu), port=port,
                                 bandwidth=links[a].has_iperf3 and links[b].has_iperf3)  # fmt: skip
 
+        pairs = tuple((a, b) for a, b in pairs if links[a].error is None and links[b].error is None)
         keys = [f"{a}\0{b}" for a, b in pairs]
         group = fan_out(keys, one, workers=max(1, len(keys)))
         for (a, b), key in zip(pairs, keys, strict=True):

@@ -45,6 +45,7 @@ class LocalLink:
     ifname: str | None
     mtu: int | None
     has_iperf3: bool
+    error: str | None = None  # the node did not answer: why
 
 
 def parse_local(text: str) -> LocalLink:
