@@ -96,6 +96,9 @@ def test_ib_write_bw_published_dgx_spark_output() -> None:
     bw = parse_ib_write_bw(_read("ib_write_bw-dgx-spark.txt"))
     assert (bw.device, bw.msg_bytes, bw.iterations) == ("rocep1s0f1", 65536, 20000)
     assert (bw.peak_gbps, bw.average_gbps, bw.msg_rate_mpps) == (111.72, 111.71, 0.213070)
+    mbytes = _read("ib_write_bw-dgx-spark.txt").replace("[Gb/sec]", "[MB/sec]")  # without --report_gbits
+    with pytest.raises(ValueError, match="not an ib_write_bw --report_gbits result line"):
+        parse_ib_write_bw(mbytes)
 
 
 def test_ib_write_lat_published_dgx_spark_output() -> None:

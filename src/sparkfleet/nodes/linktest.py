@@ -261,7 +261,7 @@ def measure_pair(
 # -- RDMA (perftest) ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RdmaBandwidth:
-    """`ib_write_bw`'s result line, rates in Gbit/s whatever unit it printed in."""
+    """`ib_write_bw --report_gbits`'s result line, rates in Gbit/s."""
 
     device: str | None
     msg_bytes: int
@@ -287,9 +287,6 @@ class RdmaLatency:
     p999_us: float
 
 
-_TO_GBPS = {"Gb/sec": 1.0, "MB/sec": 8 * 1.048576e6 / 1e9}  # perftest's MB is 2^20 bytes
-
-
 def _result_rows(text: str, header_word: str) -> tuple[str, list[float], str | None]:
     device = re.search(r"Device\s*:\s*(\S+)", text)
     lines = text.splitlines()
@@ -304,13 +301,11 @@ def _result_rows(text: str, header_word: str) -> tuple[str, list[float], str | N
 
 
 def parse_ib_write_bw(text: str) -> RdmaBandwidth:
-    """Parse `ib_write_bw` (client or server side; `--report_gbits` or MB/sec)."""
+    """Parse `ib_write_bw --report_gbits` (its rates in Gb/sec; ValueError for any other unit)."""
     header, row, device = _result_rows(text, "BW average")
-    unit = re.search(r"BW average\[([^\]]+)\]", header)
-    scale = _TO_GBPS.get(unit.group(1) if unit else "")
-    if scale is None or len(row) < 5:
-        raise ValueError(f"unknown ib_write_bw result format: {header.strip()}")
-    return RdmaBandwidth(device, int(row[0]), int(row[1]), row[2] * scale, row[3] * scale, row[4])
+    if "BW average[Gb/sec]" not in header or len(row) < 5:
+        raise ValueError(f"not an ib_write_bw --report_gbits result line: {header.strip()}")
+    return RdmaBandwidth(device, int(row[0]), int(row[1]), row[2], row[3], row[4])
 
 
 def parse_ib_write_lat(text: str) -> RdmaLatency:
