@@ -8,7 +8,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
 PKGS=(docker.io openssh-server openssh-client rsync iproute2 procps curl ca-certificates
-      busybox-static python3 cmake ninja-build build-essential git)
+      busybox-static python3 cmake ninja-build build-essential git
+      iperf3 iputils-ping iptables)  # doctor --fabric and its tests: iperf3, ping, loss injected by iptables
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -112,6 +112,10 @@ class StagingError(NodeError):
     """Staging could not run, or would not fit, on a node."""
 
 
+class FabricError(SparkfleetError):
+    """A pair of nodes failed the fabric test that the recipe's `[verify] fabric_min_gbps` asks of `up`."""
+
+
 class ReadinessError(SparkfleetError):
     """A deployment did not become ready."""
 

@@ -216,6 +216,44 @@ class NetnsFleet:
     def unblock(self, i: int, j: int) -> None:
         self.ip(i, "route", "del", "unreachable", f"{self.nodes[j].fabric_ip}/32")
 
+    def shape(self, i: int, mbit: float) -> None:
+        """Node i's fabric link carries at most `mbit` Mbit/s each way: a token bucket (tc tbf) on
+        the node's end of its veth and on the switch's end."""
+        burst = "64kb" if mbit >= 100 else "16kb"
+        args = ("root", "tbf", "rate", f"{mbit:g}mbit", "burst", burst, "latency", "50ms")
+        _run(IP, "netns", "exec", self.nodes[i].netns, "tc", "qdisc", "replace", "dev", self.nodes[i].fabric_if, *args)
+        _run(IP, "netns", "exec", self.switch, "tc", "qdisc", "replace", "dev", f"f{i}", *args)
+
+    def drop(self, i: int, probability: float | None) -> None:
+        """Node i's fabric interface drops this share of what it sends (None: stops dropping).
+        iptables' statistic match, as this kernel has no netem."""
+        ns, ifname = self.nodes[i].netns, self.nodes[i].fabric_if
+        rule = ("OUTPUT", "-o", ifname, "-m", "statistic", "--mode", "random", "--probability")
+        if probability is None:
+            subprocess.run([IP, "netns", "exec", ns, "iptables", "-F", "OUTPUT"], capture_output=True)
+        else:
+            _run(IP, "netns", "exec", ns, "iptables", "-A", *rule, f"{probability:g}", "-j", "DROP")
+
+    def hop_mtu(self, i: int, mtu: int) -> None:
+        """The switch port of node i's fabric link (the veth's switch end) takes frames up to
+        `mtu`: larger ones are dropped there, as by a switch port left at a smaller MTU."""
+        _run(IP, "-n", self.switch, "link", "set", f"f{i}", "mtu", str(mtu))
+
+    def processes(self, i: int) -> list[str]:
+        """The command names of the processes running in node i's namespace."""
+        pids = subprocess.run([IP, "netns", "pids", self.nodes[i].netns], capture_output=True, text=True).stdout
+        names = []
+        for pid in pids.split():
+            with contextlib.suppress(OSError):
+                names.append(Path(f"/proc/{pid}/comm").read_text().strip())
+        return names
+
+    def listening(self, i: int) -> list[str]:
+        """`ss -Hltn` inside node i's namespace: its listening TCP sockets."""
+        out = subprocess.run([IP, "netns", "exec", self.nodes[i].netns, "ss", "-Hltn"], capture_output=True,
+                             text=True).stdout  # fmt: skip
+        return [line for line in out.splitlines() if line.strip()]
+
     def remove_hca(self, i: int, hca: str) -> None:
         shutil.rmtree(self.nodes[i].sys_root / "class/infiniband" / hca)
 

@@ -18,7 +18,9 @@ from sparkfleet.apply.images import ensure_same_image
 from sparkfleet.apply.readiness import await_worker_ports, smoke, wait_ready
 from sparkfleet.apply.staging.phase import stage
 from sparkfleet.apply.stopping import stop_ranks
-from sparkfleet.errors import RankExited, RollbackIncomplete, SparkfleetError, StateError
+from sparkfleet.doctor.pairs import Thresholds, run_fabric
+from sparkfleet.doctor.targets import NodeTarget
+from sparkfleet.errors import FabricError, RankExited, RollbackIncomplete, SparkfleetError, StateError
 from sparkfleet.nodes.fanout import fan_out, raise_first
 from sparkfleet.nodes.identity import FoundRank, Instance, PortHolder
 from sparkfleet.nodes.runtime import preflight, runtime_for
@@ -212,11 +214,25 @@ def up(
     return UpResult(plan.name, plan.endpoint, answer, time.monotonic() - start, configuration)
 
 
+def _require_fabric(plan: Plan, min_gbps: float, transports: dict[str, Transport]) -> None:
+    """`[verify] fabric_min_gbps`: every pair of the plan's nodes measured (doctor --fabric) before
+    anything starts; any failing pair refuses the launch."""
+    targets = [NodeTarget(name=r.node.name, fabric_ip=r.node.fabric_ip) for r in plan.ranks]
+    fabric = run_fabric(targets, transports, thresholds=Thresholds(min_mbps=min_gbps * 1000))
+    if fabric.failed:
+        lines = [f"{c.id} {c.node}: {c.evidence}" for c in fabric.failed]
+        raise FabricError("the fabric failed the pair test that [verify] fabric_min_gbps asks for; nothing was "
+                          "started (sparkfleet doctor --fabric shows the matrix):\n" + "\n".join(lines))  # fmt: skip
+
+
 def _run_up(plan: Plan, instance: Instance, records: Deployments, report: Reporter, timeout: float | None,
             allow_image_mismatch: bool, transports: dict[str, Transport], connect: Connector) -> str:  # fmt: skip
     """The phases of up in order; fills transports as it connects, so rollback can reach them."""
     report(None, None, "connecting")
     transports.update(_connect(plan, connect))
+    if plan.verify.fabric_min_gbps is not None and len(plan.ranks) > 1:
+        report(None, None, "measuring the fabric, every pair")
+        _require_fabric(plan, plan.verify.fabric_min_gbps, transports)
     report(None, None, "checking names and ports")
     _preflight(plan, transports, instance)
     _ensure_images(plan, transports, report)

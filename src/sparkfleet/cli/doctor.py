@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 
 from sparkfleet.cli.console import console
 from sparkfleet.cli.options import ClusterOpt, EnvOpt, JsonOpt, NameOpt, SetOpt
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from sparkfleet.doctor.pairs import Thresholds
+    from sparkfleet.doctor.targets import Check, DoctorSpec
+    from sparkfleet.nodes.transport.base import Transport
 
 OptionalRecipeArg = Annotated[
     Path | None,
@@ -20,6 +27,16 @@ TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait fo
 AcceptNewOpt = Annotated[
     bool, typer.Option("--insecure-accept-new", help="Accept unknown SSH host keys (first contact only).")
 ]
+FabricOpt = Annotated[
+    bool,
+    typer.Option("--fabric", help="Measure every pair of nodes over the fabric (iperf3, ping, path MTU) instead."),
+]
+FabricSecondsOpt = Annotated[int, typer.Option("--fabric-seconds", min=1, max=60, help="Seconds of each iperf3 test.")]
+FabricFractionOpt = Annotated[
+    float,
+    typer.Option("--fabric-fraction", min=0.0, max=1.0, help="A direction below this × the fleet's median fails."),
+]
+FabricLossOpt = Annotated[float, typer.Option("--fabric-max-loss", min=0.0, help="Ping loss (%) above this fails.")]
 _STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
 
 
@@ -32,6 +49,10 @@ def doctor(
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = 15.0,
     accept_new: AcceptNewOpt = False,
+    fabric: FabricOpt = False,
+    fabric_seconds: FabricSecondsOpt = 2,
+    fabric_fraction: FabricFractionOpt = 0.7,
+    fabric_max_loss: FabricLossOpt = 1.0,
 ) -> None:
     """Check every node in parallel: SSH, docker, GPUs, RDMA, fabric, disk, memory, image, model,
     ports, clocks. Exit 0 when nothing failed, 1 otherwise."""
@@ -52,6 +73,16 @@ def doctor(
         inventory = load_cluster(cluster)
         nodes, spec, memory = list(inventory.nodes), spec_for(inventory), None
     transports = {n.name: transport_for(n, accept_new_host_keys=accept_new) for n in nodes}
+    if fabric:
+        from sparkfleet.doctor.pairs import Thresholds
+
+        thresholds = Thresholds(fraction=fabric_fraction, max_loss_pct=fabric_max_loss)
+        try:
+            _fabric(spec, transports, recipe, as_json, fabric_seconds, thresholds, timeout)
+        finally:
+            for t in transports.values():
+                t.close()
+        return
     try:
         report = run_doctor(spec, transports, memory, timeout=timeout)
     finally:
@@ -60,17 +91,7 @@ def doctor(
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))
     else:
-        for check in sort_for_display(report.checks):
-            style = _STYLE[check.status]
-            head = f"[{style}]{check.status.upper():4}[/] {check.id:<20} {check.node:<10}"
-            console.print(
-                f"{head} {escape(check.evidence)}",
-                markup=True,
-                highlight=False,
-                soft_wrap=True,
-            )
-            if check.fix and check.status != "pass":
-                console.print(f"{'':36} fix: {check.fix}", markup=False, highlight=False, soft_wrap=True)
+        _print_checks(sort_for_display(report.checks))
         if report.memory:
             console.print("\n[bold]memory per rank[/] (device memory from each node's facts):")
             for line in render_memory_plans(report.memory):
@@ -85,6 +106,49 @@ def doctor(
     if report.failed:
         # SystemExit, not typer.Exit: main() runs click with standalone_mode=False, where
         # typer.Exit's code would be returned and lost.
+        raise SystemExit(1)
+
+
+def _print_checks(checks: list[Check]) -> None:
+    width = max([10, *(len(c.node) for c in checks)])  # pairs (`node0<->node3`) are wider than nodes
+    for check in checks:
+        style = _STYLE[check.status]
+        head = f"[{style}]{check.status.upper():4}[/] {check.id:<20} {check.node:<{width}}"
+        console.print(f"{head} {escape(check.evidence)}", markup=True, highlight=False, soft_wrap=True)
+        if check.fix and check.status != "pass":
+            console.print(f"{'':{width + 26}} fix: {check.fix}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _fabric(
+    spec: DoctorSpec,
+    transports: Mapping[str, Transport],
+    recipe: Path | None,
+    as_json: bool,
+    seconds: int,
+    thresholds: Thresholds,
+    timeout: float,
+) -> None:
+    """`doctor --fabric`: the pair test, printed or as JSON, kept in doctor's history."""
+    from sparkfleet.doctor.history import record_fabric
+    from sparkfleet.doctor.pairs import render_matrix, run_fabric
+    from sparkfleet.doctor.run import sort_for_display
+    from sparkfleet.state.store import Store
+
+    report = run_fabric(spec.nodes, transports, seconds=seconds, thresholds=thresholds, timeout=timeout)
+    if as_json:
+        typer.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        for line in render_matrix(report):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        console.print()
+        _print_checks(sort_for_display(report.checks))
+        failed = len(report.failed)
+        console.print(
+            f"{failed} failed on {len(report.pairs)} pair(s) of {len(report.nodes)} node(s) "
+            f"in {len(report.rounds)} round(s), {report.seconds:.2f} s"
+        )
+    record_fabric(Store(), report.to_json(), report.seconds, str(recipe) if recipe is not None else None)
+    if report.failed:
         raise SystemExit(1)
 
 

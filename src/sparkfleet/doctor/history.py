@@ -23,6 +23,13 @@ CREATE TABLE IF NOT EXISTS doctor_last (
     recipe TEXT,
     checks_json TEXT NOT NULL     -- JSON list of {id, node, status, evidence, fix}
 );
+CREATE TABLE IF NOT EXISTS doctor_fabric (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_at REAL NOT NULL,
+    seconds REAL NOT NULL,
+    recipe TEXT,
+    report_json TEXT NOT NULL     -- doctor --fabric --json: the pairs' figures, rounds and checks
+);
 """
 
 
@@ -66,3 +73,23 @@ def last_doctor(store: Store) -> list[NodeDoctor]:
         NodeDoctor(r["node"], r["run_at"], r["seconds"], r["recipe"], tuple(json.loads(r["checks_json"]))) for r in rows
     ]
     return sorted(out, key=lambda d: (d.node == "fleet", d.node))
+
+
+def record_fabric(store: Store, report: dict[str, Any], seconds: float, recipe: str | None = None) -> None:
+    """Keep one `doctor --fabric` run (every run: a pair's figures are compared across days)."""
+    store.ensure(SCHEMA)
+    with store.connect() as conn:
+        conn.execute(
+            "INSERT INTO doctor_fabric (run_at, seconds, recipe, report_json) VALUES (?, ?, ?, ?)",
+            (time.time(), seconds, recipe, json.dumps(report)),
+        )
+
+
+def last_fabric(store: Store) -> dict[str, Any] | None:
+    """The newest `doctor --fabric` report (its --json form, with run_at), or None."""
+    store.ensure(SCHEMA)
+    with store.connect() as conn:
+        row = conn.execute("SELECT * FROM doctor_fabric ORDER BY id DESC LIMIT 1").fetchone()
+    if row is None:
+        return None
+    return {**json.loads(row["report_json"]), "run_at": row["run_at"], "recipe": row["recipe"]}

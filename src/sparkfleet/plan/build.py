@@ -172,6 +172,7 @@ def _verify(recipe: Recipe) -> VerifySpec:
         smoke_expect=v.smoke_expect,
         smoke_max_tokens=v.smoke_max_tokens,
         timeout=v.timeout,
+        fabric_min_gbps=v.fabric_min_gbps,
     )
 
 

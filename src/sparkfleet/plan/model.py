@@ -189,6 +189,7 @@ class VerifySpec:
     smoke_expect: str
     smoke_max_tokens: int
     timeout: float
+    fabric_min_gbps: float | None = None  # up measures every pair first and refuses below it
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,8 @@ class Verify(_Strict):
     smoke_expect: str = "42"
     smoke_max_tokens: int = Field(default=16, ge=1)
     timeout: float = Field(default=1800.0, gt=0)
+    # `up` first measures every pair of nodes (doctor --fabric) and refuses below this, either way.
+    fabric_min_gbps: float | None = Field(default=None, gt=0)
 
     @field_validator("expect", "forbid")
     @classmethod

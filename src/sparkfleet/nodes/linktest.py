@@ -1,0 +1,316 @@
+"""Measuring one pair of nodes over the fabric: the node-side commands and their pure parsers.
+
+A pair test runs `iperf3 -s -1` on the target, bound to its fabric address and killed by
+`timeout` at the pair's time limit (`-1`: it exits after its one test, so no listener is left),
+and on the source one script: `iperf3 --bidir` (both directions at once), `ping` (RTT and loss)
+and don't-fragment pings (`ping -M do`) from the interface MTU down, all from the source's fabric
+address. Each parser is tested on captured real output (tests/fixtures/fabric/); the RDMA ones
+parse `ib_write_bw` / `ib_write_lat` (Debian's perftest).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sparkfleet.errors import TransportError
+from sparkfleet.nodes.transport.base import Transport
+
+IPERF3_PORT = 5201
+PING_COUNT = 50
+# IPv4 + ICMP headers: `ping -s N` sends an N+28-byte packet.
+_ICMP_OVERHEAD = 28
+
+
+# -- what a node has ------------------------------------------------------------------------
+_LOCAL_SCRIPT = (
+    "ifname=$(ip -o -4 addr show to \"$1/32\" | awk '{print $2; exit}'); "
+    'echo "## if $ifname"; [ -n "$ifname" ] && ip -o link show dev "$ifname"; '
+    'echo "## iperf3"; command -v iperf3; true'
+)
+
+
+def local_command(fabric_ip: str) -> list[str]:
+    """The argv that names the interface holding fabric_ip, its link line, and iperf3's path."""
+    return ["sh", "-c", _LOCAL_SCRIPT, "linktest", fabric_ip]
+
+
+@dataclass(frozen=True)
+class LocalLink:
+    """The interface that holds a node's fabric address (None: no interface holds it)."""
+
+    ifname: str | None
+    mtu: int | None
+    has_iperf3: bool
+    error: str | None = None  # the node did not answer: why
+
+
+def parse_local(text: str) -> LocalLink:
+    """Parse local_command's output."""
+    ifname, mtu, iperf3 = None, None, False
+    section = ""
+    for line in text.splitlines():
+        if line.startswith("## if"):
+            ifname, section = (line[len("## if") :].strip() or None), "if"
+        elif line.startswith("## iperf3"):
+            section = "iperf3"
+        elif section == "if" and (m := re.search(r"\bmtu (\d+)", line)):
+            mtu = int(m.group(1))
+        elif section == "iperf3" and line.strip():
+            iperf3 = True
+    return LocalLink(ifname, mtu, iperf3)
+
+
+# -- iperf3 ---------------------------------------------------------------------------------
+_SERVER_SCRIPT = (
+    'timeout -k 1 "$1" iperf3 -s -1 --forceflush -B "$2" -p "$3" & pid=$!; '
+    'cat >/dev/null; kill "$pid" 2>/dev/null; wait "$pid"'
+)
+
+
+def server_command(bind_ip: str, port: int, limit_s: float) -> list[str]:
+    """iperf3's server for one test on bind_ip:port (`-1`: it exits after that test), stopped when
+    the controller closes its stdin, and by `timeout` at limit_s whatever happens
+    (`--forceflush`: its "Server listening" line arrives at once, not when it exits)."""
+    return ["sh", "-c", _SERVER_SCRIPT, "iperf3-server", f"{limit_s:g}", bind_ip, str(port)]
+
+
+READY = "Server listening"
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """One bidirectional iperf3 test: bits/s received at each end, TCP retransmits of each sender."""
+
+    forward_bps: float  # client → server
+    reverse_bps: float  # server → client
+    forward_retransmits: int
+    reverse_retransmits: int
+
+
+def parse_iperf3(text: str) -> Throughput:
+    """Parse `iperf3 -c … --bidir --json` (ValueError with iperf3's own error when it failed)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"iperf3 printed no JSON: {text.strip()[:200] or 'nothing'}") from exc
+    if data.get("error"):
+        raise ValueError(f"iperf3: {data['error']}")
+    end = data.get("end", {})
+    try:
+        return Throughput(
+            forward_bps=float(end["sum_received"]["bits_per_second"]),
+            reverse_bps=float(end["sum_received_bidir_reverse"]["bits_per_second"]),
+            forward_retransmits=int(end["sum_sent"].get("retransmits", 0)),
+            reverse_retransmits=int(end["sum_sent_bidir_reverse"].get("retransmits", 0)),
+        )
+    except KeyError as exc:
+        raise ValueError(f"iperf3's JSON has no end.{exc.args[0]} (a test without --bidir?)") from None
+
+
+# -- ping -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PingStats:
+    """ping's summary: packets sent and answered, loss in percent, RTTs in ms (None: no reply)."""
+
+    sent: int
+    received: int
+    loss_pct: float
+    rtt_min_ms: float | None = None
+    rtt_avg_ms: float | None = None
+    rtt_max_ms: float | None = None
+
+
+_PING_COUNTS = re.compile(
+    r"(\d+) packets transmitted, (\d+) (?:packets )?received(?:, \+\d+ errors)?, ([\d.]+)% packet loss"
+)
+_PING_RTT = re.compile(r"= ([\d.]+)/([\d.]+)/([\d.]+)/[\d.]+ ms")
+
+
+def parse_ping(text: str) -> PingStats:
+    """Parse iputils ping's summary lines (ValueError when there are none)."""
+    counts = _PING_COUNTS.search(text)
+    if not counts:
+        raise ValueError(f"no ping statistics in: {text.strip()[:200] or 'nothing'}")
+    rtt = _PING_RTT.search(text)
+    low, avg, high = (float(x) for x in rtt.groups()) if rtt else (None, None, None)
+    return PingStats(int(counts.group(1)), int(counts.group(2)), float(counts.group(3)), low, avg, high)
+
+
+@dataclass(frozen=True)
+class MtuProbe:
+    """One don't-fragment ping of `size` bytes (IP packet): answered or not; `local_mtu` when the
+    sender refused it itself ("message too long, mtu=N")."""
+
+    size: int
+    passed: bool
+    local_mtu: int | None = None
+
+
+def mtu_probe_command_size(size: int) -> int:
+    """ping's -s for an IP packet of `size` bytes."""
+    return size - _ICMP_OVERHEAD
+
+
+def parse_mtu_probe(size: int, text: str) -> MtuProbe:
+    """Parse `ping -M do -s SIZE-28 -c 1` output."""
+    local = re.search(r"message too long, mtu=(\d+)", text)
+    try:
+        passed = parse_ping(text).received > 0
+    except ValueError:
+        passed = False
+    return MtuProbe(size, passed, int(local.group(1)) if local else None)
+
+
+# -- the source's script ----------------------------------------------------------------------
+_CLIENT_SCRIPT = (
+    "dst=$1 src=$2 port=$3 secs=$4 count=$5; shift 5; "
+    'if [ "$secs" != 0 ]; then echo "## iperf3"; '
+    'timeout $((secs + 5)) iperf3 -c "$dst" -B "$src" -p "$port" -t "$secs" --bidir --json --connect-timeout 2000; fi; '
+    'echo "## ping"; ping -c "$count" -i 0.01 -W 1 -q -I "$src" "$dst" 2>&1; '
+    'for size in "$@"; do echo "## mtu $size"; '
+    'ping -M do -s $((size - 28)) -c 1 -W 1 -I "$src" "$dst" 2>&1 && break; done; true'
+)
+
+
+def client_command(
+    dst_ip: str, src_ip: str, *, port: int, seconds: int, mtu_sizes: Sequence[int], ping_count: int = PING_COUNT
+) -> list[str]:
+    """The source's script: iperf3 (skipped with seconds=0), ping, then don't-fragment pings of
+    each size in turn until one is answered."""
+    return ["sh", "-c", _CLIENT_SCRIPT, "linktest", dst_ip, src_ip, str(port), str(seconds), str(ping_count),
+            *(str(s) for s in mtu_sizes)]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PairMeasurement:
+    """What one pair test saw, from the source's side; `errors` says what could not be measured."""
+
+    throughput: Throughput | None
+    ping: PingStats | None
+    mtu: tuple[MtuProbe, ...]
+    errors: tuple[str, ...] = ()
+
+
+def parse_client(text: str) -> PairMeasurement:
+    """Split client_command's output into its sections and parse each."""
+    sections: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if line.startswith("## "):
+            sections.append((line[3:].strip(), []))
+        elif sections:
+            sections[-1][1].append(line)
+    throughput, ping, probes, errors = None, None, [], []
+    for name, lines in sections:
+        body = "\n".join(lines)
+        try:
+            if name == "iperf3":
+                throughput = parse_iperf3(body)
+            elif name == "ping":
+                ping = parse_ping(body)
+            elif name.startswith("mtu "):
+                probes.append(parse_mtu_probe(int(name.split()[1]), body))
+        except ValueError as exc:
+            errors.append(str(exc))
+    return PairMeasurement(throughput, ping, tuple(probes), tuple(errors))
+
+
+def measure_pair(
+    source: Transport,
+    target: Transport,
+    src_ip: str,
+    dst_ip: str,
+    *,
+    seconds: int,
+    mtu_sizes: Sequence[int],
+    port: int = IPERF3_PORT,
+    bandwidth: bool = True,
+) -> PairMeasurement:
+    """Run one pair test: the server on the target (when bandwidth is measured), the script on the
+    source. The server is a one-test `iperf3 -1` under `timeout`, so it is gone when this returns
+    or, at the latest, at its time limit."""
+    limit = seconds + 8
+
+    def client(secs: int) -> PairMeasurement:
+        argv = client_command(dst_ip, src_ip, port=port, seconds=secs, mtu_sizes=mtu_sizes)
+        return parse_client(source.run(argv, timeout=limit + 5, check=False).stdout)
+
+    if not bandwidth:
+        return client(0)
+    server = target.stream(server_command(dst_ip, port, limit), stdin=True)
+    try:
+        seen = []
+        for line in server:
+            seen.append(line)
+            if READY in line:
+                return client(seconds)
+        said = " ".join(x.strip() for x in seen if x.strip() and not x.startswith("---"))
+        rest = client(0)
+        why = f"iperf3 server on {dst_ip}:{port} did not start: {said or 'no output'}"
+        return PairMeasurement(None, rest.ping, rest.mtu, (why, *rest.errors))
+    finally:
+        server.close_stdin()  # the server's wrapper stops it, if the test has not already
+        with contextlib.suppress(TransportError):
+            server.wait(timeout=3)
+        server.close()
+
+
+# -- RDMA (perftest) ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RdmaBandwidth:
+    """`ib_write_bw --report_gbits`'s result line, rates in Gbit/s."""
+
+    device: str | None
+    msg_bytes: int
+    iterations: int
+    peak_gbps: float
+    average_gbps: float
+    msg_rate_mpps: float
+
+
+@dataclass(frozen=True)
+class RdmaLatency:
+    """`ib_write_lat`'s result line, in microseconds."""
+
+    device: str | None
+    msg_bytes: int
+    iterations: int
+    min_us: float
+    max_us: float
+    typical_us: float
+    average_us: float
+    stdev_us: float
+    p99_us: float
+    p999_us: float
+
+
+def _result_rows(text: str, header_word: str) -> tuple[str, list[float], str | None]:
+    device = re.search(r"Device\s*:\s*(\S+)", text)
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("#bytes") and header_word in line:
+            for row in lines[i + 1 :]:
+                fields = row.split()
+                if fields and all(re.fullmatch(r"[\d.]+", f) for f in fields):
+                    return line, [float(f) for f in fields], device.group(1) if device else None
+            break
+    raise ValueError(f"no {header_word} result line in perftest output")
+
+
+def parse_ib_write_bw(text: str) -> RdmaBandwidth:
+    """Parse `ib_write_bw --report_gbits` (its rates in Gb/sec; ValueError for any other unit)."""
+    header, row, device = _result_rows(text, "BW average")
+    if "BW average[Gb/sec]" not in header or len(row) < 5:
+        raise ValueError(f"not an ib_write_bw --report_gbits result line: {header.strip()}")
+    return RdmaBandwidth(device, int(row[0]), int(row[1]), row[2], row[3], row[4])
+
+
+def parse_ib_write_lat(text: str) -> RdmaLatency:
+    """Parse `ib_write_lat`."""
+    _, row, device = _result_rows(text, "t_avg")
+    if len(row) < 9:
+        raise ValueError("ib_write_lat result line has fewer than 9 fields")
+    return RdmaLatency(device, int(row[0]), int(row[1]), *row[2:9])
