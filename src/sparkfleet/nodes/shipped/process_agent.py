@@ -76,10 +76,24 @@ def _env(spec: dict) -> dict[str, str]:
     return env
 
 
+def _private_dir(path: str) -> None:
+    """path as a folder only this user can enter: made 0700, or checked with lstat where it is
+    there already (a symlink or another user's folder planted there would receive the env file)."""
+    import stat
+
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise PermissionError(f"{path} is not a folder of this user (a symlink, a file or uid {st.st_uid}'s): "
+                              "refusing to start a rank there; remove it")  # fmt: skip
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+
+
 def start(spec: dict, env_text: bytes) -> dict:
     import select
 
-    os.makedirs(spec["workdir"], mode=0o700, exist_ok=True)
+    _private_dir(spec["workdir"])
     # The env file arrives on stdin (or in a session's request), so secrets never sit in argv;
     # only this user may read it.
     fd = os.open(spec["env_file"] + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
