@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -188,3 +189,56 @@ def test_rpc_worker_killed_during_boot_rolls_back_every_rank(tmp_path: Path) -> 
     assert up.returncode == 2, stderr
     assert "rank 1 on node1 exited" in stderr, stderr
     assert left == [], f"llama.cpp processes of {name} left after the rollback: {left}"
+
+
+def test_rpc_worker_killed_after_ready_is_brought_back_by_watch_workers_first(tmp_path: Path) -> None:
+    _needs_native()
+    name = f"test-e2e-llamarpc-watch-{RUN}"
+    state = tmp_path / "state"
+    port, rdv = free_ports(2)
+    env = {**os.environ, "SPARKFLEET_STATE_DIR": str(state), "COLUMNS": "300"}
+    with loopback_fleet(2, tmp_path / "fleet", shared_hf_cache=caches.local_hf_cache()) as fleet:
+        sets = [f"port={port}", f"rendezvous_port={rdv}", "serve.restart=on-failure", "serve.backoff=0"]
+        try:
+            _ok(_cli(state, "up", str(TWO), "--name", name, "--cluster", str(fleet.cluster_file),
+                     *(w for s in sets for w in ("--set", s))))  # fmt: skip
+            watch_out = tmp_path / "watch.out"
+            with watch_out.open("w") as fh:
+                argv = [sys.executable, "-m", "sparkfleet.cli.main", "watch", name, "--interval", "2"]
+                watch = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, text=True, env=env)
+            try:
+                worker = rank_top_process(name, 1)
+                assert worker is not None
+                os.kill(worker, signal.SIGKILL)
+                deadline = time.monotonic() + 240
+                while "restarted" not in watch_out.read_text():
+                    assert watch.poll() is None and time.monotonic() < deadline, watch_out.read_text()[-3000:]
+                    time.sleep(0.5)
+            finally:
+                watch.send_signal(signal.SIGTERM)
+                watch.wait(timeout=60)
+            text = watch_out.read_text()
+            assert "rank 1 on node1 exited: exit code -9" in text, text
+            assert "ready again" in text, text
+            status = json.loads(_ok(_cli(state, "status", name, "--json")))[0]
+            assert status["status"] == "ready" and status["restarts"] == 1, status
+            assert [r["state"] for r in status["ranks"]] == ["running", "running"], status
+            new_worker = rank_top_process(name, 1)
+            assert new_worker is not None and new_worker != worker
+            # The whole deployment came back in llama.cpp's order: the rpc-server, then the server.
+            with sqlite3.connect(state / "state.db") as db:
+                starts = db.execute("SELECT message FROM events WHERE name = ? AND kind = 'start' ORDER BY id",
+                                    (name,)).fetchall()  # fmt: skip
+            last_two = [m for (m,) in starts][-2:]
+            assert last_two[0].startswith("rank 1 started") and last_two[1].startswith("rank 0 started"), starts
+            assert "Berlin" in _complete(status["endpoint"])  # it serves again, over the new worker
+        finally:
+            down = _cli(state, "down", name, timeout=300)
+        assert down.returncode == 0, down.stderr
+        assert _ours(name) == [] and leftover_processes(name) == []
+
+
+def _complete(endpoint: str) -> str:
+    body = {"model": "gemma3-270m", "prompt": "The capital of France is Paris. The capital of Germany is",
+            "max_tokens": 8, "temperature": 0}  # fmt: skip
+    return str(httpx.post(f"{endpoint}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"])
