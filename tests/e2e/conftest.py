@@ -14,9 +14,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +62,42 @@ class Served:
         return subprocess.run([sys.executable, "-m", "sparkfleet.cli.main", *args], capture_output=True,
                               text=True, timeout=timeout,
                               env={**os.environ, "SPARKFLEET_STATE_DIR": str(self.state_dir)})  # fmt: skip
+
+
+def cli_at(state: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """The sparkfleet CLI against the state store in state, as a user runs it."""
+    env = {**os.environ, "SPARKFLEET_STATE_DIR": str(state), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "sparkfleet.cli.main", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)  # fmt: skip
+
+
+def ok(out: subprocess.CompletedProcess[str]) -> str:
+    """stdout of a command that must have succeeded (else its output, in the assertion)."""
+    assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out.stdout
+
+
+@contextlib.contextmanager
+def watching(name: str, state: Path, out: Path) -> Iterator[subprocess.Popen[str]]:
+    """`sparkfleet watch name --interval 2` running, its output in out; stopped (SIGTERM) after."""
+    env = {**os.environ, "SPARKFLEET_STATE_DIR": str(state), "COLUMNS": "300"}
+    argv = [sys.executable, "-m", "sparkfleet.cli.main", "watch", name, "--interval", "2"]
+    with out.open("w") as fh:
+        watch = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        yield watch
+    finally:
+        watch.send_signal(signal.SIGTERM)
+        watch.wait(timeout=60)
+
+
+def wait_for_line(watch: subprocess.Popen[str], out: Path, text: str, within: float = 240) -> str:
+    """out's text once it holds text (watch still running), else fail showing its tail."""
+    deadline = time.monotonic() + within
+    while text not in out.read_text():
+        assert watch.poll() is None and time.monotonic() < deadline, out.read_text()[-3000:]
+        time.sleep(0.5)
+    return out.read_text()
 
 
 def _require(path: Path, what: str) -> None:

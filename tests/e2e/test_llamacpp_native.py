@@ -19,8 +19,6 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -30,7 +28,19 @@ import pytest
 from sparkfleet.bench.store import BenchStore
 from sparkfleet.spec import caches
 from sparkfleet.state.store import Store
-from tests.e2e.conftest import CACHE, HUB, ROOT, RUN, _require, free_ports, up_in_background
+from tests.e2e.conftest import (
+    CACHE,
+    HUB,
+    ROOT,
+    RUN,
+    _require,
+    cli_at,
+    free_ports,
+    ok,
+    up_in_background,
+    wait_for_line,
+    watching,
+)
 from tests.e2e.test_engine_failures import rank_top_process
 from tests.fleet import loopback_fleet
 from tests.integration.conftest import leftover_processes
@@ -49,17 +59,6 @@ def _needs_native() -> None:
     _require(HUB / "models--sparkfleet--gemma3-270m-gguf", "the Gemma GGUF")
 
 
-def _cli(state: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SPARKFLEET_STATE_DIR": str(state), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "sparkfleet.cli.main", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout)  # fmt: skip
-
-
-def _ok(out: subprocess.CompletedProcess[str]) -> str:
-    assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
-    return out.stdout
-
-
 def _ours(name: str) -> list[str]:
     """The llama.cpp binaries of deployment name still running on this machine (every node)."""
     found = []
@@ -74,7 +73,7 @@ def _ours(name: str) -> list[str]:
 
 
 def _bench_decode(state: Path, name: str, label: str) -> list[object]:
-    _ok(_cli(state, "bench", "decode", name, "--api", "completions", "--concurrency", "1,2", "--types", "prose",
+    ok(cli_at(state, "bench", "decode", name, "--api", "completions", "--concurrency", "1,2", "--types", "prose",
              "--tokens", "16", "--repeats", "2", "--warmup-tokens", "4", "--label", label))  # fmt: skip
     bench = BenchStore(Store(state / "state.db"))
     run = next(r for r in bench.list_runs() if r.label == label)
@@ -94,18 +93,18 @@ def test_native_llama_server_serves_benches_evals_and_goes_down(tmp_path: Path) 
     state = tmp_path / "state"
     port, rdv = free_ports(2)
     try:
-        up = _ok(
-            _cli(state, "up", str(ONE), "--name", name, "--set", f"port={port}", "--set", f"rendezvous_port={rdv}")
+        up = ok(
+            cli_at(state, "up", str(ONE), "--name", name, "--set", f"port={port}", "--set", f"rendezvous_port={rdv}")
         )
         assert f"ready {name}" in up and "Berlin" in up  # the smoke answer was checked
-        endpoint = json.loads(_ok(_cli(state, "status", name, "--json")))[0]["endpoint"]
+        endpoint = json.loads(ok(cli_at(state, "status", name, "--json")))[0]["endpoint"]
         assert httpx.get(f"{endpoint}/health", timeout=10).json() == {"status": "ok"}
         assert _ours(name) and all(p.startswith("llama-server[") for p in _ours(name))
 
         _bench_decode(state, name, "native-decode")
 
         serve = ["--request-rate", "8", "--requests", "8", "--input-len", "64", "--output-len", "16"]
-        _ok(_cli(state, "bench", "serve", name, "--api", "completions", *serve, "--discard-runs", "0",
+        ok(cli_at(state, "bench", "serve", name, "--api", "completions", *serve, "--discard-runs", "0",
                  "--label", "native-serve"))  # fmt: skip
         bench = BenchStore(Store(state / "state.db"))
         run = next(r for r in bench.list_runs() if r.label == "native-serve")
@@ -115,13 +114,13 @@ def test_native_llama_server_serves_benches_evals_and_goes_down(tmp_path: Path) 
         server = sample.metrics["server"]
         assert server["source"] == "metrics" and server["running_max"] >= 1, server
 
-        quality = _ok(_cli(state, "eval", "quality", name, "--only", SUBSET, "--label", "native-q"))
+        quality = ok(cli_at(state, "eval", "quality", name, "--only", SUBSET, "--label", "native-q"))
         assert "/3 passed" in quality
 
-        logs = _ok(_cli(state, "logs", name))
+        logs = ok(cli_at(state, "logs", name))
         assert "r0 local | " in logs and "stop processing" in logs  # the tail: the server's slots at work
     finally:
-        down = _cli(state, "down", name)
+        down = cli_at(state, "down", name)
     assert down.returncode == 0, down.stderr
     assert _ours(name) == [] and leftover_processes(name) == []
 
@@ -134,16 +133,16 @@ def test_rpc_two_nodes_serve_bench_show_a_dead_worker_and_leave_nothing(tmp_path
     with loopback_fleet(2, tmp_path / "fleet", shared_hf_cache=caches.local_hf_cache()) as fleet:
         cluster = str(fleet.cluster_file)
         try:
-            up = _ok(_cli(state, "up", str(TWO), "--name", name, "--cluster", cluster,
+            up = ok(cli_at(state, "up", str(TWO), "--name", name, "--cluster", cluster,
                           "--set", f"port={port}", "--set", f"rendezvous_port={rdv}"))  # fmt: skip
             assert f"ready {name}" in up and "Berlin" in up
-            ranks = json.loads(_ok(_cli(state, "status", name, "--json")))[0]["ranks"]
+            ranks = json.loads(ok(cli_at(state, "status", name, "--json")))[0]["ranks"]
             assert [(r["rank"], r["node"], r["state"]) for r in ranks] == [
                 (0, "node0", "running"),
                 (1, "node1", "running"),
             ]
             assert sorted(p.split("[")[0] for p in _ours(name)) == ["llama-server", "rpc-server"]
-            logs = _ok(_cli(state, "logs", name))
+            logs = ok(cli_at(state, "logs", name))
             assert "r0 node0" in logs and "r1 node1" in logs
             # rank 0 put part of the model on the worker's RPC device.
             assert f"{fleet.nodes[1].host}:{rdv}" in logs
@@ -156,14 +155,14 @@ def test_rpc_two_nodes_serve_bench_show_a_dead_worker_and_leave_nothing(tmp_path
             os.kill(worker, signal.SIGKILL)
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
-                status = json.loads(_cli(state, "status", name, "--json").stdout)[0]
+                status = json.loads(cli_at(state, "status", name, "--json").stdout)[0]
                 if status["ranks"][1]["state"] != "running":
                     break
                 time.sleep(1)
             assert status["ranks"][1]["state"] == "exited", status
             assert status["status"] == "degraded", status
         finally:
-            down = _cli(state, "down", name, timeout=300)
+            down = cli_at(state, "down", name, timeout=300)
         assert down.returncode == 0, down.stderr
         assert _ours(name) == [] and leftover_processes(name) == [], "llama.cpp processes left after down"
 
@@ -196,31 +195,20 @@ def test_rpc_worker_killed_after_ready_is_brought_back_by_watch_workers_first(tm
     name = f"test-e2e-llamarpc-watch-{RUN}"
     state = tmp_path / "state"
     port, rdv = free_ports(2)
-    env = {**os.environ, "SPARKFLEET_STATE_DIR": str(state), "COLUMNS": "300"}
     with loopback_fleet(2, tmp_path / "fleet", shared_hf_cache=caches.local_hf_cache()) as fleet:
         sets = [f"port={port}", f"rendezvous_port={rdv}", "serve.restart=on-failure", "serve.backoff=0"]
         try:
-            _ok(_cli(state, "up", str(TWO), "--name", name, "--cluster", str(fleet.cluster_file),
+            ok(cli_at(state, "up", str(TWO), "--name", name, "--cluster", str(fleet.cluster_file),
                      *(w for s in sets for w in ("--set", s))))  # fmt: skip
             watch_out = tmp_path / "watch.out"
-            with watch_out.open("w") as fh:
-                argv = [sys.executable, "-m", "sparkfleet.cli.main", "watch", name, "--interval", "2"]
-                watch = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, text=True, env=env)
-            try:
-                worker = rank_top_process(name, 1)
-                assert worker is not None
+            worker = rank_top_process(name, 1)
+            assert worker is not None
+            with watching(name, state, watch_out) as watch:
                 os.kill(worker, signal.SIGKILL)
-                deadline = time.monotonic() + 240
-                while "restarted" not in watch_out.read_text():
-                    assert watch.poll() is None and time.monotonic() < deadline, watch_out.read_text()[-3000:]
-                    time.sleep(0.5)
-            finally:
-                watch.send_signal(signal.SIGTERM)
-                watch.wait(timeout=60)
-            text = watch_out.read_text()
+                text = wait_for_line(watch, watch_out, "restarted")
             assert "rank 1 on node1 exited: exit code -9" in text, text
             assert "ready again" in text, text
-            status = json.loads(_ok(_cli(state, "status", name, "--json")))[0]
+            status = json.loads(ok(cli_at(state, "status", name, "--json")))[0]
             assert status["status"] == "ready" and status["restarts"] == 1, status
             assert [r["state"] for r in status["ranks"]] == ["running", "running"], status
             new_worker = rank_top_process(name, 1)
@@ -233,7 +221,7 @@ def test_rpc_worker_killed_after_ready_is_brought_back_by_watch_workers_first(tm
             assert last_two[0].startswith("rank 1 started") and last_two[1].startswith("rank 0 started"), starts
             assert "Berlin" in _complete(status["endpoint"])  # it serves again, over the new worker
         finally:
-            down = _cli(state, "down", name, timeout=300)
+            down = cli_at(state, "down", name, timeout=300)
         assert down.returncode == 0, down.stderr
         assert _ours(name) == [] and leftover_processes(name) == []
 

@@ -18,7 +18,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import pytest
 from sparkfleet.bench.store import BenchStore
 from sparkfleet.spec import caches
 from sparkfleet.state.store import Store
-from tests.e2e.conftest import CACHE, HUB, ROOT, RUN, _require, free_ports, up_in_background
+from tests.e2e.conftest import CACHE, HUB, ROOT, RUN, _require, cli_at, free_ports, ok, up_in_background
 from tests.e2e.test_engine_failures import rank_top_process
 from tests.fleet import loopback_fleet
 from tests.integration.conftest import leftover_processes
@@ -45,31 +44,20 @@ def _needs_sglang() -> None:
     _require(HUB / "models--sparkfleet--gemma3-270m", "the Gemma HF conversion")
 
 
-def _cli(state: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SPARKFLEET_STATE_DIR": str(state), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "sparkfleet.cli.main", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout)  # fmt: skip
-
-
-def _ok(out: subprocess.CompletedProcess[str]) -> str:
-    assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
-    return out.stdout
-
-
 def test_sglang_one_node_serves_benches_evals_and_goes_down(tmp_path: Path) -> None:
     _needs_sglang()
     name = f"test-e2e-sglang-{RUN}"
     state = tmp_path / "state"
     port, rdv = free_ports(2)
     try:
-        up = _ok(_cli(state, "up", str(ONE), "--name", name, "--set", f"port={port}",
+        up = ok(cli_at(state, "up", str(ONE), "--name", name, "--set", f"port={port}",
                       "--set", f"rendezvous_port={rdv}"))  # fmt: skip
         assert f"ready {name}" in up and "Berlin" in up  # the smoke answer was checked
-        status = json.loads(_ok(_cli(state, "status", name, "--json")))[0]
+        status = json.loads(ok(cli_at(state, "status", name, "--json")))[0]
         endpoint = status["endpoint"]
         assert httpx.get(f"{endpoint}/v1/models", timeout=10).json()["data"][0]["id"] == "gemma3-270m"
 
-        _ok(_cli(state, "bench", "decode", name, "--api", "completions", "--concurrency", "1,2", "--types", "prose",
+        ok(cli_at(state, "bench", "decode", name, "--api", "completions", "--concurrency", "1,2", "--types", "prose",
                  "--tokens", "16", "--repeats", "2", "--warmup-tokens", "4", "--label", "sgl-decode"))  # fmt: skip
         bench = BenchStore(Store(state / "state.db"))
         run = next(r for r in bench.list_runs() if r.label == "sgl-decode")
@@ -81,7 +69,7 @@ def test_sglang_one_node_serves_benches_evals_and_goes_down(tmp_path: Path) -> N
             # SGLang's stream carries usage: the counts are the server's, exactly as asked.
             assert sample.requests and all(r.completion_tokens == 16 for r in sample.requests)
 
-        prefill = _ok(_cli(state, "bench", "prefill", name, "--lengths", "256", "--repeats", "2",
+        prefill = ok(cli_at(state, "bench", "prefill", name, "--lengths", "256", "--repeats", "2",
                            "--label", "sgl-prefill"))  # fmt: skip
         assert "prefill" in prefill
         run = next(r for r in bench.list_runs() if r.label == "sgl-prefill")
@@ -89,13 +77,13 @@ def test_sglang_one_node_serves_benches_evals_and_goes_down(tmp_path: Path) -> N
         # holds at least the shared <bos> prefix on the second pass).
         assert any(s.metrics["cached_tokens"] > 0 for s in bench.samples(run.id))
 
-        quality = _ok(_cli(state, "eval", "quality", name, "--only", SUBSET, "--label", "sgl-q"))
+        quality = ok(cli_at(state, "eval", "quality", name, "--only", SUBSET, "--label", "sgl-q"))
         assert "/3 passed" in quality and "completions" in quality
 
-        logs = _ok(_cli(state, "logs", name))
+        logs = ok(cli_at(state, "logs", name))
         assert "The server is fired up and ready to roll!" in logs and "r0 local" in logs
     finally:
-        down = _cli(state, "down", name)
+        down = cli_at(state, "down", name)
     assert down.returncode == 0, down.stderr
     assert leftover_processes(name) == []
 
@@ -118,14 +106,14 @@ def test_sglang_two_nodes_serve_show_a_dead_worker_and_leave_nothing(tmp_path: P
     with loopback_fleet(2, tmp_path / "fleet", shared_hf_cache=caches.local_hf_cache()) as fleet:
         cluster = str(fleet.cluster_file)
         try:
-            up = _ok(_cli(state, "up", str(TWO), "--name", name, "--cluster", cluster,
+            up = ok(cli_at(state, "up", str(TWO), "--name", name, "--cluster", cluster,
                           "--set", f"port={port}", "--set", f"rendezvous_port={rdv}"))  # fmt: skip
             assert f"ready {name}" in up and "Berlin" in up
-            ranks = json.loads(_ok(_cli(state, "status", name, "--json")))[0]["ranks"]
+            ranks = json.loads(ok(cli_at(state, "status", name, "--json")))[0]["ranks"]
             assert [(r["rank"], r["node"], r["state"]) for r in ranks] == [(0, "node0", "running"),
                                                                           (1, "node1", "running")]
             assert ranks[0]["health"] == "healthy"
-            logs = _ok(_cli(state, "logs", name))
+            logs = ok(cli_at(state, "logs", name))
             assert "r0 node0" in logs and "r1 node1" in logs
 
             # The worker dies after ready: status says so (never "running"), with its exit code.
@@ -134,14 +122,14 @@ def test_sglang_two_nodes_serve_show_a_dead_worker_and_leave_nothing(tmp_path: P
             os.kill(worker, signal.SIGKILL)
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
-                ranks = json.loads(_cli(state, "status", name, "--json").stdout)[0]["ranks"]
+                ranks = json.loads(cli_at(state, "status", name, "--json").stdout)[0]["ranks"]
                 if ranks[1]["state"] != "running":
                     break
                 time.sleep(1)
             assert ranks[1]["state"] == "exited", ranks
             assert "exit code -9" in ranks[1]["detail"], ranks  # SIGKILL, as the node's monitor saw it
         finally:
-            down = _cli(state, "down", name, timeout=300)
+            down = cli_at(state, "down", name, timeout=300)
         assert down.returncode == 0, down.stderr
         assert leftover_processes(name) == [], "SGLang processes left on the nodes after down"
 

@@ -9,12 +9,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import CACHE, HUB, ROOT, RUN, _require, free_ports
+from tests.e2e.conftest import CACHE, HUB, ROOT, RUN, _require, free_ports, wait_for_line, watching
 from tests.e2e.test_engine_failures import rank_top_process
 from tests.integration.conftest import leftover_processes
 
@@ -39,21 +38,11 @@ def test_llamacpp_killed_after_ready_is_brought_back_by_watch(tmp_path: Path) ->
     assert up.returncode == 0, up.stderr[-3000:]
     watch_out = tmp_path / "watch.out"
     try:
-        with watch_out.open("w") as fh:
-            watch = subprocess.Popen([sys.executable, "-m", "sparkfleet.cli.main", "watch", NAME, "--interval", "2"],
-                                     stdout=fh, stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
-        try:
-            server = rank_top_process(NAME, 0)
-            assert server is not None
+        server = rank_top_process(NAME, 0)
+        assert server is not None
+        with watching(NAME, tmp_path / "state", watch_out) as watch:
             os.kill(server, signal.SIGKILL)
-            deadline = time.monotonic() + 240
-            while "restarted" not in watch_out.read_text():
-                assert watch.poll() is None and time.monotonic() < deadline, watch_out.read_text()[-3000:]
-                time.sleep(0.5)
-        finally:
-            watch.send_signal(signal.SIGTERM)
-            watch.wait(timeout=60)
-        text = watch_out.read_text()
+            text = wait_for_line(watch, watch_out, "restarted")
         assert "rank-exited rank 0 on local exited: exit code -9" in text, text
         assert "restart 1/3 of" in text and "restarted restart 1/3:" in text and "ready again" in text
         status = json.loads(cli("status", NAME, "--json").stdout)[0]

@@ -44,40 +44,39 @@ def _quote(value: str) -> str:
     return f'"{escaped}"' if any(c.isspace() for c in value) or escaped != value else value
 
 
-def systemd_unit(deployment: str, opts: UnitOptions) -> str:
-    """The unit file's text."""
-    argv = [opts.python, "-m", "sparkfleet.cli.main", "watch", deployment, "--interval", f"{opts.interval:g}",
-            "--quiet"]  # fmt: skip
-    lines = [
-        f"# Written by `sparkfleet export systemd {shlex.quote(deployment)}`: runs `sparkfleet watch` for the",
-        "# deployment (its [serve] restart policy included) across reboots of this controller.",
-        f"#   install: copy to {'~/.config/systemd/user/' if opts.user_unit else '/etc/systemd/system/'}"
-        f"{unit_name(deployment)}, then",
-        f"#   systemctl {'--user ' if opts.user_unit else ''}daemon-reload && "
-        f"systemctl {'--user ' if opts.user_unit else ''}enable --now {unit_name(deployment)}",
-        "[Unit]",
-        f"Description=sparkfleet watch {deployment.replace('%', '%%')}",
-        "Wants=network-online.target",
-        "After=network-online.target",
-        "",
-        "[Service]",
-        "Type=simple",
-    ]
+def _unit(opts: UnitOptions, header: list[str], description: str, argv: list[str], service: list[str]) -> str:
+    """A unit file: header comments, then [Unit], [Service] running argv with the state dir, and
+    [Install]; ``service`` adds the lines that differ (kill mode, restart policy)."""
+    lines = [*header, "[Unit]", f"Description={description}", "Wants=network-online.target",
+             "After=network-online.target", "", "[Service]", "Type=simple"]  # fmt: skip
     if opts.user and not opts.user_unit:
         lines.append(f"User={opts.user}")
     lines += [
         f"Environment={_quote('SPARKFLEET_STATE_DIR=' + opts.state_dir)}",
         "Environment=PYTHONUNBUFFERED=1",
         "ExecStart=" + " ".join(_quote(w) for w in argv),
-        "KillMode=process",
-        "Restart=on-failure",
-        "RestartSec=30",
-        "RestartPreventExitStatus=1 2",
+        *service,
         "",
         "[Install]",
         f"WantedBy={'default.target' if opts.user_unit else 'multi-user.target'}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def systemd_unit(deployment: str, opts: UnitOptions) -> str:
+    """The unit file's text."""
+    argv = [opts.python, "-m", "sparkfleet.cli.main", "watch", deployment, "--interval", f"{opts.interval:g}",
+            "--quiet"]  # fmt: skip
+    header = [
+        f"# Written by `sparkfleet export systemd {shlex.quote(deployment)}`: runs `sparkfleet watch` for the",
+        "# deployment (its [serve] restart policy included) across reboots of this controller.",
+        f"#   install: copy to {'~/.config/systemd/user/' if opts.user_unit else '/etc/systemd/system/'}"
+        f"{unit_name(deployment)}, then",
+        f"#   systemctl {'--user ' if opts.user_unit else ''}daemon-reload && "
+        f"systemctl {'--user ' if opts.user_unit else ''}enable --now {unit_name(deployment)}",
+    ]
+    service = ["KillMode=process", "Restart=on-failure", "RestartSec=30", "RestartPreventExitStatus=1 2"]
+    return _unit(opts, header, f"sparkfleet watch {deployment.replace('%', '%%')}", argv, service)
 
 
 GATEWAY_UNIT = "sparkfleet-gateway.service"
@@ -90,30 +89,11 @@ def gateway_unit(opts: UnitOptions, config: str | None) -> str:
     argv = [opts.python, "-m", "sparkfleet.cli.main", "gateway", "serve", *(["--config", config] if config else [])]
     where = "~/.config/systemd/user/" if opts.user_unit else "/etc/systemd/system/"
     ctl = "systemctl --user" if opts.user_unit else "systemctl"
-    lines = [
+    header = [
         "# Written by `sparkfleet export systemd gateway`: runs the gateway (docs/gateway.md) across reboots.",
         f"#   install: copy to {where}{GATEWAY_UNIT}, then {ctl} daemon-reload && {ctl} enable --now {GATEWAY_UNIT}",
-        "[Unit]",
-        "Description=sparkfleet gateway",
-        "Wants=network-online.target",
-        "After=network-online.target",
-        "",
-        "[Service]",
-        "Type=simple",
     ]
-    if opts.user and not opts.user_unit:
-        lines.append(f"User={opts.user}")
-    lines += [
-        f"Environment={_quote('SPARKFLEET_STATE_DIR=' + opts.state_dir)}",
-        "Environment=PYTHONUNBUFFERED=1",
-        "ExecStart=" + " ".join(_quote(w) for w in argv),
-        # systemd's SIGTERM: uvicorn finishes the answers in flight, the request log is flushed,
-        # and the process ends by that signal, which systemd counts as a clean stop.
-        "Restart=on-failure",
-        "RestartSec=5",
-        "RestartPreventExitStatus=2",
-        "",
-        "[Install]",
-        f"WantedBy={'default.target' if opts.user_unit else 'multi-user.target'}",
-    ]
-    return "\n".join(lines) + "\n"
+    # systemd's SIGTERM: uvicorn finishes the answers in flight, the request log is flushed, and
+    # the process ends by that signal, which systemd counts as a clean stop.
+    return _unit(opts, header, "sparkfleet gateway", argv, ["Restart=on-failure", "RestartSec=5",
+                                                             "RestartPreventExitStatus=2"])  # fmt: skip
