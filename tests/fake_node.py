@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from sparkfleet.plan.build import plan
 from sparkfleet.plan.model import Plan
 from sparkfleet.spec.cluster import Cluster, parse_cluster
 from sparkfleet.spec.recipe import load_recipe
+from tests.json_http import JsonHandler
 
 
 @dataclass
@@ -200,17 +201,9 @@ def fake_fleet(tmp: Path, *, nodes: int = 2, port: int, image: str | None = None
     return FakeFleet({f"node{i}": FakeNode(f"node{i}") for i in range(nodes)}, inventory, planned)
 
 
-class _Head(BaseHTTPRequestHandler):
+class _Head(JsonHandler):
     answer = " 42"
     on_completion: Callable[[], None] | None = None
-
-    def _send(self, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def do_GET(self) -> None:
         self._send({"data": [{"id": "fake"}]} if self.path == "/v1/models" else {"status": "ok"})
@@ -220,9 +213,6 @@ class _Head(BaseHTTPRequestHandler):
         if self.on_completion is not None:
             self.on_completion()
         self._send({"choices": [{"text": self.answer}]})
-
-    def log_message(self, *_: object) -> None:
-        return None
 
 
 class _QuietServer(ThreadingHTTPServer):

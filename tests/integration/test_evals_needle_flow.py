@@ -11,7 +11,7 @@ import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -20,21 +20,14 @@ from sparkfleet.evals.heatmap import write_heatmap
 from sparkfleet.evals.memguard import MemGuard, read_mem_available, sglang_abort
 from sparkfleet.evals.needle import run_needle
 from sparkfleet.nodes.transport.local import LocalTransport
+from tests.json_http import JsonHandler
 
 
 @contextmanager
 def reader_server(window: int | None, seen: list[dict[str, Any]]) -> Iterator[str]:
     """window: only the last ``window`` characters of the prompt are "read" (None: all of it)."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def _send(self, obj: Any) -> None:
-            data = json.dumps(obj).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(JsonHandler):
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             seen.append({"path": self.path, **body})
@@ -52,9 +45,6 @@ def reader_server(window: int | None, seen: list[dict[str, Any]]) -> Iterator[st
             usage = {"prompt_tokens": len(prompt) // 4, "completion_tokens": 3}
             choice = {"message": {"content": text}, "text": text, "finish_reason": "stop"}
             self._send({"choices": [choice], "usage": usage})
-
-        def log_message(self, *args: object) -> None:
-            return None
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()

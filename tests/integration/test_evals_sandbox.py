@@ -178,21 +178,14 @@ def _hostile_model(mark: Path) -> Iterator[str]:
     """An OpenAI-style server whose answer to every code task defines the function asked for,
     which, when called, writes mark (outside its folder) and reads a host file."""
     import json
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import ThreadingHTTPServer
 
     from sparkfleet.evals.tasks import load_tasks
+    from tests.json_http import JsonHandler
 
     entries = {t.prompt: t.check["entry"] for t in load_tasks(categories=["code"])}
 
-    class Handler(BaseHTTPRequestHandler):
-        def _send(self, obj: object) -> None:
-            data = json.dumps(obj).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(JsonHandler):
         def do_GET(self) -> None:
             self._send({"data": [{"id": "hostile", "owned_by": "vllm"}]})
 
@@ -204,9 +197,6 @@ def _hostile_model(mark: Path) -> Iterator[str]:
             message = {"content": f"```python\n{code}```"}
             self._send({"choices": [{"message": message, "finish_reason": "stop"}],
                         "usage": {"prompt_tokens": 1, "completion_tokens": 1}})  # fmt: skip
-
-        def log_message(self, *args: object) -> None:
-            return None
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
