@@ -15,6 +15,7 @@ red line and exits with code 2. Anything else is a bug and gets a traceback in t
      │    │    └── CommandError   a command ran and failed (carries the Result)
      │    ├── RankRuntimeError  a rank could not be started, inspected or stopped
      │    └── StagingError     staging could not run or would not fit on the node
+     ├── FabricError        a pair of nodes failed the fabric test a recipe's [verify] fabric_min_gbps asks of up
      ├── ReadinessError     a deployment did not become ready (rank exited, timeout, forbidden line)
      │    └── RankExited       a rank stopped during start-up (its message is redone after the rollback)
      ├── StopIncomplete     ranks could not be stopped on some nodes (carries node -> why)
