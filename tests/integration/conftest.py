@@ -7,6 +7,7 @@ import pwd
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,3 +100,15 @@ def sparkfleet(*args: str, timeout: float = 120, env: dict[str, str] | None = No
     """Run the CLI as a user would."""
     return subprocess.run([sys.executable, "-m", "sparkfleet.cli.main", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})  # fmt: skip
+
+
+@pytest.fixture
+def sticky_tmp() -> Iterator[Path]:
+    """A sticky, world-writable folder as /tmp is, of this test's own (the real /tmp holds other
+    sessions' sockets): where another user, or unconfined code running as nobody, can write."""
+    path = Path(tempfile.mkdtemp(prefix="sf-sticky-tmp-", dir="/tmp"))
+    path.chmod(0o1777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,7 @@ from sparkfleet.evals.heatmap import write_heatmap
 from sparkfleet.evals.memguard import MemGuard, read_mem_available, sglang_abort
 from sparkfleet.evals.needle import run_needle
 from sparkfleet.nodes.transport.local import LocalTransport
-from tests.json_http import JsonHandler
+from tests.json_http import JsonHandler, serving
 
 
 @contextmanager
@@ -46,12 +44,8 @@ def reader_server(window: int | None, seen: list[dict[str, Any]]) -> Iterator[st
             choice = {"message": {"content": text}, "text": text, "finish_reason": "stop"}
             self._send({"choices": [choice], "usage": usage})
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
+    with serving(Handler) as url:
+        yield url
 
 
 def test_a_perfect_reader_passes_every_cell(tmp_path: Path) -> None:

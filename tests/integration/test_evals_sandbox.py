@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -178,10 +176,9 @@ def _hostile_model(mark: Path) -> Iterator[str]:
     """An OpenAI-style server whose answer to every code task defines the function asked for,
     which, when called, writes mark (outside its folder) and reads a host file."""
     import json
-    from http.server import ThreadingHTTPServer
 
     from sparkfleet.evals.tasks import load_tasks
-    from tests.json_http import JsonHandler
+    from tests.json_http import JsonHandler, serving
 
     entries = {t.prompt: t.check["entry"] for t in load_tasks(categories=["code"])}
 
@@ -198,12 +195,8 @@ def _hostile_model(mark: Path) -> Iterator[str]:
             self._send({"choices": [{"message": message, "finish_reason": "stop"}],
                         "usage": {"prompt_tokens": 1, "completion_tokens": 1}})  # fmt: skip
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
+    with serving(Handler) as url:
+        yield url
 
 
 def _quality_without_namespaces(url: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -213,23 +206,13 @@ def _quality_without_namespaces(url: str, tmp_path: Path, *extra: str) -> subpro
     return subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
 
 
-@pytest.fixture
-def world_writable() -> Iterator[Path]:
-    """A folder anyone may write, as /tmp: where unconfined code running as nobody can leave a file."""
-    path = Path(tempfile.mkdtemp(prefix="sf-sandbox-escape-", dir="/tmp"))
-    path.chmod(0o1777)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
-
-def test_without_namespaces_eval_quality_runs_no_model_code_and_exits_2(tmp_path: Path, world_writable: Path) -> None:
+def test_without_namespaces_eval_quality_runs_no_model_code_and_exits_2(tmp_path: Path, sticky_tmp: Path) -> None:
     """Namespaces refused for real (tests/no_namespaces.py: user.max_user_namespaces=0 in the
     test's own user namespace, no CAP_SYS_ADMIN): the code tasks are refused, none runs."""
     if os.getuid() != 0:
         pytest.skip("tests/no_namespaces.py writes uid maps: needs root")
-    mark = world_writable / "escaped"
+    mark = sticky_tmp / "escaped"
     with _hostile_model(mark) as url:
         out = _quality_without_namespaces(url, tmp_path)
         assert out.returncode == 2, out.stdout + out.stderr

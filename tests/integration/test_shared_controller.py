@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import stat
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,16 +21,6 @@ pytestmark = pytest.mark.integration
 TOKEN = "hf_SharedControllerSecret0123456789abcd"
 
 
-@pytest.fixture
-def shared_tmp() -> Iterator[Path]:
-    """A sticky, world-writable folder as /tmp is (the real /tmp holds other sessions' sockets)."""
-    path = Path(tempfile.mkdtemp(prefix="sf-shared-tmp-", dir="/tmp"))
-    path.chmod(0o1777)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
 
 def _as(user: pwd.struct_passwd, *argv: str) -> None:
     subprocess.run(list(argv), check=True, user=user.pw_uid, group=user.pw_gid, extra_groups=[])
@@ -43,12 +30,12 @@ def _everything_under(path: Path) -> list[str]:
     return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
 
 
-def _up_through(attacker_sees: Path, shared_tmp: Path, fleet: LoopbackFleet, tmp_path: Path) -> None:
+def _up_through(attacker_sees: Path, sticky_tmp: Path, fleet: LoopbackFleet, tmp_path: Path) -> None:
     """up over SSH with a token, TMPDIR the shared folder: refused in one line, nothing in the
     attacker's folder, nothing left running."""
     name = "victim"
     recipe = standin_recipe(tmp_path / name, nodes=2, port=_free_port())
-    env = {"TMPDIR": str(shared_tmp), "SPARKFLEET_STATE_DIR": str(tmp_path / "state")}
+    env = {"TMPDIR": str(sticky_tmp), "SPARKFLEET_STATE_DIR": str(tmp_path / "state")}
     try:
         out = sparkfleet("up", str(recipe), "--cluster", str(fleet.cluster_file), "--env", f"HF_TOKEN={TOKEN}",
                          env=env)  # fmt: skip
@@ -63,24 +50,24 @@ def _up_through(attacker_sees: Path, shared_tmp: Path, fleet: LoopbackFleet, tmp
 
 
 def test_a_socket_folder_made_first_by_another_user_is_refused(
-    fleet2: LoopbackFleet, other_user: pwd.struct_passwd, shared_tmp: Path, tmp_path: Path
+    fleet2: LoopbackFleet, other_user: pwd.struct_passwd, sticky_tmp: Path, tmp_path: Path
 ) -> None:
-    trap = shared_tmp / f"sparkfleet-ssh-{os.getuid()}"
+    trap = sticky_tmp / f"sparkfleet-ssh-{os.getuid()}"
     _as(other_user, "mkdir", "-m", "777", str(trap))
-    _up_through(trap, shared_tmp, fleet2, tmp_path)
+    _up_through(trap, sticky_tmp, fleet2, tmp_path)
 
 
 def test_a_symlink_planted_as_the_socket_folder_is_refused(
-    fleet2: LoopbackFleet, other_user: pwd.struct_passwd, shared_tmp: Path, tmp_path: Path
+    fleet2: LoopbackFleet, other_user: pwd.struct_passwd, sticky_tmp: Path, tmp_path: Path
 ) -> None:
-    theirs = shared_tmp / "mallory"
+    theirs = sticky_tmp / "mallory"
     _as(other_user, "mkdir", "-m", "777", str(theirs))
-    _as(other_user, "ln", "-s", str(theirs), str(shared_tmp / f"sparkfleet-ssh-{os.getuid()}"))
-    _up_through(theirs, shared_tmp, fleet2, tmp_path)
+    _as(other_user, "ln", "-s", str(theirs), str(sticky_tmp / f"sparkfleet-ssh-{os.getuid()}"))
+    _up_through(theirs, sticky_tmp, fleet2, tmp_path)
 
 
-def test_a_state_dir_made_by_another_user_is_refused(other_user: pwd.struct_passwd, shared_tmp: Path) -> None:
-    theirs = shared_tmp / "state"
+def test_a_state_dir_made_by_another_user_is_refused(other_user: pwd.struct_passwd, sticky_tmp: Path) -> None:
+    theirs = sticky_tmp / "state"
     _as(other_user, "mkdir", "-m", "777", str(theirs))
     out = sparkfleet("status", env={"SPARKFLEET_STATE_DIR": str(theirs)})
     assert out.returncode == 2
