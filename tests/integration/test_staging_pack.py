@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 import xxhash
 
-from sparkfleet.apply.staging.bundle import worker_source
 from sparkfleet.apply.staging.runner import StageReport, stage_all, stage_rank
 from sparkfleet.apply.staging.synthetic import write_engram_checkpoint
 from sparkfleet.errors import StagingError
+from sparkfleet.nodes.ship import STAGE_WORKER, program_text
 from sparkfleet.nodes.transport.local import LocalTransport
 from sparkfleet.plan.model import StagingOptions, StagingStep
 
@@ -290,7 +290,7 @@ def _worker(step: StagingStep) -> subprocess.Popen[bytes]:
             "min_free": 0, "chunk_bytes": CHUNK}  # fmt: skip
     proc = subprocess.Popen(["python3", "-", json.dumps(args)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert proc.stdin is not None
-    proc.stdin.write(worker_source())
+    proc.stdin.write(program_text(STAGE_WORKER).encode())
     proc.stdin.close()
     return proc
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sparkfleet.apply.staging.bundle import worker_source
 from sparkfleet.apply.staging.synthetic import write_engram_checkpoint, write_shard
+from sparkfleet.nodes.ship import STAGE_WORKER, program_text
 from sparkfleet.nodes.shipped.failure import StageFailure
 from sparkfleet.nodes.shipped.layouts import owned_range
 from sparkfleet.nodes.shipped.safetensors_index import find_tables, layer_of, read_header
@@ -85,7 +85,7 @@ def test_row_ranges_cover_every_row_once(rows: int, tp: int) -> None:
 
 
 def test_the_shipped_worker_is_self_contained() -> None:
-    source = worker_source().decode()
+    source = program_text(STAGE_WORKER)
     tree = ast.parse(source)
     # Unconditional top-level imports are standard library only; numpy/xxhash are optional.
     plain = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]

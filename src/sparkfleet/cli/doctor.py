@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from sparkfleet.cli.console import console
-from sparkfleet.cli.options import ClusterOpt, EnvOpt, JsonOpt, NameOpt, SetOpt
+from sparkfleet.cli.options import AcceptNewOpt, ClusterOpt, EnvOpt, JsonOpt, NameOpt, SetOpt
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -24,9 +24,6 @@ OptionalRecipeArg = Annotated[
     typer.Argument(help="A recipe (folder or recipe.toml); without it only the nodes are checked."),
 ]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for each node's answer.")]
-AcceptNewOpt = Annotated[
-    bool, typer.Option("--insecure-accept-new", help="Accept unknown SSH host keys (first contact only).")
-]
 FabricOpt = Annotated[
     bool,
     typer.Option("--fabric", help="Measure every pair of nodes over the fabric (iperf3, ping, path MTU) instead."),

@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from sparkfleet.cli.app import group
 from sparkfleet.cli.console import console, err_console
-from sparkfleet.cli.options import ClusterOpt, RecipeArg, SetOpt
+from sparkfleet.cli.options import AcceptNewOpt, ClusterOpt, RecipeArg, SetOpt
 
 if TYPE_CHECKING:
     from sparkfleet.apply.images import ImageAction
@@ -25,9 +25,6 @@ EachOpt = Annotated[
 NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Rebuild every layer.")]
 FileOpt = Annotated[str, typer.Option("--file", "-f", help="Dockerfile inside docker_image_dir.")]
 FromOpt = Annotated[str | None, typer.Option("--from", help="Node that holds the image (default: the head).")]
-AcceptNewOpt = Annotated[
-    bool, typer.Option("--insecure-accept-new", help="Accept unknown SSH host keys (first contact only).")
-]
 _STYLE = {"skipped": "dim", "built": "green", "loaded": "green", "pulled": "green", "failed": "bold red"}
 
 

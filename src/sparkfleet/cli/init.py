@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape
 
 from sparkfleet.cli.console import console
+from sparkfleet.cli.options import AcceptNewOpt
 from sparkfleet.errors import ClusterError
 
 HostsArg = Annotated[list[str], typer.Argument(help="The nodes' SSH addresses, head first (rank order).")]
@@ -27,9 +28,6 @@ IfnameOpt = Annotated[
     typer.Option("--ifname", help="NODE=IFNAME: the fabric interface of a node with several in the subnet."),
 ]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for each node's answer.")]
-AcceptNewOpt = Annotated[
-    bool, typer.Option("--insecure-accept-new", help="Accept unknown SSH host keys (first contact only).")
-]
 
 
 def _pairs(items: list[str] | None) -> dict[str, str]:

@@ -11,15 +11,21 @@ import typer
 from rich.markup import escape
 
 from sparkfleet.cli.console import console, err_console
-from sparkfleet.cli.options import ClusterOpt, EnvOpt, JsonOpt, NameOpt, RecipeArg, SetOpt, VariantOpt, parse_env
+from sparkfleet.cli.options import (
+    AcceptNewOpt,
+    ClusterOpt,
+    EnvOpt,
+    JsonOpt,
+    NameOpt,
+    RecipeArg,
+    SetOpt,
+    VariantOpt,
+    parse_env,
+)
 from sparkfleet.errors import LeftoverError, NotFoundError, StateError, UsageError
 
 if TYPE_CHECKING:
     from rich.table import Table
-
-AcceptNewOpt = Annotated[
-    bool, typer.Option("--insecure-accept-new", help="Accept unknown SSH host keys (first contact only).")
-]
 
 
 class _Progress:
@@ -82,8 +88,14 @@ def up(
     progress = _Progress([(r.rank, r.node.name) for r in planned.ranks])
     try:
         with progress.live:
-            result = run_up(planned, config=spec, report=progress, timeout=timeout,
-                            allow_image_mismatch=allow_image_mismatch, connect=lambda node: transports[node.name])
+            result = run_up(
+                planned,
+                config=spec,
+                report=progress,
+                timeout=timeout,
+                allow_image_mismatch=allow_image_mismatch,
+                connect=lambda node: transports[node.name],
+            )
             progress(None, None, f"ready in {result.seconds:.1f}s")
     except KeyboardInterrupt as exc:
         # typer turns KeyboardInterrupt into exit code 130 and drops what up said of its rollback.

@@ -15,18 +15,17 @@ if TYPE_CHECKING:
     from sparkfleet.plan.model import Plan
 
 RecipeArg = Annotated[Path, typer.Argument(help="A recipe.toml file, or a folder holding one.")]
-ClusterOpt = Annotated[
-    Path | None, typer.Option("--cluster", "-c", help="Cluster inventory (default: this machine).")
-]
+ClusterOpt = Annotated[Path | None, typer.Option("--cluster", "-c", help="Cluster inventory (default: this machine).")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a recipe key: key.path=value.")]
 EnvOpt = Annotated[
     list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE for every rank (KEY alone: from your env).")
 ]
 NameOpt = Annotated[str | None, typer.Option("--name", help="Deployment name (default: the recipe's folder).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
-VariantOpt = Annotated[
-    str, typer.Option("--variant", help="Which [variants.NAME] overlay of the recipe (base: none).")
+AcceptNewOpt = Annotated[
+    bool, typer.Option("--insecure-accept-new", help="Accept unknown SSH host keys (first contact only).")
 ]
+VariantOpt = Annotated[str, typer.Option("--variant", help="Which [variants.NAME] overlay of the recipe (base: none).")]
 
 
 def parse_env(items: list[str] | None) -> tuple[tuple[str, str], ...]:
@@ -48,7 +47,11 @@ def parse_env(items: list[str] | None) -> tuple[tuple[str, str], ...]:
 
 
 def build_plan(
-    recipe: Path, cluster: Path | None, sets: list[str] | None, env: list[str] | None, name: str | None,
+    recipe: Path,
+    cluster: Path | None,
+    sets: list[str] | None,
+    env: list[str] | None,
+    name: str | None,
     variant: str = "base",
 ) -> Plan:
     """Load, validate and plan: the first step of plan, up, stage, doctor and export."""

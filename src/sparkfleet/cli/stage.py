@@ -8,13 +8,10 @@ from typing import Annotated
 import typer
 
 from sparkfleet.cli.console import console, err_console
-from sparkfleet.cli.options import ClusterOpt, JsonOpt, NameOpt, RecipeArg, SetOpt, build_plan
+from sparkfleet.cli.options import AcceptNewOpt, ClusterOpt, JsonOpt, NameOpt, RecipeArg, SetOpt, build_plan
 
 VerifyOpt = Annotated[
     bool, typer.Option("--verify", help="Check every staged file in full against its ledger; write nothing.")
-]
-AcceptNewOpt = Annotated[
-    bool, typer.Option("--insecure-accept-new", help="Accept unknown SSH host keys (first contact only).")
 ]
 
 

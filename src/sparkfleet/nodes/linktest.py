@@ -21,8 +21,6 @@ from sparkfleet.nodes.transport.base import Transport
 
 IPERF3_PORT = 5201
 PING_COUNT = 50
-# IPv4 + ICMP headers: `ping -s N` sends an N+28-byte packet.
-_ICMP_OVERHEAD = 28
 
 
 # -- what a node has ------------------------------------------------------------------------
@@ -148,11 +146,6 @@ class MtuProbe:
     size: int
     passed: bool
     local_mtu: int | None = None
-
-
-def mtu_probe_command_size(size: int) -> int:
-    """ping's -s for an IP packet of `size` bytes."""
-    return size - _ICMP_OVERHEAD
 
 
 def parse_mtu_probe(size: int, text: str) -> MtuProbe:

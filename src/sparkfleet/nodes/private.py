@@ -74,22 +74,6 @@ def private_file(path: Path | str) -> Path:
     return path
 
 
-def write_private(path: Path | str, data: bytes | str) -> Path:
-    """Write data to path as a 0600 file (replaced atomically; never through a symlink)."""
-    path = Path(path)
-    raw = data.encode() if isinstance(data, str) else data
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(raw)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
-
-
 def open_private_append(path: Path | str) -> int:
     """A descriptor appending to path, a 0600 file of this user (a log)."""
     private_file(path)

@@ -299,12 +299,7 @@ def stop(spec: dict) -> dict:
     ):
         groups.add(found[0])
     members = _members(spec["deployment"], spec.get("rank"), spec.get("node"), instance)
-    for pid in members:
-        try:
-            groups.add(os.getpgid(pid))
-        except ProcessLookupError:
-            pass
-    _terminate(groups, members, spec.get("grace", 10))
+    _terminate(groups | _groups_of(members), members, spec.get("grace", 10))
     # The env file holds every secret the rank was started with: gone once the rank is.
     if spec.get("env_file"):
         try:
@@ -312,6 +307,14 @@ def stop(spec: dict) -> dict:
         except OSError:
             pass
     return {"stopped": sorted(set(members) | groups)}
+
+
+def _groups_of(pids: list[int]) -> set[int]:
+    groups = set()
+    for pid in pids:
+        if (group := _group(pid)) is not None:
+            groups.add(group)
+    return groups
 
 
 def _terminate(groups: set[int], members: list[int], grace: float) -> None:
@@ -444,15 +447,8 @@ def holders(spec: dict) -> list[dict]:
 def kill(spec: dict) -> dict:
     """Stop the given pids, but only those that still belong to the deployment on this node."""
     members = [p for p in spec["pids"] if _belongs(str(p), spec["deployment"], None, spec.get("node"), None)]
-    groups = set()
-    for pid in members:
-        try:
-            groups.add(os.getpgid(pid))
-        except ProcessLookupError:
-            pass
     # A rank's monitor leads its group; never signal the group this agent runs in.
-    groups.discard(os.getpgrp())
-    _terminate(groups, members, spec.get("grace", 10))
+    _terminate(_groups_of(members) - {os.getpgrp()}, members, spec.get("grace", 10))
     return {"stopped": members}
 
 
@@ -494,7 +490,7 @@ def _started(pid: str) -> float | None:
     return _boot_time() + int(ticks) / CLK_TCK if ticks is not None else None
 
 
-def _group(pid: str) -> int | None:
+def _group(pid: int | str) -> int | None:
     try:
         return os.getpgid(int(pid))
     except OSError:
@@ -612,30 +608,33 @@ def gpu_apps(command: list[str]) -> dict:
     return {"gpu_apps": done.stdout, "gpu_error": None}
 
 
+def after_down(spec: dict) -> dict:
+    """What ``down`` checks once the ranks are stopped, in one round trip."""
+    return {"found": leftovers(spec), "mem_available": mem_available(), **gpu_apps(spec.get("gpu_command") or [])}
+
+
+# What a controller may ask of this agent besides start (which also takes the env file): each
+# takes the request's payload and returns its JSON answer.
+COMMANDS = {
+    "inspect": inspect,
+    "probe": probe,
+    "stop": stop,
+    "find": lambda spec: {"found": find(spec)},
+    "holders": lambda spec: {"holders": holders(spec)},
+    "preflight": lambda spec: {"found": find(spec), "holders": holders(spec)},
+    "kill": kill,
+    "watch": watch,
+    "leftovers": after_down,
+}
+
+
 def answer(command: str, payload: dict, stdin: bytes) -> dict:
     """One command's JSON answer."""
     if command == "start":
         return start(payload, stdin)
-    if command == "inspect":
-        return inspect(payload)
-    if command == "probe":
-        return probe(payload)
-    if command == "stop":
-        return stop(payload)
-    if command == "find":
-        return {"found": find(payload)}
-    if command == "holders":
-        return {"holders": holders(payload)}
-    if command == "preflight":
-        return {"found": find(payload), "holders": holders(payload)}
-    if command == "kill":
-        return kill(payload)
-    if command == "watch":
-        return watch(payload)
-    if command == "leftovers":
-        return {"found": leftovers(payload), "mem_available": mem_available(),
-                **gpu_apps(payload.get("gpu_command") or [])}  # fmt: skip
-    raise ValueError(f"unknown agent command {command!r}")
+    if command not in COMMANDS:
+        raise ValueError(f"unknown agent command {command!r}")
+    return COMMANDS[command](payload)
 
 
 # CPU this process had used before the current request (a session's baseline for watch's cpu_s).
