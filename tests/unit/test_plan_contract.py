@@ -15,7 +15,7 @@ from safetensors.numpy import save_file
 
 from sparkfleet.apply.staging import nfs
 from sparkfleet.doctor.probes import gpu, meminfo
-from sparkfleet.doctor.probes.facts import parse_checkpoint
+from sparkfleet.doctor.probes.checkpoint import parse as parse_checkpoint
 from sparkfleet.evals.memguard import abort_action_for
 from sparkfleet.nodes.shipped.failure import StageFailure
 from sparkfleet.nodes.shipped.safetensors_index import header_tensors, read_header, tensor_nbytes, tensor_sizes

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from sparkfleet.doctor.probes.facts import checkpoint_command, parse_checkpoint
+from sparkfleet.doctor.probes.checkpoint import command as checkpoint_command
+from sparkfleet.doctor.probes.checkpoint import parse as parse_checkpoint
 from sparkfleet.nodes.transport.local import LocalTransport
 from sparkfleet.plan.memory import kv_bytes_per_token, weights_per_rank
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sparkfleet.doctor.probes.fact import Fact, section
+
 COMMAND = ["date", "+%s.%N"]
 
 
@@ -29,3 +31,10 @@ def skew(remote: float, sent: float, received: float) -> Skew:
     else:
         offset = 0.0
     return Skew(seconds=offset, uncertainty=received - sent)
+
+
+FACT = Fact(
+    "skew",
+    lambda _req: {"clock": COMMAND},
+    lambda outs, asked: skew(parse(section(outs, "clock").stdout), asked.sent, asked.received),
+)

@@ -6,7 +6,11 @@ parent first (the filesystem that will hold it).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from sparkfleet.doctor.probes.bundle import ProbeOutput
+from sparkfleet.doctor.probes.fact import Asked, Fact, read
 
 FIELDS = "source,fstype,size,avail,target"
 
@@ -38,3 +42,14 @@ def parse(stdout: str) -> DiskFree:
         raise ValueError("not df --output output")
     words = lines[1].split(None, 4)
     return DiskFree(source=words[0], fstype=words[1], size=int(words[2]), avail=int(words[3]), mount=words[4])
+
+
+def _parse_each(outs: Mapping[str, ProbeOutput], asked: Asked) -> tuple[tuple[str, DiskFree | None], ...]:
+    """Every asked path with its filesystem; None (and a note) where its df said nothing readable."""
+    paths = enumerate(asked.req.disk_paths)
+    return tuple((path, read(outs, f"disk{i}", lambda out: parse(out.stdout), asked)) for i, path in paths)
+
+
+FACT = Fact(
+    "disks", lambda req: {f"disk{i}": command(p) for i, p in enumerate(req.disk_paths)}, _parse_each, default=()
+)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from sparkfleet.doctor.probes.bundle import ProbeOutput
+from sparkfleet.doctor.probes.fact import Asked, Fact, fixed, section
 from sparkfleet.nodes.runtime.docker import VERSION_ARGV, image_inspect_argv
 
 # The commands are the docker runtime's; the parsers below are this probe's.
@@ -77,3 +80,18 @@ def parse_image(ref: str, stdout: str, exit_code: int) -> ImageFacts:
         repo_digests=tuple(rec.get("RepoDigests") or ()),
         created=rec.get("Created", ""),
     )
+
+
+DOCKER = fixed("docker", VERSION_COMMAND, lambda out: parse_version(out.stdout, out.exit_code, out.stderr))
+
+
+def _parse_asked_image(outs: Mapping[str, ProbeOutput], asked: Asked) -> ImageFacts:
+    out = section(outs, "image")
+    return parse_image(asked.req.image or "", out.stdout, out.exit_code)
+
+
+IMAGE = Fact("image", lambda req: {"image": image_command(req.image)} if req.image else {}, _parse_asked_image)
+# dockerd enables `--gpus` only when this hook is on its PATH (nvidia-container-toolkit).
+GPU_HOOK = fixed(
+    "gpu_hook", ["sh", "-c", "command -v nvidia-container-runtime-hook"], lambda out: out.ok, run_as="gpuhook"
+)

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from sparkfleet.doctor.probes.bundle import ProbeOutput
+from sparkfleet.doctor.probes.fact import Fact, section
 
 QUERY_FIELDS = (
     "index",
@@ -123,3 +127,11 @@ def parse(gpu_stdout: str, gpu_exit: int, apps_stdout: str = "", stderr: str = "
         last = reason.splitlines()[-1] if reason else ""
         return GpuFacts(available=False, gpus=(), processes=(), error=last)
     return GpuFacts(available=True, gpus=parse_gpus(gpu_stdout), processes=parse_apps(apps_stdout))
+
+
+def _parse_both(outs: Mapping[str, ProbeOutput], _asked: object) -> GpuFacts:
+    out = section(outs, "gpu")
+    return parse(out.stdout, out.exit_code, outs["gpuapps"].stdout if "gpuapps" in outs else "", out.stderr)
+
+
+FACT = Fact("gpu", lambda _req: {"gpu": GPU_COMMAND, "gpuapps": APPS_COMMAND}, _parse_both)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sparkfleet.doctor.probes.fact import fixed
+
 COMMAND = [
     "sh",
     "-c",
@@ -45,3 +47,6 @@ def parse(stdout: str) -> MemlockLimit:
         value = words[0] if words else "unlimited"
         return MemlockLimit(None if value == "unlimited" else int(value) * 1024, "login shell (ulimit -H -l)")
     raise ValueError("not the limits probe's output")
+
+
+FACT = fixed("memlock", COMMAND, lambda out: parse(out.stdout))

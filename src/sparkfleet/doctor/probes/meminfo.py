@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sparkfleet.doctor.probes.fact import fixed
+
 COMMAND = ["cat", "/proc/meminfo"]
 
 
@@ -35,3 +37,6 @@ def parse(stdout: str) -> MemInfo:
         free=values.get("MemFree", 0),
         cached=values.get("Cached", 0),
     )
+
+
+FACT = fixed("meminfo", COMMAND, lambda out: parse(out.stdout))

@@ -7,6 +7,8 @@ import ipaddress
 import json
 from dataclasses import dataclass
 
+from sparkfleet.doctor.probes.fact import fixed
+
 
 def command(sysfs: str = "/sys") -> list[str]:
     """The argv: `ip -j addr` when present, else a grep of the sysfs attributes."""
@@ -106,3 +108,6 @@ def parse(stdout: str) -> NetFacts:
     if head.strip() == "## sysfs":
         return NetFacts(interfaces=parse_sysfs(body), addresses_known=False)
     raise ValueError("not the netif probe's output")
+
+
+FACT = fixed("net", command(), lambda out: parse(out.stdout), run_as="netif")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sparkfleet.doctor.probes.fact import fixed
+
 COMMAND = [
     "sh",
     "-c",
@@ -78,3 +80,6 @@ def parse(stdout: str) -> ListeningPorts:
     if head.strip() == "## proc":
         return ListeningPorts(parse_proc(body))
     raise ValueError("not the ports probe's output")
+
+
+FACT = fixed("ports", COMMAND, lambda out: parse(out.stdout))

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sparkfleet.doctor.probes.fact import fixed
+
 _ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 
 
@@ -157,3 +159,6 @@ def parse(stdout: str) -> RdmaFacts:
         ports=tuple(ports),
         netdevs={k: tuple(v) for k, v in netdevs.items()},
     )
+
+
+FACT = fixed("rdma", command(), lambda out: parse(out.stdout))

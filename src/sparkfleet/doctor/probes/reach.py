@@ -8,8 +8,11 @@ script printed nothing, and counts as timed out.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from sparkfleet.doctor.probes.bundle import ProbeOutput
+from sparkfleet.doctor.probes.fact import Asked, Fact, section
 
 _SCRIPT = (
     'for tgt in "$@"; do ( ip=${tgt%:*}; port=${tgt##*:}; '
@@ -57,3 +60,11 @@ def parse(
     for ip, port in targets:
         found.setdefault((ip, port), Reach(ip, port, False, "timed out"))
     return tuple(found.values())
+
+
+def _parse_asked(outs: Mapping[str, ProbeOutput], asked: Asked) -> tuple[Reach, ...]:
+    out = section(outs, "reach")
+    return parse(out.stdout, asked.req.reach_targets, out.exit_code, out.stderr)
+
+
+FACT = Fact("reach", lambda req: {"reach": command(req.reach_targets)} if req.reach_targets else {}, _parse_asked, ())

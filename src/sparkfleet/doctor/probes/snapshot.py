@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sparkfleet.doctor.probes.fact import Fact, section
+
 
 def snapshots_dir(hf_cache: str, repo: str) -> str:
     """`<hf_cache>/hub/models--org--name/snapshots` for a repo id `org/name`."""
@@ -47,3 +49,10 @@ def parse(stdout: str) -> tuple[Snapshot, ...]:
     if rev:
         snaps.append(Snapshot(rev, tuple(files)))
     return tuple(snaps)
+
+
+FACT = Fact(
+    "snapshots",
+    lambda req: {"snapshot": command(req.hf_cache, req.model_repo)} if req.hf_cache and req.model_repo else {},
+    lambda outs, _asked: parse(section(outs, "snapshot").stdout),
+)
