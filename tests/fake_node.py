@@ -97,12 +97,11 @@ class FakeNode:
 
     def _agent(self, command: str, payload: dict[str, Any], stdin: bytes) -> Any:
         if command == "preflight":
-            return {"found": self.foreign, "holders": self._holders(payload["ports"])}
+            return {"found": self._found(), "holders": self._holders(payload["ports"])}
         if command == "holders":
             return {"holders": self._holders(payload["ports"])}
         if command == "find":
-            return {"found": self.foreign + [{"pid": r.pid, "rank": r.rank, "instance": r.instance, "owner": "me",
-                                              "started": 1.0} for r in self.running() if r.kind == "process"]}
+            return {"found": self._found()}
         if command == "start":
             if self.fail_start:
                 return {"state": "exited", "pid": None, "exit_code": 127, "started_at": None}
@@ -139,6 +138,12 @@ class FakeNode:
             return {"found": self.leftovers, "mem_available": self.mem_available, "gpu_apps": self.gpu_apps,
                     "gpu_error": None if self.gpu_apps is not None else "no nvidia-smi"}
         raise AssertionError(f"fake node: agent command {command!r}")
+
+    def _found(self) -> list[dict[str, Any]]:
+        """The deployment's processes on the node, as the agent's find and preflight list them."""
+        mine = [{"pid": r.pid, "rank": r.rank, "instance": r.instance, "owner": "me", "started": 1.0}
+                for r in self.running() if r.kind == "process"]  # fmt: skip
+        return self.foreign + mine
 
     def _holders(self, ports: list[int]) -> list[dict[str, Any]]:
         out = [self.foreign_ports[p] for p in ports if p in self.foreign_ports]
