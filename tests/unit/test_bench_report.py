@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,10 @@ def test_summary_medians_ranges_and_flag(bench: BenchStore) -> None:
     assert not prose1.flagged
     assert json1.flagged
     assert json1.headline.low == pytest.approx(1 / 0.11)
+    # What `bench show` prints in a tier's last column.
+    assert (prose1.flags(), json1.flags()) == ([], ["spread 20%"])
+    assert replace(json1, failed=2, cached_tokens=64).flags() == ["spread 20%", "CACHED 64 tokens", "2 failed"]
+    assert replace(prose1, kind="serve", foreign_requests=None).flags() == ["running count unknown"]
 
 
 def test_compare_calls_a_difference_only_beyond_the_spread(bench: BenchStore) -> None:

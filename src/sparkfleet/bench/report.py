@@ -56,6 +56,24 @@ class TierSummary:
     def flagged(self) -> bool:
         return self.headline.flagged
 
+    def flags(self) -> list[str]:
+        """What a reader must know before trusting this tier's figures, most serious first."""
+        out = []
+        if self.kind == "serve":
+            if self.foreign_requests:
+                out.append(f"FOREIGN {self.foreign_requests}")
+            elif self.foreign_requests is None:
+                out.append("running count unknown")
+        elif self.flagged:
+            out.append(f"spread {100 * (self.headline.rel_spread or 0):.0f}%")
+        if self.cached_tokens:
+            out.append(f"CACHED {self.cached_tokens} tokens")
+        if self.length_mismatch:
+            out.append(f"{self.length_mismatch} length mismatch")
+        if self.failed:
+            out.append(f"{self.failed} failed")
+        return out
+
 
 # Serve sample metric → where it is in the stored sample (a key, or a key and a Dist field).
 SERVE_FIGURES: dict[str, tuple[str, ...]] = {

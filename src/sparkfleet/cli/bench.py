@@ -271,6 +271,12 @@ def _tiers(bench: BenchStore, run_id: int) -> tuple[Any, list[TierSummary]]:
     return run, summarize(run, bench.samples(run_id, with_requests=False))
 
 
+def flag_cell(tier: TierSummary) -> str:
+    """The tier's flags as the last cell of its row."""
+    flags = tier.flags()
+    return "[yellow]" + ", ".join(flags) + "[/]" if flags else ""
+
+
 def _show(bench: BenchStore, run_id: int) -> None:
     from rich.table import Table
 
@@ -296,32 +302,17 @@ def _show(bench: BenchStore, run_id: int) -> None:
         ):
             table.add_column(col, justify="left" if col in ("tier", "") else "right")
         for t in tiers:
-            flags = []
-            if t.flagged:
-                flags.append(f"spread {100 * (t.headline.rel_spread or 0):.0f}%")
-            if t.length_mismatch:
-                flags.append(f"{t.length_mismatch} length mismatch")
-            if t.failed:
-                flags.append(f"{t.failed} failed")
             table.add_row(
                 t.tier, str(t.runs), fmt_spread(t.headline), fmt(t.per_stream.median),
-                fmt(t.ttft_p50.median, 0), fmt(t.tpot_p50.median), fmt(t.itl_p99.median),
-                "[yellow]" + ", ".join(flags) + "[/]" if flags else "",
+                fmt(t.ttft_p50.median, 0), fmt(t.tpot_p50.median), fmt(t.itl_p99.median), flag_cell(t),
             )  # fmt: skip
     else:
         for col in ("length", "runs", "prompt tokens", "prefill tok/s", "TTFT p50 ms", ""):
             table.add_column(col, justify="left" if col == "" else "right")
         for t in tiers:
-            flags = []
-            if t.flagged:
-                flags.append(f"spread {100 * (t.headline.rel_spread or 0):.0f}%")
-            if t.cached_tokens:
-                flags.append(f"CACHED {t.cached_tokens} tokens")
-            if t.failed:
-                flags.append(f"{t.failed} failed")
             table.add_row(
                 t.tier, str(t.runs), fmt(t.prompt_tokens.median, 0), fmt_spread(t.headline, 0),
-                fmt(t.ttft_p50.median, 0), "[yellow]" + ", ".join(flags) + "[/]" if flags else "",
+                fmt(t.ttft_p50.median, 0), flag_cell(t),
             )  # fmt: skip
     console.print(table)
     if run.status != "complete":

@@ -18,6 +18,7 @@ from sparkfleet.cli.bench import (
     _create,
     _execute,
     bench_app,
+    flag_cell,
     parse_extra,
 )
 from sparkfleet.cli.console import console, err_console
@@ -149,17 +150,6 @@ def show_serve(run: StoredRun, tiers: list[TierSummary]) -> None:
         table.add_column(col, justify="left" if col in ("rate", "") else "right")
     for t in tiers:
         f = t.figures
-        flags = []
-        if t.foreign_requests:
-            flags.append(f"FOREIGN {t.foreign_requests}")
-        elif t.foreign_requests is None:
-            flags.append("running count unknown")
-        if t.failed:
-            flags.append(f"{t.failed} failed")
-        if t.length_mismatch:
-            flags.append(f"{t.length_mismatch} length mismatch")
-        if t.cached_tokens:
-            flags.append(f"{t.cached_tokens} cached tokens")
         good = f["goodput"]
         share = f["good_share"].median
         kv = f["kv_usage_max"].median
@@ -170,8 +160,7 @@ def show_serve(run: StoredRun, tiers: list[TierSummary]) -> None:
             f"{fmt(f['tpot_p50'].median)} ({fmt(f['server_tpot_ms'].median)})",
             f"{fmt(f['ttft_p50'].median, 0)}/{fmt(f['ttft_p90'].median, 0)}/{fmt(f['ttft_p99'].median, 0)}",
             fmt(f["itl_p99"].median), f"{fmt(f['e2el_p50'].median, 0)}/{fmt(f['e2el_p99'].median, 0)}",
-            "–" if kv is None else f"{100 * kv:.0f}%",
-            "[yellow]" + ", ".join(flags) + "[/]" if flags else "",
+            "–" if kv is None else f"{100 * kv:.0f}%", flag_cell(t),
         )  # fmt: skip
     console.print(table)
     accept = [t.figures["spec_accept_length"].median for t in tiers if t.figures["spec_accept_length"].median]
