@@ -6,9 +6,12 @@ from __future__ import annotations
 import ast
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -189,6 +192,24 @@ def test_raise_all_lets_a_bug_through_with_its_traceback() -> None:
 
     with pytest.raises(KeyError):
         fan_out(["a", "b"], buggy).raise_all(StagingError)
+
+
+def test_ctrl_c_lets_the_calls_in_flight_finish_and_starts_no_other() -> None:
+    # What a rollback relies on: a rank whose start was in flight exists before it looks.
+    started: list[str] = []
+    finished: list[str] = []
+
+    def work(name: str) -> str:
+        started.append(name)
+        if name == "n0":
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)  # Ctrl-C meanwhile
+            time.sleep(0.3)
+        finished.append(name)
+        return name
+
+    with pytest.raises(KeyboardInterrupt):
+        fan_out(["n0", "n1", "n2"], work, workers=1)
+    assert started == finished == ["n0"]
 
 
 # ---- one way to ship code to a node
