@@ -25,6 +25,19 @@ _FIND_FORMAT = "\t".join(["{{.Names}}", "{{.State}}"] + [
 ])
 
 
+def device_words(node: Node) -> list[str]:
+    """What a container needs of the node to reach its GPUs and RDMA devices, as the node's
+    settings say: --gpus, the memlock limit, /dev/infiniband."""
+    words = ["--gpus", node.gpus] if node.gpus != "none" else []
+    if node.memlock == "unlimited":
+        words += ["--ulimit", "memlock=-1"]
+    elif node.memlock not in (None, "none"):
+        words += ["--ulimit", f"memlock={node.memlock}"]
+    if node.rdma:
+        words += ["--device", "/dev/infiniband"]
+    return words
+
+
 def docker_run_argv(image: str, shm_size: str | None, node: Node, deployment: str, rank: int, name: str,
                     env_file: str, mounts: tuple[MountSpec, ...], argv: tuple[str, ...]) -> tuple[str, ...]:
     """The ``docker run`` of one rank, as the Plan shows it (pure: plan() calls it). ``start``
@@ -33,17 +46,10 @@ def docker_run_argv(image: str, shm_size: str | None, node: Node, deployment: st
         "docker", "run", "-d", "--name", name,
         "--label", f"{LABEL_DEPLOYMENT}={deployment}", "--label", f"{LABEL_RANK}={rank}",
         "--network", "host", "--ipc", "host",
+        *device_words(node),
     ]  # fmt: skip
-    if node.gpus != "none":
-        words += ["--gpus", node.gpus]
     if shm_size:
         words += ["--shm-size", shm_size]
-    if node.memlock == "unlimited":
-        words += ["--ulimit", "memlock=-1"]
-    elif node.memlock not in (None, "none"):
-        words += ["--ulimit", f"memlock={node.memlock}"]
-    if node.rdma:
-        words += ["--device", "/dev/infiniband"]
     words += ["--env-file", env_file]
     for m in mounts:
         words += ["-v", f"{m.host}:{m.container}" + (":ro" if m.read_only else "")]
