@@ -25,6 +25,11 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output."
 AcceptNewOpt = Annotated[
     bool, typer.Option("--insecure-accept-new", help="Accept unknown SSH host keys (first contact only).")
 ]
+ApiKeyOpt = Annotated[
+    str | None,
+    typer.Option("--api-key", help="Where the server's API key is: env:NAME, file:PATH or - (stdin); never the key "
+                 "itself. Default: OPENAI_API_KEY, then a deployment's own key."),
+]  # fmt: skip
 VariantOpt = Annotated[str, typer.Option("--variant", help="Which [variants.NAME] overlay of the recipe (base: none).")]
 
 

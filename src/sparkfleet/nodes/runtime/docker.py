@@ -25,10 +25,12 @@ _FIND_FORMAT = "\t".join(["{{.Names}}", "{{.State}}"] + [
 ])
 
 
-def device_words(node: Node) -> list[str]:
+def device_words(node: Node, shm_size: str | None = None) -> list[str]:
     """What a container needs of the node to reach its GPUs and RDMA devices, as the node's
-    settings say: --gpus, the memlock limit, /dev/infiniband."""
+    settings say: --gpus, the memlock limit, /dev/infiniband (and --shm-size when given)."""
     words = ["--gpus", node.gpus] if node.gpus != "none" else []
+    if shm_size:
+        words += ["--shm-size", shm_size]
     if node.memlock == "unlimited":
         words += ["--ulimit", "memlock=-1"]
     elif node.memlock not in (None, "none"):
@@ -46,10 +48,8 @@ def docker_run_argv(image: str, shm_size: str | None, node: Node, deployment: st
         "docker", "run", "-d", "--name", name,
         "--label", f"{LABEL_DEPLOYMENT}={deployment}", "--label", f"{LABEL_RANK}={rank}",
         "--network", "host", "--ipc", "host",
-        *device_words(node),
+        *device_words(node, shm_size),
     ]  # fmt: skip
-    if shm_size:
-        words += ["--shm-size", shm_size]
     words += ["--env-file", env_file]
     for m in mounts:
         words += ["-v", f"{m.host}:{m.container}" + (":ro" if m.read_only else "")]
