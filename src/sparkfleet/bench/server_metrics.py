@@ -77,7 +77,7 @@ def parse_prometheus(text: str) -> dict[str, float]:
     for family in families:
         for sample in family.samples:
             name, value = sample.name, float(sample.value)
-            if math.isnan(value) or (family.type == "counter" and name.endswith("_created")):
+            if math.isnan(value) or name.endswith("_created"):  # a counter's creation time, not a count
                 continue
             if family.type in ("counter", "unknown") and name.endswith("_total"):  # unknown: no TYPE line
                 name = name[: -len("_total")]
