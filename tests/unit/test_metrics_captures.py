@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.bench.server_metrics import KV_USAGE, RUNNING, WAITING, first, parse_prometheus
+from sparkfleet.bench.server_metrics import KV_USAGE, RUNNING, WAITING, first, parse_prometheus, slots_kv_usage
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 METRICS = FIXTURES / "metrics"
@@ -48,8 +48,11 @@ def test_native_llama_server_scrape_matches_its_slots() -> None:
     busy = sum(1 for s in slots if s["is_processing"])
     assert first(values, RUNNING) == busy == 3
     assert first(values, WAITING) == 0.0  # 4 slots, 3 streams: nothing deferred
-    # Today's llama-server exports no KV-cache gauge (its b4747 did: the next test); none is made up.
+    # Today's llama-server exports no KV-cache gauge (its b4747 did: the next test); the bench reads
+    # the same moment's /slots instead: slots 1 and 2 hold 12 + 3 tokens, slot 3 14 + 5, of 4 × 2048.
     assert first(values, KV_USAGE) is None
+    assert slots_kv_usage(slots) == pytest.approx((15 + 15 + 19) / 8192)
+    assert slots_kv_usage([{"id": 0}]) is None and slots_kv_usage({"error": "slots disabled"}) is None
 
 
 def test_an_older_llama_server_kv_ratio_is_its_cached_tokens_over_its_context() -> None:
