@@ -162,6 +162,9 @@ def test_rpc_two_nodes_serve_bench_show_a_dead_worker_and_leave_nothing(tmp_path
                 time.sleep(1)
             assert status["ranks"][1]["state"] == "exited", status
             assert status["status"] == "degraded", status
+            assert status["degraded_reason"].startswith("rank 1 on node1 gone: rank 0 cannot serve alone"), status
+            shown = ok(cli_at(state, "status", name))
+            assert "degraded: rank 1 on node1 gone: rank 0 cannot serve alone" in " ".join(shown.split())
         finally:
             down = cli_at(state, "down", name, timeout=300)
         assert down.returncode == 0, down.stderr
