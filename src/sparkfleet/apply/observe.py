@@ -66,6 +66,18 @@ def current(deployment: Deployment, connect: Connector = transport_for) -> tuple
     return deployment, ranks
 
 
+def degraded_reason(deployment: Deployment, ranks: list[RankStatus]) -> str | None:
+    """Why a degraded deployment cannot serve, in one line (None when it is not degraded)."""
+    if deployment.status != "degraded":
+        return None
+    gone = [r for r in ranks if r.state in ("exited", "absent")]
+    names = ", ".join(f"rank {r.rank} on {r.node}" for r in gone)
+    if any(r.rank == 0 for r in gone):
+        return f"{names} gone: rank 0 serves the endpoint, nothing answers"
+    return (f"{names} gone: rank 0 cannot serve alone, it computes with every rank "
+            f"(`sparkfleet restart {deployment.name}`, or `watch` with restart = \"on-failure\")")  # fmt: skip
+
+
 def status(deployment: Deployment, connect: Connector = transport_for) -> list[RankStatus]:
     """Inspect every rank in parallel, and rank 0's health endpoint."""
     ranks = {str(r.rank): r for r in deployment.ranks}

@@ -212,7 +212,7 @@ def status(name: Annotated[str | None, typer.Argument(help="Deployment name (all
     """Per rank: node, state, uptime, health."""
     from rich.table import Table
 
-    from sparkfleet.apply.observe import current
+    from sparkfleet.apply.observe import current, degraded_reason
     from sparkfleet.state.deployments import Deployments, controller_gone
 
     out = [current(rec) for rec in ([_record(name)] if name else Deployments().all())]
@@ -220,7 +220,8 @@ def status(name: Annotated[str | None, typer.Argument(help="Deployment name (all
         typer.echo(json.dumps([
             {"name": rec.name, "status": rec.status, "engine": rec.engine, "endpoint": rec.endpoint,
              "ready_at": rec.ready_at, "restarts": rec.restarts, "instance": rec.instance,
-             "controller_gone": controller_gone(rec), "ranks": [r.__dict__ for r in ranks]}
+             "controller_gone": controller_gone(rec), "degraded_reason": degraded_reason(rec, ranks),
+             "ranks": [r.__dict__ for r in ranks]}
             for rec, ranks in out
         ], indent=2))  # fmt: skip
         return
@@ -239,6 +240,9 @@ def status(name: Annotated[str | None, typer.Argument(help="Deployment name (all
             table.add_row(str(r.rank), r.node, r.host, r.runtime, f"[{style}]{r.state}[/]", _uptime(r.uptime),
                           r.health, r.detail)  # fmt: skip
         console.print(table)
+        why = degraded_reason(rec, ranks)
+        if why:
+            console.print(f"[red]degraded:[/] {why}", highlight=False, soft_wrap=True)
 
 
 def logs(
