@@ -53,7 +53,8 @@ COMPOSE_WORKER = ShippedProgram("compose-worker", ("composed_worker",))
 SNAPSHOT_SCAN = ShippedProgram("snapshot-scan", ("snapshot_scan",))
 # Run by the engine's own Python (torch from its site-packages), its text on stdin.
 COLLECTIVE_SWEEP = ShippedProgram("collective-sweep", ("collective_sweep",), site=True)
-PROGRAMS = (PROCESS_AGENT, STAGE_WORKER, COMPOSE_WORKER, SNAPSHOT_SCAN, COLLECTIVE_SWEEP)
+LINK_STREAM = ShippedProgram("link-stream", ("link_stream",))
+PROGRAMS = (PROCESS_AGENT, STAGE_WORKER, COMPOSE_WORKER, SNAPSHOT_SCAN, COLLECTIVE_SWEEP, LINK_STREAM)
 
 
 @functools.cache
