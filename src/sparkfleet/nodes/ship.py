@@ -51,7 +51,9 @@ STAGE_WORKER = ShippedProgram(
 )
 COMPOSE_WORKER = ShippedProgram("compose-worker", ("composed_worker",))
 SNAPSHOT_SCAN = ShippedProgram("snapshot-scan", ("snapshot_scan",))
-PROGRAMS = (PROCESS_AGENT, STAGE_WORKER, COMPOSE_WORKER, SNAPSHOT_SCAN)
+# site: huggingface_hub is in the node's site-packages.
+HUB_FETCH = ShippedProgram("hub-fetch", ("hub_fetch",), site=True)
+PROGRAMS = (PROCESS_AGENT, STAGE_WORKER, COMPOSE_WORKER, SNAPSHOT_SCAN, HUB_FETCH)
 
 
 @functools.cache
