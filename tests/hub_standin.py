@@ -30,11 +30,11 @@ SHRINK_OVER = 1 << 20
 SHRINK = 1024
 
 
-def _content(name: str, size: int, shards: list[str]) -> bytes:
+def _content(name: str, size: int, shards: list[str], shrink: int = SHRINK) -> bytes:
     """Synthetic bytes for one file: valid JSON (the index names the real shards) padded to the
     real size for small files; deterministic noise, 1024 times smaller, for large ones."""
     if size > SHRINK_OVER:
-        n = size // SHRINK
+        n = size // shrink
         seed = hashlib.sha256(name.encode()).digest()
         return (seed * (n // len(seed) + 1))[:n]
     if name == "model.safetensors.index.json":
@@ -54,10 +54,10 @@ class Repo:
     lfs: dict[str, bool]
 
     @classmethod
-    def load(cls, listing: str = "meta-llama--Llama-3.1-8B-Instruct") -> Repo:
+    def load(cls, listing: str = "meta-llama--Llama-3.1-8B-Instruct", shrink: int = SHRINK) -> Repo:
         data = json.loads((LISTINGS / f"{listing}.json").read_text())
         shards = [n for n, _, _ in data["files"] if n.endswith(".safetensors")]
-        files = {n: _content(n, size, shards) for n, size, _ in data["files"]}
+        files = {n: _content(n, size, shards, shrink) for n, size, _ in data["files"]}
         return cls(data["repo"], data["commit"], files, {n: lfs for n, _, lfs in data["files"]})
 
     def sha256(self, name: str) -> str:
@@ -187,9 +187,10 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def standin_hub(*listings: str) -> Iterator[Hub]:
-    """The stand-in serving the given listings (default: Llama-3.1-8B-Instruct) on a free port."""
-    repos = [Repo.load(name) for name in (listings or ("meta-llama--Llama-3.1-8B-Instruct",))]
+def standin_hub(*listings: str, shrink: int = SHRINK) -> Iterator[Hub]:
+    """The stand-in serving the given listings (default: Llama-3.1-8B-Instruct) on a free port,
+    files over 1 MiB shrunk `shrink`-fold."""
+    repos = [Repo.load(name, shrink) for name in (listings or ("meta-llama--Llama-3.1-8B-Instruct",))]
     hub = Hub({r.repo: r for r in repos})
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(hub))
     server.daemon_threads = True
