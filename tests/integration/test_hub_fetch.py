@@ -170,3 +170,36 @@ def test_the_node_needs_huggingface_hub_and_is_told_so(setup: Setup, tmp_path: P
     p = plan(load_recipe(Path(setup.plan.recipe_source).parent), load_cluster(setup.fleet.cluster_file), "hub")
     with pytest.raises(StagingError, match="huggingface_hub is not installed"):
         stage(p, setup.transports)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "250"}
+    return subprocess.run([sys.executable, "-m", "sparkfleet.cli.main", *args], capture_output=True, text=True,
+                          timeout=300, env=env)  # fmt: skip
+
+
+def test_plan_and_stage_say_what_is_fetched_and_why_the_rest_is_not(setup: Setup) -> None:
+    # Unpinned this time: the Hub names the commit, and the cache resolves `main` to it afterwards.
+    recipe = Path(setup.plan.recipe_source)
+    recipe = recipe if recipe.is_file() else recipe / "recipe.toml"
+    recipe.write_text(recipe.read_text().replace(f'revision = "{COMMIT}"\n', ""))
+    cluster = str(setup.fleet.cluster_file)
+    planned = _cli("plan", str(recipe), "--cluster", cluster)
+    assert planned.returncode == 0, planned.stderr
+    assert f"from the Hub: {REPO}@main onto node0" in planned.stdout
+    assert "a second copy the engine does not load" in planned.stdout
+
+    bad = _cli("stage", str(recipe), "--cluster", cluster, "--method", "sideways")
+    assert bad.returncode == 2 and "--method 'sideways': choose pipeline or push" in bad.stderr
+
+    staged = _cli("stage", str(recipe), "--cluster", cluster, "--method", "push")
+    assert staged.returncode == 0, staged.stderr
+    fetched = sum(len(setup.hub.repos[REPO].files[n]) for n in ENGINE_FILES)
+    assert f"from the Hub onto node0: {fetched:,} bytes (10 file(s) fetched, 0 already there); " \
+           f"between nodes: " in staged.stdout  # fmt: skip
+    assert "not fetched: original/consolidated.00.pth (15,684,196 bytes): in original/: a second copy" in staged.stdout
+    assert TOKEN not in staged.stdout + staged.stderr
+    for i in range(3):
+        repo = setup.fleet.nodes[i].hf_cache / "hub" / FOLDER
+        assert (repo / "refs" / "main").read_text() == COMMIT
+        assert set(_files(setup.snapshot(i))) == ENGINE_FILES

@@ -75,6 +75,22 @@ def choose(names: list[str], profile: list[str | None], index: dict | None = Non
     return fetch, skip
 
 
+def rules(profile: list[str | None] | tuple[str, str | None]) -> list[tuple[str, str, str]]:
+    """``choose``'s rules in words, as ``plan`` shows them before the listing is known:
+    (files, fetch or skip, why)."""
+    if profile[0] == "gguf":
+        return [(str(profile[1]), "fetch", "the recipe's model_file (with its -0000N-of- parts when split)"),
+                ("other *.gguf", "skip", "other quants: llama.cpp opens one file"),
+                ("everything else", "skip", "llama.cpp reads only the GGUF file")]  # fmt: skip
+    return [
+        ("*.safetensors at the root", "fetch", f"the shards {INDEX} names (all of them without an index)"),
+        (", ".join(METADATA) + " at the root", "fetch", "configs, tokenizer, chat template, generation config"),
+        ("anything in a subfolder (original/ …)", "skip", "a second copy the engine does not load"),
+        (", ".join(OTHER_CHECKPOINTS), "skip", "other checkpoints (pytorch_model*.bin only without safetensors)"),
+        ("everything else (README.md, LICENSE, …)", "skip", "not read by the engine"),
+    ]
+
+
 def repo_dir(cache: str, repo: str) -> str:
     return os.path.join(cache, "models--" + repo.replace("/", "--"))
 
@@ -187,6 +203,13 @@ def fetch(job: dict) -> dict:
     finally:
         stop.set()
         ticker.join()
+    ref = revision or "main"
+    if ref != commit:
+        # Files were asked for by commit: name it as the branch or tag the recipe gave, as
+        # huggingface_hub does, so the cache resolves the recipe's revision offline.
+        os.makedirs(os.path.join(repo_dir(cache, repo), "refs"), exist_ok=True)
+        with open(os.path.join(repo_dir(cache, repo), "refs", ref), "w", encoding="utf-8") as f:
+            f.write(commit)
     print(f"P {total} {total}", flush=True)
     return report
 
