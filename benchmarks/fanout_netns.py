@@ -27,13 +27,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sparkfleet.apply.staging.pipeline import pipeline  # noqa: E402
-from sparkfleet.apply.staging.snapshot_identity import check_copy, check_identity, scan_node  # noqa: E402
-from sparkfleet.apply.staging.sync import Endpoint, sync_node, transfer_list  # noqa: E402
-from sparkfleet.nodes.fanout import fan_out  # noqa: E402
-from sparkfleet.nodes.transport.ssh import SshTransport  # noqa: E402
-from sparkfleet.spec.cluster import load_cluster  # noqa: E402
-from tests.fleet.netns import NetnsFleet, names_in_use, usable  # noqa: E402
+from tests.fleet.netns import NetnsFleet, names_in_use, usable
+
+from sparkfleet.apply.staging.pipeline import pipeline
+from sparkfleet.apply.staging.snapshot_identity import check_copy, check_identity, scan_node
+from sparkfleet.apply.staging.sync import Endpoint, sync_node, transfer_list
+from sparkfleet.nodes.fanout import fan_out
+from sparkfleet.nodes.transport.ssh import SshTransport
+from sparkfleet.spec.cluster import load_cluster
 
 REPO = "models--acme--bench"
 REV = "b" * 40

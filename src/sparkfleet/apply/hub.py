@@ -14,8 +14,12 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from rich.console import Console
+from rich.table import Table
+
 from sparkfleet.errors import StagingError
-from sparkfleet.nodes.ship import HUB_FETCH, shipped_argv
+from sparkfleet.nodes.ship import HUB_FETCH, stream_shipped
+from sparkfleet.nodes.shipped.hub_fetch import rules
 from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.plan.model import HubFetch, Plan
 from sparkfleet.spec.secrets import redact
@@ -60,9 +64,7 @@ def fetch(plan: Plan, transports: Mapping[str, Transport], progress: BytesFn | N
     job = {"repo": spec.repo, "revision": spec.revision, "cache": spec.cache, "profile": list(spec.profile),
            "endpoint": os.environ.get("HF_ENDPOINT"), "token": token}  # fmt: skip
     python = next(r.node.python for r in plan.ranks if r.node.name == spec.node)
-    stream = transport.stream(shipped_argv(python, HUB_FETCH), stdin=True, merge_stderr=False)
-    stream.write((json.dumps(job) + "\n").encode())
-    stream.close_stdin()
+    stream = stream_shipped(transport, python, HUB_FETCH, (json.dumps(job) + "\n").encode())
     last = ""
     for line in stream:
         line = line.strip()
@@ -86,3 +88,14 @@ def fetch(plan: Plan, transports: Mapping[str, Transport], progress: BytesFn | N
         skipped=tuple((n, int(s), why) for n, s, why in out["skipped"]), bytes_fetched=int(out["bytes"]),
         asked_hub=bool(out["asked_hub"]), seconds=float(out.get("seconds", 0.0)),
     )  # fmt: skip
+
+
+def print_rules(spec: HubFetch, console: Console) -> None:
+    """What ``plan`` shows of the fetch before the listing is known: its rules, with why."""
+    table = Table(title=f"from the Hub: {spec.repo}@{spec.revision or 'main'} onto {spec.node} ({spec.cache}), "
+                  "unless already there", title_justify="left")  # fmt: skip
+    for col in ("files", "", "why"):
+        table.add_column(col)
+    for files, action, why in rules(spec.profile):
+        table.add_row(files, action, why)
+    console.print(table)

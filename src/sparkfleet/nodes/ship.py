@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.resources import files
 
-from sparkfleet.nodes.transport.base import Result, Transport
+from sparkfleet.nodes.transport.base import Result, Stream, Transport
 
 # One argv word is at most 128 KiB on Linux (MAX_ARG_STRLEN); ssh hands the whole remote command
 # to the node's shell as one word, so a program must stay well under that.
@@ -87,6 +87,15 @@ def run_shipped(transport: Transport, python: str, program: ShippedProgram, args
     """Run program on the transport's node; its Result, never checked (each program reports its
     own failures in its output, which the caller reads)."""
     return transport.run(shipped_argv(python, program, args), stdin=stdin, timeout=timeout, check=False)
+
+
+def stream_shipped(transport: Transport, python: str, program: ShippedProgram, stdin: bytes) -> Stream:
+    """Start program on the transport's node with stdin written and closed; its output as it
+    comes (a long program that reports progress line by line)."""
+    stream = transport.stream(shipped_argv(python, program), stdin=True, merge_stderr=False)
+    stream.write(stdin)
+    stream.close_stdin()
+    return stream
 
 
 def standalone(program: ShippedProgram, args: Sequence[str] = ()) -> bytes:

@@ -130,17 +130,6 @@ def print_plan(plan: Plan, console: Console) -> None:
                 format_size(s.min_free) if s.min_free else "-",
             )  # fmt: skip
         console.print(st)
-    if plan.fetch is not None:
-        from sparkfleet.nodes.shipped.hub_fetch import rules
-
-        f = plan.fetch
-        ft = Table(title=f"from the Hub: {f.repo}@{f.revision or 'main'} onto {f.node} ({f.cache}), "
-                   "unless already there", title_justify="left")  # fmt: skip
-        for col in ("files", "", "why"):
-            ft.add_column(col)
-        for files, action, why in rules(f.profile):
-            ft.add_row(files, action, why)
-        console.print(ft)
     for r in plan.ranks:
         words = masked_argv(r.container_argv or r.argv, r) or []
         parts: list[Any] = [Text(f"\nrank {r.rank} on {r.node.name}:", style="bold")]
