@@ -402,3 +402,16 @@ def test_a_node_without_rsync_gets_a_tar_stream_and_says_so(tmp_path: Path) -> N
         assert again["node1"].bytes_sent == 0
     finally:
         fleet.close()
+
+
+def test_a_pipeline_down_eight_nodes(tmp_path: Path) -> None:
+    # Each node runs its own small script: one command holding the rest of the chain would
+    # double in size at every node and pass the kernel's limit on one argument by the sixth.
+    files = {"config.json": b'{"model_type": "tiny"}', "model.safetensors": os.urandom(64 << 10)}
+    with fleet_of(8, tmp_path) as fleet:
+        setup = build(fleet, tmp_path, sync_toml(f"{{{{hf}}}}/hub/{REPO}", source_node="node0"), nodes=8)
+        make_hf_snapshot(setup.node_repo(0), REV1, files)
+        report = distribute(setup.plan, setup.transports)
+        assert sorted(r.node for r in report.synced if r.method == "pipeline") == [f"node{i}" for i in range(1, 8)]
+        for i in range(1, 8):
+            assert_hub_layout(setup.node_repo(i), REV1, files)

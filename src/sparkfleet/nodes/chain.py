@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -47,27 +48,49 @@ def ssh_to(forwarder: Transport, target: Transport, address: str | None) -> str 
     return f"{node_files.node_side_ssh(words, present)} {shlex.quote(address or words[-1])}"
 
 
-def _hop(chain: Sequence[Hop], ssh: Sequence[str], i: int) -> str:
-    """The bash script chain[i] runs: unpack what arrives, forward it to chain[i + 1]."""
+def _hop(chain: Sequence[Hop], ssh: Sequence[str], scripts: Sequence[str], i: int) -> str:
+    """The bash script chain[i] runs (from scripts[i]): unpack what arrives, forward it to
+    chain[i + 1] by running that node's script. One file per node, not the rest of the chain
+    quoted into one command: quoting a script inside a script doubles it at every node."""
     mkdir = f"mkdir -p {shlex.quote(chain[i].path)}"
+    head = f'trap \'rm -rf "$0" ${{d:+"$d"}}\' EXIT; set -o pipefail; {mkdir} || exit 1\n'
     if i == len(chain) - 1:
-        return f"set -o pipefail; {mkdir} && {_untar(i, chain[i].path)}"
-    remote = shlex.quote("bash -c " + shlex.quote(_hop(chain, ssh, i + 1)))
-    return (
-        f'set -o pipefail; {mkdir} && d=$(mktemp -d) && mkfifo "$d/f" || exit 1; '
-        f'{ssh[i + 1]} {remote} < "$d/f" & p=$!; '
-        f'tee "$d/f" | {_untar(i, chain[i].path)}; rc=$?; wait $p; fw=$?; rm -rf "$d"; '
-        '[ "$rc" = 0 ] || exit "$rc"; exit "$fw"'
+        return head + _untar(i, chain[i].path) + "\n"
+    return head + (
+        'd=$(mktemp -d) && mkfifo "$d/f" || exit 1\n'
+        f'{ssh[i + 1]} {shlex.quote("bash " + scripts[i + 1])} < "$d/f" & p=$!\n'
+        f'tee "$d/f" | {_untar(i, chain[i].path)}; rc=$?\n'
+        "wait $p; fw=$?\n"
+        '[ "$rc" = 0 ] || exit "$rc"; exit "$fw"\n'
     )
 
 
-def start(source: Transport, folder: str, chain: Sequence[Hop], ssh: Sequence[str], files: Sequence[str]) -> Stream:
+def start(source: Transport, folder: str, chain: Sequence[Hop], ssh: Sequence[str], files: Sequence[str],
+          scripts: Sequence[str]) -> Stream:  # fmt: skip
     """Start the chain: tar of files (relative to folder on source) to chain[0] through ssh[0],
     and on down; ssh[i] is what the node before chain[i] runs to reach it. Its output carries
-    every node's progress lines and errors; its exit code the first failure."""
-    first = shlex.quote("bash -c " + shlex.quote(_hop(chain, ssh, 0)))
-    script = f"set -o pipefail; tar -C {shlex.quote(folder)} --null -T - -cf - | {ssh[0]} {first}"
+    every node's progress lines and errors; its exit code the first failure. Each node's script
+    is written to scripts[i] first (``script_paths``) and removes itself when it ends
+    (``remove_scripts`` after the stream, for a node whose script never started)."""
+    for i, hop in enumerate(chain):
+        hop.transport.put_bytes(_hop(chain, ssh, scripts, i).encode(), scripts[i], mode=0o700)
+    script = (
+        f"set -o pipefail; tar -C {shlex.quote(folder)} --null -T - -cf - | "
+        f"{ssh[0]} {shlex.quote('bash ' + scripts[0])}"
+    )
     stream = source.stream(["bash", "-c", script], stdin=True, merge_stderr=True)
     stream.write(b"\0".join(p.encode() for p in files) + b"\0")
     stream.close_stdin()
     return stream
+
+
+def script_paths(n: int) -> list[str]:
+    """Where each node's script of one chain goes (unique to the chain)."""
+    tag = uuid.uuid4().hex[:12]
+    return [f"/tmp/sparkfleet-chain-{tag}-{i}.sh" for i in range(n)]
+
+
+def remove_scripts(chain: Sequence[Hop], scripts: Sequence[str]) -> None:
+    """Remove the chain's scripts that are still there (a node whose script never started)."""
+    for hop, path in zip(chain, scripts, strict=True):
+        hop.transport.run(["rm", "-f", path], check=False, timeout=30)

@@ -75,14 +75,18 @@ def _run_chain(source: Endpoint, chain: list[Endpoint], todo: list[str], payload
     ssh = [_ssh(source, chain[0])] + [_ssh(chain[i - 1], chain[i]) for i in range(1, len(chain))]
     hops = [node_chain.Hop(t.transport, t.path, t.address) for t in chain]
     said: list[str] = []
-    with node_chain.start(source.transport, source.path, hops, ssh, todo) as stream:
-        for line in stream:
-            m = node_chain.PROGRESS.search(line)
-            if m is None:
-                said.append(line.rstrip())
-            elif on_bytes is not None:
-                on_bytes(chain[int(m.group(1))].node, min(int(m.group(2)) * node_chain.RECORD, payload))
-        code = stream.wait()
+    scripts = node_chain.script_paths(len(hops))
+    try:
+        with node_chain.start(source.transport, source.path, hops, ssh, todo, scripts) as stream:
+            for line in stream:
+                m = node_chain.PROGRESS.search(line)
+                if m is None:
+                    said.append(line.rstrip())
+                elif on_bytes is not None:
+                    on_bytes(chain[int(m.group(1))].node, min(int(m.group(2)) * node_chain.RECORD, payload))
+            code = stream.wait()
+    finally:
+        node_chain.remove_scripts(hops, scripts)
     if code != 0:
         tail = "\n".join(said[-6:]) or "no output"
         raise StagingError(
