@@ -38,14 +38,12 @@ def pipeline(
     """Bring every target's copy up to date with source's through one chain; one report per target."""
     start = time.monotonic()
     files, total = transfer_list(snapshot, include, exclude)
-    fan_out([t.node for t in targets], lambda n: _prepare(next(t for t in targets if t.node == n))).raise_all(
-        StagingError
-    )
+    by_node = {t.node: t for t in targets}
+    fan_out(list(by_node), lambda n: _prepare(by_node[n])).raise_all(StagingError)
     want = _stat(source, files)
     missing = [p for p in files if p not in want]
     if missing:
         raise StagingError(source.node, f"{source.path}: {missing[0]} vanished during the sync")
-    by_node = {t.node: t for t in targets}
     have = fan_out(list(by_node), lambda n: _stat(by_node[n], files)).raise_all(StagingError)
     needs = {n: [p for p in files if have[n].get(p) != want[p]] for n in by_node}
     chain = [t for t in targets if needs[t.node]]
@@ -54,11 +52,11 @@ def pipeline(
     if chain:
         _run_chain(source, chain, todo, payload, on_bytes)
     took = time.monotonic() - start
-    sent = {t.node: (len(todo), payload) for t in chain}
+    # Every node of the chain receives the whole stream (a file one node already had is rewritten).
     return [
-        SyncReport(
-            t.node, "pipeline", len(files), sent.get(t.node, (0, 0))[0], total, sent.get(t.node, (0, 0))[1], took
-        )
+        SyncReport(t.node, "pipeline", len(files), len(todo), total, payload, took)
+        if t in chain
+        else SyncReport(t.node, "pipeline", len(files), 0, total, 0, took)
         for t in targets
     ]
 
