@@ -53,7 +53,9 @@ COMPOSE_WORKER = ShippedProgram("compose-worker", ("composed_worker",))
 SNAPSHOT_SCAN = ShippedProgram("snapshot-scan", ("snapshot_scan",))
 # site: huggingface_hub is in the node's site-packages.
 HUB_FETCH = ShippedProgram("hub-fetch", ("hub_fetch",), site=True)
-PROGRAMS = (PROCESS_AGENT, STAGE_WORKER, COMPOSE_WORKER, SNAPSHOT_SCAN, HUB_FETCH)
+# Run by the engine's own Python (torch from its site-packages), its text on stdin.
+COLLECTIVE_SWEEP = ShippedProgram("collective-sweep", ("collective_sweep",), site=True)
+PROGRAMS = (PROCESS_AGENT, STAGE_WORKER, COMPOSE_WORKER, SNAPSHOT_SCAN, HUB_FETCH, COLLECTIVE_SWEEP)
 
 
 @functools.cache
