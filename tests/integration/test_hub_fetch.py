@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,12 +27,14 @@ from sparkfleet.spec.cluster import load_cluster
 from sparkfleet.spec.recipe import load_recipe
 from tests.fleet.loopback import LoopbackFleet
 from tests.hub_standin import Hub, standin_hub
+from tests.integration.conftest import leftover_processes
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="openssh-server missing"),
 ]
 
+LOADER = Path(__file__).resolve().parents[1] / "hub_loading_engine.py"
 REPO = "meta-llama/Llama-3.1-8B-Instruct"
 COMMIT = "0e9e39f249a16976918f6564b8830bc894c89659"
 FOLDER = "models--meta-llama--Llama-3.1-8B-Instruct"
@@ -172,6 +175,12 @@ def test_the_node_needs_huggingface_hub_and_is_told_so(setup: Setup, tmp_path: P
         stage(p, setup.transports)
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "250"}
     return subprocess.run([sys.executable, "-m", "sparkfleet.cli.main", *args], capture_output=True, text=True,
@@ -203,3 +212,32 @@ def test_plan_and_stage_say_what_is_fetched_and_why_the_rest_is_not(setup: Setup
         repo = setup.fleet.nodes[i].hf_cache / "hub" / FOLDER
         assert (repo / "refs" / "main").read_text() == COMMIT
         assert set(_files(setup.snapshot(i))) == ENGINE_FILES
+
+
+def test_up_after_stage_starts_every_rank_without_a_hub_request(setup: Setup, tmp_path: Path) -> None:
+    port = _free_port()
+    recipe = tmp_path / "up" / "recipe.toml"
+    recipe.parent.mkdir()
+    # The ranks open the model as SGLang does (tests/hub_loading_engine.py), with HF_ENDPOINT at the
+    # stand-in: a request they made would be counted.
+    recipe.write_text(
+        f'engine = "sglang"\nmodel = "{REPO}"\nrevision = "{COMMIT}"\nport = {port}\nrendezvous_port = {port + 1}\n'
+        f'required_nodes = 3\ntensor_parallel_size = 3\nentrypoint = ["{sys.executable}", "{LOADER}"]\n'
+        f'[env]\nHF_TOKEN = "{TOKEN}"\nHF_ENDPOINT = "{setup.hub.url}"\n'
+        f'[[staging]]\nkind = "sync"\nid = "weights"\nsrc = "{{{{hf}}}}/hub/{FOLDER}"\n'
+        f'dst = "{{{{hf}}}}/hub/{FOLDER}"\nsource_node = "node0"\n'
+    )
+    cluster = str(setup.fleet.cluster_file)
+    staged = _cli("stage", str(recipe), "--cluster", cluster)
+    assert staged.returncode == 0, staged.stderr
+    setup.hub.requests.clear()
+    up = _cli("up", str(recipe), "--cluster", cluster, "--name", "hubup")
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert setup.hub.requests == [], setup.hub.requests
+        logs = _cli("logs", "hubup")
+        for i in range(3):
+            assert f"hub-loading-engine: loaded {setup.snapshot(i)}" in logs.stdout, logs.stdout
+    finally:
+        _cli("down", "hubup")
+    assert leftover_processes("hubup") == []
