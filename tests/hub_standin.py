@@ -87,6 +87,7 @@ class Hub:
     served: dict[str, int] = field(default_factory=dict)  # bytes of each file sent in GET bodies
     cut: dict[str, int] = field(default_factory=dict)  # file -> bytes after which its next GET stops
     corrupt: set[str] = field(default_factory=set)
+    down: bool = False  # every request answered 503, as during an outage
     lock: threading.Lock = field(default_factory=threading.Lock)
     url: str = ""
 
@@ -131,7 +132,9 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             self._count()
             kind, repo, name = self._find()
-            if repo is None:
+            if hub.down:
+                self._json(503, {"error": "Service Unavailable"})
+            elif repo is None:
                 self._json(404, {"error": "Repository not found"})
             elif kind == "info":
                 self._json(200, {"id": repo.repo, "modelId": repo.repo, "sha": repo.commit, "private": False,
@@ -144,8 +147,8 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
         def do_HEAD(self) -> None:
             self._count()
             kind, repo, name = self._find()
-            if repo is None or kind != "file" or name not in repo.files:
-                self.send_response(404)
+            if hub.down or repo is None or kind != "file" or name not in repo.files:
+                self.send_response(503 if hub.down else 404)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return

@@ -241,3 +241,21 @@ def test_up_after_stage_starts_every_rank_without_a_hub_request(setup: Setup, tm
     finally:
         _cli("down", "hubup")
     assert leftover_processes("hubup") == []
+
+
+def test_with_the_hub_down_a_complete_copy_in_the_cache_is_used_and_said(setup: Setup) -> None:
+    recipe = Path(setup.plan.recipe_source)
+    recipe = recipe if recipe.is_file() else recipe / "recipe.toml"
+    recipe.write_text(recipe.read_text().replace(f'revision = "{COMMIT}"\n', ""))  # `main`: the Hub is asked
+    unpinned = plan(load_recipe(recipe.parent), load_cluster(setup.fleet.cluster_file), "hub")
+    assert stage(unpinned, setup.transports).fetched is not None
+    setup.hub.down = True
+    again = stage(unpinned, setup.transports)
+    assert again.fetched is not None and again.fetched.bytes_fetched == 0
+    assert again.notes == [f"node0: the Hub did not answer (HfHubHTTPError): using the cache's main = {COMMIT}, "
+                           "which holds what the engine loads"]  # fmt: skip
+    # Nothing in the cache: the outage stops the stage, naming the node.
+    shutil.rmtree(setup.fleet.nodes[0].hf_cache / "hub" / FOLDER)
+    with pytest.raises(StagingError, match="503") as err:
+        stage(unpinned, setup.transports)
+    assert err.value.node == "node0"

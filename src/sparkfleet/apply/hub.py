@@ -41,6 +41,7 @@ class HubReport:
     bytes_fetched: int  # what came from the Hub this run (a resumed file counts its rest only)
     asked_hub: bool  # False: a pinned snapshot already complete, no request made
     seconds: float
+    note: str | None = None  # e.g. the Hub did not answer and the cache's complete copy was used
 
     @property
     def bytes_skipped(self) -> int:
@@ -87,6 +88,7 @@ def fetch(plan: Plan, transports: Mapping[str, Transport], progress: BytesFn | N
         fetched=tuple((n, int(s)) for n, s in out["fetched"]), present=tuple(out["present"]),
         skipped=tuple((n, int(s), why) for n, s, why in out["skipped"]), bytes_fetched=int(out["bytes"]),
         asked_hub=bool(out["asked_hub"]), seconds=float(out.get("seconds", 0.0)),
+        note=redact(out["note"], secrets) if out.get("note") else None,
     )  # fmt: skip
 
 

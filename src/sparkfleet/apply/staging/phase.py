@@ -68,15 +68,18 @@ def stage(plan: Plan, transports: Mapping[str, Transport], *, verify: bool = Fal
         say(f"fetching {spec.repo} from the Hub onto {spec.node} (only what the engine loads)")
         bar = StagingStep("hub", "hub", 0, spec.node, None, spec.cache, 1, 0)
         fetched = hub.fetch(plan, transports, None if progress is None else lambda d, t: progress(bar, d, t))
+        if fetched is not None and fetched.note:
+            notes.append(f"{spec.node}: {fetched.note}")
+            say(fetched.note)
         if fetched is not None:
             say(f"from the Hub: {fetched.bytes_fetched:,} bytes; {len(fetched.skipped)} file(s) not fetched "
                 f"({fetched.bytes_skipped:,} bytes)")  # fmt: skip
     if not verify and any(s.kind in DISTRIBUTED_KINDS for s in plan.staging):
         say("distributing model files")
         done = distribute(plan, transports, progress, fanout=fanout)
-        notes = list(done.notes)
+        notes += done.notes
         between = done.bytes_sent
-        for note in notes:
+        for note in done.notes:
             say(note)
     steps = [s for s in plan.staging if s.kind in NODE_STAGED_KINDS]
     reports: list[StageReport] = []

@@ -145,7 +145,22 @@ def fetch(job: dict) -> dict:
         return {"error": f"huggingface_hub is not installed for {sys.executable}: pip install huggingface_hub"}
     token = job.get("token") or None
     api = HfApi(endpoint=job.get("endpoint") or None, token=token)
-    info = api.model_info(repo, revision=revision, files_metadata=True)
+    try:
+        info = api.model_info(repo, revision=revision, files_metadata=True)
+    except Exception as exc:
+        # No Hub (an offline site, an outage): a complete copy of what the cache names this
+        # revision is used as it is, and the report says so.
+        ref = os.path.join(repo_dir(cache, repo), "refs", revision or "main")
+        local = None
+        if os.path.isfile(ref):
+            with open(ref, encoding="utf-8") as f:
+                local = f.read().strip()
+        have = present_locally(cache, repo, local, profile) if local else None
+        if have is None:
+            raise
+        return {"commit": local, "fetched": [], "present": have, "skipped": [], "bytes": 0, "asked_hub": True,
+                "note": f"the Hub did not answer ({type(exc).__name__}): using the cache's {revision or 'main'} "
+                        f"= {local}, which holds what the engine loads"}  # fmt: skip
     commit = str(info.sha)
     listing = {s.rfilename: s for s in info.siblings or []}
     blobs = os.path.join(repo_dir(cache, repo), "blobs")
