@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 
 OWN_LINE = {
-    "vllm": re.compile(r"Running: \d+ reqs, Waiting: \d+ reqs, GPU KV cache usage: [0-9.]+%"),
+    "vllm": re.compile(r"Running: \d+ reqs, Waiting: \d+ reqs, [GC]PU KV cache usage: [0-9.]+%"),
     "sglang": re.compile(r"Decode batch.*#running-req: \d+.*token usage: [0-9.]+.*#queue-req: \d+"),
 }
 
@@ -80,7 +80,7 @@ def _cli(*words: str) -> str:
 def _own_lines(args: argparse.Namespace) -> list[str]:
     if args.engine == "llama-cpp":
         return []
-    logs = _cli("logs", args.name, "--rank", "0", "--tail", "40")
+    logs = _cli("logs", args.name, "--rank", "0", "--tail", "400")  # the scrapes' own access lines come between
     return [m.group(0) for line in logs.splitlines() if (m := OWN_LINE[args.engine].search(line))]
 
 

@@ -153,6 +153,8 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
         if fleet is not None:
             # Exit 1 when a check fails, which the doctor page then shows; 2 would be an error.
             cli(state, "doctor", "--cluster", str(fleet.cluster_file), ok=(0, 1))
+            # The pair test over the two loopback nodes (iperf3 between their 127.0.0.x addresses).
+            cli(state, "doctor", "--fabric", "--fabric-seconds", "1", "--cluster", str(fleet.cluster_file), ok=(0, 1))
         proc, url = start_dashboard(state)
         yield Dashboard(state, url, endpoints)
     finally:

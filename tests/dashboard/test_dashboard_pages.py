@@ -176,6 +176,23 @@ def test_doctor_page_shows_each_nodes_last_run(dashboard: Dashboard, page: Any) 
     screenshot(page, "doctor")
 
 
+def test_doctor_page_draws_the_last_fabric_matrix_as_a_heatmap(dashboard: Dashboard, page: Any) -> None:
+    (row,) = rows(dashboard.db, "SELECT report_json FROM doctor_fabric ORDER BY id DESC LIMIT 1")
+    report = json.loads(row["report_json"])
+    page.goto(dashboard.url + "#doctor")
+    page.locator("table.fabric-matrix td.heat").first.wait_for()
+    median, fraction = report["median_mbps"], report["thresholds"]["fraction"]
+    gbit = median >= 1000
+    for p in report["pairs"]:
+        for src, dst, rate in ((p["a"], p["b"], p["forward_mbps"]), (p["b"], p["a"], p["reverse_mbps"])):
+            cell = page.locator(f"table.fabric-matrix td[data-src='{src}'][data-dst='{dst}']")
+            assert cell.inner_text() == (f"{rate / 1000:.2f}" if gbit else f"{rate:.1f}")
+            assert ("below" in (cell.get_attribute("class") or "")) == (rate / median < fraction)
+    unit = "Gbit/s" if gbit else "Mbit/s"
+    assert f"bandwidth, {unit}, row sends to column" in page.locator(".card.fabric h3").inner_text()
+    screenshot(page, "doctor-fabric")
+
+
 def _serves(endpoint: str) -> bool:
     try:
         return httpx.get(endpoint + "/health", timeout=2).status_code == 200

@@ -109,10 +109,11 @@ def test_native_llama_server_serves_benches_evals_and_goes_down(tmp_path: Path) 
         bench = BenchStore(Store(state / "state.db"))
         run = next(r for r in bench.list_runs() if r.label == "native-serve")
         (sample,) = bench.samples(run.id)
-        # The server's own account, polled from its /metrics while the tier ran (llamacpp:requests_*;
-        # this llama.cpp exports no KV-cache gauge, b4747's kv_cache_usage_ratio is read where present).
+        # The server's own account, polled from its /metrics while the tier ran (llamacpp:requests_*),
+        # and KV-cache use from its /slots (this llama.cpp exports no KV gauge; b4747's is read first).
         server = sample.metrics["server"]
         assert server["source"] == "metrics" and server["running_max"] >= 1, server
+        assert 0 < server["kv_usage_max"] < 1, server
 
         quality = ok(cli_at(state, "eval", "quality", name, "--only", SUBSET, "--label", "native-q"))
         assert "/3 passed" in quality

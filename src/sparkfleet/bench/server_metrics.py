@@ -77,7 +77,7 @@ def parse_prometheus(text: str) -> dict[str, float]:
     for family in families:
         for sample in family.samples:
             name, value = sample.name, float(sample.value)
-            if math.isnan(value) or (family.type == "counter" and name.endswith("_created")):
+            if math.isnan(value) or name.endswith("_created"):  # a counter's creation time, not a count
                 continue
             if family.type in ("counter", "unknown") and name.endswith("_total"):  # unknown: no TYPE line
                 name = name[: -len("_total")]
@@ -86,6 +86,22 @@ def parse_prometheus(text: str) -> dict[str, float]:
             else:
                 out[name] = out.get(name, 0.0) + value
     return out
+
+
+def slots_kv_usage(slots: object) -> float | None:
+    """KV-cache use from llama-server's ``GET /slots`` (its /metrics exports no KV gauge since
+    mid-2025): the tokens held by the slots at work (prompt + decoded) over every slot's context."""
+    if not isinstance(slots, list) or not slots:
+        return None
+    held, context = 0, 0
+    for slot in slots:
+        if not isinstance(slot, dict) or not isinstance(slot.get("n_ctx"), int):
+            return None
+        context += slot["n_ctx"]
+        if slot.get("is_processing"):
+            decoded = (slot.get("next_token") or [{}])[0].get("n_decoded", 0)
+            held += int(slot.get("n_prompt_tokens") or 0) + int(decoded or 0)
+    return held / context if context else None
 
 
 def first(values: Mapping[str, float], names: Iterable[str]) -> float | None:
@@ -221,6 +237,8 @@ class ServerWatch:
                 if waiting is not None:
                     self.series.waiting.append(int(waiting))
                 kv = first(values, KV_USAGE)
+                if kv is None and "llamacpp:requests_processing" in values:
+                    kv = await self._slots_kv()
                 if kv is not None:
                     self.series.kv.append(kv)
                 accept = first(values, SPEC_ACCEPT_GAUGE)
@@ -250,6 +268,14 @@ class ServerWatch:
             if accept is not None:
                 self.series.accept.append(accept)
         self.inflight.begin_poll()
+
+    async def _slots_kv(self) -> float | None:
+        assert self.metrics_url is not None
+        try:
+            response = await self.client.get(self.metrics_url.removesuffix("/metrics") + "/slots", timeout=5.0)
+            return slots_kv_usage(response.json()) if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
 
     async def _scrape(self) -> dict[str, float] | None:
         assert self.metrics_url is not None

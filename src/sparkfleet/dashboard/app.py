@@ -121,6 +121,9 @@ def create_app(store: Store, *, token: str | None = None, allowed_hosts: list[st
     async def doctor(_: Request) -> Response:
         return await json_of(data.doctor)()
 
+    async def fabric(_: Request) -> Response:
+        return await json_of(data.fabric)()
+
     async def experiments(_: Request) -> Response:
         return await json_of(data.experiments)()
 
@@ -148,6 +151,7 @@ def create_app(store: Store, *, token: str | None = None, allowed_hosts: list[st
         Route("/api/evals/quality/{run_id}", quality_run),
         Route("/api/evals/needle/{run_id}", needle_run),
         Route("/api/doctor", doctor),
+        Route("/api/doctor/fabric", fabric),
         Route("/api/gateway", gateway),
         Route("/api/watch", watched),
         Route("/api/watch/{name}", watch_series),

@@ -281,6 +281,28 @@ def doctor(store: Store) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def fabric(store: Store) -> dict[str, Any] | None:
+    """The last `doctor --fabric` matrix for the heatmap: each direction's Mbit/s with its share of
+    the fleet's median, the floor a direction fails below, and the pairs' other figures."""
+    from sparkfleet.doctor.history import last_fabric
+
+    report = last_fabric(store)
+    if report is None:
+        return None
+    median = report.get("median_mbps")
+    fraction = (report.get("thresholds") or {}).get("fraction", 0.7)
+    cells = []
+    for p in report.get("pairs", []):
+        for src, dst, rate in ((p["a"], p["b"], p.get("forward_mbps")), (p["b"], p["a"], p.get("reverse_mbps"))):
+            share = rate / median if rate is not None and median else None
+            cells.append({"src": src, "dst": dst, "mbps": rate, "share": share,
+                          "below": share is not None and share < fraction})  # fmt: skip
+    return {"run_at": report.get("run_at"), "age_s": time.time() - (report.get("run_at") or time.time()),
+            "nodes": report.get("nodes", []), "median_mbps": median, "fraction": fraction, "cells": cells,
+            "failed": [c for c in report.get("checks", []) if c.get("status") == "fail"],
+            "seconds_per_test": report.get("seconds_per_test")}  # fmt: skip
+
+
 # ---------------------------------------------------------------- A/B experiments
 
 

@@ -390,9 +390,41 @@ async function loadEvals() {
 
 // ---------------------------------------------------------------- doctor
 
+function fmtRate(mbps, gbit) {
+  return mbps == null ? "n/a" : gbit ? (mbps / 1000).toFixed(2) : mbps.toFixed(1);
+}
+
+// The last `doctor --fabric` matrix: row sends to column, each cell coloured by its share of the
+// fleet's median (green at the median, red at or below the failing fraction).
+async function drawFabric() {
+  const box = document.getElementById("fabric");
+  const m = await api("/api/doctor/fabric");
+  if (!m) { box.replaceChildren(el("p", { class: "muted" }, "No fabric run recorded: `sparkfleet doctor --fabric` makes one.")); return; }
+  const gbit = m.median_mbps != null && m.median_mbps >= 1000;
+  const at = {};
+  for (const c of m.cells) at[`${c.src}\u0000${c.dst}`] = c;
+  const cell = (src, dst) => {
+    if (src === dst) return el("td", { class: "muted" }, "–");
+    const c = at[`${src}\u0000${dst}`];
+    if (!c) return el("td", { class: "muted", "data-src": src, "data-dst": dst }, "n/a");
+    const share = c.share == null ? 0 : Math.max(0, Math.min(1, (c.share - m.fraction) / (1 - m.fraction)));
+    return el("td", { class: c.below ? "heat below" : "heat", "data-src": src, "data-dst": dst,
+                      style: `background: hsl(${Math.round(120 * share)}, 60%, 82%)`,
+                      title: c.share == null ? "" : `${(100 * c.share).toFixed(0)} % of the median` }, fmtRate(c.mbps, gbit));
+  };
+  box.replaceChildren(el("div", { class: "card fabric" },
+    el("h3", {}, "Fabric", badge(m.failed.length ? "fail" : "pass"), el("span", { class: "muted" },
+      `bandwidth, ${gbit ? "Gbit/s" : "Mbit/s"}, row sends to column · median ${fmtRate(m.median_mbps, gbit)} · ` +
+      `red below ${m.fraction} × the median · ${fmtAge(m.age_s)} ago`)),
+    el("table", { class: "fabric-matrix" },
+      el("thead", {}, el("tr", {}, el("th", {}, ""), ...m.nodes.map((n) => el("th", {}, n)))),
+      el("tbody", {}, m.nodes.map((src) => el("tr", { "data-src": src }, el("th", {}, src), ...m.nodes.map((dst) => cell(src, dst))))))));
+}
+
 async function loadDoctor() {
   const box = document.getElementById("doctor");
   try {
+    await drawFabric();
     const nodes = await api("/api/doctor");
     if (!nodes.length) { box.replaceChildren(el("p", { class: "muted" }, "No doctor runs recorded: `sparkfleet doctor` makes one.")); return; }
     box.replaceChildren(...nodes.map((n) => el("div", { class: "card doctor-node", "data-node": n.node },
