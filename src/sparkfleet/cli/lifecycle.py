@@ -201,6 +201,7 @@ def status(name: Annotated[str | None, typer.Argument(help="Deployment name (all
     from rich.table import Table
 
     from sparkfleet.apply.observe import current
+    from sparkfleet.apply.switch import changes
     from sparkfleet.state.deployments import Deployments, controller_gone
 
     out = [current(rec) for rec in ([_record(name)] if name else Deployments().all())]
@@ -208,7 +209,8 @@ def status(name: Annotated[str | None, typer.Argument(help="Deployment name (all
         typer.echo(json.dumps([
             {"name": rec.name, "status": rec.status, "engine": rec.engine, "endpoint": rec.endpoint,
              "ready_at": rec.ready_at, "restarts": rec.restarts, "instance": rec.instance,
-             "controller_gone": controller_gone(rec), "ranks": [r.__dict__ for r in ranks]}
+             "controller_gone": controller_gone(rec), "ranks": [r.__dict__ for r in ranks],
+             "changes": changes(rec.name, Deployments())}
             for rec, ranks in out
         ], indent=2))  # fmt: skip
         return
@@ -227,6 +229,9 @@ def status(name: Annotated[str | None, typer.Argument(help="Deployment name (all
             table.add_row(str(r.rank), r.node, r.host, r.runtime, f"[{style}]{r.state}[/]", _uptime(r.uptime),
                           r.health, r.detail)  # fmt: skip
         console.print(table)
+        for e in changes(rec.name, Deployments()):  # drained, held, released, switched: behind the gateway
+            stamp = time.strftime("%H:%M:%S", time.localtime(e["time"]))
+            console.print(f"  {stamp} {e['kind']}: {e['message']}", markup=False, highlight=False, soft_wrap=True)
 
 
 def logs(
