@@ -628,8 +628,9 @@ class Gateway:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             ex.started = True
             self._first_byte(ex)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
         self._finish(ex, route, watch, 200)
+        ex.finished = True  # the answer is whole: a client that goes away from here on cancels nothing
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _assemble(self, ex: _Exchange, route: Route, resp: aiohttp.ClientResponse, first: bytes,
                         send: Send) -> None:  # fmt: skip
@@ -747,4 +748,6 @@ async def _respond(send: Send, status: int, body: bytes, headers: list[Any], ex:
         headers = [*headers, (b"x-request-id", ex.row.request_id.encode())]
     await send({"type": "http.response.start", "status": status,
                 "headers": [*headers, (b"content-length", str(len(body)).encode())]})  # fmt: skip
+    if ex is not None:
+        ex.finished = True  # the whole answer is in this send: a client that reads it and goes is no 499
     await send({"type": "http.response.body", "body": body})

@@ -31,13 +31,19 @@ class Waited:
     outcome: str
 
 
+@dataclass(eq=False)
+class _Waiter:
+    future: asyncio.Future[None]
+    start: float  # monotonic
+
+
 class RouteGone(Exception):
     """The model was taken off the gateway while requests waited for it."""
 
 
 class HoldQueue:
     def __init__(self, history: int = 100_000) -> None:
-        self.waiting: dict[str, deque[asyncio.Future[None]]] = {}
+        self.waiting: dict[str, deque[_Waiter]] = {}
         self.history: deque[Waited] = deque(maxlen=history)
         self.changed = asyncio.Event()  # set when a request starts waiting: the router looks sooner
 
@@ -54,49 +60,48 @@ class HoldQueue:
         if len(queue) >= max_queue:
             self.history.append(Waited(time.time(), model, 0.0, "full"))
             raise QueueFull
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        queue.append(future)
+        waiter = _Waiter(asyncio.get_running_loop().create_future(), start)
+        queue.append(waiter)
         self.changed.set()
-        outcome = "gone"
         try:
             async with asyncio.timeout(max_wait):
-                await future
-            outcome = "released"
-        except TimeoutError:
-            outcome = "timeout"
-            raise
-        except RouteGone:
-            outcome = "dropped"
+                await waiter.future
+        except BaseException as exc:
+            # A timeout or the client gone (either cancels the future); release and drop counted theirs.
+            if waiter.future.cancelled() or not waiter.future.done():
+                waiter.future.cancel()
+                outcome = "timeout" if isinstance(exc, TimeoutError) else "gone"
+                self.history.append(Waited(time.time(), model, time.monotonic() - start, outcome))
             raise
         finally:
-            if not future.done():
-                future.cancel()
-            if future in queue:
-                queue.remove(future)
-            if not queue:
-                self.waiting.pop(model, None)
-            self.history.append(Waited(time.time(), model, time.monotonic() - start, outcome))
+            if waiter in queue:
+                queue.remove(waiter)
+            if not queue and self.waiting.get(model) is queue:
+                del self.waiting[model]
         return time.monotonic() - start
 
     def release(self, model: str) -> int:
         """Let every request waiting for model go, first come first served; how many."""
-        queue = self.waiting.pop(model, None)
-        if not queue:
-            return 0
-        n = 0
-        for future in queue:
-            if not future.done():
-                future.set_result(None)
-                n += 1
-        return n
+        return self._end(model, "released")
 
     def drop(self, model: str) -> int:
         """The model is gone from the gateway: its waiting requests end (503)."""
+        return self._end(model, "dropped")
+
+    def _end(self, model: str, outcome: str) -> int:
+        # Counted here, when decided: whoever asks right after (the admin release) sees them.
         queue = self.waiting.pop(model, None)
-        for future in queue or ():
-            if not future.done():
-                future.set_exception(RouteGone())
-        return len(queue or ())
+        now, wall, n = time.monotonic(), time.time(), 0
+        for waiter in queue or ():
+            if waiter.future.done():
+                continue
+            if outcome == "released":
+                waiter.future.set_result(None)
+            else:
+                waiter.future.set_exception(RouteGone())
+            self.history.append(Waited(wall, model, now - waiter.start, outcome))
+            n += 1
+        return n
 
     def summary(self, since: float, models: set[str] | None = None) -> dict[str, float | int]:
         """What was held since a time (time.time()): how many requests were held and released,
