@@ -54,9 +54,10 @@ def drain(record: Deployment, records: Deployments, *, hold: bool, grace: float 
         return False
     finished = sum(int(a.get("finished", 0)) for a in answers)
     cancelled = sum(int(a.get("cancelled", 0)) for a in answers)
+    moved = sum(int(a.get("moved", 0)) for a in answers)
     seconds = max(float(a.get("seconds", 0.0)) for a in answers)
     message = (f"drained behind {len(answers)} gateway(s) in {seconds:.1f}s: {finished} in-flight request(s) "
-               f"finished, {cancelled} cancelled")  # fmt: skip
+               f"finished, {moved} not yet begun sent again elsewhere, {cancelled} cut off")  # fmt: skip
     if hold:
         message += "; new requests held until it is back"
     records.event(record.name, "drained", message)

@@ -110,6 +110,8 @@ class _Exchange:
     chat: bool = False
     task: asyncio.Task[Any] | None = None
     drained: bool = False  # cancelled by a drain whose grace ran out
+    redo: bool = False  # taken off a drained replica before its answer began: sent again elsewhere
+    sent: float = 0.0  # monotonic: when it went to its current replica
     hold_until: float | None = None  # monotonic deadline of its waiting, all waits together
 
 
@@ -297,21 +299,38 @@ class Gateway:
         ids = {id(r) for r in replicas}
         in_flight = [ex for ex in self.in_flight if ex.replica is not None and id(ex.replica) in ids]
         deadline = start + grace
-        while any(not ex.finished for ex in in_flight) and time.monotonic() < deadline:
+
+        def there(ex: _Exchange) -> bool:  # still being answered by a drained replica
+            return not ex.finished and not ex.redo and ex.replica is not None and id(ex.replica) in ids
+
+        moved = cancelled = 0
+        while any(there(ex) for ex in in_flight) and time.monotonic() < deadline:
+            # Queued in the engine, no token yet, and another replica is ready: sent there now
+            # rather than after a queue's wait on an engine that is going away.
+            for ex in in_flight:
+                if there(ex) and not ex.started and ex.row.ttft is None and ex.task and self._elsewhere(ex):
+                    # Its wait on this engine until now is the engine's queue, not the drain's.
+                    ex.sent = max(ex.sent, start)
+                    ex.redo = True
+                    ex.task.cancel()
+                    moved += 1
             await asyncio.sleep(0.02)
-        cancelled = 0
         for ex in in_flight:
-            if not ex.finished and ex.task is not None:
-                ex.drained = True
+            if there(ex) and ex.task is not None:
+                if ex.started:
+                    ex.drained = True
+                    cancelled += 1
+                else:
+                    ex.redo = True
+                    moved += 1
                 ex.task.cancel()
-                cancelled += 1
         if cancelled:
             await asyncio.sleep(0)  # let the cancelled requests answer before ranks are stopped
         models = sorted({m for m, st in self.router.routes.items() if any(id(r) in ids for r in st.replicas)})
-        log.info("drained %s: %d request(s) finished, %d cancelled after %.1f s", name, len(in_flight) - cancelled,
-                 cancelled, time.monotonic() - start)  # fmt: skip
-        return {"deployment": name, "replicas": len(replicas), "finished": len(in_flight) - cancelled,
-                "cancelled": cancelled, "seconds": round(time.monotonic() - start, 3), "models": models,
+        log.info("drained %s: %d request(s) finished, %d moved, %d cancelled after %.1f s", name,
+                 len(in_flight) - cancelled - moved, moved, cancelled, time.monotonic() - start)  # fmt: skip
+        return {"deployment": name, "replicas": len(replicas), "finished": len(in_flight) - cancelled - moved,
+                "cancelled": cancelled, "moved": moved, "seconds": round(time.monotonic() - start, 3), "models": models,
                 "held": hold, "since": time.time() - (time.monotonic() - start)}  # fmt: skip
 
     async def release(self, name: str, since: float) -> dict[str, Any]:
@@ -473,7 +492,12 @@ class Gateway:
         self.metrics.in_flight.labels(route.model).inc()
         try:
             while True:
-                replica, resp, first = await self._open(ex, body, "/v1/" + _upstream_path(kind), route)
+                try:
+                    replica, resp, first = await self._open(ex, body, "/v1/" + _upstream_path(kind), route)
+                except asyncio.CancelledError:
+                    if self._redo(ex):
+                        continue
+                    raise
                 try:
                     if resp.status != 200 or not up_stream:
                         await self._whole(ex, resp, first, send)
@@ -484,6 +508,10 @@ class Gateway:
                     return
                 except _Again:
                     continue  # nothing reached the client: another replica, or wait for one
+                except asyncio.CancelledError:
+                    if self._redo(ex):
+                        continue
+                    raise
                 finally:
                     # Not read to the end (a loop abort, a client gone): closing the connection is
                     # what tells the engine to stop.
@@ -516,6 +544,7 @@ class Gateway:
             body["model"] = replica.upstream_model
             payload = json.dumps(body).encode()
             replica.outstanding += 1
+            ex.sent = time.monotonic()
             resp: aiohttp.ClientResponse | None = None
             try:
                 resp = await self.client.post(replica.base + path, data=payload,
@@ -540,6 +569,22 @@ class Gateway:
                 raise
             finally:
                 body["model"] = model
+
+    def _elsewhere(self, ex: _Exchange) -> bool:
+        state = self.router.routes.get(ex.row.model or "")
+        return bool(state and state.ready())
+
+    def _redo(self, ex: _Exchange) -> bool:
+        """A drain took this request off its replica before anything reached the client: it goes
+        to another replica (or waits for one) instead of failing."""
+        if not ex.redo or ex.started:
+            return False
+        ex.redo = False
+        if ex.task is not None:
+            ex.task.uncancel()
+        # The time it sat on the drained replica is wait the change added, as a hold's is.
+        ex.row.held = (ex.row.held or 0.0) + time.monotonic() - ex.sent
+        return True
 
     async def _wait_for_replica(self, ex: _Exchange, model: str, route: Route, why: str) -> str:
         """Wait until model has a ready replica (503 with Retry-After past the route's limits)."""
@@ -609,6 +654,9 @@ class Gateway:
                 try:
                     # A client that takes nothing for client_timeout seconds (the socket's buffers
                     # full) is dropped, and with it the engine's request.
+                    if watch.done:  # [DONE] goes out now: a client that reads it and goes is no 499
+                        self._finish(ex, route, watch, 200)
+                        ex.finished = True
                     async with asyncio.timeout(self.config.client_timeout):
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                 except TimeoutError:

@@ -34,7 +34,9 @@ class Row:
     error: str | None = None
     request_body: str | None = None
     response_text: str | None = None
-    held: float | None = None  # seconds it waited for a ready replica (a restart, a rollback, a switch)
+    # Seconds a change made it wait: for a ready replica (a restart, a rollback, a switch one after
+    # the other), or queued on a drained replica before it was sent to another.
+    held: float | None = None
 
 
 _COLUMNS = tuple(Row.__dataclass_fields__)
