@@ -181,3 +181,38 @@ def test_a_restart_after_a_killed_rank_holds_requests_and_answers_them(fleet2: L
     finally:
         cli(state, "down", name)
     assert leftover_processes(name) == []
+
+
+def test_up_replace_where_both_cannot_run_goes_one_after_the_other_and_loses_no_request(tmp_path: Path) -> None:
+    """On this machine: NEW wants OLD's port, so it cannot come up beside it; `up --replace` drains
+    OLD (new requests held), stops it, brings NEW up, and the held requests go to NEW."""
+    state = Path(os.environ["SPARKFLEET_STATE_DIR"])
+    old, new = "test-zerodrop-old", "test-zerodrop-new"
+    recipe = standin_recipe(tmp_path / "r", nodes=1, port=free_port(), env={"STANDIN_HEAD_DELAY": str(HEAD_DELAY_S)})
+    assert cli(state, "up", str(recipe), "--name", old, timeout=120).returncode == 0
+    try:
+        with gateway(state) as gw:
+            stream = Stream(gw.url, "org/standin")
+            with stream.running():
+                time.sleep(1.5)
+                moved = cli(state, "up", str(recipe), "--name", new, "--replace", old, timeout=120)
+                time.sleep(1.5)
+            assert moved.returncode == 0, moved.stderr
+            stream.check()
+            held = _held_rows(state)
+        said = " ".join((moved.stdout + moved.stderr).split())
+        assert f"port {recipe_port(recipe)} on" in said and "one after the other" in said, said
+        assert f"{len(held)} request(s) held" in said and len(held) >= 2 * RATE
+        statuses = {d["name"]: d["status"] for d in json.loads(cli(state, "status", "--json").stdout)}
+        assert statuses == {old: "stopped", new: "ready"}
+        kinds = [c["kind"] for c in json.loads(cli(state, "status", old, "--json").stdout)[0]["changes"]]
+        assert kinds[-4:] == ["drained", "held", "released", "switched"], kinds
+    finally:
+        cli(state, "down", new)
+        cli(state, "down", old)
+    assert leftover_processes(old) == [] and leftover_processes(new) == []
+
+
+def recipe_port(recipe: Path) -> int:
+    line = next(x for x in (recipe / "recipe.toml").read_text().splitlines() if x.startswith("port = "))
+    return int(line.split("=")[1])

@@ -65,10 +65,19 @@ def up(
         bool, typer.Option("--allow-image-mismatch", help="Start even if nodes hold different image IDs.")
     ] = False,
     variant: VariantOpt = "base",
+    replace: Annotated[
+        str | None, typer.Option("--replace", help="Replace this running deployment, losing no request (= switch).")
+    ] = None,
 ) -> None:
     """Start a deployment on every node; done only when it really serves (else everything is stopped).
     What it was started from, and whether it passed, is recorded for `sparkfleet rollback`."""
     from sparkfleet.apply.configurations import ConfigSpec
+
+    if replace is not None:  # `sparkfleet switch REPLACE RECIPE …`
+        from sparkfleet.cli.switch import switch
+
+        switch(replace, recipe, cluster, set_, env, name, variant, timeout)
+        return
     from sparkfleet.nodes.runtime.agent_session import open_sessions
     from sparkfleet.nodes.transport import transport_for
 
