@@ -200,6 +200,8 @@ def test_up_replace_where_both_cannot_run_goes_one_after_the_other_and_loses_no_
             assert moved.returncode == 0, moved.stderr
             stream.check()
             held = _held_rows(state)
+        print(f"up --replace under {RATE:g} req/s: {len(stream.outcomes)} requests, all whole; {len(held)} held, "
+              f"longest wait {max(r['held'] for r in held):.1f}s")  # fmt: skip
         said = " ".join((moved.stdout + moved.stderr).split())
         assert f"port {recipe_port(recipe)} on" in said and "one after the other" in said, said
         assert f"{len(held)} request(s) held" in said and len(held) >= 2 * RATE
