@@ -326,7 +326,7 @@ class Gateway:
                 ex.task.cancel()
         if cancelled:
             await asyncio.sleep(0)  # let the cancelled requests answer before ranks are stopped
-        models = sorted({m for m, st in self.router.routes.items() if any(id(r) in ids for r in st.replicas)})
+        models = sorted(self.router.models_of.get(name, ()))
         log.info("drained %s: %d request(s) finished, %d moved, %d cancelled after %.1f s", name,
                  len(in_flight) - cancelled - moved, moved, cancelled, time.monotonic() - start)  # fmt: skip
         return {"deployment": name, "replicas": len(replicas), "finished": len(in_flight) - cancelled - moved,

@@ -117,6 +117,8 @@ class Router:
         self.refreshed = 0.0
         self.draining: set[tuple[str, str | None]] = set()  # (deployment, instance) drained
         self.held: dict[str, tuple[Route, float, str]] = {}  # model -> route, until (monotonic), deployment
+        self.models_of: dict[str, set[str]] = {}  # deployment -> the routes it has served (kept: a drain needs
+        # them while the deployment is away from the store)
 
     def refresh(self, deployments: Iterable[Target] | None = None) -> None:
         """Rebuild the table from the config and the state store's deployments."""
@@ -135,6 +137,10 @@ class Router:
         for route in routes:
             found: list[tuple[str, str, str]] = []  # name, base, upstream model
             wanted = route.upstream_model or route.model
+            for d in deployments:
+                if (d.name in route.targets or (not route.targets and d.served_model == wanted)) and (
+                        d.status == "ready" or d.status in PASSING):  # fmt: skip
+                    self.models_of.setdefault(d.name, set()).add(route.model)
             if not route.targets:
                 found += [(d.name, base_url(d.endpoint), d.served_model) for d in ready if d.served_model == wanted]
             for target in route.targets:
@@ -197,9 +203,9 @@ class Router:
             self.draining.add((name, r.instance))
         if hold_for:
             until = time.monotonic() + hold_for
-            for state in self.routes.values():
-                if any(r.name == name for r in state.replicas):
-                    self.held[state.route.model] = (state.route, until, name)
+            for model in self.models_of.get(name, ()):
+                if model in self.routes:
+                    self.held[model] = (self.routes[model].route, until, name)
         return replicas
 
     def undrain(self, name: str) -> set[str]:
