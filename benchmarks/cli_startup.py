@@ -16,9 +16,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import typer.main
-from typer._click.core import Command
 from typer.core import TyperGroup
 
 from sparkfleet.cli.main import build_app
@@ -26,7 +26,7 @@ from sparkfleet.cli.main import build_app
 BAR_S = 0.3
 
 
-def command_paths(command: Command, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+def command_paths(command: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     found = [path]
     if isinstance(command, TyperGroup):
         for name, sub in command.commands.items():

@@ -7,7 +7,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(dirname "$here")"
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-PLAYWRIGHT_SPEC="playwright>=1.40,<2"
+PLAYWRIGHT_SPEC="playwright>=1.40,<2"  # pyproject.toml's `browser` extra (tests/unit checks they agree)
 
 if dpkg-query -W -f='${Status}' chromium 2>/dev/null | grep -q "install ok installed"; then
   echo "setup-browser: chromium present"
@@ -28,7 +28,7 @@ if "$py" -c "import playwright.sync_api" 2>/dev/null; then
 else
   echo "setup-browser: installing $PLAYWRIGHT_SPEC into $py"
   # pip's own exit status decides (a filter on its output must not hide a failed install).
-  if ! out="$("$py" -m pip install -q "$PLAYWRIGHT_SPEC" 2>&1)"; then
+  if ! out="$("$py" -m pip install -q -c "$root/constraints.txt" "$PLAYWRIGHT_SPEC" 2>&1)"; then
     printf '%s\n' "$out" | tail -30 >&2
     echo "setup-browser: FAILED: pip install $PLAYWRIGHT_SPEC into $py" >&2
     exit 1

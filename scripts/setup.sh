@@ -27,7 +27,7 @@ if [ ! -x "$root/.venv/bin/python" ]; then
   python3 -m venv "$root/.venv"
 fi
 stamp="$root/.venv/.sparkfleet-deps"
-want="$(sha256sum "$root/pyproject.toml" | cut -c1-16)"
+want="$(cat "$root/pyproject.toml" "$root/constraints.txt" | sha256sum | cut -c1-16)"
 pip_quiet() {  # pip-args...: pip's own exit status decides (no filter may hide it)
   local out
   if ! out="$("$@" 2>&1)"; then
@@ -39,7 +39,8 @@ pip_quiet() {  # pip-args...: pip's own exit status decides (no filter may hide 
 }
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   pip_quiet "$root/.venv/bin/pip" install -q --upgrade pip
-  pip_quiet "$root/.venv/bin/pip" install -q -e "$root[dev]"
+  # The tested versions (constraints.txt), not whatever is newest today.
+  pip_quiet "$root/.venv/bin/pip" install -q -c "$root/constraints.txt" -e "$root[dev]"
   "$root/.venv/bin/python" -c "import sparkfleet"  # installed, or fail here
   echo "$want" > "$stamp"  # only after a successful install
 fi

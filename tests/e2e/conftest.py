@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -37,6 +38,13 @@ HUB = caches.hub_cache()
 RUN = str(os.getpid())
 LLAMA_NAME = f"test-e2e-llama-{RUN}"
 VLLM_NAME = f"test-e2e-vllm2-{RUN}"
+# The vLLM example is started with an API key (VLLM_API_KEY, taken by `up --env VLLM_API_KEY` from
+# the environment): every test that talks to it shows that its path sends the key. Tests reach it
+# from their environment as a user would (`--api-key env:E2E_VLLM_KEY`, or OPENAI_API_KEY).
+VLLM_KEY_ENV = "E2E_VLLM_KEY"
+VLLM_KEY = f"sk-e2e-{secrets.token_hex(16)}"
+os.environ[VLLM_KEY_ENV] = VLLM_KEY
+VLLM_HEADERS = {"Authorization": f"Bearer {VLLM_KEY}"}
 
 
 def free_ports(n: int) -> list[int]:
@@ -57,11 +65,12 @@ class Served:
     model: str
     state_dir: Path
 
-    def cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        """Run the sparkfleet CLI against this deployment's state store."""
+    def cli(self, *args: str, timeout: float = 600, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        """Run the sparkfleet CLI against this deployment's state store (env: added to this one's)."""
+        env = {**os.environ, **(env or {}), "SPARKFLEET_STATE_DIR": str(self.state_dir)}
         return subprocess.run([sys.executable, "-m", "sparkfleet.cli.main", *args], capture_output=True,
-                              text=True, timeout=timeout,
-                              env={**os.environ, "SPARKFLEET_STATE_DIR": str(self.state_dir)})  # fmt: skip
+                              text=True, timeout=timeout, env=env)  # fmt: skip
 
 
 def cli_at(state: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -106,11 +115,12 @@ def _require(path: Path, what: str) -> None:
 
 
 def _up(name: str, recipe: Path, state: Path, cluster: Path | None, model: str,
-        sets: list[str]) -> Iterator[Served]:  # fmt: skip
+        sets: list[str], env: dict[str, str] | None = None) -> Iterator[Served]:  # fmt: skip
     served = Served(name, "", model, state)
     args = ["up", str(recipe), "--name", name, *(a for s in sets for a in ("--set", s))]
+    args += [a for key in env or {} for a in ("--env", key)]
     args += ["--cluster", str(cluster)] if cluster else []
-    out = served.cli(*args, timeout=900)
+    out = served.cli(*args, timeout=900, env=env)
     if out.returncode != 0:
         served.cli("down", name)
         pytest.fail(f"sparkfleet up {recipe.name} failed:\n{out.stderr[-4000:]}")
@@ -141,8 +151,9 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     with loopback_fleet(2, tmp_path_factory.mktemp("vllm-fleet"), shared_hf_cache=caches.local_hf_cache()) as fleet:
         port, rendezvous = free_ports(2)
         sets = [f"port={port}", f"rendezvous_port={rendezvous}"]
+        # `up --env VLLM_API_KEY` takes the value from up's environment: never a word of argv.
         yield from _up(VLLM_NAME, ROOT / "examples" / "gemma-vllm-2node", tmp_path_factory.mktemp("vllm-state"),
-                       fleet.cluster_file, "gemma3-270m", sets)  # fmt: skip
+                       fleet.cluster_file, "gemma3-270m", sets, env={"VLLM_API_KEY": VLLM_KEY})  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -21,13 +21,14 @@ import pytest
 from sparkfleet.bench.client import RequestSpec, stream_request
 from sparkfleet.bench.store import BenchStore
 from sparkfleet.state.store import Store
+from tests.e2e.conftest import VLLM_HEADERS, VLLM_KEY, VLLM_KEY_ENV
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 
-def sparkfleet(*args: str, state: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SPARKFLEET_STATE_DIR": str(state), "COLUMNS": "200"}
+def sparkfleet(*args: str, state: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **(env or {}), "SPARKFLEET_STATE_DIR": str(state), "COLUMNS": "200"}
     return subprocess.run(
         [sys.executable, "-m", "sparkfleet.cli.main", *args],
         capture_output=True,
@@ -56,6 +57,8 @@ def test_decode_on_vllm_generates_exact_lengths_and_stores_everything(vllm_url: 
         "e2e",
         "--api",
         "completions",
+        "--api-key",
+        f"env:{VLLM_KEY_ENV}",
         state=tmp_path,
     )
     assert out.returncode == 0, out.stderr
@@ -65,7 +68,8 @@ def test_decode_on_vllm_generates_exact_lengths_and_stores_everything(vllm_url: 
     assert (run.status, run.engine, run.model, run.label) == ("complete", "vllm", "gemma3-270m", "e2e")
     assert run.engine_version == "0.32.0"
     assert run.meta["exact_length"]["enforced"] is True
-    assert run.meta["max_model_len"] == httpx.get(f"{vllm_url}/v1/models").json()["data"][0]["max_model_len"]
+    models = httpx.get(f"{vllm_url}/v1/models", headers=VLLM_HEADERS).json()
+    assert run.meta["max_model_len"] == models["data"][0]["max_model_len"]
     assert run.meta["sparkfleet"].startswith("0.1.0")
     samples = bench.samples(1)
     assert sorted({s.tier for s in samples}) == ["json/c1", "json/c2", "prose/c1", "prose/c2"]
@@ -90,9 +94,11 @@ def test_decode_on_vllm_generates_exact_lengths_and_stores_everything(vllm_url: 
 
 
 def test_prefill_on_vllm_clips_to_context_and_nothing_is_cached(vllm_url: str, tmp_path: Path) -> None:
-    ctx = httpx.get(f"{vllm_url}/v1/models").json()["data"][0]["max_model_len"]
+    ctx = httpx.get(f"{vllm_url}/v1/models", headers=VLLM_HEADERS).json()["data"][0]["max_model_len"]
     assert ctx < 64 * 1024
-    out = sparkfleet("bench", "prefill", vllm_url, "--lengths", "512,1k,64k", "--repeats", "2", state=tmp_path)
+    # The key as the openai client takes it: OPENAI_API_KEY.
+    out = sparkfleet("bench", "prefill", vllm_url, "--lengths", "512,1k,64k", "--repeats", "2", state=tmp_path,
+                     env={"OPENAI_API_KEY": VLLM_KEY})  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert f"exceed the context of {ctx} tokens" in out.stderr
     bench = BenchStore(Store(tmp_path / "state.db"))
@@ -112,7 +118,7 @@ def test_vllm_reports_a_repeated_prompt_as_cached(vllm_url: str) -> None:
     spec = RequestSpec(api="completions", prompt="The history of the printing press. " * 40, max_tokens=1)
 
     async def twice():  # type: ignore[no-untyped-def]
-        async with httpx.AsyncClient(timeout=120) as client:
+        async with httpx.AsyncClient(timeout=120, headers=VLLM_HEADERS) as client:
             first = await stream_request(client, vllm_url, "gemma3-270m", spec)
             second = await stream_request(client, vllm_url, "gemma3-270m", spec)
             return first, second

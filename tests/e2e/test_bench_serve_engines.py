@@ -12,16 +12,20 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.conftest import VLLM_KEY
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_serve_on_vllm_reads_its_metrics_and_cached_prefix(vllm_url: str, tmp_path: Path) -> None:
     env = {**os.environ, "SPARKFLEET_STATE_DIR": str(tmp_path), "COLUMNS": "220"}
+    key_file = tmp_path / "key"  # the deployment's key in a file of the user's, as a secrets manager leaves it
+    key_file.write_text(VLLM_KEY + "\n")
     out = subprocess.run(
         [sys.executable, "-m", "sparkfleet.cli.main", "bench", "serve", vllm_url, "--request-rate", "2",
          "--requests", "8", "--discard-runs", "1", "--dataset", "prefix", "--prefix-len", "256",
          "--input-len", "32", "--output-len", "8", "--api", "completions", "--slo", "ttft=30s",
-         "--json", str(tmp_path / "run.json")],
+         "--json", str(tmp_path / "run.json"), "--api-key", f"file:{key_file}"],
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr

@@ -19,6 +19,7 @@ from sparkfleet.evals.runner import run_quality
 from sparkfleet.evals.store import load_run
 from sparkfleet.evals.tasks import load_tasks
 from sparkfleet.state.store import Store
+from tests.e2e.conftest import VLLM_KEY
 
 pytestmark = pytest.mark.e2e
 
@@ -122,8 +123,9 @@ def test_llamacpp_and_vllm_agree_greedily(llama_url: str, vllm_url: str) -> None
     the first word agrees on every prompt and the first 3 on most of them.
     """
     texts = {}
+    keys = {llama_url: None, vllm_url: VLLM_KEY}
     for name, url in (("llama", llama_url), ("vllm", vllm_url)):
-        client = EvalClient(url, "gemma3-270m")
+        client = EvalClient(url, "gemma3-270m", api_key=keys[url])
         texts[name] = [client.complete_raw(p, max_tokens=12) for p in PROMPTS]
         client.close()
     common = [_common_words(a, b) for a, b in zip(texts["llama"], texts["vllm"], strict=True)]
@@ -134,7 +136,7 @@ def test_llamacpp_and_vllm_agree_greedily(llama_url: str, vllm_url: str) -> None
     tasks = load_tasks(ids=SUBSET.split(","))
     runs = []
     for url in (llama_url, vllm_url):
-        client = EvalClient(url, "gemma3-270m")
+        client = EvalClient(url, "gemma3-270m", api_key=keys[url])
         runs.append(run_quality(client, tasks, label=url, api_choice="completions"))
         client.close()
     cmp = compare_runs(runs[0], runs[1])

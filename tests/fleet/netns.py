@@ -219,7 +219,7 @@ class NetnsFleet:
     def shape(self, i: int, mbit: float) -> None:
         """Node i's fabric link carries at most `mbit` Mbit/s each way: a token bucket (tc tbf) on
         the node's end of its veth and on the switch's end."""
-        burst = "64kb" if mbit >= 100 else "16kb"
+        burst = "64kb"  # ≥ 7 jumbo frames: a smaller bucket drops TCP below the shaped rate
         args = ("root", "tbf", "rate", f"{mbit:g}mbit", "burst", burst, "latency", "50ms")
         _run(IP, "netns", "exec", self.nodes[i].netns, "tc", "qdisc", "replace", "dev", self.nodes[i].fabric_if, *args)
         _run(IP, "netns", "exec", self.switch, "tc", "qdisc", "replace", "dev", f"f{i}", *args)

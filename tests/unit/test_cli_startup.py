@@ -8,10 +8,10 @@ from __future__ import annotations
 import functools
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import typer.main
-from typer._click.core import Command
 from typer.core import TyperGroup
 
 from sparkfleet.cli.main import build_app
@@ -24,7 +24,7 @@ NOT_FOR_HELP = ("pydantic", "httpx", "numpy", "asyncio", "sqlite3", "typer.rich_
 HELP_BUDGET = 60
 
 
-def _paths(command: Command, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+def _paths(command: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     found = [path]
     if isinstance(command, TyperGroup):
         for name, sub in command.commands.items():

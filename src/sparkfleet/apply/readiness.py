@@ -20,6 +20,7 @@ from sparkfleet.nodes.runtime import port_holders
 from sparkfleet.nodes.runtime.base import RankState, Runtime
 from sparkfleet.nodes.transport.base import Transport, trace
 from sparkfleet.plan.model import Plan, RankPlan, VerifySpec
+from sparkfleet.spec.secrets import ENGINE_KEY_ENV, auth_headers
 
 LOG_TAIL_LINES = 15
 POLL_S = 0.5
@@ -268,10 +269,17 @@ def wait_ready(
         pause = min(POLL_S, pause * 2)
 
 
-def served_model_id(endpoint: str, fallback: str) -> str:
+def plan_api_key(plan: Plan) -> str | None:
+    """The API key the plan starts rank 0's engine with (its own variable, e.g. VLLM_API_KEY)."""
+    head = next((r for r in plan.ranks if r.rank == 0), None)
+    env = {e.key: e.value for e in head.env} if head else {}
+    return next((env[k] for k in ENGINE_KEY_ENV if env.get(k)), None)
+
+
+def served_model_id(endpoint: str, fallback: str, headers: dict[str, str] | None = None) -> str:
     """The model id the server answers to (its first /v1/models entry), else fallback."""
     try:
-        data = httpx.get(f"{endpoint}/v1/models", timeout=10.0).json().get("data") or []
+        data = httpx.get(f"{endpoint}/v1/models", timeout=10.0, headers=headers).json().get("data") or []
         return str(data[0]["id"]) if data else fallback
     except (httpx.HTTPError, ValueError, KeyError, IndexError):
         return fallback
@@ -280,11 +288,12 @@ def served_model_id(endpoint: str, fallback: str) -> str:
 def smoke(plan: Plan) -> str:
     """Send the smoke prompt (greedy) and check the answer; returns the completion text."""
     verify = plan.verify
-    model = served_model_id(plan.endpoint, plan.served_model)
+    headers = auth_headers(plan_api_key(plan))  # a deployment started with a key is smoke-tested with it
+    model = served_model_id(plan.endpoint, plan.served_model, headers)
     body = {"model": model, "prompt": verify.smoke_prompt, "max_tokens": verify.smoke_max_tokens,
             "temperature": 0}  # fmt: skip
     try:
-        response = httpx.post(f"{plan.endpoint}/v1/completions", json=body, timeout=300.0)
+        response = httpx.post(f"{plan.endpoint}/v1/completions", json=body, timeout=300.0, headers=headers)
     except httpx.HTTPError as exc:
         raise ReadinessError(f"smoke completion to {plan.endpoint} failed: {exc}") from exc
     if response.status_code != 200:

@@ -166,7 +166,7 @@ async def run_decode(
     )
     timeout = httpx.Timeout(config.timeout, connect=10.0)
     runs: list[DecodeTierRun] = []
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=endpoint.headers()) as client:
         exact = await probe_exact_length(client, endpoint, config)
         if on_exact is not None:
             on_exact(exact)

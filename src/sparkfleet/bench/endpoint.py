@@ -15,8 +15,10 @@ from typing import Any
 
 import httpx
 
+from sparkfleet.bench.auth import HINT
 from sparkfleet.errors import BenchError
 from sparkfleet.plan.flags import flag_value, has_flag
+from sparkfleet.spec.secrets import ENGINE_KEY_ENV, auth_headers
 from sparkfleet.state.deployments import Deployments
 from sparkfleet.state.store import Store
 
@@ -36,6 +38,11 @@ class Endpoint:
     max_model_len: int | None = None
     # Deployment facts for the stored record: recipe, nodes, parallelism, flags.
     meta: Mapping[str, Any] = field(default_factory=dict)
+    api_key: str | None = field(default=None, repr=False, compare=False)  # never stored, never shown
+
+    def headers(self) -> dict[str, str]:
+        """What every request to the server carries (the key, when there is one)."""
+        return auth_headers(self.api_key)
 
 
 def looks_like_url(target: str) -> bool:
@@ -115,6 +122,24 @@ def deployment_endpoint(name: str, store: Store | None = None) -> tuple[str, str
     return normalise_url(record.endpoint), record.served_model, meta
 
 
+def deployment_key(name: str, store: Store | None = None) -> str | None:
+    """The API key a deployment's rank 0 was started with (its engine's variable, read back from
+    the rank's private env file on its node), or None."""
+    from sparkfleet.apply.observe import rank_secrets
+    from sparkfleet.nodes.transport import transport_for
+
+    record = Deployments(store or Store()).get(name)
+    head = next((r for r in record.ranks if r.rank == 0), None) if record else None
+    if head is None:
+        return None
+    transport = transport_for(head.node)
+    try:
+        secrets = rank_secrets(head, transport)
+    finally:
+        transport.close()
+    return next((secrets[k] for k in ENGINE_KEY_ENV if secrets.get(k)), None)
+
+
 def resolve_endpoint(
     name_or_url: str,
     model: str | None = None,
@@ -122,8 +147,10 @@ def resolve_endpoint(
     store: Store | None = None,
     timeout: float = 10.0,
     max_model_len: int | None = None,
+    api_key: str | None = None,
 ) -> Endpoint:
-    """Resolve NAME|URL and probe the server; BenchError when it does not answer like an LLM server."""
+    """Resolve NAME|URL and probe the server; BenchError when it does not answer like an LLM server.
+    api_key: the caller's (bench.auth.api_key_for); without it, a deployment's own."""
     meta: dict[str, Any] = {}
     deployment: str | None = None
     if looks_like_url(name_or_url):
@@ -132,8 +159,9 @@ def resolve_endpoint(
         base_url, served, meta = deployment_endpoint(name_or_url, store)
         deployment = name_or_url
         model = model or served
-    with httpx.Client(timeout=timeout) as client:
-        cards = _models(client, base_url)
+        api_key = api_key or deployment_key(name_or_url, store)
+    with httpx.Client(timeout=timeout, headers=auth_headers(api_key)) as client:
+        cards = _models(client, base_url, api_key is not None)
         card = _pick(cards, model, base_url)
         engine, version = detect_engine(client, base_url, card)
         ctx = max_model_len or _context_length(client, base_url, card, engine)
@@ -145,6 +173,7 @@ def resolve_endpoint(
         deployment=deployment,
         max_model_len=ctx,
         meta=meta,
+        api_key=api_key,
     )
 
 
@@ -161,7 +190,7 @@ def _get_json(client: httpx.Client, url: str) -> Any | None:
         return None
 
 
-def _models(client: httpx.Client, base_url: str) -> list[dict[str, Any]]:
+def _models(client: httpx.Client, base_url: str, keyed: bool = False) -> list[dict[str, Any]]:
     url = f"{base_url}/v1/models"
     try:
         response = client.get(url)
@@ -171,6 +200,10 @@ def _models(client: httpx.Client, base_url: str) -> list[dict[str, Any]]:
         raise BenchError(f"endpoint {base_url} did not answer GET /v1/models in time") from exc
     except httpx.HTTPError as exc:
         raise BenchError(f"endpoint {base_url}: GET /v1/models failed: {exc}") from exc
+    if response.status_code in (401, 403):
+        if keyed:
+            raise BenchError(f"endpoint {base_url} refused the API key given (HTTP {response.status_code})")
+        raise BenchError(f"endpoint {base_url} wants an API key (HTTP {response.status_code}): {HINT}")
     if response.status_code != 200:
         raise BenchError(f"endpoint {base_url}: GET /v1/models returned HTTP {response.status_code}")
     try:

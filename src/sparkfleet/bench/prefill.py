@@ -190,7 +190,7 @@ async def run_prefill(
         raise BenchError(f"no prefill length fits the context of {plan.context} tokens")
     runs: list[PrefillRun] = []
     timeout = httpx.Timeout(request_timeout(max(plan.lengths)), connect=10.0)
-    async with httpx.AsyncClient(timeout=timeout) as client:
+    async with httpx.AsyncClient(timeout=timeout, headers=endpoint.headers()) as client:
         counter = TokenCounter(client, endpoint, config)
         sample_text = haystack(CALIBRATION_CHARS, seed=7)
         chars_per_token = CALIBRATION_CHARS / max(1, await counter.count(sample_text))

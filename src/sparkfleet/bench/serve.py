@@ -256,7 +256,7 @@ class ServeBench:
         limits = httpx.Limits(max_connections=max(conc, 64) + 4, max_keepalive_connections=max(conc, 64) + 4)
         timeout = httpx.Timeout(cfg.timeout, connect=10.0)
         runs: list[ServeTierRun] = []
-        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=self.endpoint.headers()) as client:
             exact = await probe_exact_length(
                 client, self.endpoint, DecodeConfig(api=cfg.api, temperature=cfg.temperature, extra_body=cfg.extra_body)
             )

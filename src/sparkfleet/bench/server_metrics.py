@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing")
 WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred")
@@ -52,35 +53,38 @@ SPEC_DRAFTS = ("vllm:spec_decode_num_drafts",)
 STEP_TIME = ("vllm:request_time_per_output_token_seconds", "vllm:time_per_output_token_seconds",
              "vllm:inter_token_latency_seconds")  # fmt: skip
 
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+# Ratios of one cache: with several label sets (data-parallel engines, models) the fullest one is
+# the figure, not their sum.
+_RATIOS = frozenset(KV_USAGE)
 _LOG_RUNNING = re.compile(r"#running-req:\s*(\d+)")
 _LOG_USAGE = re.compile(r"token usage:\s*([0-9.]+)")
 _LOG_ACCEPT = re.compile(r"accept len:\s*([0-9.]+)")
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
-    """Metric name → value, summed over label sets (several engines or models on one server).
+    """Metric name → value, read with prometheus_client's own parser: counts and counters summed
+    over label sets (several engines or models on one server), cache-use ratios their largest.
 
     ``_total`` is dropped from counter names so a name means the same across client versions;
-    NaN and unparsable values are skipped.
+    a counter's ``_created`` timestamp and NaN values are skipped. A scrape the parser cannot read
+    gives {} (the tier then has no engine figures, said in its note).
     """
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        m = _SAMPLE.match(line)
-        if m is None:
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        if math.isnan(value):
-            continue
-        name = m.group(1)
-        if name.endswith("_total"):
-            name = name[: -len("_total")]
-        out[name] = out.get(name, 0.0) + value
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError:
+        return {}
+    for family in families:
+        for sample in family.samples:
+            name, value = sample.name, float(sample.value)
+            if math.isnan(value) or (family.type == "counter" and name.endswith("_created")):
+                continue
+            if family.type in ("counter", "unknown") and name.endswith("_total"):  # unknown: no TYPE line
+                name = name[: -len("_total")]
+            if name in _RATIOS:
+                out[name] = max(out.get(name, value), value)
+            else:
+                out[name] = out.get(name, 0.0) + value
     return out
 
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 import typer
-from typer._click.core import Context
 from typer.core import TyperGroup, TyperOption
 
 
 class Group(TyperGroup):
     """A group whose --help flag defaults to False rather than None."""
 
-    def get_help_option(self, ctx: Context) -> TyperOption | None:
+    def get_help_option(self, ctx: Any) -> TyperOption | None:  # click's Context, which typer vendors privately
         option = super().get_help_option(ctx)
         if option is not None:
             # typer coerces a flag whose value is not yet a bool through a pydantic TypeAdapter,

@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from sparkfleet.bench.auth import api_key_for
 from sparkfleet.bench.corpus import PREFILL_LENGTHS, PROMPT_TYPES, prompt_types
 from sparkfleet.cli.app import group
 from sparkfleet.cli.console import console, err_console
 from sparkfleet.cli.extras import require_extra
 from sparkfleet.cli.int_lists import parse_int_list
+from sparkfleet.cli.options import ApiKeyOpt
 from sparkfleet.errors import BenchError
 
 if TYPE_CHECKING:
@@ -134,6 +136,7 @@ ExtraOpt = Annotated[
 def decode_cmd(
     target: Target,
     model: ModelOpt = None,
+    api_key: ApiKeyOpt = None,
     concurrency: Annotated[str, typer.Option(help="Concurrency tiers.")] = "1,2,4,8,16",
     types: Annotated[str, typer.Option("--types", help=f"Prompt types: {','.join(PROMPT_TYPES)}.")] = ",".join(
         PROMPT_TYPES
@@ -172,7 +175,7 @@ def decode_cmd(
         timeout=timeout,
         extra_body=parse_extra(extra_body),
     )
-    endpoint = resolve_endpoint(target, model)
+    endpoint = resolve_endpoint(target, model, api_key=api_key_for(api_key))
     bench = BenchStore()
     run_id = _create(bench, "decode", endpoint, config, label)
 
@@ -192,6 +195,7 @@ def decode_cmd(
 def prefill_cmd(
     target: Target,
     model: ModelOpt = None,
+    api_key: ApiKeyOpt = None,
     lengths: Annotated[str, typer.Option(help="Prompt lengths in tokens (k = 1024).")] = ",".join(
         f"{n // 1024}k" for n in PREFILL_LENGTHS
     ),
@@ -220,7 +224,7 @@ def prefill_cmd(
         overhead_samples=overhead_samples,
         extra_body=parse_extra(extra_body),
     )
-    endpoint = resolve_endpoint(target, model, max_model_len=max_context)
+    endpoint = resolve_endpoint(target, model, max_model_len=max_context, api_key=api_key_for(api_key))
     bench = BenchStore()
     run_id = _create(bench, "prefill", endpoint, config, label)
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from sparkfleet.bench.auth import api_key_for
 from sparkfleet.cli.bench import (
     ExtraOpt,
     LabelOpt,
@@ -21,6 +22,7 @@ from sparkfleet.cli.bench import (
     parse_extra,
 )
 from sparkfleet.cli.console import console, err_console
+from sparkfleet.cli.options import ApiKeyOpt
 from sparkfleet.errors import BenchError
 
 if TYPE_CHECKING:
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 def serve_cmd(
     target: Target,
     model: ModelOpt = None,
+    api_key: ApiKeyOpt = None,
     request_rate: Annotated[
         str, typer.Option("--request-rate", help="Requests/s; a sweep as 1,2,4,inf (inf = all at once).")
     ] = "inf",
@@ -99,7 +102,7 @@ def serve_cmd(
         timeout=timeout, watch_metrics=not no_metrics, engine_log=str(engine_log) if engine_log else None,
         extra_body=parse_extra(extra_body),
     )  # fmt: skip
-    endpoint = resolve_endpoint(target, model)
+    endpoint = resolve_endpoint(target, model, api_key=api_key_for(api_key))
     bench = BenchStore()
     run_id = _create(bench, "serve", endpoint, config, label)
     flagged: list[str] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -13,10 +13,11 @@ from sparkfleet.cli.console import console
 from sparkfleet.cli.options import ClusterOpt, EnvOpt, JsonOpt, NameOpt, SetOpt
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
     from sparkfleet.doctor.pairs import Thresholds
     from sparkfleet.doctor.targets import Check, DoctorSpec
+    from sparkfleet.nodes.collective import SweepRank
     from sparkfleet.nodes.transport.base import Transport
 
 OptionalRecipeArg = Annotated[
@@ -37,6 +38,17 @@ FabricFractionOpt = Annotated[
     typer.Option("--fabric-fraction", min=0.0, max=1.0, help="A direction below this × the fleet's median fails."),
 ]
 FabricLossOpt = Annotated[float, typer.Option("--fabric-max-loss", min=0.0, help="Ping loss (%) above this fails.")]
+NcclOpt = Annotated[
+    bool,
+    typer.Option("--nccl", help="With a recipe: an all-reduce/all-gather sweep on the plan's ranks (NCCL, or gloo "
+                 "without GPUs), in each rank's Python or image with its planned NCCL_* settings."),
+]  # fmt: skip
+NcclMaxOpt = Annotated[int, typer.Option("--nccl-max-mib", min=1, help="The sweep's largest message, MiB.")]
+NcclPortOpt = Annotated[int, typer.Option("--nccl-port", min=1, max=65535, help="Rank 0's rendezvous port.")]
+NcclBackendOpt = Annotated[str, typer.Option("--nccl-backend", help="auto (nccl with GPUs, else gloo), nccl or gloo.")]
+NcclPythonOpt = Annotated[
+    str | None, typer.Option("--nccl-python", help="The interpreter with torch on every node (default: the rank's).")
+]
 _STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
 
 
@@ -53,6 +65,11 @@ def doctor(
     fabric_seconds: FabricSecondsOpt = 2,
     fabric_fraction: FabricFractionOpt = 0.7,
     fabric_max_loss: FabricLossOpt = 1.0,
+    nccl: NcclOpt = False,
+    nccl_max_mib: NcclMaxOpt = 1024,
+    nccl_port: NcclPortOpt = 29511,
+    nccl_backend: NcclBackendOpt = "auto",
+    nccl_python: NcclPythonOpt = None,
 ) -> None:
     """Check every node in parallel: SSH, docker, GPUs, RDMA, fabric, disk, memory, image, model,
     ports, clocks. Exit 0 when nothing failed, 1 otherwise."""
@@ -65,6 +82,10 @@ def doctor(
     from sparkfleet.spec.cluster import load_cluster
     from sparkfleet.state.store import Store
 
+    if nccl and recipe is None:
+        raise typer.BadParameter("--nccl runs on a recipe's ranks: give the recipe", param_hint="RECIPE")
+    if nccl_backend not in ("auto", "nccl", "gloo"):
+        raise typer.BadParameter(f"{nccl_backend!r}: one of auto, nccl, gloo", param_hint="--nccl-backend")
     if recipe is not None:
         planned = build_plan(recipe, cluster, set_, env, name)
         nodes = [r.node for r in planned.ranks]
@@ -78,7 +99,14 @@ def doctor(
 
         thresholds = Thresholds(fraction=fabric_fraction, max_loss_pct=fabric_max_loss)
         try:
-            _fabric(spec, transports, recipe, as_json, fabric_seconds, thresholds, timeout)
+            pairs = _fabric(spec, transports, recipe, as_json, fabric_seconds, thresholds, timeout, alone=not nccl)
+            if nccl:
+                from sparkfleet.doctor.collective import sweep_ranks
+
+                ranks = sweep_ranks(planned, nccl_python)
+                _collective(ranks, transports, pairs, as_json, nccl_max_mib << 20, nccl_port, nccl_backend)
+            elif not pairs["ok"]:
+                raise SystemExit(1)
         finally:
             for t in transports.values():
                 t.close()
@@ -127,8 +155,10 @@ def _fabric(
     seconds: int,
     thresholds: Thresholds,
     timeout: float,
-) -> None:
-    """`doctor --fabric`: the pair test, printed or as JSON, kept in doctor's history."""
+    alone: bool = True,
+) -> dict[str, Any]:
+    """`doctor --fabric`: the pair test, printed or as JSON (not alone: the caller prints it in its
+    own), kept in doctor's history; its JSON form."""
     from sparkfleet.doctor.history import record_fabric
     from sparkfleet.doctor.pairs import render_matrix, run_fabric
     from sparkfleet.doctor.run import sort_for_display
@@ -136,7 +166,8 @@ def _fabric(
 
     report = run_fabric(spec.nodes, transports, seconds=seconds, thresholds=thresholds, timeout=timeout)
     if as_json:
-        typer.echo(json.dumps(report.to_json(), indent=2))
+        if alone:
+            typer.echo(json.dumps(report.to_json(), indent=2))
     else:
         for line in render_matrix(report):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -148,7 +179,24 @@ def _fabric(
             f"in {len(report.rounds)} round(s), {report.seconds:.2f} s"
         )
     record_fabric(Store(), report.to_json(), report.seconds, str(recipe) if recipe is not None else None)
-    if report.failed:
+    return report.to_json()
+
+
+def _collective(ranks: Sequence[SweepRank], transports: Mapping[str, Transport], pairs: dict[str, Any],
+                as_json: bool, max_bytes: int, port: int, backend: str) -> None:  # fmt: skip
+    """`doctor --fabric --nccl`: the collective sweep beside the pair test just run."""
+    from sparkfleet.doctor.collective import render_collective, run_collective
+
+    report = run_collective(ranks, transports, max_bytes=max_bytes, port=port, backend=backend, fabric_report=pairs,
+                            link_from="doctor --fabric, this run")  # fmt: skip
+    if as_json:
+        typer.echo(json.dumps({"fabric": pairs, "collective": report.to_json()}, indent=2))
+    else:
+        console.print()
+        for line in render_collective(report):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        _print_checks(list(report.checks))
+    if report.failed or not pairs["ok"]:
         raise SystemExit(1)
 
 

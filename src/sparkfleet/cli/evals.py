@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from sparkfleet.bench.auth import api_key_for
 from sparkfleet.cli.app import group
 from sparkfleet.cli.console import console, err_console
 from sparkfleet.cli.extras import require_extra
 from sparkfleet.cli.int_lists import parse_int_list
+from sparkfleet.cli.options import ApiKeyOpt
 from sparkfleet.errors import EvalError
 from sparkfleet.evals.checks import CATEGORIES
 from sparkfleet.evals.needle import DEFAULT_DEPTHS, DEFAULT_LENGTHS
@@ -85,6 +87,7 @@ def _print_quality(run: QualityRun) -> None:
 def quality(
     target: TargetArg,
     model: ModelOpt = None,
+    api_key: ApiKeyOpt = None,
     label: LabelOpt = None,
     categories: Annotated[str | None, typer.Option(help=f"Only these ({','.join(CATEGORIES)}).")] = None,
     only: Annotated[str | None, typer.Option(help="Only these task ids (comma-separated).")] = None,
@@ -122,8 +125,8 @@ def quality(
     if api not in ("auto", "chat", "completions"):
         raise EvalError(f"--api must be auto, chat or completions, not {api!r}")
     tasks = load_tasks(tasks_dir, categories=_csv(categories), ids=_csv(only))
-    endpoint = resolve_endpoint(target, model)
-    client = EvalClient(endpoint.base_url, endpoint.model, timeout=timeout)
+    endpoint = resolve_endpoint(target, model, api_key=api_key_for(api_key))
+    client = EvalClient(endpoint.base_url, endpoint.model, api_key=endpoint.api_key, timeout=timeout)
     api_choice: ApiChoice = api  # type: ignore[assignment]
     try:
         run = run_quality(
@@ -221,6 +224,7 @@ def _print_needle(run: NeedleRun, png: Path | None) -> None:
 def needle(
     target: TargetArg,
     model: ModelOpt = None,
+    api_key: ApiKeyOpt = None,
     label: LabelOpt = None,
     lengths: Annotated[
         str, typer.Option(help="Prompt lengths in tokens, comma-separated (k = 1024); capped at the context.")
@@ -247,7 +251,7 @@ def needle(
     if png:
         require_extra("plots", ("matplotlib",), "--png")
     run = run_stored(
-        target, model, lengths=parse_int_list(lengths, "length", EvalError),
+        target, model, api_key=api_key_for(api_key), lengths=parse_int_list(lengths, "length", EvalError),
         depths=tuple(float(d) for d in parse_int_list(depths, "depth", EvalError, minimum=0)), seed=seed,
         label=label, timeout=timeout, mem_floor_gib=mem_floor, cluster=str(cluster) if cluster else None,
         on_cell=lambda c: err_console.print(f"{c.tokens:>7} tok @ {c.depth:>5g}%  {_mark(c.passed)}  "

@@ -24,6 +24,11 @@ EnvOpt = Annotated[
 ]
 NameOpt = Annotated[str | None, typer.Option("--name", help="Deployment name (default: the recipe's folder).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+ApiKeyOpt = Annotated[
+    str | None,
+    typer.Option("--api-key", help="Where the server's API key is: env:NAME, file:PATH or - (stdin); never the key "
+                 "itself. Default: OPENAI_API_KEY, then a deployment's own key."),
+]  # fmt: skip
 VariantOpt = Annotated[
     str, typer.Option("--variant", help="Which [variants.NAME] overlay of the recipe (base: none).")
 ]

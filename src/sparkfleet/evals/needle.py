@@ -324,7 +324,8 @@ def _grid(
 def run_stored(target: str, model: str | None = None, *, lengths: Sequence[int] = DEFAULT_LENGTHS,
                depths: Sequence[float] = DEFAULT_DEPTHS, seed: int | None = None, label: str | None = None,
                timeout: float = 1800.0, mem_floor_gib: float = 0.0, cluster: str | None = None,
-               on_cell: Callable[[NeedleCell], None] | None = None) -> NeedleRun:  # fmt: skip
+               on_cell: Callable[[NeedleCell], None] | None = None, api_key: str | None = None,
+               ) -> NeedleRun:  # fmt: skip
     """``sparkfleet eval needle``: the grid against a deployment (by name) or an endpoint URL,
     with a memory guard over the cluster's nodes when ``mem_floor_gib`` is set; the run is stored."""
     from sparkfleet.bench.endpoint import resolve_endpoint
@@ -335,8 +336,8 @@ def run_stored(target: str, model: str | None = None, *, lengths: Sequence[int] 
     from sparkfleet.spec.cluster import load_cluster
     from sparkfleet.state.store import Store
 
-    endpoint = resolve_endpoint(target, model)
-    client = EvalClient(endpoint.base_url, endpoint.model, timeout=timeout)
+    endpoint = resolve_endpoint(target, model, api_key=api_key)
+    client = EvalClient(endpoint.base_url, endpoint.model, api_key=endpoint.api_key, timeout=timeout)
     guard = None
     if mem_floor_gib > 0:
         action = abort_action_for(endpoint.engine, endpoint.base_url, client.http)

@@ -162,7 +162,7 @@ def _quality(cfg: ABConfig, endpoint: Endpoint, label: str, store: Store) -> Qua
     from sparkfleet.evals.tasks import load_tasks
 
     tasks = load_tasks(None, categories=cfg.quality_categories, ids=cfg.quality_ids)
-    client = EvalClient(endpoint.base_url, endpoint.model)
+    client = EvalClient(endpoint.base_url, endpoint.model, api_key=endpoint.api_key)
     try:
         run = run_quality(client, tasks, label=label, engine=endpoint.engine, api_choice="auto",
                           thinking_budget=0, limits=SandboxLimits())  # fmt: skip

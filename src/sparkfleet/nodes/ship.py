@@ -51,7 +51,9 @@ STAGE_WORKER = ShippedProgram(
 )
 COMPOSE_WORKER = ShippedProgram("compose-worker", ("composed_worker",))
 SNAPSHOT_SCAN = ShippedProgram("snapshot-scan", ("snapshot_scan",))
-PROGRAMS = (PROCESS_AGENT, STAGE_WORKER, COMPOSE_WORKER, SNAPSHOT_SCAN)
+# Run by the engine's own Python (torch from its site-packages), its text on stdin.
+COLLECTIVE_SWEEP = ShippedProgram("collective-sweep", ("collective_sweep",), site=True)
+PROGRAMS = (PROCESS_AGENT, STAGE_WORKER, COMPOSE_WORKER, SNAPSHOT_SCAN, COLLECTIVE_SWEEP)
 
 
 @functools.cache

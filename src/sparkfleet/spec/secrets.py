@@ -9,6 +9,16 @@ MASK = "***"
 _SECRET = re.compile(r"(^HF_TOKEN$|^HUGGING_FACE_HUB_TOKEN$|_API_KEY$|_TOKEN$|_PASSWORD$|_SECRET$|^API_KEY$)")
 
 
+# The variables an engine reads its API key from (vLLM; llama.cpp's llama-server and
+# llama-cpp-python's server; SGLang's). plan/secret_args.py moves a recipe's --api-key there.
+ENGINE_KEY_ENV = ("VLLM_API_KEY", "LLAMA_API_KEY", "API_KEY", "SGLANG_API_KEY")
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """An OpenAI client's headers for a key (none without one)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def is_secret(key: str) -> bool:
     """True for names that hold credentials (HF_TOKEN, *_API_KEY, *_TOKEN, *_PASSWORD, *_SECRET)."""
     return bool(_SECRET.search(key.upper()))

@@ -25,17 +25,10 @@ _FIND_FORMAT = "\t".join(["{{.Names}}", "{{.State}}"] + [
 ])
 
 
-def docker_run_argv(image: str, shm_size: str | None, node: Node, deployment: str, rank: int, name: str,
-                    env_file: str, mounts: tuple[MountSpec, ...], argv: tuple[str, ...]) -> tuple[str, ...]:
-    """The ``docker run`` of one rank, as the Plan shows it (pure: plan() calls it). ``start``
-    adds the instance's labels; GPUs, memlock and /dev/infiniband follow the node's settings."""
-    words = [
-        "docker", "run", "-d", "--name", name,
-        "--label", f"{LABEL_DEPLOYMENT}={deployment}", "--label", f"{LABEL_RANK}={rank}",
-        "--network", "host", "--ipc", "host",
-    ]  # fmt: skip
-    if node.gpus != "none":
-        words += ["--gpus", node.gpus]
+def device_words(node: Node, shm_size: str | None = None) -> list[str]:
+    """What a container needs of the node to reach its GPUs and RDMA devices, as the node's
+    settings say: --gpus, the memlock limit, /dev/infiniband (and --shm-size when given)."""
+    words = ["--gpus", node.gpus] if node.gpus != "none" else []
     if shm_size:
         words += ["--shm-size", shm_size]
     if node.memlock == "unlimited":
@@ -44,6 +37,19 @@ def docker_run_argv(image: str, shm_size: str | None, node: Node, deployment: st
         words += ["--ulimit", f"memlock={node.memlock}"]
     if node.rdma:
         words += ["--device", "/dev/infiniband"]
+    return words
+
+
+def docker_run_argv(image: str, shm_size: str | None, node: Node, deployment: str, rank: int, name: str,
+                    env_file: str, mounts: tuple[MountSpec, ...], argv: tuple[str, ...]) -> tuple[str, ...]:
+    """The ``docker run`` of one rank, as the Plan shows it (pure: plan() calls it). ``start``
+    adds the instance's labels; GPUs, memlock and /dev/infiniband follow the node's settings."""
+    words = [
+        "docker", "run", "-d", "--name", name,
+        "--label", f"{LABEL_DEPLOYMENT}={deployment}", "--label", f"{LABEL_RANK}={rank}",
+        "--network", "host", "--ipc", "host",
+        *device_words(node, shm_size),
+    ]  # fmt: skip
     words += ["--env-file", env_file]
     for m in mounts:
         words += ["-v", f"{m.host}:{m.container}" + (":ro" if m.read_only else "")]
