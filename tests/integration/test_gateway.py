@@ -474,6 +474,20 @@ def test_held_requests_go_through_in_arrival_order_once_a_replica_is_up(setup: S
     assert all(r["held"] > 0.3 for r in rows.values() if r["status"] == 200)
 
 
+def test_the_admin_endpoint_answers_on_its_loopback_port_with_its_token_only(setup: Setup) -> None:
+    [file] = list((setup.state / "gateways").glob("*.json"))
+    assert file.stat().st_mode & 0o777 == 0o600
+    admin = json.loads(file.read_text())
+    assert admin["url"].startswith("http://127.0.0.1:") and admin["url"] != setup.gw.root
+    state = httpx.get(admin["url"] + "/admin/state", headers={"authorization": f"Bearer {admin['token']}"})
+    assert state.status_code == 200 and "replay" in state.json()["routes"]
+    assert httpx.get(admin["url"] + "/admin/state", headers={"authorization": "Bearer nope"}).status_code == 401
+    assert httpx.get(admin["url"] + "/admin/state").status_code == 401
+    # Not on the port clients use, whatever they send.
+    wrong = httpx.get(setup.gw.root + "/admin/state", headers={"authorization": f"Bearer {admin['token']}"})
+    assert wrong.status_code == 404
+
+
 # -- bad input --------------------------------------------------------------------------------
 
 
