@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -218,3 +220,39 @@ def test_up_replace_where_both_cannot_run_goes_one_after_the_other_and_loses_no_
 def recipe_port(recipe: Path) -> int:
     line = next(x for x in (recipe / "recipe.toml").read_text().splitlines() if x.startswith("port = "))
     return int(line.split("=")[1])
+
+
+def test_an_ab_night_behind_the_gateway_loses_no_request(tmp_path: Path) -> None:
+    """`ab` takes one variant down and brings the next up under the same name, round after round:
+    the requests that come meanwhile wait and go to the next variant."""
+    state = Path(os.environ["SPARKFLEET_STATE_DIR"])
+    name = "test-zerodrop-ab"
+    recipe = standin_recipe(tmp_path / "ab", nodes=1, port=free_port(), env={"STANDIN_HEAD_DELAY": "2"})
+    with (recipe / "recipe.toml").open("a") as fh:
+        fh.write(VARIANTS)
+    argv = ["ab", str(recipe), "--variants", "base,fast", "--name", name, "--rounds", "2", "--tokens", "16",
+            "--repeats", "2"]  # fmt: skip
+    with gateway(state) as gw:
+        with (tmp_path / "ab.out").open("w") as out:
+            env = {**os.environ, "SPARKFLEET_STATE_DIR": str(state)}
+            proc = subprocess.Popen([sys.executable, "-m", "sparkfleet.cli.main", *argv], stdout=out,
+                                    stderr=subprocess.STDOUT, env=env)  # fmt: skip
+        try:
+            _wait_event(name, "ready", 120)
+            stream = Stream(gw.url, "org/standin")
+            with stream.running():
+                _wait_event(name, "ready", 180, after=2)  # two changes of variant while the stream runs
+                time.sleep(1.0)
+            assert proc.wait(300) == 0, (tmp_path / "ab.out").read_text()[-3000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        stream.check()
+        held = _held_rows(state)
+    print(f"ab under {RATE:g} req/s: {len(stream.outcomes)} requests, all whole; {len(held)} held, "
+          f"longest wait {max(r['held'] for r in held):.1f}s")  # fmt: skip
+    assert len(held) >= RATE
+    kinds = [e["kind"] for e in json.loads(cli(state, "status", name, "--json").stdout)[0]["changes"]]
+    assert "held" in kinds and "released" in kinds, kinds
+    assert leftover_processes(name) == []
