@@ -138,8 +138,10 @@ def test_rollback_behind_the_gateway_loses_no_request(fleet2: LoopbackFleet, tmp
             assert back.returncode == 0, back.stderr
             longest = stream.check()
             held = _held_rows(state)
-        print(f"rollback {took:.1f}s under {RATE:g} req/s: {len(stream.outcomes)} requests, all whole; "
-              f"{len(held)} held, longest wait {max(r['held'] for r in held):.1f}s, longest request {longest:.1f}s")
+        print(
+            f"rollback {took:.1f}s under {RATE:g} req/s: {len(stream.outcomes)} requests, all whole; "
+            f"{len(held)} held, longest wait {max(r['held'] for r in held):.1f}s, longest request {longest:.1f}s"
+        )
         assert "rolled back" in back.stdout and "variant base" in back.stdout
         # The requests that came while no replica was ready waited and were answered.
         assert len(held) >= 2 * RATE
