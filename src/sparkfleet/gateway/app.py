@@ -339,7 +339,7 @@ class Gateway:
         models = self.router.undrain(name)
         await self.refresh()
         models |= {m for m, st in self.router.routes.items() if any(r.name == name for r in st.replicas)}
-        return {"deployment": name, "models": sorted(models), **self.hold.summary(since, models or None)}
+        return {"deployment": name, "models": sorted(models), **self.hold.summary(since, models)}
 
     def state(self) -> dict[str, Any]:
         return {"routes": {m: {"waiting": self.hold.held(m), "replicas": [

@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,8 @@ def gateways(state: Path | None = None) -> list[Admin]:
             admin = Admin(str(data["url"]), str(data["token"]), int(data["pid"]), path)
         except (OSError, ValueError, KeyError, TypeError):
             continue
+        if data.get("host", socket.gethostname()) != socket.gethostname():
+            continue  # another machine's gateway (a shared state dir): its loopback is not ours
         try:
             os.kill(admin.pid, 0)
         except ProcessLookupError:

@@ -87,5 +87,6 @@ def write_admin_file(state: Path, port: int, token: str) -> Path:
         path.unlink()
     fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
-        json.dump({"url": f"http://127.0.0.1:{port}", "token": token, "pid": os.getpid()}, fh)
+        json.dump({"url": f"http://127.0.0.1:{port}", "token": token, "pid": os.getpid(),
+                   "host": socket.gethostname()}, fh)  # fmt: skip
     return path
