@@ -25,6 +25,7 @@ def test_gateway_page_shows_routes_keys_and_requests(page: Any, tmp_path: Path) 
             assert answer.choices[0].text == " t0 t1 t2 t3 t4"
             with pytest.raises(openai.NotFoundError):
                 client.completions.create(model="org/nothing", prompt="x", max_tokens=5)
+            assert cli(state, "down", name).returncode == 0  # drained behind the gateway first
         proc, url = start_dashboard(state)
         try:
             page.goto(url + "#gateway")
@@ -36,6 +37,8 @@ def test_gateway_page_shows_routes_keys_and_requests(page: Any, tmp_path: Path) 
             assert len(rows) == 2
             assert "404" in rows[0] and "org/nothing" in rows[0]
             assert "200" in rows[1] and "dash-user" in rows[1] and "5+5" in rows[1]
+            changes = page.locator("#gateway-changes").inner_text()
+            assert "drained" in changes and name in changes
             assert key.split("-", 2)[2] not in page.content()
             screenshot(page, "gateway")
         finally:
