@@ -25,21 +25,28 @@ def test_gateway_page_shows_routes_keys_and_requests(page: Any, tmp_path: Path) 
             assert answer.choices[0].text == " t0 t1 t2 t3 t4"
             with pytest.raises(openai.NotFoundError):
                 client.completions.create(model="org/nothing", prompt="x", max_tokens=5)
-        proc, url = start_dashboard(state)
-        try:
-            page.goto(url + "#gateway")
-            page.locator("#gateway-requests tbody tr").first.wait_for()
-            routes = page.locator("#gateway-routes").inner_text()
-            assert "org/standin" in routes and name in routes and "32768" in routes
-            assert "dash-user" in page.locator("#gateway-keys").inner_text()
-            rows = page.locator("#gateway-requests tbody tr").all_inner_texts()
-            assert len(rows) == 2
-            assert "404" in rows[0] and "org/nothing" in rows[0]
-            assert "200" in rows[1] and "dash-user" in rows[1] and "5+5" in rows[1]
-            assert key.split("-", 2)[2] not in page.content()
-            screenshot(page, "gateway")
-        finally:
-            proc.kill()
-            proc.wait()
+            proc, url = start_dashboard(state)
+            try:
+                page.goto(url + "#gateway")
+                page.locator("#gateway-requests tbody tr").first.wait_for()
+                routes = page.locator("#gateway-routes").inner_text()
+                assert "org/standin" in routes and name in routes and "32768" in routes
+                assert "dash-user" in page.locator("#gateway-keys").inner_text()
+                rows = page.locator("#gateway-requests tbody tr").all_inner_texts()
+                assert len(rows) == 2
+                assert "404" in rows[0] and "org/nothing" in rows[0]
+                assert "200" in rows[1] and "dash-user" in rows[1] and "5+5" in rows[1]
+                # `down` behind the running gateway drains first; the page's Changes table says so.
+                assert cli(state, "down", name).returncode == 0
+                page.goto(url + "#deployments")
+                page.goto(url + "#gateway")
+                page.locator("#gateway-changes").get_by_text("drained").first.wait_for()
+                changes = page.locator("#gateway-changes").inner_text()
+                assert "drained" in changes and name in changes
+                assert key.split("-", 2)[2] not in page.content()
+                screenshot(page, "gateway")
+            finally:
+                proc.kill()
+                proc.wait()
     finally:
         cli(state, "down", name)

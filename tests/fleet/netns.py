@@ -257,6 +257,24 @@ class NetnsFleet:
     def remove_hca(self, i: int, hca: str) -> None:
         shutil.rmtree(self.nodes[i].sys_root / "class/infiniband" / hca)
 
+    def fabric_sshd(self) -> None:
+        """An sshd listening on every node's fabric address, so that one node reaches another over
+        the (shaped) fabric, as distribution's node-to-node copies do; the client settings for
+        those addresses go into ssh_config and their host keys into known_hosts."""
+        known, cfg = [], [f"Host {FABRIC_NET}.*\n  User root\n"]
+        for node in self.nodes:
+            _run(IP, "netns", "exec", node.netns, SSHD, "-f", str(node.dir / "sshd_config"),
+                 "-o", f"ListenAddress={node.fabric_ip}", "-E", str(node.dir / "sshd-fabric.log"))  # fmt: skip
+            kind, blob = Path(f"{node.dir / 'ssh_host_ed25519_key'}.pub").read_text().split()[:2]
+            known.append(f"{node.fabric_ip} {kind} {blob}\n")
+        # No multiplexing master: a copy's ssh ends with it, nothing stays in the namespace.
+        cfg.append(client_options(self.client_key, self.known_hosts, self._cm_dir, 30).replace(
+            "  ControlMaster auto\n", "  ControlMaster no\n"))
+        with self.known_hosts.open("a") as f:
+            f.write("".join(known))
+        with self.ssh_config.open("a") as f:
+            f.write("".join(cfg))
+
     # -- helpers -----------------------------------------------------------------------
     def run(self, i: int, command: str, *, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         """`ssh -F ssh_config node<i> COMMAND`."""

@@ -275,14 +275,34 @@ def test_sync_from_a_source_node_pushes_node_to_node(fleet4: LoopbackFleet, tmp_
     files = model_files(shard_bytes=1 << 20)
     setup = build(fleet4, tmp_path, sync_toml(f"{{{{hf}}}}/hub/{REPO}", source_node="node0"), nodes=4)
     make_hf_snapshot(setup.node_repo(0), REV1, files)
-    report = distribute(setup.plan, setup.transports)
+    report = distribute(setup.plan, setup.transports, fanout="push")
     by_node = {r.node: r for r in report.synced}
     assert by_node["node0"].method == "none"  # the source's own copy is the snapshot
     for i in (1, 2, 3):
         assert by_node[f"node{i}"].method == "rsync" and by_node[f"node{i}"].bytes_sent > 4 << 20
         assert_hub_layout(setup.node_repo(i), REV1, files, excluded=("original/consolidated.pth",))
-    again = distribute(setup.plan, setup.transports)
+    again = distribute(setup.plan, setup.transports, fanout="push")
     assert all(r.bytes_sent == 0 for r in again.synced)
+
+
+def test_a_pipeline_from_a_source_node_resends_only_what_a_node_lacks(fleet4: LoopbackFleet, tmp_path: Path) -> None:
+    files = model_files(shard_bytes=1 << 20)
+    setup = build(fleet4, tmp_path, sync_toml(f"{{{{hf}}}}/hub/{REPO}", source_node="node0"), nodes=4)
+    make_hf_snapshot(setup.node_repo(0), REV1, files)
+    report = distribute(setup.plan, setup.transports)  # the default: node0 → node1 → node2 → node3
+    by_node = {r.node: r for r in report.synced}
+    assert by_node["node0"].method == "none"
+    for i in (1, 2, 3):
+        assert by_node[f"node{i}"].method == "pipeline" and by_node[f"node{i}"].bytes_sent > 4 << 20
+        assert_hub_layout(setup.node_repo(i), REV1, files, excluded=("original/consolidated.pth",))
+    # A copy cut half-way on node2: that one file travels again, to node2 only.
+    shard = setup.node_repo(2) / "snapshots" / REV1 / "model-00003-of-00004.safetensors"
+    blob = shard.resolve()
+    blob.write_bytes(blob.read_bytes()[: 1 << 19])
+    again = {r.node: r for r in distribute(setup.plan, setup.transports).synced}
+    assert (again["node2"].files_sent, again["node2"].bytes_sent) == (1, 1 << 20)
+    assert all(again[n].bytes_sent == 0 for n in ("node1", "node3"))
+    assert_hub_layout(setup.node_repo(2), REV1, files, excluded=("original/consolidated.pth",))
 
 
 def test_tar_stream_fallback_copies_the_same_tree(fleet4: LoopbackFleet, tmp_path: Path) -> None:
@@ -382,3 +402,16 @@ def test_a_node_without_rsync_gets_a_tar_stream_and_says_so(tmp_path: Path) -> N
         assert again["node1"].bytes_sent == 0
     finally:
         fleet.close()
+
+
+def test_a_pipeline_down_eight_nodes(tmp_path: Path) -> None:
+    # Each node runs its own small script: one command holding the rest of the chain would
+    # double in size at every node and pass the kernel's limit on one argument by the sixth.
+    files = {"config.json": b'{"model_type": "tiny"}', "model.safetensors": os.urandom(64 << 10)}
+    with fleet_of(8, tmp_path) as fleet:
+        setup = build(fleet, tmp_path, sync_toml(f"{{{{hf}}}}/hub/{REPO}", source_node="node0"), nodes=8)
+        make_hf_snapshot(setup.node_repo(0), REV1, files)
+        report = distribute(setup.plan, setup.transports)
+        assert sorted(r.node for r in report.synced if r.method == "pipeline") == [f"node{i}" for i in range(1, 8)]
+        for i in range(1, 8):
+            assert_hub_layout(setup.node_repo(i), REV1, files)

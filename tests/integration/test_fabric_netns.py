@@ -43,16 +43,17 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsFleet]:
     assert names_in_use(f.tag) == []
 
 
-def _fabric(fleet: NetnsFleet) -> tuple[int, dict[str, Any], float]:
+def _fabric(fleet: NetnsFleet, *extra: str) -> tuple[int, dict[str, Any], float]:
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "sparkfleet.cli.main", "doctor", "--fabric", "--cluster",
-                           str(fleet.cluster_file), "--json"], capture_output=True, text=True, timeout=120,
+                           str(fleet.cluster_file), "--json", *extra], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "NO_COLOR": "1"})  # fmt: skip
     took = time.monotonic() - start
     assert proc.stdout.strip(), proc.stderr
     # Nothing stays behind on any node: no iperf3, no listener (the nodes' sshd runs on stdio).
     for i in range(4):
         assert "iperf3" not in fleet.processes(i), f"node{i} still runs iperf3"
+        assert not [p for p in fleet.processes(i) if p.startswith("python")], f"node{i} still runs the stream test"
         assert fleet.listening(i) == [], f"node{i} still listens: {fleet.listening(i)}"
     return proc.returncode, json.loads(proc.stdout), took
 
@@ -82,6 +83,21 @@ def test_clean_fleet_passes_at_the_shaped_rate_within_15_s(fleet: NetnsFleet) ->
         assert abs(rate - FAST) <= 0.15 * FAST, f"{src} → {dst}: {rate:.1f} Mbit/s, shaped to {FAST}"
     assert took <= 15.0 and report["seconds"] <= 15.0, (took, report["seconds"])
     assert {p["mtu_expected"] for p in report["pairs"]} == {9000} and {p["path_mtu"] for p in report["pairs"]} == {9000}
+
+
+def test_the_stream_test_measures_the_shaped_rates_where_iperf3_is_not_used(fleet: NetnsFleet) -> None:
+    # `--fabric-tool stdlib` is what a fleet without iperf3 gets: sparkfleet's own stream test, Python
+    # on each node, one stream each way. The slow link is named the same way, at its shaped rate.
+    fleet.shape(3, SLOW)
+    try:
+        rc, report, _ = _fabric(fleet, "--fabric-tool", "stdlib")
+    finally:
+        fleet.shape(3, FAST)
+    assert {p["tool"] for p in report["pairs"]} == {"stdlib"}
+    assert rc == 1 and set(_fails(report)) == {("fabric.bandwidth", p) for p in _pair_names(report, "node3")}
+    for (src, dst), rate in _rates(report).items():
+        shaped = SLOW if "node3" in (src, dst) else FAST
+        assert abs(rate - shaped) <= 0.15 * shaped, f"{src} → {dst}: {rate:.1f} Mbit/s, shaped to {shaped}"
 
 
 def test_a_slow_link_names_exactly_the_pairs_through_it(fleet: NetnsFleet) -> None:

@@ -4,6 +4,7 @@ it is streaming, so an upstream cancellation is seen as that count dropping)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -56,6 +57,7 @@ class Setup:
     gw: Running
     state: Path
     dead_port: int  # a replica of route "flaky" that is down until a test starts it
+    later_port: int  # the replica of route "later", down until a test starts it
     keys: dict[str, str] = field(repr=False)  # name -> value (kept out of pytest's failure reports)
 
     def client(self, key: str = "alice") -> openai.OpenAI:
@@ -111,6 +113,18 @@ upstream_model = "replay-model"
 [routes.down]
 targets = ["http://127.0.0.1:{never}"]
 upstream_model = "replay-model"
+hold_wait = 0
+
+[routes.held]
+targets = ["http://127.0.0.1:{never}"]
+upstream_model = "replay-model"
+hold_queue = 2
+hold_wait = 1.5
+
+[routes.later]
+targets = ["http://127.0.0.1:{later}"]
+upstream_model = "replay-model"
+hold_wait = 20
 """
 
 
@@ -122,12 +136,12 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         "bob": create_key(state, "bob", "--models", "other"),
         "slowpoke": create_key(state, "slowpoke", "--rpm", "2"),
     }
-    dead = free_port()
+    dead, later = free_port(), free_port()
     with ReplayServer(script_for).running() as a, ReplayServer(script_for).running() as b:
         config = state / "gateway.toml"
-        config.write_text(CONFIG.format(a=a.url, b=b.url, dead=dead, never=free_port()))
+        config.write_text(CONFIG.format(a=a.url, b=b.url, dead=dead, never=free_port(), later=later))
         with gateway(state, "--config", str(config)) as gw:
-            yield Setup(a, b, gw, state, dead, keys)
+            yield Setup(a, b, gw, state, dead, later, keys)
 
 
 def chat(prompt: str) -> list[dict[str, str]]:
@@ -199,7 +213,7 @@ def test_embeddings_pass_through(setup: Setup) -> None:
 
 def test_models_lists_only_the_keys_models(setup: Setup) -> None:
     assert {m.id for m in setup.client("alice").models.list()} == {
-        "replay", "replay-thinking", "capped", "other", "bulk", "flaky", "down"}  # fmt: skip
+        "replay", "replay-thinking", "capped", "other", "bulk", "flaky", "down", "held", "later"}  # fmt: skip
     assert [m.id for m in setup.client("bob").models.list()] == ["other"]
 
 
@@ -383,6 +397,97 @@ def test_no_replica_up_is_503_with_retry_after(setup: Setup) -> None:
     assert down.value.response.headers["retry-after"] == "7"
 
 
+# -- hold: requests wait for a replica, within limits (issue 34) -------------------------------
+
+
+def _held(setup: Setup, model: str) -> float:
+    """Requests waiting for model now, as /metrics says."""
+    text = httpx.get(setup.gw.root + "/metrics", headers={"authorization": f"Bearer {setup.keys['alice']}"}).text
+    found = re.search(rf'^sparkfleet_gateway_held{{model="{model}"}} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except Exception as exc:  # the test reads it
+            out.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def test_past_the_queue_or_wait_limit_is_503_with_retry_after_and_health_answers(setup: Setup) -> None:
+    c = setup.client()
+    ask = lambda: c.chat.completions.create(model="held", messages=chat("x"), max_tokens=2)  # noqa: E731
+    waiting = [_in_thread(ask) for _ in range(2)]
+    wait_for(lambda: _held(setup, "held") == 2, 5.0)
+    # The queue holds its limit (hold_queue = 2): the next one is refused at once.
+    start = time.monotonic()
+    with pytest.raises(openai.InternalServerError) as full:
+        ask()
+    assert time.monotonic() - start < 1.0
+    assert full.value.status_code == 503 and full.value.response.headers["retry-after"] == "7"
+    assert "hold_queue" in full.value.message
+    # The gateway answers the rest while requests wait.
+    assert httpx.get(setup.gw.root + "/health").json() == {"status": "ok"}
+    assert c.chat.completions.create(model="replay", messages=chat("x"), max_tokens=2).choices
+    # Past hold_wait = 1.5 s the held ones get 503 too, with Retry-After.
+    for thread, out in waiting:
+        thread.join(10)
+        assert isinstance(out[0], openai.InternalServerError), out
+        assert out[0].status_code == 503 and out[0].response.headers["retry-after"] == "7"
+        assert "hold_wait" in out[0].message
+    assert _held(setup, "held") == 0
+    rows = [r for r in setup.log() if r["model"] == "held"]
+    assert sorted(r["status"] for r in rows) == [503, 503, 503]
+    assert sorted(round(r["held"] or 0, 1) for r in rows)[1:] == [1.5, 1.5]
+
+
+def test_held_requests_go_through_in_arrival_order_once_a_replica_is_up(setup: Setup) -> None:
+    c = setup.client()
+
+    def ask(prompt: str) -> Any:
+        return c.chat.completions.create(model="later", messages=chat(prompt), max_tokens=2)
+
+    threads = []
+    for i in range(3):
+        threads.append(_in_thread(functools.partial(ask, f"n{i}")))
+        wait_for(functools.partial(lambda n: _held(setup, "later") == n, i + 1), 5.0)
+    # One client gives up while it waits: it leaves the queue.
+    quitter = setup.client().with_options(timeout=0.5)
+    with pytest.raises(openai.APITimeoutError):
+        quitter.chat.completions.create(model="later", messages=chat("quitter"), max_tokens=2)
+    wait_for(lambda: _held(setup, "later") == 3, 5.0)
+    with ReplayServer(script_for).running(setup.later_port) as revived:
+        for thread, out in threads:
+            thread.join(15)
+            assert out and out[0].choices[0].message.content == " t0 t1", out
+        order = [prompt_text(b) for b in revived.bodies]
+    assert order == ["n0", "n1", "n2"]  # arrival order; the client that gave up never reached the engine
+    rows = {r["request_id"]: r for r in setup.log() if r["model"] == "later"}
+    assert sorted(r["status"] for r in rows.values()) == [200, 200, 200, 499]
+    assert all(r["held"] > 0.3 for r in rows.values() if r["status"] == 200)
+
+
+def test_the_admin_endpoint_answers_on_its_loopback_port_with_its_token_only(setup: Setup) -> None:
+    [file] = list((setup.state / "gateways").glob("*.json"))
+    assert file.stat().st_mode & 0o777 == 0o600
+    admin = json.loads(file.read_text())
+    assert admin["url"].startswith("http://127.0.0.1:") and admin["url"] != setup.gw.root
+    state = httpx.get(admin["url"] + "/admin/state", headers={"authorization": f"Bearer {admin['token']}"})
+    assert state.status_code == 200 and "replay" in state.json()["routes"]
+    assert httpx.get(admin["url"] + "/admin/state", headers={"authorization": "Bearer nope"}).status_code == 401
+    assert httpx.get(admin["url"] + "/admin/state").status_code == 401
+    # Not on the port clients use, whatever they send.
+    wrong = httpx.get(setup.gw.root + "/admin/state", headers={"authorization": f"Bearer {admin['token']}"})
+    assert wrong.status_code == 404
+
+
 # -- bad input --------------------------------------------------------------------------------
 
 
@@ -395,7 +500,8 @@ def test_bad_input_gets_clear_openai_shaped_errors_and_the_gateway_keeps_serving
     assert r.status_code == 413
     r = httpx.post(url + "/chat/completions", json={"model": "gpt-17", "messages": []}, headers=auth)
     assert r.status_code == 404 and "gpt-17" in r.json()["error"]["message"]
-    assert "available: bulk, capped, down, flaky, other, replay, replay-thinking" in r.json()["error"]["message"]
+    assert "available: bulk, capped, down, flaky, held, later, other, replay, replay-thinking" in (
+        r.json()["error"]["message"])  # fmt: skip
     r = httpx.get(url + "/engines", headers=auth)
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
     assert httpx.get(setup.gw.root + "/health").json() == {"status": "ok"}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.doctor.pairs import PairResult, Thresholds, mtu_ladder, schedule, verdicts
+from sparkfleet.doctor.pairs import PairResult, Thresholds, mtu_ladder, pair_tool, schedule, verdicts
 from sparkfleet.nodes.linktest import (
     LocalLink,
     parse_client,
@@ -18,6 +18,7 @@ from sparkfleet.nodes.linktest import (
     parse_local,
     parse_mtu_probe,
     parse_ping,
+    stream_throughput,
 )
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "fabric"
@@ -133,12 +134,26 @@ def test_verdicts_name_the_slow_pairs_the_lossy_one_and_the_small_path_mtu() -> 
     assert "9000-byte don't-fragment packets are lost, 1500 passes" in mtu
 
 
-def test_a_node_without_iperf3_fails_with_the_package_named() -> None:
+def test_a_node_without_iperf3_is_measured_by_the_stream_test_and_warned_about() -> None:
     links = {"a": LocalLink("eth0", 1500, True), "b": LocalLink("eth0", 1500, False)}
-    checks = verdicts([PairResult("a", "b", "eth0", "eth0", 1500, loss_pct=0.0, pings=50, path_mtu=1500)], links)
-    tool = [c for c in checks if c.id == "fabric.tool" and c.status == "fail"]
+    assert pair_tool(links["a"], links["b"]) == "stdlib" and pair_tool(links["a"], links["a"]) == "iperf3"
+    assert pair_tool(links["a"], links["a"], "stdlib") == "stdlib"
+    pair = PairResult("a", "b", "eth0", "eth0", 1500, 940.0, 930.0, loss_pct=0.0, pings=50, path_mtu=1500,
+                      tool="stdlib")
+    checks = verdicts([pair], links)
+    tool = [c for c in checks if c.id == "fabric.tool" and c.status == "warn"]
     assert [c.node for c in tool] == ["b"] and "apt-get install iperf3" in tool[0].fix
-    assert not [c for c in checks if c.id == "fabric.bandwidth"]  # not measured, not blamed on the pair
+    assert "sparkfleet's stream test" in tool[0].evidence
+    assert [c.status for c in checks if c.id == "fabric.bandwidth"] == ["pass"]
+
+
+def test_stream_test_results_read_as_each_ends_received_rate() -> None:
+    server = 'listening\n{"received": 250000000, "seconds": 2.0}\n'
+    client = '{"received": 125000000, "seconds": 2.0}\n'
+    t = stream_throughput(server, client)
+    assert (t.forward_bps, t.reverse_bps) == (1e9, 5e8)  # what each end received, in bits/s
+    with pytest.raises(ValueError, match="printed no result"):
+        stream_throughput("listening\n", client)
 
 
 def test_mtu_ladder() -> None:

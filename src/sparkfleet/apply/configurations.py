@@ -221,6 +221,14 @@ def rollback(name: str, store: Store | None = None,
     report(f"rolling back to {target.describe()}")
     running = Deployments(store).get(name)
     if running is not None and running.status != "stopped":
-        stopped = down(running, deployments=Deployments(store))
+        # hold: behind a gateway, requests wait for the configuration rolled back to (apply/switch.py).
+        stopped = down(running, deployments=Deployments(store), hold=True)
         report(f"took {name} down" + (f" ({current.describe()})" if current else "") + f": {len(stopped)} rank(s)")
-    return target, up(planned, config=spec, deployments=Deployments(store))
+    try:
+        return target, up(planned, config=spec, deployments=Deployments(store))
+    finally:
+        from sparkfleet.apply.switch import release
+
+        released = release(name, Deployments(store))
+        if released:
+            report(f"behind the gateway: {released.describe()}")

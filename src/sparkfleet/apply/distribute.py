@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from rich.console import Console
 from rich.progress import (
@@ -30,6 +30,7 @@ from rich.progress import (
 
 from sparkfleet.apply.staging.copy import CopyReport, copy_files, local_files
 from sparkfleet.apply.staging.nfs import NfsReport, check_volume, ensure_volume, export
+from sparkfleet.apply.staging.pipeline import pipeline
 from sparkfleet.apply.staging.snapshot_identity import Snapshot, check_copy, check_identity, scan_node, select
 from sparkfleet.apply.staging.sync import Endpoint, Method, SyncReport, sync_node, transfer_list
 from sparkfleet.errors import StagingError
@@ -41,6 +42,9 @@ from sparkfleet.plan.model import Plan, StagingStep, volume_name
 from sparkfleet.spec.cluster import Node
 
 ProgressFn = Callable[[StagingStep, int, int], None]
+# pipeline: source → node → node …, each forwarding while it writes (apply/staging/pipeline.py);
+# push: the source copies to every target at once (its link shared among them).
+Fanout = Literal["pipeline", "push"]
 KINDS = ("sync", "copy", "nfs")
 T = TypeVar("T")
 
@@ -90,6 +94,7 @@ def _sync(
     transports: Mapping[str, Transport],
     progress: ProgressFn | None,
     method: Method,
+    fanout: Fanout = "pipeline",
 ) -> tuple[list[SyncReport], list[Snapshot]]:
     spec = steps[0].spec
     assert spec is not None
@@ -139,8 +144,32 @@ def _sync(
 
         return job
 
+    # A chain needs a source node that reaches the others over SSH, and two targets to gain anything.
+    chained = [
+        s for s in steps
+        if s.node not in shared and not (s.node == source.node and s.dst.rstrip("/") == source.path.rstrip("/"))
+    ]  # fmt: skip
+    piped: dict[str, SyncReport] = {}
+    if fanout == "pipeline" and spec.source_node is not None and method != "rsync" and len(chained) > 1:
+        by_node = {s.node: s for s in chained}
+
+        def node_bytes(node: str, done: int) -> None:
+            if progress is not None:
+                progress(by_node[node], done, max(wanted, 1))
+
+        ends = [_endpoint(transports, nodes, s.node, s.dst) for s in chained]
+        reports = pipeline(source, ends, snapshot, include=spec.include, exclude=spec.exclude, on_bytes=node_bytes)
+        piped = {r.node: r for r in reports}
+
+    def checked(step: StagingStep) -> Callable[[], tuple[SyncReport, Snapshot]]:
+        def job() -> tuple[SyncReport, Snapshot]:
+            target = _endpoint(transports, nodes, step.node, step.dst)
+            return piped[step.node], check_copy(target.transport, target.path, snapshot, kept)
+
+        return job
+
     # Nodes on shared storage are read back only once the copies they share have finished.
-    done = _parallel({s.node: one(s) for s in steps if s.node not in shared})
+    done = _parallel({s.node: (checked(s) if s.node in piped else one(s)) for s in steps if s.node not in shared})
     done += _parallel({s.node: one(s) for s in steps if s.node in shared})
     copies = [copy for _, copy in done]
     check_identity(copies, reference=snapshot, include=spec.include, exclude=spec.exclude)
@@ -259,11 +288,14 @@ def distribute(
     *,
     kinds: Sequence[str] = KINDS,
     method: Method = "auto",
+    fanout: Fanout = "pipeline",
 ) -> DistributionReport:
     """Run the plan's sync/copy/nfs steps (recipe order; nodes in parallel within a step).
 
     ``progress(step, done_bytes, total_bytes)`` is called from worker threads as bytes move.
     ``method`` forces rsync or the tar stream (``auto``: rsync where both ends have it).
+    ``fanout``: a sync from a source node to two or more targets goes through one pipeline (each
+    node forwards to the next while writing), or, with ``push``, from the source to all at once.
     Raises StagingError on the first step that fails on any node; later steps do not run.
     """
     synced: list[SyncReport] = []
@@ -273,7 +305,7 @@ def distribute(
     for _step_id, steps in _grouped(plan.staging, [k for k in kinds if k in KINDS]):
         kind = steps[0].kind
         if kind == "sync":
-            reports, copies = _sync(plan, steps, transports, progress, method)
+            reports, copies = _sync(plan, steps, transports, progress, method, fanout)
             synced += reports
             snapshots += copies
         elif kind == "copy":

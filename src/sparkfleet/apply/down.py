@@ -78,20 +78,28 @@ class DownReport:
 
 
 def down(deployment: Deployment, *, deployments: Deployments | None = None,
-         accept_new_host_keys: bool = False, connect: Connector | None = None) -> list[str]:  # fmt: skip
+         accept_new_host_keys: bool = False, connect: Connector | None = None,
+         hold: bool = False) -> list[str]:  # fmt: skip
     """Stop every rank of a recorded deployment's own instance (idempotent); returns what was
     stopped. LeftoverError (carrying the report) when anything of the instance is left."""
     report = take_down(deployment, deployments=deployments, accept_new_host_keys=accept_new_host_keys,
-                       connect=connect)  # fmt: skip
+                       connect=connect, hold=hold)  # fmt: skip
     if report.problem():
         raise LeftoverError(report)
     return report.stopped
 
 
 def take_down(deployment: Deployment, *, deployments: Deployments | None = None,
-              accept_new_host_keys: bool = False, connect: Connector | None = None) -> DownReport:  # fmt: skip
-    """Stop the instance's ranks, then check every node for what is left and the memory held."""
+              accept_new_host_keys: bool = False, connect: Connector | None = None,
+              hold: bool = False) -> DownReport:  # fmt: skip
+    """Stop the instance's ranks, then check every node for what is left and the memory held.
+    Behind a gateway, it is drained first (apply/switch.py); ``hold``: it is being replaced, and
+    requests for its models wait for the replacement."""
     records = deployments or Deployments()
+    if deployment.status in ("ready", "degraded", "draining"):
+        from sparkfleet.apply.switch import drain
+
+        drain(deployment, records, hold=hold)
     connect = connect or (lambda n: transport_for(n, accept_new_host_keys=accept_new_host_keys))
     transports = {r.node.name: connect(r.node) for r in deployment.ranks}
     nodes = {r.node.name: r.node for r in deployment.ranks}

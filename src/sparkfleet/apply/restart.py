@@ -63,6 +63,13 @@ def _up_again(record: Deployment, stored: Plan, secrets: dict[int, dict[str, str
     return up(with_secrets(stored, secrets), config=config, deployments=records, connect=connect)
 
 
+def _release(name: str, records: Deployments) -> None:
+    """Behind a gateway: the requests held during the restart go on (apply/switch.py)."""
+    from sparkfleet.apply.switch import release
+
+    release(name, records)
+
+
 def restart(record: Deployment, *, records: Deployments, connect: Connector = transport_for) -> UpResult:
     """Take record down and bring its stored Plan up again, once (the dashboard's restart)."""
     stored = records.stored_plan(record.name)
@@ -100,13 +107,14 @@ def recover(record: Deployment, why: str, *, records: Deployments, connect: Conn
                 take_down(current, deployments=records, connect=connect)
             records.set_status(record.name, "failed")
             records.set_restarts(record.name, done)
+            _release(record.name, records)
             return Outcome(False, done, message)
         delay = backoff_delay(policy, done)
         emit("restart", f"restart {done + 1}/{policy.max_restarts} of {record.name} in {delay:.0f}s: {why}", None)
         if stop.wait(delay):
             return Outcome(False, done, "watch was stopped before the restart")
         current = records.get(record.name) or record
-        report = take_down(current, deployments=records, connect=connect)
+        report = take_down(current, deployments=records, connect=connect, hold=True)
         left = report.problem()
         emit("restart-down", f"took {record.name} down: {len(report.stopped)} container(s)/process(es) stopped"
              + (f"; {left}" if left else "; nothing left"), None)  # fmt: skip
@@ -125,4 +133,5 @@ def recover(record: Deployment, why: str, *, records: Deployments, connect: Conn
         message = (f"restart {done}/{policy.max_restarts}: {record.name} ready again at {result.endpoint} "
                    f"in {result.seconds:.1f}s")  # fmt: skip
         emit("restarted", message, None)
+        _release(record.name, records)
         return Outcome(True, done, message)

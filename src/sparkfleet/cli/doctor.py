@@ -34,6 +34,11 @@ FabricFractionOpt = Annotated[
     float,
     typer.Option("--fabric-fraction", min=0.0, max=1.0, help="A direction below this × the fleet's median fails."),
 ]
+FabricToolOpt = Annotated[
+    str,
+    typer.Option("--fabric-tool", help="What measures bandwidth: auto (iperf3 where both nodes have it, else "
+                 "sparkfleet's stream test, Python on the nodes), iperf3 or stdlib."),
+]  # fmt: skip
 FabricLossOpt = Annotated[float, typer.Option("--fabric-max-loss", min=0.0, help="Ping loss (%) above this fails.")]
 NcclOpt = Annotated[
     bool,
@@ -62,6 +67,7 @@ def doctor(
     fabric_seconds: FabricSecondsOpt = 2,
     fabric_fraction: FabricFractionOpt = 0.7,
     fabric_max_loss: FabricLossOpt = 1.0,
+    fabric_tool: FabricToolOpt = "auto",
     nccl: NcclOpt = False,
     nccl_max_mib: NcclMaxOpt = 1024,
     nccl_port: NcclPortOpt = 29511,
@@ -81,6 +87,8 @@ def doctor(
 
     if nccl and recipe is None:
         raise typer.BadParameter("--nccl runs on a recipe's ranks: give the recipe", param_hint="RECIPE")
+    if fabric_tool not in ("auto", "iperf3", "stdlib"):
+        raise typer.BadParameter(f"{fabric_tool!r}: one of auto, iperf3, stdlib", param_hint="--fabric-tool")
     if nccl_backend not in ("auto", "nccl", "gloo"):
         raise typer.BadParameter(f"{nccl_backend!r}: one of auto, nccl, gloo", param_hint="--nccl-backend")
     if recipe is not None:
@@ -96,7 +104,8 @@ def doctor(
 
         thresholds = Thresholds(fraction=fabric_fraction, max_loss_pct=fabric_max_loss)
         try:
-            pairs = _fabric(spec, transports, recipe, as_json, fabric_seconds, thresholds, timeout, alone=not nccl)
+            pairs = _fabric(spec, transports, recipe, as_json, fabric_seconds, thresholds, timeout, alone=not nccl,
+                            tool=fabric_tool)  # fmt: skip
             if nccl:
                 from sparkfleet.doctor.collective import sweep_ranks
 
@@ -153,6 +162,7 @@ def _fabric(
     thresholds: Thresholds,
     timeout: float,
     alone: bool = True,
+    tool: str = "auto",
 ) -> dict[str, Any]:
     """`doctor --fabric`: the pair test, printed or as JSON (not alone: the caller prints it in its
     own), kept in doctor's history; its JSON form."""
@@ -161,7 +171,7 @@ def _fabric(
     from sparkfleet.doctor.run import sort_for_display
     from sparkfleet.state.store import Store
 
-    report = run_fabric(spec.nodes, transports, seconds=seconds, thresholds=thresholds, timeout=timeout)
+    report = run_fabric(spec.nodes, transports, seconds=seconds, thresholds=thresholds, timeout=timeout, tool=tool)
     if as_json:
         if alone:
             typer.echo(json.dumps(report.to_json(), indent=2))

@@ -133,14 +133,14 @@ def request_log(
         return
     from rich.table import Table
 
-    table = Table("time", "request", "key", "model", "deployment", "status", "tokens", "ttft", "e2e", "finish",
-                  "cap", "loop")  # fmt: skip
+    table = Table("time", "request", "key", "model", "deployment", "status", "tokens", "ttft", "e2e", "held",
+                  "finish", "cap", "loop")  # fmt: skip
     for r in rows:
         tokens = f"{r['prompt_tokens'] or 0}+{r['completion_tokens'] or 0}"
         table.add_row(_when(r["time"]), r["request_id"], r["key_name"] or "-", r["model"] or "-",
                       r["deployment"] or "-", str(r["status"]), tokens, _secs(r["ttft"]), _secs(r["e2e"]),
-                      r["finish_reason"] or "-", "yes" if r["clamped"] else "",
-                      "ABORT" if r["loop_aborted"] else "")  # fmt: skip
+                      _secs(r.get("held")) if r.get("held") else "", r["finish_reason"] or "-",
+                      "yes" if r["clamped"] else "", "ABORT" if r["loop_aborted"] else "")  # fmt: skip
     console.print(table)
 
 

@@ -71,10 +71,19 @@ def up(
         bool, typer.Option("--allow-image-mismatch", help="Start even if nodes hold different image IDs.")
     ] = False,
     variant: VariantOpt = "base",
+    replace: Annotated[
+        str | None, typer.Option("--replace", help="Replace this running deployment, losing no request (= switch).")
+    ] = None,
 ) -> None:
     """Start a deployment on every node; done only when it really serves (else everything is stopped).
     What it was started from, and whether it passed, is recorded for `sparkfleet rollback`."""
     from sparkfleet.apply.configurations import ConfigSpec
+
+    if replace is not None:  # `sparkfleet switch REPLACE RECIPE …`
+        from sparkfleet.cli.switch import switch
+
+        switch(replace, recipe, cluster, set_, env, name, variant, timeout)
+        return
     from sparkfleet.nodes.runtime.agent_session import open_sessions
     from sparkfleet.nodes.transport import transport_for
 
@@ -213,6 +222,7 @@ def status(name: Annotated[str | None, typer.Argument(help="Deployment name (all
     from rich.table import Table
 
     from sparkfleet.apply.observe import current, degraded_reason
+    from sparkfleet.apply.switch import changes
     from sparkfleet.state.deployments import Deployments, controller_gone
 
     out = [current(rec) for rec in ([_record(name)] if name else Deployments().all())]
@@ -221,7 +231,7 @@ def status(name: Annotated[str | None, typer.Argument(help="Deployment name (all
             {"name": rec.name, "status": rec.status, "engine": rec.engine, "endpoint": rec.endpoint,
              "ready_at": rec.ready_at, "restarts": rec.restarts, "instance": rec.instance,
              "controller_gone": controller_gone(rec), "degraded_reason": degraded_reason(rec, ranks),
-             "ranks": [r.__dict__ for r in ranks]}
+             "ranks": [r.__dict__ for r in ranks], "changes": changes(rec.name, Deployments())}
             for rec, ranks in out
         ], indent=2))  # fmt: skip
         return
@@ -243,6 +253,9 @@ def status(name: Annotated[str | None, typer.Argument(help="Deployment name (all
         why = degraded_reason(rec, ranks)
         if why:
             console.print(f"[red]degraded:[/] {why}", highlight=False, soft_wrap=True)
+        for e in changes(rec.name, Deployments()):  # drained, held, released, switched: behind the gateway
+            stamp = time.strftime("%H:%M:%S", time.localtime(e["time"]))
+            console.print(f"  {stamp} {e['kind']}: {e['message']}", markup=False, highlight=False, soft_wrap=True)
 
 
 def logs(

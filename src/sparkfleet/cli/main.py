@@ -37,6 +37,7 @@ COMMAND_MODULES = {
     "sparkfleet.cli.export": ("export",),
     "sparkfleet.cli.dashboard": ("dashboard",),
     "sparkfleet.cli.gateway": ("gateway",),
+    "sparkfleet.cli.switch": ("switch",),
 }
 # What `sparkfleet --help` says of each command, in its order. The listing is built from these
 # lines alone: importing the 13 command modules and letting typer read 37 signatures would take
@@ -47,6 +48,7 @@ SUMMARIES = {
     "up": "Start a deployment; done only when it really serves.",
     "down": "Stop every rank of a deployment this controller started.",
     "rollback": "Bring back the last configuration that passed its gate.",
+    "switch": "Replace a deployment behind the gateway, losing no request.",
     "status": "Per rank: node, state, uptime, health.",
     "logs": "Every rank's log, each line prefixed by rank and node.",
     "watch": "Poll a deployment, record its series and events, restart it.",

@@ -86,6 +86,10 @@ def plan_cmd(
         typer.echo(json.dumps(plan_json(planned), indent=2, sort_keys=False))
     else:
         print_plan(planned, console)
+        if planned.fetch is not None:
+            from sparkfleet.apply.hub import print_rules
+
+            print_rules(planned.fetch, console)
 
 
 def report_overrides(planned: Plan, strict: bool) -> None:

@@ -13,6 +13,11 @@ from sparkfleet.cli.options import AcceptNewOpt, ClusterOpt, JsonOpt, NameOpt, R
 VerifyOpt = Annotated[
     bool, typer.Option("--verify", help="Check every staged file in full against its ledger; write nothing.")
 ]
+MethodOpt = Annotated[
+    str,
+    typer.Option("--method", help="How a sync from a source node reaches the others: pipeline (each node "
+                 "forwards to the next while writing) or push (the source to all at once)."),
+]  # fmt: skip
 
 
 def stage(
@@ -23,6 +28,7 @@ def stage(
     name: NameOpt = None,
     as_json: JsonOpt = False,
     accept_new: AcceptNewOpt = False,
+    method: MethodOpt = "pipeline",
 ) -> None:
     """Run the recipe's staging entries and composed_model on every node in parallel.
 
@@ -35,8 +41,11 @@ def stage(
 
     from sparkfleet.apply.distribute import rich_progress
     from sparkfleet.apply.staging.phase import stage as run_stage
+    from sparkfleet.errors import UsageError
     from sparkfleet.nodes.transport import transport_for
 
+    if method not in ("pipeline", "push"):
+        raise UsageError(f"--method {method!r}: choose pipeline or push")
     planned = build_plan(recipe, cluster, set_, None, name)
     if not planned.staging:
         console.print(f"{planned.recipe_source}: nothing to stage")
@@ -44,11 +53,20 @@ def stage(
     transports = {r.node.name: transport_for(r.node, accept_new_host_keys=accept_new) for r in planned.ranks}
     try:
         with rich_progress(err_console) as progress:
-            phase = run_stage(planned, transports, verify=verify, progress=progress)
+            phase = run_stage(planned, transports, verify=verify, progress=progress,
+                              fanout="push" if method == "push" else "pipeline")  # fmt: skip
     finally:
         for transport in transports.values():
             transport.close()
     rows = phase.rows()
+    if phase.fetched is not None and not as_json:
+        f = phase.fetched
+        console.print(
+            f"from the Hub onto {f.node}: {f.bytes_fetched:,} bytes ({len(f.fetched)} file(s) fetched, "
+            f"{len(f.present)} already there); between nodes: {phase.bytes_between_nodes:,} bytes"
+        )
+        for file, size, why in f.skipped:
+            console.print(f"  not fetched: {file} ({size:,} bytes): {why}")
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
     else:

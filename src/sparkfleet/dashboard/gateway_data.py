@@ -8,6 +8,7 @@ import sqlite3
 import time
 from typing import Any
 
+from sparkfleet.apply.switch import CHANGE_EVENTS
 from sparkfleet.gateway.config import GatewayConfig
 from sparkfleet.gateway.routing import Router
 from sparkfleet.state.store import Store
@@ -40,10 +41,26 @@ def gateway(store: Store, limit: int = 50) -> dict[str, Any]:
             for r in conn.execute("SELECT name, id, models, rpm, tpm, expires, revoked FROM keys ORDER BY created"):
                 state = "revoked" if r["revoked"] else "expired" if r["expires"] and r["expires"] <= now else "active"
                 keys.append({"name": r["name"], "id": r["id"], "rpm": r["rpm"], "tpm": r["tpm"], "state": state})
-            rows = conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM requests ORDER BY id DESC LIMIT ?", (limit,))
+            have = {r[1] for r in conn.execute("PRAGMA table_info(requests)")}
+            columns = [*_COLUMNS, *(["held"] if "held" in have else [])]  # held: issue 34's, newer
+            rows = conn.execute(f"SELECT {', '.join(columns)} FROM requests ORDER BY id DESC LIMIT ?", (limit,))
             requests = [dict(r) for r in rows]
         except sqlite3.Error:
             pass  # a gateway.db from before the request log: keys and rows as far as there are any
         finally:
             conn.close()
-    return {"routes": routes, "keys": keys, "requests": requests}
+    return {"routes": routes, "keys": keys, "requests": requests, "changes": _changes(store, limit)}
+
+
+def _changes(store: Store, limit: int) -> list[dict[str, Any]]:
+    """The newest drained / held / released / switched events of every deployment."""
+    if not store.path.exists():
+        return []
+    kinds = ", ".join(f"'{k}'" for k in CHANGE_EVENTS)
+    try:
+        with store.connect(write=False) as conn:
+            rows = conn.execute(f"SELECT name, time, kind, message FROM events WHERE kind IN ({kinds}) "
+                                "ORDER BY id DESC LIMIT ?", (limit,)).fetchall()  # fmt: skip
+    except sqlite3.Error:
+        return []
+    return [dict(r) for r in rows]

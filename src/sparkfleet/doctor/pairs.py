@@ -8,7 +8,8 @@ measurements:
     fabric.bandwidth   each direction of each pair at ≥ fraction × the fleet's median (default 0.7)
     fabric.loss        ping loss ≤ max_loss_pct (default 1 %)
     fabric.path_mtu    a don't-fragment packet of the source interface's MTU is answered
-    fabric.tool        iperf3 is installed on the node
+    fabric.tool        iperf3 is installed on the node (without it, or with tool="stdlib", the pair's
+                       bandwidth comes from the stream test shipped to the nodes: a warning)
     fabric.node        the node answered (SSH); a node that did not fails here, its pairs are skipped
 """
 
@@ -77,6 +78,7 @@ class PairResult:
     path_mtu: int | None = None  # the largest don't-fragment size answered (None: none was)
     mtu_tried: tuple[int, ...] = ()
     errors: tuple[str, ...] = ()
+    tool: str | None = None  # what measured the bandwidth: iperf3, stdlib (the shipped stream test)
 
 
 def mtu_ladder(mtu: int | None) -> tuple[int, ...]:
@@ -86,7 +88,15 @@ def mtu_ladder(mtu: int | None) -> tuple[int, ...]:
     return tuple(dict.fromkeys(s for s in (mtu, 1500, 1280) if s <= mtu))
 
 
-def pair_result(a: str, b: str, la: LocalLink, lb: LocalLink, m: PairMeasurement) -> PairResult:
+def pair_tool(la: LocalLink, lb: LocalLink, wanted: str = "auto") -> str:
+    """What measures a pair's bandwidth: iperf3 where both nodes have it (auto), else the stream test."""
+    if wanted == "stdlib" or (wanted == "auto" and not (la.has_iperf3 and lb.has_iperf3)):
+        return "stdlib"
+    return "iperf3"
+
+
+def pair_result(a: str, b: str, la: LocalLink, lb: LocalLink, m: PairMeasurement, tool: str | None = None
+                ) -> PairResult:  # fmt: skip
     """A pair's figures from its measurement."""
     t, p = m.throughput, m.ping
     answered = [probe.size for probe in m.mtu if probe.passed]
@@ -96,6 +106,7 @@ def pair_result(a: str, b: str, la: LocalLink, lb: LocalLink, m: PairMeasurement
         retransmits=(t.forward_retransmits, t.reverse_retransmits) if t else None,
         rtt_ms=p.rtt_avg_ms if p else None, loss_pct=p.loss_pct if p else None, pings=p.sent if p else None,
         path_mtu=max(answered) if answered else None, mtu_tried=tuple(probe.size for probe in m.mtu), errors=m.errors,
+        tool=tool,
     )  # fmt: skip
 
 
@@ -125,8 +136,9 @@ def verdicts(
         elif link.has_iperf3:
             checks.append(Check("fabric.tool", node, "pass", "iperf3 installed"))
         else:
-            checks.append(Check("fabric.tool", node, "fail", "iperf3 not found on the node: its pairs' bandwidth is "
-                                "not measured", IPERF3_FIX))  # fmt: skip
+            checks.append(Check("fabric.tool", node, "warn", "iperf3 not found on the node: its pairs' bandwidth is "
+                                "measured by sparkfleet's stream test (Python, one stream each way: below line rate "
+                                "on links faster than a few Gbit/s)", IPERF3_FIX))  # fmt: skip
     median = median_mbps(results)
     for r in results:
         if links[r.a].error is not None or links[r.b].error is not None:
@@ -134,9 +146,8 @@ def verdicts(
         pair = _pair(r)
         # bandwidth
         if r.forward_mbps is None or r.reverse_mbps is None:
-            if links[r.a].has_iperf3 and links[r.b].has_iperf3:
-                why = "; ".join(r.errors) or "no result"
-                checks.append(Check("fabric.bandwidth", pair, "fail", f"{_ends(r)}: not measured: {why}"))
+            why = "; ".join(r.errors) or "no result"
+            checks.append(Check("fabric.bandwidth", pair, "fail", f"{_ends(r)}: not measured: {why}"))
         elif median is not None:
             floor, why = th.fraction * median, f"{th.fraction:g} × the fleet's median {median:.1f} Mbit/s"
             if th.min_mbps is not None and th.min_mbps > floor:
@@ -240,7 +251,8 @@ def render_matrix(report: FabricReport) -> list[str]:
         rtt = f"{p.rtt_ms:.3f} ms" if p.rtt_ms is not None else "n/a"
         loss = f"{p.loss_pct:g}%" if p.loss_pct is not None else "n/a"
         mtu = f"{p.path_mtu}/{p.mtu_expected}" if p.path_mtu else f"<{min(p.mtu_tried, default=0)}/{p.mtu_expected}"
-        lines.append(f"{p.a} {p.a_if or '?'} <-> {p.b} {p.b_if or '?'}: RTT {rtt}, loss {loss}, path MTU {mtu}")
+        via = " (bandwidth: sparkfleet's stream test)" if p.tool == "stdlib" else ""
+        lines.append(f"{p.a} {p.a_if or '?'} <-> {p.b} {p.b_if or '?'}: RTT {rtt}, loss {loss}, path MTU {mtu}{via}")
     return lines
 
 
@@ -252,8 +264,10 @@ def run_fabric(
     thresholds: Thresholds = Thresholds(),
     port: int = IPERF3_PORT,
     timeout: float = 15.0,
+    tool: str = "auto",
 ) -> FabricReport:
-    """Measure every pair over the nodes' fabric addresses, round by round, each round at once."""
+    """Measure every pair over the nodes' fabric addresses, round by round, each round at once;
+    bandwidth with iperf3 where both nodes have it (tool="auto"), else the shipped stream test."""
     start = time.monotonic()
     by_name = {t.name: t for t in targets}
     names = [t.name for t in targets]
@@ -269,7 +283,8 @@ def run_fabric(
             a, b = key.split("\0")
             return measure_pair(transports[a], transports[b], by_name[a].fabric_ip, by_name[b].fabric_ip,
                                 seconds=seconds, mtu_sizes=mtu_ladder(links[a].mtu), port=port,
-                                bandwidth=links[a].has_iperf3 and links[b].has_iperf3)  # fmt: skip
+                                tool=pair_tool(links[a], links[b], tool),
+                                pythons=(by_name[a].python, by_name[b].python))  # fmt: skip
 
         pairs = tuple((a, b) for a, b in pairs if links[a].error is None and links[b].error is None)
         keys = [f"{a}\0{b}" for a, b in pairs]
@@ -281,6 +296,6 @@ def run_fabric(
                 if outcome.ok and outcome.value
                 else PairMeasurement(None, None, (), (str(outcome.error),))
             )
-            results.append(pair_result(a, b, links[a], links[b], m))
+            results.append(pair_result(a, b, links[a], links[b], m, pair_tool(links[a], links[b], tool)))
     checks = verdicts(results, links, thresholds)
     return FabricReport(tuple(names), rounds, tuple(results), checks, time.monotonic() - start, seconds, thresholds)

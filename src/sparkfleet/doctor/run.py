@@ -127,6 +127,7 @@ def spec_for(cluster: Cluster, p: Plan | None = None) -> DoctorSpec:
                 rdma=n.rdma,
                 ib_gid_index=n.ib_gid_index,
                 hf_cache=n.hf_cache,
+                python=n.python,
                 head=i == 0,
                 env=tuple((k, v, "cluster") for k, v in sorted(cluster_env(n, ()).items())),
             )
@@ -149,6 +150,7 @@ def spec_for(cluster: Cluster, p: Plan | None = None) -> DoctorSpec:
                 rdma_required=uses_ib and env.get("NCCL_IB_DISABLE") != "1" and len(p.ranks) > 1,
                 ib_gid_index=n.ib_gid_index,
                 hf_cache=n.hf_cache,
+                python=n.python,
                 staging=tuple((s.id, s.dst, s.min_free) for s in p.staging if s.node == n.name and s.min_free),
                 ports=rank.ports,
                 memlock=n.memlock,

@@ -34,6 +34,7 @@ class NodeTarget:
     rdma_required: bool = False
     ib_gid_index: int | None = None
     hf_cache: str | None = None
+    python: str = "python3"  # the node's interpreter, for the stream test shipped where iperf3 is missing
     staging: tuple[tuple[str, str, int], ...] = ()
     ports: tuple[int, ...] = ()
     memlock: str | None = None

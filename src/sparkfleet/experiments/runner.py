@@ -18,6 +18,7 @@ from typing import Any
 from sparkfleet.apply.configurations import ConfigSpec
 from sparkfleet.apply.down import down
 from sparkfleet.apply.observe import logs
+from sparkfleet.apply.switch import release
 from sparkfleet.apply.up import _shielded, _signals_interrupt, up  # up's SIGTERM-as-Ctrl-C and shield
 from sparkfleet.bench.decode import DecodeConfig, DecodeTierRun, run_decode
 from sparkfleet.bench.endpoint import Endpoint, resolve_endpoint
@@ -179,6 +180,7 @@ def _variant_round(cfg: ABConfig, experiment: int, variant: str, rnd: int, posit
     say(f"round {rnd + 1}/{cfg.rounds}: {variant} up")
     try:
         result = up(planned, config=spec, deployments=Deployments(store), timeout=cfg.timeout)
+        release(planned.name, Deployments(store))  # behind a gateway: what the change held goes on
         part = VariantRound(rnd, position, variant, result.seconds, configuration=result.configuration)
         record = Deployments(store).get(planned.name)
         if record is not None:
@@ -191,7 +193,8 @@ def _variant_round(cfg: ABConfig, experiment: int, variant: str, rnd: int, posit
         record = Deployments(store).get(planned.name)
         if record is not None and record.status not in ("stopped", "failed"):
             with _shielded():
-                down(record, deployments=Deployments(store))
+                # hold: behind a gateway, requests wait for the next variant (apply/switch.py).
+                down(record, deployments=Deployments(store), hold=True)
             say(f"round {rnd + 1}/{cfg.rounds}: {variant} down")
     return part
 
@@ -221,6 +224,7 @@ def run_ab(cfg: ABConfig, store: Store | None = None, say: Say = lambda _m: None
         status, note = "interrupted", "interrupted by the user; the running variant was taken down"
     except SparkfleetError as exc:
         status, note = "failed", exc.message
+    release(name, Deployments(store))  # the last variant is down for good: nothing waits for it
     experiments.finish(experiment, status, None, note)
     report = build_report(experiments.get(experiment), experiments.rounds(experiment), cfg.min_effect)
     report["note"] = note

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ from typing import Any
 import aiohttp
 
 from sparkfleet.gateway.config import GatewayConfig, Route
+from sparkfleet.gateway.hold import HoldQueue, QueueFull, RouteGone
 from sparkfleet.gateway.keys import Key, KeyStore
 from sparkfleet.gateway.observe import Metrics, RequestLog, Row
 from sparkfleet.gateway.routing import Replica, Router, read_deployments
@@ -90,7 +92,11 @@ class _ClientGone(Exception):
     pass
 
 
-@dataclass
+class _Again(Exception):
+    """The engine failed before anything reached the client: the request may go elsewhere (or wait)."""
+
+
+@dataclass(eq=False)
 class _Exchange:
     """One request's bookkeeping, for the log and the metrics."""
 
@@ -102,6 +108,11 @@ class _Exchange:
     finished: bool = False
     cap_header: str | None = None
     chat: bool = False
+    task: asyncio.Task[Any] | None = None
+    drained: bool = False  # cancelled by a drain whose grace ran out
+    redo: bool = False  # taken off a drained replica before its answer began: sent again elsewhere
+    sent: float = 0.0  # monotonic: when it went to its current replica
+    hold_until: float | None = None  # monotonic deadline of its waiting, all waits together
 
 
 def error_body(message: str, kind: str, code: str | None = None) -> bytes:
@@ -124,6 +135,12 @@ class Gateway:
         self.limiter = Limiter()
         self.client: aiohttp.ClientSession | None = None
         self._maintainer: asyncio.Task[None] | None = None
+        self.hold = HoldQueue()
+        self.in_flight: set[_Exchange] = set()
+        # The admin endpoint (drain, release, state): only on the loopback socket of this port,
+        # only with this token (server.py writes both where the CLI of this state dir finds them).
+        self.admin_port: int | None = None
+        self.admin_token: str | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -147,18 +164,41 @@ class Gateway:
         self.log.close()
 
     async def _maintain(self) -> None:
-        """Re-read the state store and probe the replicas taken out, every health_interval."""
+        """Re-read the state store and probe the replicas taken out, every health_interval, and
+        every 0.2 s while requests wait for a replica (a request starting to wait wakes it)."""
         while True:
-            await asyncio.sleep(self.config.health_interval)
+            interval = 0.2 if self.hold.held() else self.config.health_interval
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await self.hold.changed.wait()
+            self.hold.changed.clear()
             try:
-                deployments = await asyncio.to_thread(read_deployments, self.router.state_db)
-                self.router.refresh(deployments)
+                await self.refresh()
                 await asyncio.gather(*(self._probe(r) for r in self.router.unhealthy()))
+                self._release()
                 for model, state in self.router.routes.items():
                     for r in state.replicas:
                         self.metrics.replica_up.labels(model, r.name).set(1 if r.healthy and not r.draining else 0)
             except Exception:  # the loop must outlive any one bad round
                 log.exception("gateway maintenance round failed")
+
+    async def refresh(self) -> None:
+        deployments = await asyncio.to_thread(read_deployments, self.router.state_db)
+        self.router.refresh(deployments)
+        self._release()
+
+    def _release(self) -> None:
+        """Let the requests waiting for a model go once it has a ready replica; end the waiting of
+        those whose model left the gateway."""
+        for model in list(self.hold.waiting):
+            state = self.router.routes.get(model)
+            if state is None:
+                n = self.hold.drop(model)
+                log.warning("model %s left the gateway: %d waiting request(s) get 503", model, n)
+            elif state.ready():
+                n = self.hold.release(model)
+                if n:
+                    log.info("model %s has a ready replica again: %d held request(s) released", model, n)
 
     async def _probe(self, replica: Replica) -> None:
         assert self.client is not None
@@ -190,7 +230,9 @@ class Gateway:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
         kind = _PATHS.get(path)
-        if kind and method == "POST":
+        if path.startswith("/admin/") and self._on_admin_socket(scope):
+            await self._admin(scope, receive, send)
+        elif kind and method == "POST":
             await self._proxy(scope, receive, send, kind)
         elif path == "/health" and method == "GET":
             await _respond(send, 200, b'{"status":"ok"}', _JSON)
@@ -212,6 +254,108 @@ class Gateway:
             return
         body, headers = answer(key)
         await _respond(send, 200, body, headers)
+
+    # -- the admin endpoint: drain, release, state ---------------------------------------------
+
+    def _on_admin_socket(self, scope: Scope) -> bool:
+        server = scope.get("server") or ("", None)
+        return self.admin_port is not None and server[1] == self.admin_port and server[0] in ("127.0.0.1", "::1")
+
+    async def _admin(self, scope: Scope, receive: Receive, send: Send) -> None:
+        presented = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization" and value.startswith(b"Bearer "):
+                presented = value[7:].strip()
+        token = (self.admin_token or "").encode()
+        if not token or not hmac.compare_digest(presented, token):
+            await _respond(send, 401, error_body("admin: wrong or missing token", "authentication_error"), _JSON)
+            return
+        path, method = scope["path"], scope["method"]
+        try:
+            args = json.loads(await self._body(scope, receive) or b"{}") if method == "POST" else {}
+            if path == "/admin/drain" and method == "POST":
+                answer = await self.drain(str(args["deployment"]), float(args.get("grace", self.config.drain_grace)),
+                                          bool(args.get("hold", False)))  # fmt: skip
+            elif path == "/admin/release" and method == "POST":
+                answer = await self.release(str(args["deployment"]), float(args.get("since", 0.0)))
+            elif path == "/admin/state" and method == "GET":
+                answer = self.state()
+            else:
+                await _respond(send, 404, error_body(f"no such admin path: {path}", "invalid_request_error"), _JSON)
+                return
+        except (ValueError, KeyError, TypeError) as exc:
+            await _respond(send, 400, error_body(f"admin: bad request ({exc})", "invalid_request_error"), _JSON)
+            return
+        await _respond(send, 200, json.dumps(answer).encode(), _JSON)
+
+    async def drain(self, name: str, grace: float, hold: bool) -> dict[str, Any]:
+        """Send deployment name no new request; wait for its in-flight ones up to grace seconds,
+        then cancel the rest (the client gets an error event, or a 503, and the engine's request
+        is closed). ``hold``: its models' routes stay while it is replaced, requests waiting."""
+        start = time.monotonic()
+        await self.refresh()
+        max_hold = max([self.config.hold_wait, *(r.hold_wait or 0 for r in self.config.routes)])
+        replicas = self.router.drain(name, max_hold if hold else None)
+        ids = {id(r) for r in replicas}
+        in_flight = [ex for ex in self.in_flight if ex.replica is not None and id(ex.replica) in ids]
+        deadline = start + grace
+
+        def there(ex: _Exchange) -> bool:  # still being answered by a drained replica
+            return not ex.finished and not ex.redo and ex.replica is not None and id(ex.replica) in ids
+
+        moved = cancelled = 0
+        while any(there(ex) for ex in in_flight) and time.monotonic() < deadline:
+            # Queued in the engine, no token yet, and another replica is ready: sent there now
+            # rather than after a queue's wait on an engine that is going away.
+            for ex in in_flight:
+                if there(ex) and not ex.started and ex.row.ttft is None and ex.task and self._elsewhere(ex):
+                    # Its wait on this engine until now is the engine's queue, not the drain's.
+                    ex.sent = max(ex.sent, start)
+                    ex.redo = True
+                    ex.task.cancel()
+                    moved += 1
+            await asyncio.sleep(0.02)
+        for ex in in_flight:
+            if there(ex) and ex.task is not None:
+                if ex.started:
+                    ex.drained = True
+                    cancelled += 1
+                else:
+                    ex.redo = True
+                    moved += 1
+                ex.task.cancel()
+        if cancelled:
+            await asyncio.sleep(0)  # let the cancelled requests answer before ranks are stopped
+        models = sorted(self.router.models_of.get(name, ()))
+        log.info("drained %s: %d request(s) finished, %d moved, %d cancelled after %.1f s", name,
+                 len(in_flight) - cancelled - moved, moved, cancelled, time.monotonic() - start)  # fmt: skip
+        return {"deployment": name, "replicas": len(replicas), "finished": len(in_flight) - cancelled - moved,
+                "cancelled": cancelled, "moved": moved, "seconds": round(time.monotonic() - start, 3), "models": models,
+                "held": hold, "since": time.time() - (time.monotonic() - start)}  # fmt: skip
+
+    async def release(self, name: str, since: float) -> dict[str, Any]:
+        """The change of deployment name is over: routes from the state store now, the held
+        requests released where a replica is ready; what was held since ``since``."""
+        models = self.router.undrain(name)
+        await self.refresh()
+        models |= {m for m, st in self.router.routes.items() if any(r.name == name for r in st.replicas)}
+        return {"deployment": name, "models": sorted(models), **self.hold.summary(since, models)}
+
+    def state(self) -> dict[str, Any]:
+        return {"routes": {m: {"waiting": self.hold.held(m), "replicas": [
+            {"name": r.name, "instance": r.instance, "outstanding": r.outstanding, "healthy": r.healthy,
+             "draining": r.draining} for r in st.replicas]} for m, st in self.router.routes.items()}}  # fmt: skip
+
+    async def _cancelled_by_drain(self, ex: _Exchange, send: Send) -> None:
+        ex.row.status, ex.row.error = 503, "cancelled: its deployment was drained and the grace ran out"
+        with contextlib.suppress(Exception):  # the client may be gone too
+            if ex.started:
+                event = b"data: " + error_body("the deployment was drained; the answer was cut", "server_error")
+                await send({"type": "http.response.body", "body": event + b"\n\n", "more_body": False})
+            else:
+                await _respond(send, 503, error_body("the deployment was drained before the answer began; retry",
+                               "server_error", "unavailable"), [*_JSON, (b"retry-after",
+                               str(self.config.retry_after).encode())], ex)  # fmt: skip
 
     def _models(self, key: Key) -> tuple[bytes, list[Any]]:
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "sparkfleet"}
@@ -247,6 +391,8 @@ class Gateway:
         ex = _Exchange(Row(time=time.time(), request_id=os.urandom(8).hex(), key_name=None, model=None,
                            deployment=None, status=0), time.monotonic(), chat=kind == "chat")  # fmt: skip
         task = asyncio.current_task()
+        ex.task = task
+        self.in_flight.add(ex)
         watcher: asyncio.Future[None] | None = None
         try:
             try:
@@ -268,9 +414,13 @@ class Gateway:
         except (asyncio.CancelledError, _ClientGone):
             if task is not None:
                 task.uncancel()
-            ex.row.status = ex.row.status if ex.row.status and ex.row.status != 200 else 499
-            ex.row.error = ex.row.error or "client went away"
+            if ex.drained:
+                await self._cancelled_by_drain(ex, send)
+            else:
+                ex.row.status = ex.row.status if ex.row.status and ex.row.status != 200 else 499
+                ex.row.error = ex.row.error or "client went away"
         finally:
+            self.in_flight.discard(ex)
             ex.finished = True
             if watcher is not None:
                 watcher.cancel()
@@ -341,29 +491,43 @@ class Gateway:
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         self.metrics.in_flight.labels(route.model).inc()
         try:
-            replica, resp, first = await self._open(ex, body, "/v1/" + _upstream_path(kind))
-            try:
-                if resp.status != 200 or not up_stream:
-                    await self._whole(ex, resp, first, send)
-                elif client_stream:
-                    await self._stream(ex, route, resp, first, want_usage, send)
-                else:
-                    await self._assemble(ex, route, resp, first, send)
-            finally:
-                # Not read to the end (a loop abort, a client gone): closing the connection is
-                # what tells the engine to stop.
-                if resp.content.at_eof():
-                    resp.release()
-                else:
-                    resp.close()
-                replica.outstanding -= 1
+            while True:
+                try:
+                    replica, resp, first = await self._open(ex, body, "/v1/" + _upstream_path(kind), route)
+                except asyncio.CancelledError:
+                    if self._redo(ex):
+                        continue
+                    raise
+                try:
+                    if resp.status != 200 or not up_stream:
+                        await self._whole(ex, resp, first, send)
+                    elif client_stream:
+                        await self._stream(ex, route, resp, first, want_usage, send)
+                    else:
+                        await self._assemble(ex, route, resp, first, send)
+                    return
+                except _Again:
+                    continue  # nothing reached the client: another replica, or wait for one
+                except asyncio.CancelledError:
+                    if self._redo(ex):
+                        continue
+                    raise
+                finally:
+                    # Not read to the end (a loop abort, a client gone): closing the connection is
+                    # what tells the engine to stop.
+                    if resp.content.at_eof():
+                        resp.release()
+                    else:
+                        resp.close()
+                    replica.outstanding -= 1
         finally:
             self.metrics.in_flight.labels(route.model).dec()
 
-    async def _open(self, ex: _Exchange, body: dict[str, Any], path: str
+    async def _open(self, ex: _Exchange, body: dict[str, Any], path: str, route: Route
                     ) -> tuple[Replica, aiohttp.ClientResponse, bytes]:  # fmt: skip
         """Send the request to the least busy ready replica, then to the next one while a replica
-        fails before its first byte (connection refused or reset, 5xx)."""
+        fails before its first byte (connection refused or reset, 5xx); with none ready, wait for
+        one (hold.py) within the route's limits."""
         assert self.client is not None
         model = body["model"]
         tried: set[int] = set()
@@ -371,14 +535,16 @@ class Gateway:
         while True:
             replica = self.router.pick(model, tried)
             if replica is None:
-                raise _Reject(503, f"model {model!r} is not available now ({last_error}); retry later",
-                              "server_error", "unavailable", retry_after=self.config.retry_after)  # fmt: skip
+                last_error = await self._wait_for_replica(ex, model, route, last_error)
+                tried.clear()
+                continue
             tried.add(id(replica))
             ex.replica = replica
             ex.row.deployment = replica.name
             body["model"] = replica.upstream_model
             payload = json.dumps(body).encode()
             replica.outstanding += 1
+            ex.sent = time.monotonic()
             resp: aiohttp.ClientResponse | None = None
             try:
                 resp = await self.client.post(replica.base + path, data=payload,
@@ -403,6 +569,59 @@ class Gateway:
                 raise
             finally:
                 body["model"] = model
+
+    def _elsewhere(self, ex: _Exchange) -> bool:
+        state = self.router.routes.get(ex.row.model or "")
+        return bool(state and state.ready())
+
+    def _redo(self, ex: _Exchange) -> bool:
+        """A drain took this request off its replica before anything reached the client: it goes
+        to another replica (or waits for one) instead of failing."""
+        if not ex.redo or ex.started:
+            return False
+        ex.redo = False
+        if ex.task is not None:
+            ex.task.uncancel()
+        # The time it sat on the drained replica is wait the change added, as a hold's is.
+        ex.row.held = (ex.row.held or 0.0) + time.monotonic() - ex.sent
+        return True
+
+    async def _wait_for_replica(self, ex: _Exchange, model: str, route: Route, why: str) -> str:
+        """Wait until model has a ready replica (503 with Retry-After past the route's limits)."""
+        queue, wait = self.config.hold_limits(route)
+        ex.replica = None  # waiting, it is in flight on no replica (a drain must not cancel it)
+        if ex.hold_until is None:
+            ex.hold_until = time.monotonic() + wait
+        left = ex.hold_until - time.monotonic()
+        retry = self.config.retry_after
+        if model not in self.router.routes:
+            raise _Reject(503, f"model {model!r} was taken off the gateway ({why}); retry later", "server_error",
+                          "unavailable", retry_after=retry)  # fmt: skip
+        if left <= 0:
+            said = f"no replica was ready within {wait:g} s (hold_wait)" if wait else why
+            raise _Reject(503, f"model {model!r} is not available now ({said}); retry later", "server_error",
+                          "unavailable", retry_after=retry)  # fmt: skip
+        self.metrics.held.labels(model).inc()
+        try:
+            waited = await self.hold.wait(model, queue, left)
+        except QueueFull:
+            self.metrics.hold_outcomes.labels(model, "full").inc()
+            raise _Reject(503, f"model {model!r} has no ready replica and {queue} request(s) wait for it already "
+                          "(hold_queue); retry later", "server_error", "unavailable", retry_after=retry) from None
+        except TimeoutError:
+            self.metrics.hold_outcomes.labels(model, "timeout").inc()
+            ex.row.held = (ex.row.held or 0.0) + max(0.0, left)
+            raise _Reject(503, f"model {model!r} is not available now (no replica was ready within {wait:g} s, "
+                          "hold_wait); retry later", "server_error", "unavailable", retry_after=retry) from None
+        except RouteGone:
+            self.metrics.hold_outcomes.labels(model, "dropped").inc()
+            raise _Reject(503, f"model {model!r} was taken off the gateway while the request waited; retry later",
+                          "server_error", "unavailable", retry_after=retry) from None
+        finally:
+            self.metrics.held.labels(model).dec()
+        self.metrics.hold_outcomes.labels(model, "released").inc()
+        ex.row.held = (ex.row.held or 0.0) + waited
+        return "no replica is ready"
 
     async def _whole(self, ex: _Exchange, resp: aiohttp.ClientResponse, first: bytes, send: Send) -> None:
         """A non-streamed answer (or an engine's error) passed through as it is."""
@@ -435,6 +654,9 @@ class Gateway:
                 try:
                     # A client that takes nothing for client_timeout seconds (the socket's buffers
                     # full) is dropped, and with it the engine's request.
+                    if watch.done:  # [DONE] goes out now: a client that reads it and goes is no 499
+                        self._finish(ex, route, watch, 200)
+                        ex.finished = True
                     async with asyncio.timeout(self.config.client_timeout):
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                 except TimeoutError:
@@ -448,15 +670,15 @@ class Gateway:
             ex.row.error = f"upstream {type(exc).__name__} mid-answer"
             event = b"data: " + error_body("the engine stopped mid-answer", "server_error") + b"\n\n"
             if not started:
-                raise _Reject(503, "the engine stopped before answering", "server_error",
-                              retry_after=self.config.retry_after) from None  # fmt: skip
+                raise _Again from None
             await send({"type": "http.response.body", "body": event, "more_body": True})
         if not started:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             ex.started = True
             self._first_byte(ex)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
         self._finish(ex, route, watch, 200)
+        ex.finished = True  # the answer is whole: a client that goes away from here on cancels nothing
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _assemble(self, ex: _Exchange, route: Route, resp: aiohttp.ClientResponse, first: bytes,
                         send: Send) -> None:  # fmt: skip
@@ -471,7 +693,7 @@ class Gateway:
         except _UPSTREAM_ERRORS as exc:
             assert ex.replica is not None
             self.router.failed(ex.replica, f"{type(exc).__name__} mid-answer")
-            raise _Reject(502, "the engine stopped mid-answer", "server_error") from None
+            raise _Again from None  # assembled here: nothing reached the client yet
         answer = assembler.result(watch.final_usage(), None, None)
         self._finish(ex, route, watch, 200)
         await _respond(send, 200, json.dumps(answer).encode(), _JSON + self._headers(ex), ex)
@@ -574,4 +796,6 @@ async def _respond(send: Send, status: int, body: bytes, headers: list[Any], ex:
         headers = [*headers, (b"x-request-id", ex.row.request_id.encode())]
     await send({"type": "http.response.start", "status": status,
                 "headers": [*headers, (b"content-length", str(len(body)).encode())]})  # fmt: skip
+    if ex is not None:
+        ex.finished = True  # the whole answer is in this send: a client that reads it and goes is no 499
     await send({"type": "http.response.body", "body": body})

@@ -50,6 +50,10 @@ class Route:
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS  # 0: no cap
     loop: LoopAbort = LoopAbort()
     fields: tuple[tuple[str, Any], ...] = ()
+    # While the model has no ready replica: at most this many requests wait, each at most this many
+    # seconds (None: the gateway's hold_queue / hold_wait; hold_wait 0: no waiting, 503 at once).
+    hold_queue: int | None = None
+    hold_wait: float | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,11 @@ class GatewayConfig:
     client_timeout: float = 60.0  # longest a streaming client may take no bytes before it is dropped
     health_interval: float = 2.0  # how often the state store is re-read and failed replicas probed
     retry_after: int = 5  # seconds, for 503 while no replica is up
+    # A model with no ready replica (a restart, a rollback, a switch): requests wait, this many at
+    # most, each this long at most (the seed line's engine takes 160-170 s to be ready again).
+    hold_queue: int = 256
+    hold_wait: float = 300.0
+    drain_grace: float = 30.0  # how long a drain lets in-flight requests finish before cancelling them
     tls_cert: str | None = None
     tls_key: str | None = None
     routes: tuple[Route, ...] = ()
@@ -73,19 +82,24 @@ class GatewayConfig:
     default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     default_loop: LoopAbort = field(default_factory=LoopAbort)
 
+    def hold_limits(self, route: Route) -> tuple[int, float]:
+        """How many requests may wait for route's model, and how long each."""
+        queue = self.hold_queue if route.hold_queue is None else route.hold_queue
+        return queue, float(self.hold_wait if route.hold_wait is None else route.hold_wait)
+
     def default_route(self, model: str) -> Route:
         return Route(model=model, max_new_tokens=self.default_max_new_tokens, loop=self.default_loop)
 
 
 _TOP = {f for f in GatewayConfig.__dataclass_fields__ if f not in ("routes", "default_max_new_tokens", "default_loop")}
 _TOP |= {"max_new_tokens", "loop_abort", "routes"}
-_ROUTE = {"targets", "upstream_model", "max_new_tokens", "loop_abort", "fields", "aliases"}
+_ROUTE = {"targets", "upstream_model", "max_new_tokens", "loop_abort", "fields", "aliases", "hold_queue", "hold_wait"}
 _LOOP = set(LoopAbort.__dataclass_fields__)
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "host": str, "port": int, "auth": bool, "max_body_bytes": int, "log_bodies": bool,
     "log_keep_days": (int, float), "log_keep_rows": int, "connect_timeout": (int, float),
     "read_timeout": (int, float), "client_timeout": (int, float), "health_interval": (int, float),
-    "retry_after": int,
+    "retry_after": int, "hold_queue": int, "hold_wait": (int, float), "drain_grace": (int, float),
     "tls_cert": str, "tls_key": str, "max_new_tokens": int,
 }  # fmt: skip
 
@@ -160,6 +174,9 @@ def route_table(model: str, spec: Any, where: str, cap: int, loop: LoopAbort) ->
         max_new_tokens=_check(where, "max_new_tokens", spec.get("max_new_tokens", cap), int),
         loop=_loop(where, spec["loop_abort"], loop) if "loop_abort" in spec else loop,
         fields=tuple(sorted(fields.items())),
+        hold_queue=_check(where, "hold_queue", spec["hold_queue"], int) if "hold_queue" in spec else None,
+        hold_wait=float(_check(where, "hold_wait", spec["hold_wait"], (int, float))) if "hold_wait" in spec
+        else None,
     )  # fmt: skip
     aliases = spec.get("aliases", {})
     if not isinstance(aliases, dict) or not all(isinstance(v, dict) for v in aliases.values()):

@@ -43,7 +43,8 @@ CREATE TABLE IF NOT EXISTS requests (
     loop_aborted INTEGER NOT NULL DEFAULT 0,
     error TEXT,
     request_body TEXT,
-    response_text TEXT
+    response_text TEXT,
+    held REAL
 );
 CREATE INDEX IF NOT EXISTS requests_by_time ON requests(time);
 """
@@ -67,6 +68,9 @@ def connect(path: Path | None = None) -> sqlite3.Connection:
         # The log's rows may be lost in a power cut, never corrupted; a commit then needs no fsync.
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.executescript(SCHEMA)
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(requests)")}
+        if "held" not in columns:  # a gateway.db from before the hold (issue 34)
+            conn.execute("ALTER TABLE requests ADD COLUMN held REAL")
     except (OSError, sqlite3.Error) as exc:
         raise StateError(f"cannot open the gateway database {path}: {exc}") from exc
     for side in ("-wal", "-shm"):  # SQLite creates these with the umask's mode

@@ -34,6 +34,9 @@ class Row:
     error: str | None = None
     request_body: str | None = None
     response_text: str | None = None
+    # Seconds a change made it wait: for a ready replica (a restart, a rollback, a switch one after
+    # the other), or queued on a drained replica before it was sent to another.
+    held: float | None = None
 
 
 _COLUMNS = tuple(Row.__dataclass_fields__)
@@ -110,6 +113,10 @@ class Metrics:
                                ["model"], registry=r)  # fmt: skip
         self.loop_aborts = Counter("sparkfleet_gateway_loop_aborts", "Answers stopped by the loop detector",
                                    ["model"], registry=r)  # fmt: skip
+        self.held = Gauge("sparkfleet_gateway_held", "Requests waiting now for a ready replica", ["model"],
+                          registry=r)  # fmt: skip
+        self.hold_outcomes = Counter("sparkfleet_gateway_hold", "Held requests by how their wait ended (released, "
+                                     "full, timeout, dropped)", ["model", "outcome"], registry=r)  # fmt: skip
         self.replica_up = Gauge("sparkfleet_gateway_replica_up", "1 while a replica takes requests",
                                 ["model", "replica"], registry=r)  # fmt: skip
 

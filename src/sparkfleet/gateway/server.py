@@ -3,7 +3,11 @@ httptools when installed: the per-chunk cost is mostly the event loop's and the 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import json
+import os
+import secrets
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +47,12 @@ def serve(config: GatewayConfig, state_db: Path, loopback: bool, bind: Callable[
         raise GatewayError("tls_cert and tls_key go together: give both or neither")
     app = build(config, state_db, loopback)
     sock = bind(config.host, config.port)
+    # The admin endpoint (drain, release) listens on loopback alone, on a port of its own, and
+    # answers only with the token in the file next to the state store (0600, its owner's).
+    admin = bind("127.0.0.1", 0)
+    app.admin_port = admin.getsockname()[1]
+    app.admin_token = secrets.token_urlsafe(32)
+    admin_file = write_admin_file(state_db.parent, app.admin_port, app.admin_token)
     port = sock.getsockname()[1]
     scheme = "https" if config.tls_cert else "http"
     shown = f"[{config.host}]" if ":" in config.host else config.host
@@ -58,4 +68,25 @@ def serve(config: GatewayConfig, state_db: Path, loopback: bool, bind: Callable[
         ssl_keyfile=config.tls_key,
         timeout_keep_alive=30,
     )
-    uvicorn.Server(uv).run(sockets=[sock])
+    try:
+        uvicorn.Server(uv).run(sockets=[sock, admin])
+    finally:
+        admin_file.unlink(missing_ok=True)
+
+
+def admin_dir(state: Path) -> Path:
+    return state / "gateways"
+
+
+def write_admin_file(state: Path, port: int, token: str) -> Path:
+    """Where the CLI of this state dir finds this gateway's admin endpoint (one file per gateway)."""
+    folder = admin_dir(state)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = folder / f"{os.getpid()}.json"
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"url": f"http://127.0.0.1:{port}", "token": token, "pid": os.getpid(),
+                   "host": socket.gethostname()}, fh)  # fmt: skip
+    return path

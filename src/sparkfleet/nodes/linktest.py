@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sparkfleet.errors import TransportError
+from sparkfleet.nodes.ship import LINK_STREAM, shipped_argv
 from sparkfleet.nodes.transport.base import Transport
 
 IPERF3_PORT = 5201
@@ -211,6 +212,50 @@ def parse_client(text: str) -> PairMeasurement:
     return PairMeasurement(throughput, ping, tuple(probes), tuple(errors))
 
 
+# -- the stream test shipped where iperf3 is missing (nodes/shipped/link_stream.py) ------------
+def parse_stream_end(text: str) -> tuple[int, float]:
+    """One end's `{"received": bytes, "seconds": s}` line (ValueError when it printed none)."""
+    for line in reversed(text.splitlines()):
+        if line.startswith("{"):
+            data = json.loads(line)
+            if "received" in data:
+                return int(data["received"]), float(data["seconds"])
+    raise ValueError(f"the stream test printed no result: {text.strip()[:200] or 'nothing'}")
+
+
+def stream_throughput(server_text: str, client_text: str) -> Throughput:
+    """Both ends' counts as a Throughput (bits/s received at each end; retransmits unknown: 0)."""
+    (fwd, fwd_s), (rev, rev_s) = parse_stream_end(server_text), parse_stream_end(client_text)
+    if fwd_s <= 0 or rev_s <= 0:
+        raise ValueError("the stream test moved no data in one direction")
+    return Throughput(fwd * 8 / fwd_s, rev * 8 / rev_s, 0, 0)
+
+
+def _stream_pair(source: Transport, target: Transport, src_ip: str, dst_ip: str, port: int, seconds: int,
+                 limit: float, pythons: tuple[str, str]) -> tuple[Throughput | None, str | None]:  # fmt: skip
+    server = target.stream(shipped_argv(pythons[1], LINK_STREAM, ["serve", dst_ip, str(port), str(seconds),
+                                                                  f"{limit:g}"]), stdin=True)  # fmt: skip
+    try:
+        lines = iter(server)
+        for line in lines:
+            if line.startswith("listening"):
+                break
+        else:
+            return None, f"stream test server on {dst_ip}:{port} did not start: {server.errors() or 'no output'}"
+        client = source.run(shipped_argv(pythons[0], LINK_STREAM, ["connect", dst_ip, src_ip, str(port), str(seconds)]),
+                            timeout=limit + 5, check=False)  # fmt: skip
+        rest = "".join(lines)
+        try:
+            return stream_throughput(rest, client.stdout), None
+        except ValueError as exc:
+            return None, f"stream test: {exc} {client.stderr.strip()[:200]}".strip()
+    finally:
+        server.close_stdin()
+        with contextlib.suppress(TransportError):
+            server.wait(timeout=3)
+        server.close()
+
+
 def measure_pair(
     source: Transport,
     target: Transport,
@@ -221,10 +266,13 @@ def measure_pair(
     mtu_sizes: Sequence[int],
     port: int = IPERF3_PORT,
     bandwidth: bool = True,
+    tool: str = "iperf3",
+    pythons: tuple[str, str] = ("python3", "python3"),
 ) -> PairMeasurement:
     """Run one pair test: the server on the target (when bandwidth is measured), the script on the
-    source. The server is a one-test `iperf3 -1` under `timeout`, so it is gone when this returns
-    or, at the latest, at its time limit."""
+    source. The server is a one-test `iperf3 -1` under `timeout` (or, with tool="stdlib", the
+    shipped stream test under its own limit, run by the nodes' pythons: source, target), so it
+    is gone when this returns or, at the latest, at its time limit."""
     limit = seconds + 8
 
     def client(secs: int) -> PairMeasurement:
@@ -233,6 +281,10 @@ def measure_pair(
 
     if not bandwidth:
         return client(0)
+    if tool == "stdlib":
+        throughput, error = _stream_pair(source, target, src_ip, dst_ip, port, seconds, limit, pythons)
+        rest = client(0)
+        return PairMeasurement(throughput, rest.ping, rest.mtu, (*((error,) if error else ()), *rest.errors))
     server = target.stream(server_command(dst_ip, port, limit), stdin=True)
     try:
         seen = []

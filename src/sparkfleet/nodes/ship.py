@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.resources import files
 
-from sparkfleet.nodes.transport.base import Result, Transport
+from sparkfleet.nodes.transport.base import Result, Stream, Transport
 
 # One argv word is at most 128 KiB on Linux (MAX_ARG_STRLEN); ssh hands the whole remote command
 # to the node's shell as one word, so a program must stay well under that.
@@ -51,9 +51,12 @@ STAGE_WORKER = ShippedProgram(
 )
 COMPOSE_WORKER = ShippedProgram("compose-worker", ("composed_worker",))
 SNAPSHOT_SCAN = ShippedProgram("snapshot-scan", ("snapshot_scan",))
+# site: huggingface_hub is in the node's site-packages.
+HUB_FETCH = ShippedProgram("hub-fetch", ("hub_fetch",), site=True)
 # Run by the engine's own Python (torch from its site-packages), its text on stdin.
 COLLECTIVE_SWEEP = ShippedProgram("collective-sweep", ("collective_sweep",), site=True)
-PROGRAMS = (PROCESS_AGENT, STAGE_WORKER, COMPOSE_WORKER, SNAPSHOT_SCAN, COLLECTIVE_SWEEP)
+LINK_STREAM = ShippedProgram("link-stream", ("link_stream",))
+PROGRAMS = (PROCESS_AGENT, STAGE_WORKER, COMPOSE_WORKER, SNAPSHOT_SCAN, HUB_FETCH, COLLECTIVE_SWEEP, LINK_STREAM)
 
 
 @functools.cache
@@ -87,6 +90,15 @@ def run_shipped(transport: Transport, python: str, program: ShippedProgram, args
     """Run program on the transport's node; its Result, never checked (each program reports its
     own failures in its output, which the caller reads)."""
     return transport.run(shipped_argv(python, program, args), stdin=stdin, timeout=timeout, check=False)
+
+
+def stream_shipped(transport: Transport, python: str, program: ShippedProgram, stdin: bytes) -> Stream:
+    """Start program on the transport's node with stdin written and closed; its output as it
+    comes (a long program that reports progress line by line)."""
+    stream = transport.stream(shipped_argv(python, program), stdin=True, merge_stderr=False)
+    stream.write(stdin)
+    stream.close_stdin()
+    return stream
 
 
 def standalone(program: ShippedProgram, args: Sequence[str] = ()) -> bytes:

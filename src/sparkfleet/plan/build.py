@@ -17,6 +17,7 @@ from sparkfleet.plan.model import (
     EnvOverride,
     EnvSource,
     EnvVar,
+    HubFetch,
     ImageSpec,
     MemorySpec,
     MountSpec,
@@ -111,6 +112,7 @@ def plan(recipe: Recipe, cluster: Cluster, deployment: str, overrides: Overrides
                         recipe.serve.gateway_route()),
         warnings=env_overrides(ranks, {n.name: cluster_env(n, adapter.host_ip_env) for n in nodes}),
         secret_args=secret_arg_notes(recipe),
+        fetch=_hub_fetch(recipe, name, nodes),
     )
 
 
@@ -161,6 +163,24 @@ def _model_repo(recipe: Recipe) -> str | None:
     if recipe.composed_model is not None:
         return recipe.composed_model.sources[0].repo
     return recipe.model if _REPO_ID.match(recipe.model) else None
+
+
+def _hub_fetch(recipe: Recipe, deployment: str, nodes: tuple[Node, ...]) -> HubFetch | None:
+    """The Hub fetch onto the source node of the ``sync`` step that distributes the model's repo
+    folder (``src`` ending in ``models--ORG--NAME`` with a ``source_node``): the source is filled
+    first, then distribution copies it node to node. None for a path or a composed model."""
+    if recipe.composed_model is not None or not _REPO_ID.match(recipe.model):
+        return None
+    folder = "models--" + recipe.model.replace("/", "--")
+    for spec in recipe.staging:
+        if spec.kind == "sync" and spec.source_node and spec.src and spec.src.rstrip("/").endswith("/" + folder):
+            node = next((n for n in nodes if n.name == spec.source_node), None)
+            if node is None:
+                return None  # _check_distribution names it
+            src = render(spec.src, _template_values(node, nodes.index(node), deployment)).rstrip("/")
+            profile = engine_for(recipe.engine).hub_profile(recipe.launch_spec())
+            return HubFetch(recipe.model, recipe.revision, node.name, src.rsplit("/", 1)[0], profile)
+    return None
 
 
 def _verify(recipe: Recipe) -> VerifySpec:

@@ -111,6 +111,19 @@ class StagingStep:
 
 
 @dataclass(frozen=True)
+class HubFetch:
+    """Bringing the recipe's Hugging Face model to one node before distribution (apply/hub.py):
+    only what the engine loads (``profile``: ``("safetensors", None)`` or ``("gguf", model_file)``,
+    the rules of nodes/shipped/hub_fetch.py), into that node's cache (``cache``, its ``hub`` folder)."""
+
+    repo: str
+    revision: str | None
+    node: str
+    cache: str
+    profile: tuple[str, str | None]
+
+
+@dataclass(frozen=True)
 class RankPlan:
     """Everything needed to start, watch and stop one rank."""
 
@@ -260,6 +273,7 @@ class Plan:
     serve: ServeSpec = ServeSpec()
     warnings: tuple[EnvOverride, ...] = ()  # per-node cluster values replaced by one value for all
     secret_args: tuple[str, ...] = ()  # what was found in the recipe's args (plan/secret_args.py)
+    fetch: HubFetch | None = None  # the model from the Hub to this node first (None: a path, or composed)
 
     @property
     def head(self) -> RankPlan:

@@ -561,10 +561,14 @@ async function loadGateway() {
     simpleTable("gateway-keys", ["name", "id", "rpm", "tpm", "state"],
       g.keys.map((k) => [k.name, k.id, k.rpm, k.tpm, k.state]), "No keys: `sparkfleet gateway key create NAME`.");
     simpleTable("gateway-requests", ["time", "key", "model", "deployment", "status", "tokens", "TTFT (ms)", "e2e (ms)",
-      "finish", "capped", "loop"], g.requests.map((r) => [new Date(r.time * 1000).toLocaleString(), r.key_name, r.model,
-      r.deployment, r.status, `${r.prompt_tokens || 0}+${r.completion_tokens || 0}`,
+      "held (ms)", "finish", "capped", "loop"], g.requests.map((r) => [new Date(r.time * 1000).toLocaleString(),
+      r.key_name, r.model, r.deployment, r.status, `${r.prompt_tokens || 0}+${r.completion_tokens || 0}`,
       r.ttft === null ? null : fmtNum(r.ttft * 1000, 0), r.e2e === null ? null : fmtNum(r.e2e * 1000, 0),
-      r.finish_reason, r.clamped ? "yes" : "", r.loop_aborted ? "stopped" : ""]), "No requests logged yet.");
+      r.held ? fmtNum(r.held * 1000, 0) : "", r.finish_reason, r.clamped ? "yes" : "", r.loop_aborted ? "stopped" : ""]),
+      "No requests logged yet.");
+    simpleTable("gateway-changes", ["time", "deployment", "event", "what happened"], g.changes.map((c) => [
+      new Date(c.time * 1000).toLocaleString(), c.name, c.kind, c.message]),
+      "No change behind the gateway yet (down, rollback, ab, switch and watch's restarts drain and hold here).");
   } catch (err) {
     showError(document.getElementById("gateway-routes"), err);
   }

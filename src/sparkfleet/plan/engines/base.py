@@ -122,6 +122,11 @@ class EngineAdapter(Protocol):
         """What the engine is given for a Hugging Face repo id, with the cache at hf_root."""
         ...
 
+    def hub_profile(self, spec: LaunchSpec) -> tuple[str, str | None]:
+        """Which files of a Hub repo the engine loads: ``("safetensors", None)`` (shards named by the
+        index, configs, tokenizer, chat template) or ``("gguf", model_file)``."""
+        ...
+
     def cuda_graphs(self, argv: Sequence[str]) -> tuple[int, str]:
         """The CUDA graph memory estimate from a planned argv, and how it was made."""
         ...
@@ -150,6 +155,9 @@ class AdapterDefaults:
     def hub_model_ref(self, model: str, revision: str | None, hf_root: str) -> str:
         # The engine resolves the repo id itself in the mounted Hugging Face cache.
         return model
+
+    def hub_profile(self, spec: LaunchSpec) -> tuple[str, str | None]:
+        return ("safetensors", None)
 
     def cuda_graphs(self, argv: Sequence[str]) -> tuple[int, str]:
         return 0, "none for this engine"

@@ -88,6 +88,10 @@ class LlamaCpp(AdapterDefaults):
         repo_dir = "models--" + model.replace("/", "--")
         return f"{hf_root.rstrip('/')}/hub/{repo_dir}/snapshots/{revision}"
 
+    def hub_profile(self, spec: LaunchSpec) -> tuple[str, str | None]:
+        # llama.cpp opens one GGUF file: the chosen quant, never the repo's other quants.
+        return ("gguf", spec.model_file)
+
     def rank_argv(self, spec: LaunchSpec, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
         if ctx.rank > 0:
             # Its own fabric address, not 0.0.0.0: the RPC protocol has no authentication.

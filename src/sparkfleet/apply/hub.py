@@ -1,0 +1,103 @@
+"""From the Hub to the source node: the engine's files of the recipe's model, once.
+
+``fetch(plan, transports)`` runs nodes/shipped/hub_fetch.py on the plan's fetch node with that
+node's python (huggingface_hub's own client: resume, cache layout, auth) and returns what it did.
+The token (the recipe's ``HF_TOKEN`` secret) and the job travel on stdin, never in argv; the
+Hub address is the controller's ``HF_ENDPOINT`` when set (a mirror), else the node's own.
+The other nodes then get the snapshot from that node (distribution), never from the Hub.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+from sparkfleet.errors import StagingError
+from sparkfleet.nodes.ship import HUB_FETCH, stream_shipped
+from sparkfleet.nodes.shipped.hub_fetch import rules
+from sparkfleet.nodes.transport.base import Transport
+from sparkfleet.plan.model import HubFetch, Plan
+from sparkfleet.spec.secrets import redact
+
+TOKEN_KEYS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+BytesFn = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class HubReport:
+    """What one fetch did on the source node."""
+
+    node: str
+    repo: str
+    commit: str
+    fetched: tuple[tuple[str, int], ...]  # (file, size) downloaded (or finished) this run
+    present: tuple[str, ...]  # already in the node's cache
+    skipped: tuple[tuple[str, int, str], ...]  # (file, size, why) never fetched
+    bytes_fetched: int  # what came from the Hub this run (a resumed file counts its rest only)
+    asked_hub: bool  # False: a pinned snapshot already complete, no request made
+    seconds: float
+    note: str | None = None  # e.g. the Hub did not answer and the cache's complete copy was used
+
+    @property
+    def bytes_skipped(self) -> int:
+        return sum(size for _, size, _ in self.skipped)
+
+
+def _token(plan: Plan) -> str | None:
+    env = plan.head.env_dict()
+    return next((env[k] for k in TOKEN_KEYS if env.get(k)), None)
+
+
+def fetch(plan: Plan, transports: Mapping[str, Transport], progress: BytesFn | None = None) -> HubReport | None:
+    """Bring the plan's model to its fetch node (nothing when the plan has no Hub model)."""
+    spec: HubFetch | None = plan.fetch
+    if spec is None:
+        return None
+    transport = transports.get(spec.node)
+    if transport is None:
+        raise StagingError(spec.node, "no transport for this node")
+    token = _token(plan)
+    job = {"repo": spec.repo, "revision": spec.revision, "cache": spec.cache, "profile": list(spec.profile),
+           "endpoint": os.environ.get("HF_ENDPOINT"), "token": token}  # fmt: skip
+    python = next(r.node.python for r in plan.ranks if r.node.name == spec.node)
+    stream = stream_shipped(transport, python, HUB_FETCH, (json.dumps(job) + "\n").encode())
+    last = ""
+    for line in stream:
+        line = line.strip()
+        if line.startswith("P ") and progress is not None:
+            done, total = line.split()[1:3]
+            progress(int(done), int(total))
+        elif line:
+            last = line
+    code = stream.wait()
+    secrets = {"HF_TOKEN": token} if token else {}
+    try:
+        out = json.loads(last)
+    except ValueError:
+        tail = redact(stream.errors().strip()[-800:] or last, secrets)
+        raise StagingError(spec.node, f"fetching {spec.repo} from the Hub failed (exit {code}): {tail}") from None
+    if out.get("error"):
+        raise StagingError(spec.node, f"fetching {spec.repo} from the Hub: {redact(str(out['error']), secrets)}")
+    return HubReport(
+        node=spec.node, repo=spec.repo, commit=out["commit"],
+        fetched=tuple((n, int(s)) for n, s in out["fetched"]), present=tuple(out["present"]),
+        skipped=tuple((n, int(s), why) for n, s, why in out["skipped"]), bytes_fetched=int(out["bytes"]),
+        asked_hub=bool(out["asked_hub"]), seconds=float(out.get("seconds", 0.0)),
+        note=redact(out["note"], secrets) if out.get("note") else None,
+    )  # fmt: skip
+
+
+def print_rules(spec: HubFetch, console: Console) -> None:
+    """What ``plan`` shows of the fetch before the listing is known: its rules, with why."""
+    table = Table(title=f"from the Hub: {spec.repo}@{spec.revision or 'main'} onto {spec.node} ({spec.cache}), "
+                  "unless already there", title_justify="left")  # fmt: skip
+    for col in ("files", "", "why"):
+        table.add_column(col)
+    for files, action, why in rules(spec.profile):
+        table.add_row(files, action, why)
+    console.print(table)
