@@ -43,7 +43,7 @@ from sparkfleet.bench.endpoint import Endpoint, resolve_endpoint
 from sparkfleet.bench.report import compare, summarize
 from sparkfleet.bench.stats import decode_run_stats
 from sparkfleet.bench.store import BenchStore
-from sparkfleet.spec import caches
+from sparkfleet.config import caches
 from sparkfleet.state.store import Store
 
 CACHE = caches.engine_cache()

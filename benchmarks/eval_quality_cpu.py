@@ -24,10 +24,10 @@ import time
 
 import httpx
 
+from sparkfleet.config import caches
 from sparkfleet.evals.client import EvalClient
 from sparkfleet.evals.runner import run_quality
 from sparkfleet.evals.tasks import load_tasks
-from sparkfleet.spec import caches
 
 CACHE = caches.engine_cache()
 HUB = caches.hub_cache()

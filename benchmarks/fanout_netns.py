@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from sparkfleet.config.cluster import load_cluster
 from tests.fleet.netns import NetnsFleet, names_in_use, usable
 
 from sparkfleet.apply.staging.pipeline import pipeline
@@ -34,7 +35,6 @@ from sparkfleet.apply.staging.snapshot_identity import check_copy, check_identit
 from sparkfleet.apply.staging.sync import Endpoint, sync_node, transfer_list
 from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.transport.ssh import SshTransport
-from sparkfleet.spec.cluster import load_cluster
 
 REPO = "models--acme--bench"
 REV = "b" * 40

@@ -54,11 +54,12 @@ from pathlib import Path
 # while cp and the pack are timed.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+from sparkfleet.config.recipe import StagingSpec
+
 from sparkfleet.apply.staging.runner import stage_all
 from sparkfleet.apply.staging.synthetic import write_engram_checkpoint
 from sparkfleet.nodes.transport.local import LocalTransport
 from sparkfleet.plan.model import StagingStep
-from sparkfleet.spec.recipe import StagingSpec
 
 GIB = 1 << 30
 

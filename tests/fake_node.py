@@ -1,5 +1,5 @@
 """A scripted node for unit tests of the lifecycle: a handler for ``MockTransport`` that answers
-the process agent and the docker commands as a real node would,
+the node agent and the docker commands as a real node would,
 and keeps what runs there, so a test can ask what is left after a rollback.
 
 Also a one-file HTTP stand-in for rank 0 (health, models, completions) on a loopback port.
@@ -16,12 +16,13 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from sparkfleet.config.cluster import Cluster, parse_cluster
+from sparkfleet.config.recipe import load_recipe
+
 from sparkfleet.nodes.identity import ENV_INSTANCE
 from sparkfleet.nodes.transport.mock import Answer, Call, MockTransport
 from sparkfleet.plan.build import plan
 from sparkfleet.plan.model import Plan
-from sparkfleet.spec.cluster import Cluster, parse_cluster
-from sparkfleet.spec.recipe import load_recipe
 from tests.json_http import JsonHandler
 
 

@@ -2,7 +2,7 @@
 
 The library surface (``load_recipe``, ``load_cluster``, ``make_plan``, ``up``, ``down``, ``status``,
 ``bench_decode``) lives in ``sparkfleet.api`` and is loaded on first use: importing a stdlib-only
-module such as ``sparkfleet.spec.caches`` (engine venvs do) must not pull in pydantic or httpx.
+module such as ``sparkfleet.config.caches`` (engine venvs do) must not pull in pydantic or httpx.
 """
 
 from __future__ import annotations

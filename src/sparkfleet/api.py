@@ -26,13 +26,13 @@ from sparkfleet.apply.up import UpResult
 from sparkfleet.apply.up import up as _up
 from sparkfleet.bench.decode import DecodeConfig, DecodeTierRun, run_decode
 from sparkfleet.bench.endpoint import resolve_endpoint
+from sparkfleet.config.cluster import Cluster
+from sparkfleet.config.cluster import load_cluster as _load_cluster
+from sparkfleet.config.recipe import Recipe, deployment_name
+from sparkfleet.config.recipe import load_recipe as _load_recipe
 from sparkfleet.errors import NotFoundError
 from sparkfleet.plan.build import plan as _plan
 from sparkfleet.plan.model import Overrides, Plan
-from sparkfleet.spec.cluster import Cluster
-from sparkfleet.spec.cluster import load_cluster as _load_cluster
-from sparkfleet.spec.recipe import Recipe, deployment_name
-from sparkfleet.spec.recipe import load_recipe as _load_recipe
 from sparkfleet.state.deployments import Deployment, Deployments
 
 __all__ = [

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from sparkfleet.spec import caches
+from sparkfleet.config import caches
 from tests.dashboard.conftest import ROOT, RUN, cli, free_port, screenshot, start_dashboard
 from tests.dashboard.test_dashboard_pages import chart, rows
 

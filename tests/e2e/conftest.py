@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.spec import caches
+from sparkfleet.config import caches
 from tests.fleet import loopback_fleet
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.spec import caches
+from sparkfleet.config import caches
 from tests.e2e.conftest import ROOT, RUN, VLLM_KEY, VLLM_KEY_ENV, Served, free_ports
 from tests.fleet import loopback_fleet
 from tests.integration.conftest import leftover_processes

@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from sparkfleet.bench.store import BenchStore
-from sparkfleet.spec import caches
+from sparkfleet.config import caches
 from sparkfleet.state.store import Store
 from tests.e2e.conftest import (
     CACHE,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.spec import caches
+from sparkfleet.config import caches
 from tests.e2e.conftest import CACHE, HUB, ROOT, RUN, _require, free_ports, up_in_background
 from tests.e2e.test_engine_failures import _read_environ
 from tests.fleet import loopback_fleet

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from sparkfleet.bench.store import BenchStore
-from sparkfleet.spec import caches
+from sparkfleet.config import caches
 from sparkfleet.state.store import Store
 from tests.e2e.conftest import CACHE, HUB, ROOT, RUN, _require, cli_at, free_ports, ok, up_in_background
 from tests.e2e.test_engine_failures import rank_top_process

@@ -1,4 +1,4 @@
-"""The process agent's session on real sshd nodes: `up` and `down` reach each node through one
+"""The node agent's session on real sshd nodes: `up` and `down` reach each node through one
 agent interpreter, a failed command is raised and the session goes on, a monitor it starts is
 not its child (every one that ended would linger as the agent's zombie), and a node where no
 session can start gets the one-shot call and its message. Nothing of sparkfleet stays on a node
@@ -18,12 +18,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from sparkfleet.config.cluster import load_cluster
 
 from sparkfleet.errors import RankRuntimeError
-from sparkfleet.nodes.runtime.agent_session import session_for
-from sparkfleet.nodes.runtime.process import node_agent
+from sparkfleet.nodes.agent import node_agent
+from sparkfleet.nodes.agent.session import session_for
 from sparkfleet.nodes.transport import transport_for
-from sparkfleet.spec.cluster import load_cluster
 from tests.fleet.loopback import LoopbackFleet, started_on
 from tests.integration.conftest import leftover_processes, sparkfleet, standin_recipe
 
@@ -103,7 +103,7 @@ def test_a_failed_command_is_raised_and_the_session_goes_on(fleet4: LoopbackFlee
     assert node_agent(transport, node.python, "watch", {"ranks": []})["mem_available"] > 0
     session = session_for(transport, node.python, open_one=False)
     assert session is not None
-    with pytest.raises(RankRuntimeError, match=r"(?s)process agent stop failed: .*KeyError: 'pid_path'"):
+    with pytest.raises(RankRuntimeError, match=r"(?s)node agent stop failed: .*KeyError: 'pid_path'"):
         node_agent(transport, node.python, "stop", {"deployment": "x"})
     assert node_agent(transport, node.python, "watch", {"ranks": []})["mem_available"] > 0
     assert session_for(transport, node.python, open_one=False) is session and not session.closed
@@ -114,7 +114,7 @@ def test_a_node_where_no_session_starts_gets_the_one_shot_call_and_its_message(f
     transport = transport_for(node)
     missing = "/nonexistent/bin/python3"
     for _ in range(2):  # the second call does not try a session again
-        with pytest.raises(RankRuntimeError, match=r"process agent watch failed: .*python3: (No such file|not found)"):
+        with pytest.raises(RankRuntimeError, match=r"node agent watch failed: .*python3: (No such file|not found)"):
             node_agent(transport, missing, "watch", {"ranks": []})
     assert session_for(transport, missing, open_one=False) is None
 

@@ -271,9 +271,10 @@ def test_ctrl_c_keeps_partial_results(tmp_path: Path) -> None:
 def test_a_deployment_name_resolves_to_its_endpoint_model_and_facts(tmp_path: Path) -> None:
     # The seed vLLM TP4 recipe planned on the 4-Spark example cluster and recorded as `up` does;
     # its endpoint is then pointed at the replay server, which plays the deployment's head.
+    from sparkfleet.config.cluster import load_cluster
+    from sparkfleet.config.recipe import load_recipe
+
     from sparkfleet.plan.build import plan
-    from sparkfleet.spec.cluster import load_cluster
-    from sparkfleet.spec.recipe import load_recipe
     from sparkfleet.state.deployments import Deployments
     from sparkfleet.state.store import Store
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.spec import caches
+from sparkfleet.config import caches
 from tests.fleet.netns import NetnsFleet, usable
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from sparkfleet.config.cluster import local_cluster
+from sparkfleet.config.recipe import load_recipe
 
 from sparkfleet.apply.distribute import distribute, rich_progress
 from sparkfleet.errors import PlanError
 from sparkfleet.nodes.transport.local import LocalTransport
 from sparkfleet.plan.build import plan
 from sparkfleet.plan.model import StagingStep
-from sparkfleet.spec.cluster import local_cluster
-from sparkfleet.spec.recipe import load_recipe
 from tests.integration.test_distribution_sync import REPO, REV1, assert_hub_layout, make_hf_snapshot, model_files
 
 pytestmark = pytest.mark.skipif(shutil.which("rsync") is None, reason="rsync missing")

@@ -10,6 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from sparkfleet.config.cluster import load_cluster
+from sparkfleet.config.recipe import load_recipe
 
 from sparkfleet.apply.distribute import distribute
 from sparkfleet.apply.staging import nfs
@@ -18,8 +20,6 @@ from sparkfleet.nodes.nfs import EXPORTS_DIR
 from sparkfleet.nodes.transport.local import LocalTransport
 from sparkfleet.nodes.transport.ssh import SshTransport
 from sparkfleet.plan.build import plan
-from sparkfleet.spec.cluster import load_cluster
-from sparkfleet.spec.recipe import load_recipe
 from tests.fleet.loopback import LoopbackFleet
 
 pytestmark = pytest.mark.integration

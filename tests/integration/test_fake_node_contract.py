@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sparkfleet.config.cluster import parse_cluster
+from sparkfleet.config.recipe import load_recipe
 
 from sparkfleet.doctor.probes.gpu import APPS_COMMAND
 from sparkfleet.nodes.identity import FoundRank, Instance
@@ -25,8 +27,6 @@ from sparkfleet.nodes.transport.local import LocalTransport
 from sparkfleet.nodes.transport.mock import MockTransport
 from sparkfleet.plan.build import plan
 from sparkfleet.plan.model import Plan
-from sparkfleet.spec.cluster import parse_cluster
-from sparkfleet.spec.recipe import load_recipe
 from tests.fake_node import FakeNode
 from tests.integration.conftest import leftover_processes, standin_recipe
 

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 from huggingface_hub.constants import DOWNLOAD_CHUNK_SIZE
+from sparkfleet.config.cluster import load_cluster
+from sparkfleet.config.recipe import load_recipe
 
 from sparkfleet.apply.staging.phase import stage
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes.transport.ssh import SshTransport
 from sparkfleet.plan.build import plan
 from sparkfleet.plan.model import Plan
-from sparkfleet.spec.cluster import load_cluster
-from sparkfleet.spec.recipe import load_recipe
 from tests.fleet.loopback import LoopbackFleet
 from tests.hub_standin import Hub, standin_hub
 from tests.integration.conftest import leftover_processes

@@ -10,12 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sparkfleet.config.cluster import load_cluster
 
 from sparkfleet.apply.images import build, distribute, image_id, verify_same_id
 from sparkfleet.errors import NodeError
 from sparkfleet.nodes.transport import transport_for
 from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.spec.cluster import load_cluster
 from tests.fleet import loopback_fleet
 from tests.fleet.loopback import LoopbackFleet
 from tests.integration.second_dockerd import available, second_dockerd

@@ -14,10 +14,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from sparkfleet.config.recipe import load_recipe
 
+from sparkfleet.config import caches
 from sparkfleet.exporters.slurm import SlurmOptions, slurm_script
-from sparkfleet.spec import caches
-from sparkfleet.spec.recipe import load_recipe
 from tests.conftest import ROOT
 
 EXAMPLE = ROOT / "examples" / "gemma-llamacpp-python"

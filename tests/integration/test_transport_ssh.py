@@ -10,11 +10,11 @@ import stat
 from pathlib import Path
 
 import pytest
+from sparkfleet.config.cluster import load_cluster
 
 from sparkfleet.errors import CommandError, TransportError
 from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.transport import transport_for
-from sparkfleet.spec.cluster import load_cluster
 from tests.fleet.loopback import LoopbackFleet
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.nodes.shipped import process_agent
+from sparkfleet.nodes.shipped import agent
 
 
 def _spec(workdir: Path) -> dict[str, object]:
@@ -30,7 +30,7 @@ def test_a_planted_workdir_is_refused_and_no_secret_is_written(tmp_path: Path, p
     else:
         workdir.write_text("")
     with pytest.raises((PermissionError, FileExistsError), match="dep"):
-        process_agent.start(_spec(workdir), b"HF_TOKEN=hf_secret\n")
+        agent.start(_spec(workdir), b"HF_TOKEN=hf_secret\n")
     assert list(elsewhere.iterdir()) == []  # the env file went nowhere
 
 
@@ -38,5 +38,5 @@ def test_this_users_open_workdir_is_narrowed_to_private(tmp_path: Path) -> None:
     workdir = tmp_path / "dep"
     workdir.mkdir(mode=0o755)
     os.chmod(workdir, 0o755)
-    process_agent._private_dir(str(workdir))
+    agent._private_dir(str(workdir))
     assert workdir.stat().st_mode & 0o777 == 0o700

@@ -233,7 +233,7 @@ def test_deployment_names_that_are_not_plain_are_refused(name: str, capsys: pyte
 
 
 def test_a_recipe_folder_name_becomes_a_plain_deployment_name(tmp_path: Path) -> None:
-    from sparkfleet.spec.recipe import deployment_name
+    from sparkfleet.config.recipe import deployment_name
 
     folder = tmp_path / "My Recipe_v2"
     folder.mkdir()
@@ -248,8 +248,9 @@ def test_env_newline_on_the_command_line(capsys: pytest.CaptureFixture[str]) -> 
 def test_one_node_on_localhost_without_fabric_ip(tmp_path: Path) -> None:
     """The most natural cluster file: its fabric address is an address, and doctor's interface
     check takes a host name without crashing."""
+    from sparkfleet.config.cluster import load_cluster
+
     from sparkfleet.doctor.probes.netif import Interface
-    from sparkfleet.spec.cluster import load_cluster
 
     path = tmp_path / "one.toml"
     path.write_text('name = "one"\n[[nodes]]\nname = "n0"\nhost = "localhost"\n')

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from sparkfleet.config.cluster import local_cluster
 
+from sparkfleet.config import caches
 from sparkfleet.errors import ClusterError
-from sparkfleet.spec import caches
-from sparkfleet.spec.cluster import local_cluster
 from tests.conftest import ROOT
 
 HOME = {"HOME": "/home/u"}

@@ -19,7 +19,7 @@ from sparkfleet.cli.main import build_app
 HEAVY = ("numpy", "matplotlib", "starlette", "uvicorn", "safetensors")
 # Never needed to print help: each of these costs 50-250 ms of start-up on its own.
 NOT_FOR_HELP = ("pydantic", "httpx", "numpy", "asyncio", "sqlite3", "typer.rich_utils", "rich.markdown",
-                "sparkfleet.plan", "sparkfleet.spec.recipe", "sparkfleet.apply", "sparkfleet.nodes")  # fmt: skip
+                "sparkfleet.plan", "sparkfleet.config.recipe", "sparkfleet.apply", "sparkfleet.nodes")  # fmt: skip
 # Modules a `--help` may load beyond typer and rich's console (the floor of any command).
 HELP_BUDGET = 60
 

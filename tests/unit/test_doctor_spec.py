@@ -6,10 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sparkfleet.config.cluster import load_cluster
+from sparkfleet.config.recipe import load_recipe
+
 from sparkfleet.doctor.run import spec_for
 from sparkfleet.plan.build import plan
-from sparkfleet.spec.cluster import load_cluster
-from sparkfleet.spec.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = ROOT / "tests" / "data" / "seeds"

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sparkfleet.config.cluster import parse_cluster
+from sparkfleet.config.recipe import load_recipe
+
 from sparkfleet.exporters.slurm import slurm_script
-from sparkfleet.spec.cluster import parse_cluster
-from sparkfleet.spec.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from sparkfleet.config.cluster import parse_cluster
+from sparkfleet.config.recipe import Recipe, load_recipe, parse_recipe
 
 from sparkfleet.exporters.slurm import SlurmOptions, shell_word, slurm_script
 from sparkfleet.plan.build import plan
-from sparkfleet.spec.cluster import parse_cluster
-from sparkfleet.spec.recipe import Recipe, load_recipe, parse_recipe
 from tests.conftest import SEEDS
 
 PEERS = ["10.1.0.5", "10.1.0.6", "10.1.0.7"]

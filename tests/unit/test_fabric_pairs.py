@@ -174,8 +174,7 @@ def test_fabric_runs_are_kept_and_the_newest_read_back(tmp_path: Path) -> None:
 
 def test_a_recipe_minimum_fails_pairs_the_median_would_pass() -> None:
     from pydantic import ValidationError
-
-    from sparkfleet.spec.recipe import Verify
+    from sparkfleet.config.recipe import Verify
 
     links = {n: LocalLink("eth0", 9000, True) for n in ("a", "b", "c")}
     results = [_pair("a", "b", 60.0, 61.0), _pair("a", "c", 59.0, 60.0), _pair("b", "c", 60.5, 60.0)]

@@ -4,9 +4,10 @@ repo whose consolidated checkpoint sits at the root beside the shards."""
 
 from __future__ import annotations
 
+from sparkfleet.config.recipe import Recipe
+
 from sparkfleet.nodes.shipped.hub_fetch import choose
 from sparkfleet.plan.engines import engine_for
-from sparkfleet.spec.recipe import Recipe
 
 GGUF_REPO = [
     ".gitattributes", "README.md", "model-Q4_K_M.gguf", "model-Q8_0-00001-of-00002.gguf",

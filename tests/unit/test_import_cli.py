@@ -6,7 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sparkfleet.spec.recipe import load_recipe
+from sparkfleet.config.recipe import load_recipe
+
 from tests.conftest import ROOT
 
 PROFILE = ROOT / "tests" / "data" / "import" / "env.tp4.example"

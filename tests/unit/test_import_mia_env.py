@@ -7,15 +7,15 @@ import re
 from pathlib import Path
 
 import pytest
+from sparkfleet.config.cluster import load_cluster
+from sparkfleet.config.placeholders import PATTERN
+from sparkfleet.config.recipe import load_recipe
 
 from sparkfleet.errors import PlanError
 from sparkfleet.importers.mia_env import import_mia_env
 from sparkfleet.importers.report import has_placeholders
 from sparkfleet.importers.shell_profile import parse_profile
 from sparkfleet.plan.build import plan
-from sparkfleet.spec.cluster import load_cluster
-from sparkfleet.spec.placeholders import PATTERN
-from sparkfleet.spec.recipe import load_recipe
 from tests.conftest import ROOT, SEEDS, SPARK4
 
 PROFILE = ROOT / "tests" / "data" / "import" / "env.tp4.example"

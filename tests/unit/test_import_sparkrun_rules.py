@@ -13,11 +13,11 @@ import json
 from pathlib import Path
 
 import pytest
+from sparkfleet.config.cluster import parse_cluster
+from sparkfleet.config.recipe import Recipe, load_recipe
 
 from sparkfleet.importers.sparkrun import import_sparkrun, read_sparkrun
 from sparkfleet.plan.build import plan
-from sparkfleet.spec.cluster import parse_cluster
-from sparkfleet.spec.recipe import Recipe, load_recipe
 from tests.cli_run import run_main
 from tests.conftest import ROOT
 
@@ -199,7 +199,7 @@ def test_eugr_recipe_and_env(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     cluster_file = tmp_path / "cluster.toml"
     code, _, err = run_main(capsys, "import", "eugr", str(EUGR / ".env"), "--out", str(cluster_file))
     assert code == 0, err
-    from sparkfleet.spec.cluster import load_cluster
+    from sparkfleet.config.cluster import load_cluster
 
     cluster = load_cluster(cluster_file)
     assert [n.fabric_ip for n in cluster.nodes] == ["192.168.177.11", "192.168.177.12"]

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sparkfleet.config.cluster import local_cluster
+from sparkfleet.config.recipe import load_recipe, parse_recipe
 
 from sparkfleet.apply.readiness import BootLog, health_answer
 from sparkfleet.bench.client import RequestRecord, _StreamParser
@@ -19,8 +21,6 @@ from sparkfleet.bench.stats import per_stream_tps, server_agreement, server_deco
 from sparkfleet.doctor.probes.gpu import parse_apps
 from sparkfleet.plan.build import plan
 from sparkfleet.plan.engines.llamacpp import NATIVE_READY_LOG
-from sparkfleet.spec.cluster import local_cluster
-from sparkfleet.spec.recipe import load_recipe, parse_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 CAPTURES = ROOT / "tests" / "fixtures" / "llama-server-h200"

@@ -7,6 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
+from sparkfleet.config.cluster import load_cluster
+from sparkfleet.config.recipe import Recipe, load_recipe
+from sparkfleet.config.sizes import parse_size
 
 from sparkfleet.nodes.shipped.safetensors_index import tensor_sizes as safetensors_tensor_bytes
 from sparkfleet.plan.build import plan
@@ -24,9 +27,6 @@ from sparkfleet.plan.memory import (
     weights_per_rank,
 )
 from sparkfleet.plan.model import Plan
-from sparkfleet.spec.cluster import load_cluster
-from sparkfleet.spec.recipe import Recipe, load_recipe
-from sparkfleet.spec.sizes import parse_size
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = ROOT / "tests" / "data" / "seeds"

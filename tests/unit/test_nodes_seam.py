@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sparkfleet.config.cluster import parse_cluster
 
 from sparkfleet.errors import NodeError, SparkfleetError, StagingError, TransportError, TransportTimeout
 from sparkfleet.nodes.fanout import GroupResult, Outcome, fan_out, raise_first
@@ -23,7 +24,7 @@ from sparkfleet.nodes.runtime.docker import DockerRuntime
 from sparkfleet.nodes.runtime.process import ProcessRuntime
 from sparkfleet.nodes.ship import (
     COMPOSE_WORKER,
-    PROCESS_AGENT,
+    NODE_AGENT,
     PROGRAMS,
     SNAPSHOT_SCAN,
     STAGE_WORKER,
@@ -38,7 +39,6 @@ from sparkfleet.nodes.transport.local import LocalTransport
 from sparkfleet.nodes.transport.mock import Call, MockTransport
 from sparkfleet.nodes.transport.ssh import SshTransport
 from sparkfleet.plan.model import RankHandle
-from sparkfleet.spec.cluster import parse_cluster
 from sparkfleet.state.deployments import Deployments, rank_from_json, rank_to_json
 from sparkfleet.state.store import Store
 
@@ -227,8 +227,8 @@ def test_every_shipped_program_is_one_stdlib_script(program) -> None:  # type: i
 
 
 def test_shipped_argv_is_python_c_program_then_args() -> None:
-    argv = shipped_argv("/opt/py", PROCESS_AGENT, ["find", "{}"])
-    assert argv[:3] == ["/opt/py", "-S", "-c"] and argv[3] == program_text(PROCESS_AGENT) and argv[4:] == ["find", "{}"]
+    argv = shipped_argv("/opt/py", NODE_AGENT, ["find", "{}"])
+    assert argv[:3] == ["/opt/py", "-S", "-c"] and argv[3] == program_text(NODE_AGENT) and argv[4:] == ["find", "{}"]
     # The staging worker keeps site-packages: numpy and xxhash are optional speed-ups there.
     assert shipped_argv("python3", STAGE_WORKER, ["{}"])[:2] == ["python3", "-c"]
 
@@ -253,7 +253,7 @@ def test_a_shipped_program_writes_nothing_to_the_nodes_home(tmp_path: Path) -> N
     # Mitogen's rule: the node's disk may be read-only or shared; only ranks' own files go there.
     env = {"HOME": str(tmp_path), "PATH": os.environ.get("PATH", "")}
     args = json.dumps({"root": str(tmp_path / "absent"), "revision": None, "hashed": [], "hash_limit": 1})
-    for program, words in ((SNAPSHOT_SCAN, [args]), (PROCESS_AGENT, ["watch", '{"ranks": []}'])):
+    for program, words in ((SNAPSHOT_SCAN, [args]), (NODE_AGENT, ["watch", '{"ranks": []}'])):
         subprocess.run(shipped_argv(sys.executable, program, words), capture_output=True, env=env, check=True)
     assert list(tmp_path.iterdir()) == []
 

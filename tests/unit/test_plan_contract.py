@@ -12,6 +12,8 @@ import httpx
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
+from sparkfleet.config.cluster import load_cluster, local_cluster
+from sparkfleet.config.recipe import load_recipe, parse_recipe
 
 from sparkfleet.apply.staging import nfs
 from sparkfleet.doctor.probes import gpu, meminfo
@@ -24,8 +26,6 @@ from sparkfleet.plan.engines import ENGINES, LaunchSpec, engine_for
 from sparkfleet.plan.flags import flag_names, flag_value, has_flag, is_flag, is_number
 from sparkfleet.plan.memory import MIB, memory_plan, plan_memory_lines, usable_memory
 from sparkfleet.plan.model import ImageSpec, Plan, VerifySpec, volume_name
-from sparkfleet.spec.cluster import load_cluster, local_cluster
-from sparkfleet.spec.recipe import load_recipe, parse_recipe
 from tests.conftest import ROOT, SEEDS, SPARK4
 from tests.unit._captures import h200_section
 
@@ -162,7 +162,7 @@ def test_plan_imports_no_apply_and_adapters_import_no_recipe() -> None:
     for path in (SRC / "plan").rglob("*.py"):
         assert not any(m.startswith("sparkfleet.apply") for m in _imports(path)), path
     for path in (SRC / "plan" / "engines").glob("*.py"):
-        assert not any(m.startswith("sparkfleet.spec") for m in _imports(path)), path
+        assert not any(m.startswith("sparkfleet.config") for m in _imports(path)), path
 
 
 def test_nothing_outside_the_plan_package_reads_a_plans_recipe() -> None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from sparkfleet.config.cluster import load_cluster
+from sparkfleet.config.recipe import load_recipe
 
 from sparkfleet.plan.build import plan
 from sparkfleet.plan.model import Overrides
-from sparkfleet.spec.cluster import load_cluster
-from sparkfleet.spec.recipe import load_recipe
 from tests.cli_run import run_main
 
 ROOT = Path(__file__).resolve().parents[2]

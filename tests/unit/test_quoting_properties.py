@@ -6,11 +6,11 @@ import shlex
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sparkfleet.config.cluster import load_cluster
+from sparkfleet.config.recipe import parse_recipe, unquote_arg
 
 from sparkfleet.plan.build import plan
 from sparkfleet.plan.model import Overrides
-from sparkfleet.spec.cluster import load_cluster
-from sparkfleet.spec.recipe import parse_recipe, unquote_arg
 from tests.conftest import SPARK4
 
 # Any printable text without NUL (argv cannot carry NUL); flags starting with '-' are excluded so
@@ -20,7 +20,7 @@ from tests.conftest import SPARK4
 words = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1).filter(
     lambda w: not w.startswith("-") and w.strip()[:1] not in ("'", '"') and "{{" not in w
 )
-# An env value is one line of the rank's env file: no newline (spec/names.py refuses one).
+# An env value is one line of the rank's env file: no newline (config/names.py refuses one).
 one_line = words.filter(lambda w: "\n" not in w and "\r" not in w)
 
 

@@ -7,12 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
+from sparkfleet.config.cluster import load_cluster
+from sparkfleet.config.recipe import parse_recipe
 
 from sparkfleet.exporters.slurm import slurm_script
 from sparkfleet.plan.build import plan
 from sparkfleet.plan.render import plan_json
-from sparkfleet.spec.cluster import load_cluster
-from sparkfleet.spec.recipe import parse_recipe
 from sparkfleet.state.plans import plan_to_json
 from tests.cli_run import run_main
 from tests.conftest import SPARK4

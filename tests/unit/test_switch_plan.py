@@ -3,11 +3,12 @@ of both within a shared GPU node's memory (an unknown figure: not side by side).
 
 from __future__ import annotations
 
+from sparkfleet.config.cluster import load_cluster
+from sparkfleet.config.recipe import parse_recipe
+
 from sparkfleet.apply.switch import side_by_side
 from sparkfleet.plan.build import plan
 from sparkfleet.plan.model import Overrides, Plan
-from sparkfleet.spec.cluster import load_cluster
-from sparkfleet.spec.recipe import parse_recipe
 from tests.conftest import SPARK4
 
 GIB = 1 << 30

@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+from sparkfleet.config.cluster import load_cluster
+from sparkfleet.config.recipe import load_recipe
 
 from sparkfleet.errors import RecipeError
 from sparkfleet.plan.build import plan
-from sparkfleet.spec.cluster import load_cluster
-from sparkfleet.spec.recipe import load_recipe
 from tests.cli_run import run_main
 from tests.conftest import SEEDS, SPARK4
 

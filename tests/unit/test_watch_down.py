@@ -8,6 +8,8 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from sparkfleet.config.cluster import load_cluster
+from sparkfleet.config.recipe import load_recipe
 
 from sparkfleet.apply.down import down, take_down
 from sparkfleet.apply.up import up
@@ -16,8 +18,6 @@ from sparkfleet.dashboard.data import restart_deployment
 from sparkfleet.errors import LeftoverError, StateError
 from sparkfleet.plan.build import plan
 from sparkfleet.plan.model import EnvVar, Overrides, RankPlan
-from sparkfleet.spec.cluster import load_cluster
-from sparkfleet.spec.recipe import load_recipe
 from sparkfleet.state.deployments import Deployments
 from sparkfleet.state.history import History
 from sparkfleet.state.plans import plan_from_json, plan_to_json, with_secrets

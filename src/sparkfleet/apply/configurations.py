@@ -14,11 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sparkfleet.errors import NotFoundError, RecipeError, SparkfleetError, UsageError
-from sparkfleet.plan.build import plan
-from sparkfleet.plan.model import Overrides, Plan
-from sparkfleet.spec.cluster import load_cluster
-from sparkfleet.spec.recipe import (
+from sparkfleet.config.cluster import load_cluster
+from sparkfleet.config.recipe import (
     apply_sets,
     deployment_name,
     load_recipe,
@@ -26,9 +23,12 @@ from sparkfleet.spec.recipe import (
     read_toml,
     recipe_file,
 )
-from sparkfleet.spec.secrets import MASK, is_secret, redact, split_secret_sets
-from sparkfleet.spec.validation import masked_secrets
-from sparkfleet.spec.variants import BASE, apply_variant
+from sparkfleet.config.secrets import MASK, is_secret, redact, split_secret_sets
+from sparkfleet.config.validation import masked_secrets
+from sparkfleet.config.variants import BASE, apply_variant
+from sparkfleet.errors import NotFoundError, RecipeError, SparkfleetError, UsageError
+from sparkfleet.plan.build import plan
+from sparkfleet.plan.model import Overrides, Plan
 from sparkfleet.state.deployments import Deployments
 from sparkfleet.state.history import Configuration, History
 from sparkfleet.state.store import Store

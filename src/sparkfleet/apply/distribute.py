@@ -33,13 +33,13 @@ from sparkfleet.apply.staging.nfs import NfsReport, check_volume, ensure_volume,
 from sparkfleet.apply.staging.pipeline import pipeline
 from sparkfleet.apply.staging.snapshot_identity import Snapshot, check_copy, check_identity, scan_node, select
 from sparkfleet.apply.staging.sync import Endpoint, Method, SyncReport, sync_node, transfer_list
+from sparkfleet.config.cluster import Node
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes import files as node_files
 from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.transport import controller
 from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.plan.model import Plan, StagingStep, volume_name
-from sparkfleet.spec.cluster import Node
 
 ProgressFn = Callable[[StagingStep, int, int], None]
 # pipeline: source → node → node …, each forwarding while it writes (apply/staging/pipeline.py);

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from sparkfleet.apply.instances import other_instances, stop_instances
 from sparkfleet.apply.stopping import stop_ranks
+from sparkfleet.config.cluster import Cluster
+from sparkfleet.config.sizes import format_size
 from sparkfleet.doctor.probes.gpu import APPS_COMMAND, GpuProcess, parse_apps
 from sparkfleet.errors import LeftoverError, StopIncomplete
 from sparkfleet.nodes.fanout import fan_out, raise_first
@@ -19,8 +21,6 @@ from sparkfleet.nodes.inspection import Leftover, NodeAfter, leftovers_on, mem_a
 from sparkfleet.nodes.runtime import find_ranks, remove_ranks
 from sparkfleet.nodes.transport import Connector, transport_for
 from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.spec.cluster import Cluster
-from sparkfleet.spec.sizes import format_size
 from sparkfleet.state.deployments import Deployment, Deployments
 
 # A node's clock may be a little behind this one's (NTP keeps them within milliseconds; a few

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
+from sparkfleet.config.secrets import redact
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes.ship import HUB_FETCH, stream_shipped
 from sparkfleet.nodes.shipped.hub_fetch import rules
 from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.plan.model import HubFetch, Plan
-from sparkfleet.spec.secrets import redact
 
 TOKEN_KEYS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 BytesFn = Callable[[int, int], None]

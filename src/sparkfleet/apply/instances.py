@@ -9,11 +9,11 @@ ranks of another owner are left to ``down --sweep``.
 
 from __future__ import annotations
 
+from sparkfleet.config.cluster import Node
 from sparkfleet.nodes.fanout import fan_out, raise_first
 from sparkfleet.nodes.identity import FoundRank, controller_owner
 from sparkfleet.nodes.runtime import find_ranks, remove_ranks
 from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.spec.cluster import Node
 from sparkfleet.state.deployments import Deployment
 
 

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from sparkfleet.config.secrets import env_file_secrets, redact
 from sparkfleet.nodes import files as node_files
 from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.identity import when
@@ -15,7 +16,6 @@ from sparkfleet.nodes.runtime.base import RankState
 from sparkfleet.nodes.transport import Connector, transport_for
 from sparkfleet.nodes.transport.base import Stream, Transport
 from sparkfleet.plan.model import RankHandle
-from sparkfleet.spec.secrets import env_file_secrets, redact
 from sparkfleet.state.deployments import Deployment
 
 

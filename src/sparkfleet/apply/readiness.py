@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from sparkfleet.config.secrets import ENGINE_KEY_ENV, auth_headers
 from sparkfleet.errors import RankExited, ReadinessError
 from sparkfleet.nodes.fanout import fan_out, raise_first
 from sparkfleet.nodes.identity import Instance
@@ -20,7 +21,6 @@ from sparkfleet.nodes.runtime import port_holders
 from sparkfleet.nodes.runtime.base import RankState, Runtime
 from sparkfleet.nodes.transport.base import Transport, trace
 from sparkfleet.plan.model import Plan, RankPlan, VerifySpec
-from sparkfleet.spec.secrets import ENGINE_KEY_ENV, auth_headers
 
 LOG_TAIL_LINES = 15
 POLL_S = 0.5

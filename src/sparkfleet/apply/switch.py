@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sparkfleet.config.sizes import format_size
 from sparkfleet.errors import NotFoundError, SparkfleetError, StateError
 from sparkfleet.plan.model import Plan
-from sparkfleet.spec.sizes import format_size
 from sparkfleet.state.deployments import Deployment, Deployments
 
 if TYPE_CHECKING:

@@ -18,6 +18,8 @@ from sparkfleet.apply.images import ensure_same_image
 from sparkfleet.apply.readiness import await_worker_ports, smoke, wait_ready
 from sparkfleet.apply.staging.phase import stage
 from sparkfleet.apply.stopping import stop_ranks
+from sparkfleet.config.cluster import Cluster
+from sparkfleet.config.secrets import redact, secrets_of
 from sparkfleet.doctor.pairs import Thresholds, run_fabric
 from sparkfleet.doctor.targets import NodeTarget
 from sparkfleet.errors import FabricError, RankExited, RollbackIncomplete, SparkfleetError, StateError
@@ -29,8 +31,6 @@ from sparkfleet.nodes.runtime.docker import ensure_image
 from sparkfleet.nodes.transport import Connector, transport_for
 from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.plan.model import Plan, RankPlan
-from sparkfleet.spec.cluster import Cluster
-from sparkfleet.spec.secrets import redact, secrets_of
 from sparkfleet.state.deployments import Deployments
 
 # Called with (node or None, rank or None, message) as up progresses.

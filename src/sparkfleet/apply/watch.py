@@ -1,7 +1,7 @@
 """``watch``: poll a deployment in the foreground while it serves, record a bounded time series,
 and turn what changes into events (and, with ``[serve] restart = "on-failure"``, restarts).
 
-Per poll: one process-agent call per node (every rank's state with when it ended, and the
+Per poll: one node-agent call per node (every rank's state with when it ended, and the
 node's MemAvailable), rank 0's health endpoint, and the engine's Prometheus ``/metrics`` (the
 parser and metric names are the bench's: running and waiting requests, KV-cache usage,
 speculative acceptance where exported). No nvidia-smi: on a GB10 MemAvailable is the device
@@ -40,6 +40,9 @@ from sparkfleet.bench.server_metrics import (
     parse_prometheus,
 )
 from sparkfleet.bench.store import BenchStore
+from sparkfleet.config.cluster import Node
+from sparkfleet.config.secrets import redact
+from sparkfleet.config.sizes import format_size
 from sparkfleet.errors import NotFoundError, SparkfleetError
 from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.inspection import NodeWatch, watch_node
@@ -48,9 +51,6 @@ from sparkfleet.nodes.runtime.base import RankState
 from sparkfleet.nodes.transport import Connector, transport_for
 from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.plan.model import RankHandle, ServeSpec
-from sparkfleet.spec.cluster import Node
-from sparkfleet.spec.secrets import redact
-from sparkfleet.spec.sizes import format_size
 from sparkfleet.state.deployments import Deployment, Deployments
 from sparkfleet.state.store import Store
 from sparkfleet.state.watch_series import Sample, WatchSeries

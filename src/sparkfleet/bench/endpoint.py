@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 
 from sparkfleet.bench.auth import HINT
+from sparkfleet.config.secrets import ENGINE_KEY_ENV, auth_headers
 from sparkfleet.errors import BenchError
 from sparkfleet.plan.flags import flag_value, has_flag
-from sparkfleet.spec.secrets import ENGINE_KEY_ENV, auth_headers
 from sparkfleet.state.deployments import Deployments
 from sparkfleet.state.store import Store
 

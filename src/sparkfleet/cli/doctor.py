@@ -78,11 +78,11 @@ def doctor(
     ports, clocks. Exit 0 when nothing failed, 1 otherwise."""
     # The library (threads, probes, plan) is imported here so other commands start fast.
     from sparkfleet.cli.options import build_plan
+    from sparkfleet.config.cluster import load_cluster
     from sparkfleet.doctor.history import record_doctor
     from sparkfleet.doctor.run import memory_for, run_doctor, sort_for_display, spec_for
     from sparkfleet.nodes.transport import transport_for
     from sparkfleet.plan.memory import render_memory_plans
-    from sparkfleet.spec.cluster import load_cluster
     from sparkfleet.state.store import Store
 
     if nccl and recipe is None:

@@ -14,7 +14,7 @@ from sparkfleet.cli.options import NameOpt, RecipeArg, SetOpt
 from sparkfleet.errors import NotFoundError, UsageError
 
 if TYPE_CHECKING:
-    from sparkfleet.spec.cluster import Node
+    from sparkfleet.config.cluster import Node
 
 export_app = group("Write a recipe as a Kubernetes manifest or an sbatch script.")
 
@@ -39,7 +39,7 @@ StateOpt = Annotated[
 
 def _like(cluster: Path | None) -> Node | None:
     """The cluster's first node, whose NIC settings every exported rank gets (or None)."""
-    from sparkfleet.spec.cluster import load_cluster
+    from sparkfleet.config.cluster import load_cluster
 
     return load_cluster(cluster).nodes[0] if cluster is not None else None
 
@@ -76,9 +76,9 @@ def k8s(
 ) -> None:
     """A LeaderWorkerSet (size = required_nodes) and a leader Service, as YAML."""
     # PyYAML is imported only here, to keep `sparkfleet` start-up fast.
+    from sparkfleet.config.recipe import deployment_name, load_recipe
     from sparkfleet.exporters.k8s_lws import K8sOptions, k8s_yaml
     from sparkfleet.exporters.rank_templates import gpus_per_node
-    from sparkfleet.spec.recipe import deployment_name, load_recipe
 
     loaded = load_recipe(recipe, tuple(set_ or ()))
     like = _like(cluster)
@@ -105,8 +105,8 @@ def slurm(
     cluster: NicsOpt = None,
 ) -> None:
     """An sbatch script: one rank per node with srun, then a wait until rank 0 is healthy."""
+    from sparkfleet.config.recipe import deployment_name, load_recipe
     from sparkfleet.exporters.slurm import SlurmOptions, slurm_script
-    from sparkfleet.spec.recipe import deployment_name, load_recipe
 
     if container not in ("docker", "pyxis"):
         raise UsageError(f"--container {container!r}: expected docker or pyxis")

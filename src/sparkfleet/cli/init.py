@@ -57,9 +57,9 @@ def init(
     """Ask every node (in parallel, over SSH) for its interfaces, RDMA ports and GIDs; pick the
     fabric on the network all of them share; write a commented cluster file. Stops with the
     candidates when the choice is not clear."""
+    from sparkfleet.config.cluster import load_cluster, parse_cluster
     from sparkfleet.doctor.discovery import choose, cluster_toml, discover, hca_list
     from sparkfleet.nodes.transport import transport_for
-    from sparkfleet.spec.cluster import load_cluster, parse_cluster
 
     if len(set(hosts)) != len(hosts):
         raise ClusterError(f"init: a host is given twice ({', '.join(hosts)})")

@@ -84,7 +84,7 @@ def up(
 
         switch(replace, recipe, cluster, set_, env, name, variant, timeout)
         return
-    from sparkfleet.nodes.runtime.agent_session import open_sessions
+    from sparkfleet.nodes.agent.session import open_sessions
     from sparkfleet.nodes.transport import transport_for
 
     spec = ConfigSpec(recipe, variant, tuple(set_ or ()), parse_env(env), cluster, name)
@@ -154,8 +154,8 @@ def down(
 ) -> None:
     """Stop every rank of a deployment this controller started (idempotent)."""
     from sparkfleet.apply.down import find_by_name, sweep, take_down
+    from sparkfleet.config.cluster import load_cluster
     from sparkfleet.nodes.identity import when
-    from sparkfleet.spec.cluster import load_cluster
     from sparkfleet.state.deployments import Deployments, controller_gone
 
     if sweep_:

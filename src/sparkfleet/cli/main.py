@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
         # Without standalone mode click returns a command's exit code (e.g. 130 after Ctrl-C).
         code = build_app(args)(args=args, standalone_mode=False)
     except SparkfleetError as exc:
-        from sparkfleet.spec.secrets import redact  # a last net: token-shaped words in any message
+        from sparkfleet.config.secrets import redact  # a last net: token-shaped words in any message
 
         err_console.print(f"[bold red]error:[/] {escape(redact(exc.message))}", soft_wrap=True)
         sys.exit(EXIT_USER_ERROR)

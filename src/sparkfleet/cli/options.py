@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from sparkfleet.config.secrets import MASK, is_secret
 from sparkfleet.errors import UsageError
-from sparkfleet.spec.secrets import MASK, is_secret
 
 if TYPE_CHECKING:
     from sparkfleet.plan.model import Plan
@@ -61,10 +61,10 @@ def build_plan(
 ) -> Plan:
     """Load, validate and plan: the first step of plan, up, stage, doctor and export."""
     # pydantic and the planner load here, not with the module, so every --help stays fast.
+    from sparkfleet.config.cluster import load_cluster
+    from sparkfleet.config.recipe import deployment_name, load_recipe
     from sparkfleet.plan.build import plan
     from sparkfleet.plan.model import Overrides
-    from sparkfleet.spec.cluster import load_cluster
-    from sparkfleet.spec.recipe import deployment_name, load_recipe
 
     loaded = load_recipe(recipe, tuple(sets or ()), variant)
     inventory = load_cluster(cluster)

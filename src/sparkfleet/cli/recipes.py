@@ -35,9 +35,9 @@ DiffOpt = Annotated[
 def validate(recipe: RecipeArg, set_: SetOpt = None, cluster: ClusterOpt = None) -> None:
     """Check a recipe and every variant it defines (and, with --cluster, the cluster file): exit 0
     when all are valid, 2 with one line naming the problem otherwise."""
+    from sparkfleet.config.cluster import load_cluster
+    from sparkfleet.config.recipe import load_recipe, recipe_variants
     from sparkfleet.plan.build import check_plannable
-    from sparkfleet.spec.cluster import load_cluster
-    from sparkfleet.spec.recipe import load_recipe, recipe_variants
 
     loaded = load_recipe(recipe, tuple(set_ or ()))
     inventory = load_cluster(cluster) if cluster is not None else None

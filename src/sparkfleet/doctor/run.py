@@ -11,6 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
+from sparkfleet.config.cluster import Cluster
 from sparkfleet.doctor.checks import Check, DoctorSpec, MemoryFn, NodeTarget, evaluate
 from sparkfleet.doctor.probes.facts import FactsRequest, NodeFacts, collect
 from sparkfleet.nodes.fanout import fan_out
@@ -18,7 +19,6 @@ from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.plan.build import cluster_env
 from sparkfleet.plan.memory import MemoryPlan, memory_plan
 from sparkfleet.plan.model import Plan
-from sparkfleet.spec.cluster import Cluster
 
 __all__ = [
     "Check",

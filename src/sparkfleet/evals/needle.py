@@ -329,11 +329,11 @@ def run_stored(target: str, model: str | None = None, *, lengths: Sequence[int] 
     """``sparkfleet eval needle``: the grid against a deployment (by name) or an endpoint URL,
     with a memory guard over the cluster's nodes when ``mem_floor_gib`` is set; the run is stored."""
     from sparkfleet.bench.endpoint import resolve_endpoint
+    from sparkfleet.config.cluster import load_cluster
     from sparkfleet.evals.client import EvalClient
     from sparkfleet.evals.memguard import MemGuard, abort_action_for
     from sparkfleet.evals.store import RunRow, save_run
     from sparkfleet.nodes.transport import transport_for
-    from sparkfleet.spec.cluster import load_cluster
     from sparkfleet.state.store import Store
 
     endpoint = resolve_endpoint(target, model, api_key=api_key)

@@ -20,15 +20,15 @@ from typing import Any
 
 import yaml
 
+from sparkfleet.config.cluster import Node
+from sparkfleet.config.recipe import Recipe
+from sparkfleet.config.secrets import is_secret
+from sparkfleet.config.sizes import parse_size
 from sparkfleet.errors import RecipeError
 from sparkfleet.exporters.rank_templates import Markers, NodeShape, rank_templates, staged_paths
 from sparkfleet.plan.engines import engine_for
 from sparkfleet.plan.model import CONTAINER_HF_HOME, RankPlan
 from sparkfleet.plan.secret_args import mask_words
-from sparkfleet.spec.cluster import Node
-from sparkfleet.spec.recipe import Recipe
-from sparkfleet.spec.secrets import is_secret
-from sparkfleet.spec.sizes import parse_size
 
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"

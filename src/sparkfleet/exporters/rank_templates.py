@@ -12,12 +12,12 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from sparkfleet.config.cluster import Cluster, Node
+from sparkfleet.config.recipe import Recipe
+from sparkfleet.config.templates import render
 from sparkfleet.plan.build import plan
 from sparkfleet.plan.flags import flag_value
 from sparkfleet.plan.model import Plan, RankPlan
-from sparkfleet.spec.cluster import Cluster, Node
-from sparkfleet.spec.recipe import Recipe
-from sparkfleet.spec.templates import render
 
 _RANK_TEMPLATE = re.compile(r"\{\{\s*rank\s*\}\}")
 

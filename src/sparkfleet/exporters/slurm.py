@@ -17,11 +17,11 @@ import shlex
 from dataclasses import dataclass
 from typing import Literal
 
+from sparkfleet.config.cluster import Node
+from sparkfleet.config.recipe import Recipe
 from sparkfleet.exporters.rank_templates import Markers, NodeShape, gpus_per_node, rank_templates, staged_paths
 from sparkfleet.plan.model import EnvVar, RankPlan
 from sparkfleet.plan.secret_args import mask_words
-from sparkfleet.spec.cluster import Node
-from sparkfleet.spec.recipe import Recipe
 
 ContainerTool = Literal["docker", "pyxis"]
 

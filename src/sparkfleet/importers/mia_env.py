@@ -17,13 +17,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from sparkfleet.config import names
+from sparkfleet.config.secrets import is_secret
 from sparkfleet.importers.report import ImportResult, Note, comment_block, placeholder
 from sparkfleet.importers.shell_profile import OptionalBlock, Profile
 from sparkfleet.importers.toml_text import TomlDoc
 from sparkfleet.plan.flags import flag_groups, flag_name
 from sparkfleet.plan.model import CONTAINER_HF_HOME
-from sparkfleet.spec import names
-from sparkfleet.spec.secrets import is_secret
 
 DEFAULT_REPO = "deepseek-ai/DeepSeek-V4.1-Flash"
 DEFAULT_SERVED_NAME = "deepseek-v4.1-flash"

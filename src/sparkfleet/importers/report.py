@@ -1,6 +1,6 @@
 """What an import produced and what it could not carry over: placeholders and skipped keys.
 
-Placeholders are strings of the form ``<SET ME: what>`` (see sparkfleet.spec.placeholders): the
+Placeholders are strings of the form ``<SET ME: what>`` (see sparkfleet.config.placeholders): the
 written recipe still loads, and ``validate``/``plan`` refuse it until every one is filled in.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from sparkfleet.config.placeholders import PATTERN, placeholder
 from sparkfleet.importers.toml_text import TomlDoc
-from sparkfleet.spec.placeholders import PATTERN, placeholder
 
 __all__ = ["ImportResult", "Note", "comment_block", "has_placeholders", "placeholder"]
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from sparkfleet.config.secrets import is_secret
 from sparkfleet.errors import RecipeError
 from sparkfleet.importers.report import ImportResult, Note, comment_block, placeholder
 from sparkfleet.importers.sparkrun_rules import (
@@ -36,7 +37,6 @@ from sparkfleet.importers.sparkrun_rules import (
 from sparkfleet.importers.toml_text import TomlDoc, typed
 from sparkfleet.plan.flags import is_flag
 from sparkfleet.plan.model import CONTAINER_HF_HOME
-from sparkfleet.spec.secrets import is_secret
 
 SPARKRUN_INIT_PORT = 25000
 SPARKRUN_RAY_PORT = 46379

@@ -9,10 +9,10 @@ import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from sparkfleet.config.cluster import Node
 from sparkfleet.nodes.runtime.docker import device_words
 from sparkfleet.nodes.ship import COLLECTIVE_SWEEP, program_text
 from sparkfleet.nodes.transport.base import Result, Transport
-from sparkfleet.spec.cluster import Node
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """One round trip per node for what ``watch`` polls and what ``down`` checks afterwards.
 
 ``watch_node``: every rank's state on the node (with when it ended) and the node's
-MemAvailable, through the process agent's ``watch`` (docker ranks add a ``docker inspect``
+MemAvailable, through the node agent's ``watch`` (docker ranks add a ``docker inspect``
 each). ``leftovers_on``: after a stop, whatever is still of the instance on the node (the
 agent's ``leftovers`` rule, plus the instance's containers in any state), MemAvailable, and
 nvidia-smi's compute-apps CSV where the node has nvidia-smi.
@@ -13,12 +13,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sparkfleet.config.cluster import Node
+from sparkfleet.nodes.agent import node_agent
 from sparkfleet.nodes.runtime.base import RankState
 from sparkfleet.nodes.runtime.docker import DockerRuntime
-from sparkfleet.nodes.runtime.process import node_agent
 from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.plan.model import RankHandle
-from sparkfleet.spec.cluster import Node
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ class ShippedProgram:
     site: bool = False
 
 
-PROCESS_AGENT = ShippedProgram("process-agent", ("process_agent",))
+NODE_AGENT = ShippedProgram("node-agent", ("agent",))
 STAGE_WORKER = ShippedProgram(
     "stage-worker",
     ("failure", "safetensors_index", "ledger", "disk", "layouts", "sparse_rows"),
@@ -56,7 +56,7 @@ HUB_FETCH = ShippedProgram("hub-fetch", ("hub_fetch",), site=True)
 # Run by the engine's own Python (torch from its site-packages), its text on stdin.
 COLLECTIVE_SWEEP = ShippedProgram("collective-sweep", ("collective_sweep",), site=True)
 LINK_STREAM = ShippedProgram("link-stream", ("link_stream",))
-PROGRAMS = (PROCESS_AGENT, STAGE_WORKER, COMPOSE_WORKER, SNAPSHOT_SCAN, HUB_FETCH, COLLECTIVE_SWEEP, LINK_STREAM)
+PROGRAMS = (NODE_AGENT, STAGE_WORKER, COMPOSE_WORKER, SNAPSHOT_SCAN, HUB_FETCH, COLLECTIVE_SWEEP, LINK_STREAM)
 
 
 @functools.cache

@@ -9,6 +9,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from sparkfleet.config import names
+from sparkfleet.config.cluster import Cluster, Node
+from sparkfleet.config.placeholders import placeholder_keys
+from sparkfleet.config.recipe import Recipe, StagingSpec
+from sparkfleet.config.templates import render
 from sparkfleet.errors import PlanError
 from sparkfleet.nodes.runtime.docker import docker_run_argv
 from sparkfleet.plan.engines import RankContext, engine_for
@@ -32,11 +37,6 @@ from sparkfleet.plan.model import (
     volume_name,
 )
 from sparkfleet.plan.secret_args import split_secret_args
-from sparkfleet.spec import names
-from sparkfleet.spec.cluster import Cluster, Node
-from sparkfleet.spec.placeholders import placeholder_keys
-from sparkfleet.spec.recipe import Recipe, StagingSpec
-from sparkfleet.spec.templates import render
 
 
 def check_plannable(recipe: Recipe, cluster: Cluster | None = None) -> None:

@@ -8,9 +8,9 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from sparkfleet.config.secrets import MASK
 from sparkfleet.plan.model import Plan, RankPlan
 from sparkfleet.plan.render import masked_argv
-from sparkfleet.spec.secrets import MASK
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,10 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from sparkfleet.config.cluster import Node
+from sparkfleet.config.secrets import is_secret
 from sparkfleet.plan.engines import Readiness
 from sparkfleet.plan.secret_args import mask_words
-from sparkfleet.spec.cluster import Node
-from sparkfleet.spec.secrets import is_secret
 
 EnvSource = Literal["engine", "cluster", "recipe", "cli"]
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
@@ -269,7 +269,7 @@ class Plan:
     image: ImageSpec | None = None  # None: the ranks run as host processes
     revision: str | None = None  # the model's pinned snapshot revision
     model_repo: str | None = None  # the Hugging Face repo the weights come from (None: a path)
-    variant: str = "base"  # the recipe's overlay this plan was made from (spec/variants.py)
+    variant: str = "base"  # the recipe's overlay this plan was made from (config/variants.py)
     serve: ServeSpec = ServeSpec()
     warnings: tuple[EnvOverride, ...] = ()  # per-node cluster values replaced by one value for all
     secret_args: tuple[str, ...] = ()  # what was found in the recipe's args (plan/secret_args.py)

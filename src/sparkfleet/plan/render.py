@@ -9,11 +9,11 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from sparkfleet.config.secrets import MASK
+from sparkfleet.config.sizes import format_size
 from sparkfleet.plan.memory import plan_memory_lines
 from sparkfleet.plan.model import Plan, RankPlan, StagingStep
 from sparkfleet.plan.secret_args import mask_words
-from sparkfleet.spec.secrets import MASK
-from sparkfleet.spec.sizes import format_size
 
 
 def _env_json(rank: RankPlan) -> dict[str, str]:

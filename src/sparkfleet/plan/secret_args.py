@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from sparkfleet.spec.secrets import MASK, SECRET_FLAG, SECRET_VALUE
+from sparkfleet.config.secrets import MASK, SECRET_FLAG, SECRET_VALUE
 
 # The env vars each engine reads for a flag (vLLM's VLLM_API_KEY and huggingface_hub's HF_TOKEN;
 # llama.cpp's llama-server reads LLAMA_API_KEY, llama-cpp-python's server API_KEY: both are set,

@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from sparkfleet.config.cluster import Node, NodeSpec, parse_cluster
+from sparkfleet.config.secrets import redact
 from sparkfleet.errors import SparkfleetError, StateError
 from sparkfleet.nodes.identity import Instance, when
 from sparkfleet.plan.engines import Readiness
 from sparkfleet.plan.model import MountSpec, Plan, RankHandle
-from sparkfleet.spec.cluster import Node, NodeSpec, parse_cluster
-from sparkfleet.spec.secrets import redact
 from sparkfleet.state.plans import plan_from_json, plan_to_json
 from sparkfleet.state.store import Store
 

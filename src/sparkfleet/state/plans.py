@@ -18,9 +18,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from sparkfleet.config.secrets import MASK, redact, secrets_of
 from sparkfleet.errors import StateError
 from sparkfleet.plan.model import EnvVar, Plan, RankPlan
-from sparkfleet.spec.secrets import MASK, redact, secrets_of
 
 
 def _encode(value: Any) -> Any:

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+from sparkfleet.config.cluster import Node
+from sparkfleet.nodes.agent import node_agent, port_holders
 from sparkfleet.nodes.identity import FoundRank, PortHolder
 from sparkfleet.nodes.runtime.base import Runtime
 from sparkfleet.nodes.runtime.docker import DockerRuntime
-from sparkfleet.nodes.runtime.process import ProcessRuntime, found_processes, node_agent, port_holders
+from sparkfleet.nodes.runtime.process import ProcessRuntime, found_processes
 from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.plan.model import RankHandle, RankPlan
-from sparkfleet.spec.cluster import Node
 
 RUNTIMES: tuple[Runtime, ...] = (DockerRuntime(), ProcessRuntime())
 __all__ = ["RUNTIMES", "Runtime", "find_ranks", "port_holders", "preflight", "remove_ranks", "runtime_for"]

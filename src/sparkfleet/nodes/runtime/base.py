@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from sparkfleet.config.cluster import Node
 from sparkfleet.errors import RankRuntimeError
 from sparkfleet.nodes.identity import FoundRank, Instance
 from sparkfleet.nodes.transport.base import Stream, Transport
 from sparkfleet.plan.model import RankHandle, RankPlan
-from sparkfleet.spec.cluster import Node
 
 State = Literal["running", "exited", "absent"]
 

@@ -11,12 +11,12 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
+from sparkfleet.config.cluster import Node
 from sparkfleet.errors import NodeError, RankRuntimeError
 from sparkfleet.nodes.identity import LABEL_INSTANCE, LABEL_OWNER, LABEL_STARTED, FoundRank, Instance
 from sparkfleet.nodes.runtime.base import RankState, env_file_text
 from sparkfleet.nodes.transport.base import CHUNK, Result, Stream, Transport
 from sparkfleet.plan.model import LABEL_DEPLOYMENT, LABEL_RANK, MountSpec, RankHandle, RankPlan
-from sparkfleet.spec.cluster import Node
 
 # Loopback fleets put several nodes on one dockerd: the node label keeps their ranks apart.
 LABEL_NODE = "sparkfleet.node"

@@ -1,42 +1,18 @@
 """The process runtime: a rank is a host process group, watched by a small monitor.
 
-The node needs only ``python3``: the agent (``process_agent.py``, stdlib only) is shipped with
-``run_shipped``, and the environment travels in a private env file, never in argv.
+The node needs only ``python3``: the node agent (``nodes/agent/``) starts and watches the ranks,
+and the environment travels in a private env file, never in argv.
 """
 
 from __future__ import annotations
 
-import json
-
-from sparkfleet.errors import RankRuntimeError
-from sparkfleet.nodes.identity import FoundRank, Instance, PortHolder
-from sparkfleet.nodes.runtime.agent_session import call_in_session
+from sparkfleet.config.cluster import Node
+from sparkfleet.config.secrets import TOKEN_PATTERNS
+from sparkfleet.nodes.agent import node_agent
+from sparkfleet.nodes.identity import FoundRank, Instance
 from sparkfleet.nodes.runtime.base import RankState, env_file_text
-from sparkfleet.nodes.ship import PROCESS_AGENT, run_shipped
 from sparkfleet.nodes.transport.base import Stream, Transport
 from sparkfleet.plan.model import RankHandle, RankPlan
-from sparkfleet.spec.cluster import Node
-from sparkfleet.spec.secrets import TOKEN_PATTERNS
-
-
-def node_agent(transport: Transport, python: str, command: str, payload: dict[str, object], *,
-               timeout: float = 30, stdin: bytes | None = None) -> dict:  # fmt: skip
-    """Run one agent command on the node and return its JSON answer: over the node's agent
-    session where its transport holds one, else as a call of its own."""
-    answer = call_in_session(transport, python, command, payload, stdin=stdin, timeout=timeout)
-    if answer is not None:
-        return answer
-    result = run_shipped(transport, python, PROCESS_AGENT, [command, json.dumps(payload)], stdin=stdin,
-                         timeout=timeout)  # fmt: skip
-    if not result.ok:
-        raise RankRuntimeError(transport.node, f"process agent {command} failed: {result.tail()}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
-def port_holders(transport: Transport, python: str, ports: tuple[int, ...]) -> list[PortHolder]:
-    """Who listens on these TCP ports of the node."""
-    answer = node_agent(transport, python, "holders", {"ports": list(ports)}, timeout=30)
-    return [PortHolder(**h) for h in answer["holders"]]
 
 
 def found_processes(node: str, deployment: str, entries: list[dict]) -> list[FoundRank]:

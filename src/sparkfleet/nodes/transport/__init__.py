@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from sparkfleet.config.cluster import Node
 from sparkfleet.nodes.transport.base import Capabilities, Stream, Transport
 from sparkfleet.nodes.transport.local import LocalTransport
 from sparkfleet.nodes.transport.ssh import SshTransport, control_dir
-from sparkfleet.spec.cluster import Node
 
 # Makes the Transport of a node: transport_for by default; tests pass MockTransports.
 Connector = Callable[[Node], Transport]

@@ -58,7 +58,7 @@ class Capabilities:
         of their own (``rsync -e``, a node that pushes to this one); None when the node is not
         reached over SSH.
     sessions: a stream with stdin may stay open for a whole sparkfleet command as the node's
-        agent session (``nodes/runtime/agent_session.py``): each call otherwise pays for a
+        agent session (``nodes/agent/session.py``): each call otherwise pays for a
         connection and an interpreter there. Its streams never get the terminal's Ctrl-C.
     """
 

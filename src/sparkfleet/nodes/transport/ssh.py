@@ -18,10 +18,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from sparkfleet.config.cluster import Node
 from sparkfleet.errors import TransportError, TransportTimeout
 from sparkfleet.nodes.private import private_dir
 from sparkfleet.nodes.transport.base import Capabilities, ProcessStream, Result, Stream, display_command, trace
-from sparkfleet.spec.cluster import Node
 
 SSH_FAILED = 255
 # Lines ssh itself prints when it could not get a session (as opposed to the remote command's).

@@ -1,4 +1,5 @@
-"""Node-side agent for the process runtime (stdlib only: it runs on nodes without sparkfleet).
+"""The node agent, node side (stdlib only: it runs on nodes without sparkfleet). It serves every
+runtime (preflight, watch, leftovers, port owners) and runs the process runtime's ranks.
 
 Shipped as ``python3 -c <this source> COMMAND JSON``, or ``… serve``: a session that answers one
 JSON request per line on stdin (``{"command", "payload", "stdin"}``) with one JSON line

@@ -23,7 +23,7 @@ MAX_VALUE = 32 * 1024  # one env value or argv word: far above any real one, far
 MAX_DEPTH = 32  # tables and arrays nested in a recipe or cluster file
 
 
-# An importer's ``<SET ME: …>`` (spec/placeholders.py): loads, and plan refuses it by key.
+# An importer's ``<SET ME: …>`` (config/placeholders.py): loads, and plan refuses it by key.
 _PLACEHOLDER = re.compile(r"<SET ME: [^>]*>")
 
 

@@ -14,12 +14,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sparkfleet.config import names
+from sparkfleet.config.caches import local_hf_cache
+from sparkfleet.config.recipe import read_toml
+from sparkfleet.config.sizes import parse_size
+from sparkfleet.config.validation import describe
 from sparkfleet.errors import ClusterError
-from sparkfleet.spec import names
-from sparkfleet.spec.caches import local_hf_cache
-from sparkfleet.spec.recipe import read_toml
-from sparkfleet.spec.sizes import parse_size
-from sparkfleet.spec.validation import describe
 from sparkfleet.state.store import state_dir
 
 

@@ -1,4 +1,4 @@
-"""One process agent per node, kept open for the length of a sparkfleet command.
+"""One node agent per node, kept open for the length of a sparkfleet command.
 
 A one-shot agent call costs a new SSH channel, a shell and an interpreter on the node and an ssh
 client here; `up` makes three to four calls per node (preflight, start, readiness, the head's
@@ -30,12 +30,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from sparkfleet.errors import RankRuntimeError, SparkfleetError
-from sparkfleet.nodes.ship import PROCESS_AGENT, shipped_argv
+from sparkfleet.nodes.ship import NODE_AGENT, shipped_argv
 from sparkfleet.nodes.transport.base import Stream, Transport, trace
 
 
 class AgentSession:
-    """A serving process agent on one node (see the module's doc)."""
+    """A serving node agent on one node (see the module's doc)."""
 
     def __init__(self, transport: Transport, python: str) -> None:
         self.node = transport.node
@@ -44,7 +44,7 @@ class AgentSession:
         self.pid: int | None = None  # the agent's pid on the node, from its hello
         self.closed = False
         # The session holds no reference to its transport: the transport's finalizer closes it.
-        self._stream = transport.stream(shipped_argv(python, PROCESS_AGENT, ["serve"]), stdin=True,
+        self._stream = transport.stream(shipped_argv(python, NODE_AGENT, ["serve"]), stdin=True,
                                         merge_stderr=False)  # fmt: skip
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, args=(self._stream, self._lines), name=f"agent-session-{self.node}",
@@ -107,16 +107,16 @@ class AgentSession:
             line = self._next(deadline)
         except TimeoutError:
             self.close()
-            why = f"process agent {command} gave no answer within {timeout:.0f} s"
+            why = f"node agent {command} gave no answer within {timeout:.0f} s"
             raise RankRuntimeError(self.node, why) from None
         trace("ssh-agent", self.node, started, time.time(), command)
         if line is None:
             self.close()
-            raise RankRuntimeError(self.node, f"process agent {command} failed: its session ended: "
+            raise RankRuntimeError(self.node, f"node agent {command} failed: its session ended: "
                                    f"{self._stream.errors().strip()[-500:]}")  # fmt: skip
         reply = json.loads(line)
         if "error" in reply:
-            raise RankRuntimeError(self.node, f"process agent {command} failed: {reply['error'].strip()}")
+            raise RankRuntimeError(self.node, f"node agent {command} failed: {reply['error'].strip()}")
         answer: dict[str, Any] = reply["answer"]
         return answer
 

@@ -18,9 +18,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sparkfleet.config.validation import did_you_mean
 from sparkfleet.errors import RecipeError
 from sparkfleet.plan.flags import flag_groups, group_flag, is_flag, normal
-from sparkfleet.spec.validation import did_you_mean
 
 BASE = "base"
 # Top-level recipe fields a variant may replace outright. Their types and limits are the

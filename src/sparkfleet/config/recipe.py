@@ -15,13 +15,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
+from sparkfleet.config import names
+from sparkfleet.config.sizes import parse_size
+from sparkfleet.config.templates import KNOWN, unknown_templates
+from sparkfleet.config.validation import describe, key_path, shown_error
+from sparkfleet.config.variants import BASE, Variant, apply_variant, variant_names
 from sparkfleet.errors import RecipeError
 from sparkfleet.plan.engines import LaunchSpec, engine_for
-from sparkfleet.spec import names
-from sparkfleet.spec.sizes import parse_size
-from sparkfleet.spec.templates import KNOWN, unknown_templates
-from sparkfleet.spec.validation import describe, key_path, shown_error
-from sparkfleet.spec.variants import BASE, Variant, apply_variant, variant_names
 
 RECIPE_FILE = "recipe.toml"
 MAX_FILE_CHARS = 4 * 1024 * 1024  # a recipe or cluster file: kilobytes in practice
@@ -214,7 +214,7 @@ class Recipe(_Strict):
     serve: Serve = Field(default_factory=Serve)
     variants: dict[str, Variant] = Field(default_factory=dict)
     source: str = Field(default="", exclude=True)
-    variant: str = Field(default=BASE, exclude=True)  # which overlay this recipe is (spec/variants.py)
+    variant: str = Field(default=BASE, exclude=True)  # which overlay this recipe is (config/variants.py)
 
     @field_validator("shm_size")
     @classmethod

@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from sparkfleet.spec.validation import key_path
+from sparkfleet.config.validation import key_path
 
 PATTERN = re.compile(r"<SET ME: [^>]*>")
 

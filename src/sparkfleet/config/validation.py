@@ -9,7 +9,7 @@ from typing import Any, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from sparkfleet.spec.secrets import MASK, argv_secrets, is_secret
+from sparkfleet.config.secrets import MASK, argv_secrets, is_secret
 
 _ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=")
 
