@@ -312,3 +312,16 @@ def names_in_use(fleet_tag: str) -> Sequence[str]:
     """The namespaces of this machine that carry the tag (a test's check that close() left none)."""
     out = subprocess.run([IP, "netns", "list"], capture_output=True, text=True).stdout
     return [line.split()[0] for line in out.splitlines() if line.startswith(fleet_tag)]
+
+
+@contextlib.contextmanager
+def shaped_fleet(n: int, workdir: str | os.PathLike[str], mbit: float, **kw: object) -> Iterator[NetnsFleet]:
+    """A fleet of n nodes, every fabric link shaped to mbit; closed afterwards, leaving no name in use."""
+    fleet = NetnsFleet(n, workdir, **kw)  # type: ignore[arg-type]
+    try:
+        for i in range(n):
+            fleet.shape(i, mbit)
+        yield fleet
+    finally:
+        fleet.close()
+    assert names_in_use(fleet.tag) == []

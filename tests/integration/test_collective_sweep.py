@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sparkfleet.config import caches
-from tests.fleet.netns import NetnsFleet, usable
+from tests.fleet.netns import NetnsFleet, shaped_fleet, usable
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PY = caches.engine_cache() / "venv-vllm" / "bin" / "python"
@@ -31,13 +31,8 @@ LINK_MBIT = 200.0
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsFleet]:
-    f = NetnsFleet(2, tmp_path_factory.mktemp("collective"), odd=None, name="collective")
-    try:
-        for i in range(2):
-            f.shape(i, LINK_MBIT)
+    with shaped_fleet(2, tmp_path_factory.mktemp("collective"), LINK_MBIT, odd=None, name="collective") as f:
         yield f
-    finally:
-        f.close()
 
 
 def _doctor(fleet: NetnsFleet, *extra: str, state: Path) -> subprocess.CompletedProcess[str]:

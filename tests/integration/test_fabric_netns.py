@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.fleet.netns import NetnsFleet, names_in_use, usable
+from tests.fleet.netns import NetnsFleet, shaped_fleet, usable
 
 STANDIN = Path(__file__).resolve().parents[1] / "standin_engine.py"
 WHY_NOT = usable() or (None if shutil.which("iperf3") else "iperf3 missing (scripts/setup-system.sh installs it)")
@@ -33,14 +33,8 @@ NODES = ("node0", "node1", "node2", "node3")
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsFleet]:
-    f = NetnsFleet(4, tmp_path_factory.mktemp("fabric"), odd=1, name="fabric")
-    try:
-        for i in range(4):
-            f.shape(i, FAST)
+    with shaped_fleet(4, tmp_path_factory.mktemp("fabric"), FAST, odd=1, name="fabric") as f:
         yield f
-    finally:
-        f.close()
-    assert names_in_use(f.tag) == []
 
 
 def _fabric(fleet: NetnsFleet, *extra: str) -> tuple[int, dict[str, Any], float]:
