@@ -21,10 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sparkfleet.config.cluster import load_cluster  # noqa: E402
 from tests.fleet import loopback_fleet  # noqa: E402
 
 from sparkfleet.cli.options import build_plan  # noqa: E402
+from sparkfleet.config.cluster import load_cluster  # noqa: E402
 from sparkfleet.doctor.run import memory_for, run_doctor, spec_for  # noqa: E402
 from sparkfleet.nodes.transport import transport_for  # noqa: E402
 from sparkfleet.nodes.transport.ssh import control_dir  # noqa: E402

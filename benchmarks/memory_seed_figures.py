@@ -15,7 +15,6 @@ sys.path.insert(0, str(ROOT))
 from sparkfleet.config.cluster import load_cluster  # noqa: E402
 from sparkfleet.config.recipe import load_recipe  # noqa: E402
 from sparkfleet.config.sizes import parse_size  # noqa: E402
-
 from sparkfleet.plan.build import plan  # noqa: E402
 from sparkfleet.plan.memory import GIB, MIB, memory_plan, nccl_pinned, prefill_transient  # noqa: E402
 

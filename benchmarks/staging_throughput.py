@@ -54,10 +54,9 @@ from pathlib import Path
 # while cp and the pack are timed.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from sparkfleet.config.recipe import StagingSpec
-
 from sparkfleet.apply.staging.runner import stage_all
 from sparkfleet.apply.staging.synthetic import write_engram_checkpoint
+from sparkfleet.config.recipe import StagingSpec
 from sparkfleet.nodes.transport.local import LocalTransport
 from sparkfleet.plan.model import StagingStep
 

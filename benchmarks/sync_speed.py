@@ -29,11 +29,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sparkfleet.config.cluster import load_cluster  # noqa: E402
-from sparkfleet.config.recipe import load_recipe  # noqa: E402
 from tests.fleet.loopback import LoopbackFleet  # noqa: E402
 
 from sparkfleet.apply.distribute import DistributionReport, distribute  # noqa: E402
+from sparkfleet.config.cluster import load_cluster  # noqa: E402
+from sparkfleet.config.recipe import load_recipe  # noqa: E402
 from sparkfleet.nodes.transport.ssh import SshTransport  # noqa: E402
 from sparkfleet.plan.build import plan  # noqa: E402
 

@@ -18,7 +18,6 @@ from typing import Any
 
 from sparkfleet.config.cluster import Cluster, parse_cluster
 from sparkfleet.config.recipe import load_recipe
-
 from sparkfleet.nodes.identity import ENV_INSTANCE
 from sparkfleet.nodes.transport.mock import Answer, Call, MockTransport
 from sparkfleet.plan.build import plan

@@ -18,8 +18,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from sparkfleet.config.cluster import load_cluster
 
+from sparkfleet.config.cluster import load_cluster
 from sparkfleet.errors import RankRuntimeError
 from sparkfleet.nodes.agent import node_agent
 from sparkfleet.nodes.agent.session import session_for

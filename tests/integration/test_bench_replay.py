@@ -273,7 +273,6 @@ def test_a_deployment_name_resolves_to_its_endpoint_model_and_facts(tmp_path: Pa
     # its endpoint is then pointed at the replay server, which plays the deployment's head.
     from sparkfleet.config.cluster import load_cluster
     from sparkfleet.config.recipe import load_recipe
-
     from sparkfleet.plan.build import plan
     from sparkfleet.state.deployments import Deployments
     from sparkfleet.state.store import Store

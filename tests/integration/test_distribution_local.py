@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
-from sparkfleet.config.cluster import local_cluster
-from sparkfleet.config.recipe import load_recipe
 
 from sparkfleet.apply.distribute import distribute, rich_progress
+from sparkfleet.config.cluster import local_cluster
+from sparkfleet.config.recipe import load_recipe
 from sparkfleet.errors import PlanError
 from sparkfleet.nodes.transport.local import LocalTransport
 from sparkfleet.plan.build import plan

@@ -10,11 +10,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from sparkfleet.config.cluster import load_cluster
-from sparkfleet.config.recipe import load_recipe
 
 from sparkfleet.apply.distribute import distribute
 from sparkfleet.apply.staging import nfs
+from sparkfleet.config.cluster import load_cluster
+from sparkfleet.config.recipe import load_recipe
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes.nfs import EXPORTS_DIR
 from sparkfleet.nodes.transport.local import LocalTransport

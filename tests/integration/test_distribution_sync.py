@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from sparkfleet.config.cluster import load_cluster
-from sparkfleet.config.recipe import load_recipe
 
 from sparkfleet.apply.distribute import distribute, verify_snapshots
+from sparkfleet.config.cluster import load_cluster
+from sparkfleet.config.recipe import load_recipe
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes.transport.ssh import SshTransport
 from sparkfleet.plan.build import plan

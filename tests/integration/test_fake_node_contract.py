@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from sparkfleet.config.cluster import parse_cluster
 from sparkfleet.config.recipe import load_recipe
-
 from sparkfleet.doctor.probes.gpu import APPS_COMMAND
 from sparkfleet.nodes.identity import FoundRank, Instance
 from sparkfleet.nodes.inspection import leftovers_on, watch_node

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 from huggingface_hub.constants import DOWNLOAD_CHUNK_SIZE
-from sparkfleet.config.cluster import load_cluster
-from sparkfleet.config.recipe import load_recipe
 
 from sparkfleet.apply.staging.phase import stage
+from sparkfleet.config.cluster import load_cluster
+from sparkfleet.config.recipe import load_recipe
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes.transport.ssh import SshTransport
 from sparkfleet.plan.build import plan

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sparkfleet.config.cluster import load_cluster
 
 from sparkfleet.apply.images import build, distribute, image_id, verify_same_id
+from sparkfleet.config.cluster import load_cluster
 from sparkfleet.errors import NodeError
 from sparkfleet.nodes.transport import transport_for
 from sparkfleet.nodes.transport.base import Transport

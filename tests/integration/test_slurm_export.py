@@ -14,9 +14,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from sparkfleet.config.recipe import load_recipe
 
 from sparkfleet.config import caches
+from sparkfleet.config.recipe import load_recipe
 from sparkfleet.exporters.slurm import SlurmOptions, slurm_script
 from tests.conftest import ROOT
 

@@ -10,8 +10,8 @@ import stat
 from pathlib import Path
 
 import pytest
-from sparkfleet.config.cluster import load_cluster
 
+from sparkfleet.config.cluster import load_cluster
 from sparkfleet.errors import CommandError, TransportError
 from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.transport import transport_for

@@ -249,7 +249,6 @@ def test_one_node_on_localhost_without_fabric_ip(tmp_path: Path) -> None:
     """The most natural cluster file: its fabric address is an address, and doctor's interface
     check takes a host name without crashing."""
     from sparkfleet.config.cluster import load_cluster
-
     from sparkfleet.doctor.probes.netif import Interface
 
     path = tmp_path / "one.toml"

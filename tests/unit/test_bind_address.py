@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from sparkfleet.config.cluster import parse_cluster
 from sparkfleet.config.recipe import load_recipe
-
 from sparkfleet.errors import ClusterError
 from sparkfleet.plan.build import plan
 from sparkfleet.plan.flags import flag_value

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from sparkfleet.config.cluster import local_cluster
 
 from sparkfleet.config import caches
+from sparkfleet.config.cluster import local_cluster
 from sparkfleet.errors import ClusterError
 from tests.conftest import ROOT
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from sparkfleet.config.cluster import load_cluster
 from sparkfleet.config.recipe import load_recipe
-
 from sparkfleet.doctor.run import spec_for
 from sparkfleet.plan.build import plan
 

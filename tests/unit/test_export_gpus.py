@@ -8,7 +8,6 @@ from pathlib import Path
 
 from sparkfleet.config.cluster import parse_cluster
 from sparkfleet.config.recipe import load_recipe
-
 from sparkfleet.exporters.slurm import slurm_script
 
 ROOT = Path(__file__).resolve().parents[2]

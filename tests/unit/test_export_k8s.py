@@ -12,9 +12,9 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+
 from sparkfleet.config.cluster import parse_cluster
 from sparkfleet.config.recipe import load_recipe, parse_recipe
-
 from sparkfleet.errors import RecipeError
 from sparkfleet.exporters.k8s_lws import K8sOptions, k8s_manifests, k8s_name, k8s_yaml
 from tests.conftest import ROOT, SEEDS

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from sparkfleet.config.cluster import parse_cluster
 from sparkfleet.config.recipe import Recipe, load_recipe, parse_recipe
-
 from sparkfleet.exporters.slurm import SlurmOptions, shell_word, slurm_script
 from sparkfleet.plan.build import plan
 from tests.conftest import SEEDS

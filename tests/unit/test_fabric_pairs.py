@@ -174,6 +174,7 @@ def test_fabric_runs_are_kept_and_the_newest_read_back(tmp_path: Path) -> None:
 
 def test_a_recipe_minimum_fails_pairs_the_median_would_pass() -> None:
     from pydantic import ValidationError
+
     from sparkfleet.config.recipe import Verify
 
     links = {n: LocalLink("eth0", 9000, True) for n in ("a", "b", "c")}

@@ -5,7 +5,6 @@ repo whose consolidated checkpoint sits at the root beside the shards."""
 from __future__ import annotations
 
 from sparkfleet.config.recipe import Recipe
-
 from sparkfleet.nodes.shipped.hub_fetch import choose
 from sparkfleet.plan.engines import engine_for
 

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 from sparkfleet.config.recipe import load_recipe
-
 from tests.conftest import ROOT
 
 PROFILE = ROOT / "tests" / "data" / "import" / "env.tp4.example"

@@ -7,10 +7,10 @@ import re
 from pathlib import Path
 
 import pytest
+
 from sparkfleet.config.cluster import load_cluster
 from sparkfleet.config.placeholders import PATTERN
 from sparkfleet.config.recipe import load_recipe
-
 from sparkfleet.errors import PlanError
 from sparkfleet.importers.mia_env import import_mia_env
 from sparkfleet.importers.report import has_placeholders

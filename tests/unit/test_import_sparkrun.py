@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from sparkfleet.config.cluster import parse_cluster
 from sparkfleet.config.recipe import load_recipe
-
 from sparkfleet.errors import RecipeError
 from sparkfleet.importers.sparkrun import import_sparkrun, read_sparkrun, substitute
 from sparkfleet.plan.build import plan

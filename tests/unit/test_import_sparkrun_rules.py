@@ -13,9 +13,9 @@ import json
 from pathlib import Path
 
 import pytest
+
 from sparkfleet.config.cluster import parse_cluster
 from sparkfleet.config.recipe import Recipe, load_recipe
-
 from sparkfleet.importers.sparkrun import import_sparkrun, read_sparkrun
 from sparkfleet.plan.build import plan
 from tests.cli_run import run_main

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sparkfleet.config.cluster import local_cluster
-from sparkfleet.config.recipe import load_recipe, parse_recipe
 
 from sparkfleet.apply.readiness import BootLog, health_answer
 from sparkfleet.bench.client import RequestRecord, _StreamParser
 from sparkfleet.bench.endpoint import _context_length, detect_engine
 from sparkfleet.bench.stats import per_stream_tps, server_agreement, server_decode_tps
+from sparkfleet.config.cluster import local_cluster
+from sparkfleet.config.recipe import load_recipe, parse_recipe
 from sparkfleet.doctor.probes.gpu import parse_apps
 from sparkfleet.plan.build import plan
 from sparkfleet.plan.engines.llamacpp import NATIVE_READY_LOG

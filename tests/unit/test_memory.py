@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
+
 from sparkfleet.config.cluster import load_cluster
 from sparkfleet.config.recipe import Recipe, load_recipe
 from sparkfleet.config.sizes import parse_size
-
 from sparkfleet.nodes.shipped.safetensors_index import tensor_sizes as safetensors_tensor_bytes
 from sparkfleet.plan.build import plan
 from sparkfleet.plan.flags import flag_value

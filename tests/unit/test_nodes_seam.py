@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from sparkfleet.config.cluster import parse_cluster
 
+from sparkfleet.config.cluster import parse_cluster
 from sparkfleet.errors import NodeError, SparkfleetError, StagingError, TransportError, TransportTimeout
 from sparkfleet.nodes.fanout import GroupResult, Outcome, fan_out, raise_first
 from sparkfleet.nodes.runtime import runtime_for

@@ -12,10 +12,10 @@ import httpx
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
-from sparkfleet.config.cluster import load_cluster, local_cluster
-from sparkfleet.config.recipe import load_recipe, parse_recipe
 
 from sparkfleet.apply.staging import nfs
+from sparkfleet.config.cluster import load_cluster, local_cluster
+from sparkfleet.config.recipe import load_recipe, parse_recipe
 from sparkfleet.doctor.probes import gpu, meminfo
 from sparkfleet.doctor.probes.checkpoint import parse as parse_checkpoint
 from sparkfleet.evals.memguard import abort_action_for

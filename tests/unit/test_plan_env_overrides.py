@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from sparkfleet.config.cluster import load_cluster
 from sparkfleet.config.recipe import load_recipe
-
 from sparkfleet.plan.build import plan
 from sparkfleet.plan.model import Overrides
 from tests.cli_run import run_main

@@ -4,9 +4,9 @@ RPC workers hold no tensor-parallel rank, so tensor_parallel_size does not limit
 from __future__ import annotations
 
 import pytest
+
 from sparkfleet.config.cluster import load_cluster
 from sparkfleet.config.recipe import parse_recipe
-
 from sparkfleet.errors import PlanError
 from sparkfleet.plan.build import check_plannable, plan
 from tests.conftest import SPARK4

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from sparkfleet.config.cluster import parse_cluster
 from sparkfleet.config.recipe import load_recipe
-
 from sparkfleet.plan.build import plan
 
 ROOT = Path(__file__).resolve().parents[2]

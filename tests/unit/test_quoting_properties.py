@@ -6,9 +6,9 @@ import shlex
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from sparkfleet.config.cluster import load_cluster
 from sparkfleet.config.recipe import parse_recipe, unquote_arg
-
 from sparkfleet.plan.build import plan
 from sparkfleet.plan.model import Overrides
 from tests.conftest import SPARK4

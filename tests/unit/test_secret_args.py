@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+
 from sparkfleet.config.cluster import load_cluster
 from sparkfleet.config.recipe import parse_recipe
-
 from sparkfleet.exporters.slurm import slurm_script
 from sparkfleet.plan.build import plan
 from sparkfleet.plan.render import plan_json

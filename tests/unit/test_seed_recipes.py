@@ -7,9 +7,9 @@ import shlex
 from pathlib import Path
 
 import pytest
+
 from sparkfleet.config.cluster import load_cluster
 from sparkfleet.config.recipe import deployment_name, load_recipe
-
 from sparkfleet.plan.build import plan
 from sparkfleet.plan.render import plan_json
 from tests.conftest import ROOT, SEEDS, SHARED_SEEDS, SPARK4

@@ -3,10 +3,9 @@ of both within a shared GPU node's memory (an unknown figure: not side by side).
 
 from __future__ import annotations
 
+from sparkfleet.apply.switch import side_by_side
 from sparkfleet.config.cluster import load_cluster
 from sparkfleet.config.recipe import parse_recipe
-
-from sparkfleet.apply.switch import side_by_side
 from sparkfleet.plan.build import plan
 from sparkfleet.plan.model import Overrides, Plan
 from tests.conftest import SPARK4

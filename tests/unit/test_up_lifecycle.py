@@ -99,7 +99,6 @@ def test_signal_in_each_phase_rolls_back(tmp_path: Path, phase: str, sig: int) -
 
 def _replan(tmp: Path, fleet: FakeFleet):  # type: ignore[no-untyped-def]
     from sparkfleet.config.recipe import load_recipe
-
     from sparkfleet.plan.build import plan
 
     return plan(load_recipe(tmp / "recipe.toml"), fleet.cluster, "fake")

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+
 from sparkfleet.config.cluster import load_cluster
 from sparkfleet.config.recipe import load_recipe
-
 from sparkfleet.errors import RecipeError
 from sparkfleet.plan.build import plan
 from tests.cli_run import run_main

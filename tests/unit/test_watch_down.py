@@ -8,12 +8,12 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from sparkfleet.config.cluster import load_cluster
-from sparkfleet.config.recipe import load_recipe
 
 from sparkfleet.apply.down import down, take_down
 from sparkfleet.apply.up import up
 from sparkfleet.apply.watch import Watcher
+from sparkfleet.config.cluster import load_cluster
+from sparkfleet.config.recipe import load_recipe
 from sparkfleet.dashboard.data import restart_deployment
 from sparkfleet.errors import LeftoverError, StateError
 from sparkfleet.plan.build import plan
