@@ -124,19 +124,30 @@ def deployment_endpoint(name: str, store: Store | None = None) -> tuple[str, str
 
 def deployment_key(name: str, store: Store | None = None) -> str | None:
     """The API key a deployment's rank 0 was started with (its engine's variable, read back from
-    the rank's private env file on its node), or None."""
+    the rank's private env file on its node), or None: when its stored plan sets no such
+    variable, nothing is asked of the node; when the node cannot be read, the server's refusal
+    says what to pass."""
     from sparkfleet.apply.observe import rank_secrets
+    from sparkfleet.errors import SparkfleetError
     from sparkfleet.nodes.transport import transport_for
 
-    record = Deployments(store or Store()).get(name)
+    records = Deployments(store or Store())
+    stored = records.stored_plan(name)
+    head_plan = next((r for r in stored.ranks if r.rank == 0), None) if stored else None
+    if head_plan is None or not any(e.key in ENGINE_KEY_ENV for e in head_plan.env):
+        return None
+    record = records.get(name)
     head = next((r for r in record.ranks if r.rank == 0), None) if record else None
     if head is None:
         return None
-    transport = transport_for(head.node)
     try:
-        secrets = rank_secrets(head, transport)
-    finally:
-        transport.close()
+        transport = transport_for(head.node)
+        try:
+            secrets = rank_secrets(head, transport)
+        finally:
+            transport.close()
+    except SparkfleetError:
+        return None
     return next((secrets[k] for k in ENGINE_KEY_ENV if secrets.get(k)), None)
 
 
