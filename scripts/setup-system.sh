@@ -24,7 +24,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     $SUDO apt-get update -qq
     $SUDO mkdir -p /var/lib/sparkfleet && $SUDO touch "$stamp"
   fi
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+  DEBIAN_FRONTEND=noninteractive $SUDO nice -n "${SPARKFLEET_NICE:-0}" apt-get install -y -qq --no-install-recommends \
     -o Dpkg::Options::=--force-confold "${missing[@]}"
 else
   echo "setup-system: all packages present"
