@@ -118,10 +118,10 @@ class Watch:
         if payload == b"[DONE]":
             self.done = True
             return True
-        piece = self._like_last(payload)
-        if piece is not None:
-            if piece:
-                self._piece(self._shape[2], piece)
+        like = self._like_last(payload)
+        if like is not None:
+            if like[0]:
+                self._piece(like[1], like[0])
             return True
         try:
             # The C scanner itself: json.loads' wrappers (encoding detection, whitespace checks)
@@ -151,8 +151,8 @@ class Watch:
         self._shape = _shape(payload, obj, self.chat)
         return True
 
-    def _like_last(self, payload: bytes) -> str | None:
-        """The text of an event that is the last parsed one but for its text (the same bytes before
+    def _like_last(self, payload: bytes) -> tuple[str, int] | None:
+        """The text (and choice index) of an event that is the last parsed one but for its text (the same bytes before
         and after an escape-free string), read without parsing: every engine sends almost only
         such events, and parsing each was a quarter of the gateway's CPU at 64 streams. None for
         any other event, which is then parsed (tests/unit/test_gateway_stream.py holds the two
@@ -167,7 +167,7 @@ class Watch:
         if _ESCAPE.search(raw):
             return None
         try:
-            return raw.decode()
+            return raw.decode(), shape[2]
         except UnicodeDecodeError:
             return None
 
