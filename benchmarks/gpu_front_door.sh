@@ -8,6 +8,9 @@
 # Nothing is left running (each phase ends with down; the gateway is stopped).
 #
 # usage: benchmarks/gpu_front_door.sh LLAMA_SRC.tar.gz RESULTS WHEELS
+#   SPARKFLEET_GW_ROUNDS=N (default 3): rounds of A; the order of the two paths swaps every round
+#   (direct, gateway | gateway, direct | …) so a drift of the server's own speed falls on both.
+#   SPARKFLEET_GW_PHASES=A: A alone.
 set -uo pipefail
 SRC=${1:?usage: gpu_front_door.sh LLAMA_SRC.tar.gz RESULTS WHEELS}
 RESULTS=${2:?}
@@ -18,6 +21,8 @@ PY=${PYTHON:-python3}
 MODEL_NAME=llama3-8b-shape-random
 MODEL_FILE=llama3-8b-f16.gguf
 RECIPE=$HERE/gpu_run/llama-server-cuda
+ROUNDS=${SPARKFLEET_GW_ROUNDS:-3}
+PHASES=${SPARKFLEET_GW_PHASES:-AB}
 mkdir -p "$RESULTS" "$WORK/models" "$WORK/src" "$WORK/res"
 RESULTS=$(cd "$RESULTS" && pwd)
 RES=$WORK/res  # every capture; packed into $RESULTS/captures.tar.gz at the end (run.log beside it)
@@ -65,17 +70,38 @@ sf up "$RECIPE" --name one "${sets[@]}" --set port=18080 --timeout 240 || exit 1
   >"$RES/gateway.log" 2>&1 &
 GW=$!
 for i in 1 2 3 4 5; do curl -sf http://127.0.0.1:18200/health >/dev/null && break; sleep 1; done
-for round in 1 2 3; do
-  sf bench decode one "${decode[@]}" --label "direct-$round" | tail -6
-  sf bench export last -f json -o "$RES/direct-$round.json"
-  sf bench decode http://127.0.0.1:18200 --model "$MODEL_NAME" "${decode[@]}" --label "gateway-$round" | tail -6
-  sf bench export last -f json -o "$RES/gateway-$round.json"
-  sf bench compare last~1 last | tail -8
+bench_direct() {
+  sf bench decode one "${decode[@]}" --label "direct-$1" | tail -6
+  sf bench export last -f json -o "$RES/direct-$1.json"
+}
+bench_gateway() {
+  sf bench decode http://127.0.0.1:18200 --model "$MODEL_NAME" "${decode[@]}" --label "gateway-$1" | tail -6
+  sf bench export last -f json -o "$RES/gateway-$1.json"
+}
+for round in $(seq 1 "$ROUNDS"); do
+  if [ $((round % 2)) = 1 ]; then bench_direct "$round"; bench_gateway "$round"
+  else bench_gateway "$round"; bench_direct "$round"; fi
 done
+"$PY" - "$RES" "$ROUNDS" <<'PY' | tee "$RESULTS/gateway-ratio.txt"
+import json, statistics, sys
+res, rounds = sys.argv[1], int(sys.argv[2])
+def tps(path, conc):
+    tiers = json.load(open(path))["tiers"]
+    return next(t["steady_output_throughput"]["median"] for t in tiers if t["max_concurrency"] == conc)
+for conc in (1, 4):
+    d = [tps(f"{res}/direct-{r}.json", conc) for r in range(1, rounds + 1)]
+    g = [tps(f"{res}/gateway-{r}.json", conc) for r in range(1, rounds + 1)]
+    print(f"c{conc} per round (direct -> gateway, ratio): "
+          + "; ".join(f"{a:.1f} -> {b:.1f} ({b / a:.3f})" for a, b in zip(d, g)))
+    print(f"c{conc}: median of the {rounds} rounds' ratios {statistics.median(b / a for a, b in zip(d, g)):.4f}; "
+          f"ratio of the medians {statistics.median(g) / statistics.median(d):.4f} "
+          f"(direct {statistics.median(d):.1f}, gateway {statistics.median(g):.1f} tok/s)")
+PY
 sf gateway log --json >"$RES/gateway-requests.json" 2>&1
 kill "$GW"; wait "$GW" 2>/dev/null
 sf down one
 
+if [ "$PHASES" != A ]; then
 say "B: two ranks over RPC on the same GPU"
 cat >"$WORK/two.toml" <<TOML
 name = "one-host-two-nodes"
@@ -98,6 +124,7 @@ sf up "$RECIPE" --name rpc --cluster "$WORK/two.toml" "${sets[@]}" "${rpc[@]}" -
   sf bench decode rpc "${decode[@]}" --label rpc | tail -12 && sf bench export last -f json -o "$RES/rpc.json"
 sf logs rpc --tail 60 >"$RES/rpc-logs.txt" 2>&1
 sf down rpc
+fi
 { ps -eo pid,args | grep -E '[l]lama-server|[r]pc-server|[s]parkfleet' || echo none; } >"$RES/left-running.txt"
 say "left running: $(cat "$RES/left-running.txt")"
 tar -czf "$RESULTS/captures.tar.gz" -C "$WORK" res
