@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.apply.distribute import distribute
 from sparkfleet.apply.staging import nfs
+from sparkfleet.apply.staging.phase import distribute
 from sparkfleet.config.cluster import load_cluster
 from sparkfleet.config.recipe import load_recipe
 from sparkfleet.errors import StagingError
@@ -149,7 +149,7 @@ def test_nfs_share_read_from_a_container_on_every_worker(tmp_path: Path) -> None
         p = plan(load_recipe(recipe), load_cluster(fleet.cluster_file), "nfs-test")
         transports = {r.node.name: SshTransport(r.node) for r in p.ranks}
         report = distribute(p, transports)
-        assert [r.role for r in report.nfs] == ["server", "client", "client"]
+        assert [r.role for r in report.of(nfs.NfsReport)] == ["server", "client", "client"]
     finally:
         fleet.close()
         subprocess.run(["docker", "volume", "rm", "-f", nfs.volume_name("nfs-test", "weights")], capture_output=True)

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from sparkfleet.config.secrets import MASK, redact, secrets_of
 from sparkfleet.errors import StateError
 from sparkfleet.plan.model import EnvVar, Plan, RankPlan
+from sparkfleet.plan.staging import Entry, entry_from
 
 
 def _encode(value: Any) -> Any:
@@ -47,6 +48,8 @@ def _decode(kind: Any, data: Any) -> Any:
         return tuple(_decode(inner, v) for v in data)
     if origin is typing.Literal or kind is Any:
         return data
+    if isinstance(kind, type) and issubclass(kind, Entry):
+        return entry_from(data)  # a staging entry of the kind it names
     if isinstance(kind, type) and issubclass(kind, BaseModel):
         return kind.model_validate(data)
     if isinstance(kind, type) and dataclasses.is_dataclass(kind):

@@ -13,12 +13,16 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
+from sparkfleet.apply.staging.base import Context, Runner
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes import files, nfs
 from sparkfleet.nodes.runtime import docker
 from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.plan.model import volume_name as volume_name  # the naming rule is the plan's
+from sparkfleet.plan.staging import StagingStep
+from sparkfleet.plan.staging.nfs import Nfs
+from sparkfleet.plan.staging.nfs import volume_name as volume_name  # the naming rule is the plan's
 
 # The seed's worker volume options (files/nfs-share.sh): NFSv4.2, read-only, 8 TCP connections,
 # 1 MiB reads, hard mounts with a 60 s retransmit timeout.
@@ -117,3 +121,27 @@ def check_volume(client: Transport, volume: str, image: str, check_file: str) ->
             client.node,
             f"cannot read {check_file} through NFS volume {volume} from a container: {result.tail()}",
         )
+
+
+def run(ctx: Context, steps: Sequence[StagingStep]) -> list[NfsReport]:
+    """Export from the server node, then make (and check) every other node's volume at once."""
+    entry, plan = steps[0].entry, ctx.plan
+    assert isinstance(entry, Nfs) and plan is not None
+    nodes = ctx.nodes()
+    server = entry.server_node or plan.head.node.name
+    path = next(s.src for s in steps if s.node == server)
+    assert path is not None
+    volume = volume_name(plan.name, entry.id)
+    clients = [s.node for s in steps if s.node != server]
+    reports = [export(ctx.transport(server), path, [nodes[c].fabric_ip for c in clients], volume)]
+
+    def client(node: str) -> NfsReport:
+        report = ensure_volume(ctx.transport(node), volume, nodes[server].fabric_ip, path, entry.options)
+        if plan.head.image:
+            check_volume(ctx.transport(node), volume, plan.head.image, entry.check_file or "config.json")
+        return report
+
+    return reports + ctx.parallel({c: partial(client, c) for c in clients})
+
+
+RUNNER = Runner(Nfs, "distribute", run)
