@@ -53,9 +53,11 @@ from pathlib import Path
 # The checkpoint is written with numpy, whose OpenBLAS threads spin on this process's cores
 # while cp and the pack are timed.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.synthetic_checkpoint import write_engram_checkpoint
 
 from sparkfleet.apply.staging.phase import stage_all
-from sparkfleet.apply.staging.synthetic import write_engram_checkpoint
 from sparkfleet.nodes.transport.local import LocalTransport
 from sparkfleet.plan.staging import StagingStep
 from sparkfleet.plan.staging.sparse_rows import SparseRows

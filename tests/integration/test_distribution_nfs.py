@@ -17,9 +17,11 @@ from sparkfleet.config.cluster import load_cluster
 from sparkfleet.config.recipe import load_recipe
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes.nfs import EXPORTS_DIR
+from sparkfleet.nodes.runtime import docker
 from sparkfleet.nodes.transport.local import LocalTransport
 from sparkfleet.nodes.transport.ssh import SshTransport
 from sparkfleet.plan.build import plan
+from sparkfleet.plan.staging import nfs as rules
 from tests.fleet.loopback import LoopbackFleet
 
 pytestmark = pytest.mark.integration
@@ -61,15 +63,15 @@ needs_docker = pytest.mark.skipif(not _docker_ok(), reason="dockerd not reachabl
 
 
 def test_worker_volume_uses_the_seed_options() -> None:
-    argv = nfs.volume_create_argv("dsv41-weights", "10.0.22.1", "/export/dsv41", None)
+    argv = docker.volume_create_argv("dsv41-weights", rules.volume_opts("10.0.22.1", "/export/dsv41", None))
     assert argv == [
         "docker", "volume", "create", "--driver", "local", "--opt", "type=nfs",
         "--opt", "o=addr=10.0.22.1,nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600",
         "--opt", "device=:/export/dsv41", "dsv41-weights",
     ]  # fmt: skip
     # A recipe's own options replace the seed's, but the share stays read-only.
-    assert nfs.mount_options("10.0.0.1", "nfsvers=4.1,rw,hard") == "addr=10.0.0.1,nfsvers=4.1,hard,ro"
-    line = nfs.exports_line("/export/dsv41", ["10.0.0.2", "10.0.0.3"], "v")
+    assert rules.mount_options("10.0.0.1", "nfsvers=4.1,rw,hard") == "addr=10.0.0.1,nfsvers=4.1,hard,ro"
+    line = rules.exports_line("/export/dsv41", ["10.0.0.2", "10.0.0.3"], "v")
     assert line.startswith("/export/dsv41 10.0.0.2(ro,sync,no_subtree_check,no_root_squash,insecure,fsid=")
     assert " 10.0.0.3(ro," in line
 

@@ -23,12 +23,12 @@ import xxhash
 
 from sparkfleet.apply.staging.base import StageReport
 from sparkfleet.apply.staging.phase import stage_all
-from sparkfleet.apply.staging.synthetic import write_engram_checkpoint
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes.ship import STAGE_WORKER, program_text
 from sparkfleet.nodes.transport.local import LocalTransport
 from sparkfleet.plan.staging import StagingStep
 from sparkfleet.plan.staging.sparse_rows import SparseRows
+from tests.synthetic_checkpoint import write_engram_checkpoint
 
 ROWS = {1: 300_007, 14: 250_003}
 CHUNK = 1 << 20

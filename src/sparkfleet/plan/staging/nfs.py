@@ -5,6 +5,8 @@ set) and mounted at ``dst`` in every docker rank: the folder itself on the serve
 from __future__ import annotations
 
 import re
+import zlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
 from sparkfleet.config.templates import render
@@ -12,6 +14,34 @@ from sparkfleet.plan.staging.base import Entry, Planning
 
 if TYPE_CHECKING:
     from sparkfleet.config.cluster import Node
+
+
+# The seed's worker volume options (files/nfs-share.sh): NFSv4.2, read-only, 8 TCP connections,
+# 1 MiB reads, hard mounts with a 60 s retransmit timeout.
+DEFAULT_OPTIONS = "nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600"
+# The seed's export options; fsid is added per export (overlay and some other filesystems
+# cannot be exported without one).
+EXPORT_OPTIONS = "ro,sync,no_subtree_check,no_root_squash,insecure"
+
+
+def mount_options(server_ip: str, options: str | None) -> str:
+    """The ``o=`` value: the server address, then the step's options (or the seed's); read-only
+    is forced, since ranks must never write into the shared checkpoint."""
+    opts = [o for o in (options or DEFAULT_OPTIONS).split(",") if o and not o.startswith("addr=")]
+    if "ro" not in opts:
+        opts = [o for o in opts if o != "rw"] + ["ro"]
+    return ",".join([f"addr={server_ip}", *opts])
+
+
+def volume_opts(server_ip: str, path: str, options: str | None) -> list[tuple[str, str]]:
+    """The local driver's options that make a volume the NFS share path of server_ip."""
+    return [("type", "nfs"), ("o", mount_options(server_ip, options)), ("device", f":{path}")]
+
+
+def exports_line(path: str, clients: Sequence[str], volume: str) -> str:
+    """One /etc/exports line giving every client read-only access to path."""
+    fsid = zlib.crc32(volume.encode()) % 2_000_000_000 + 1
+    return f"{path} " + " ".join(f"{c}({EXPORT_OPTIONS},fsid={fsid})" for c in clients) + "\n"
 
 
 def volume_name(deployment: str, step_id: str) -> str:
@@ -22,7 +52,7 @@ def volume_name(deployment: str, step_id: str) -> str:
 class Nfs(Entry):
     kind: Literal["nfs"] = "nfs"
     server_node: str | None = None
-    options: str | None = None  # the volume's mount options (nfs.DEFAULT_OPTIONS when not set)
+    options: str | None = None  # the volume's mount options (DEFAULT_OPTIONS when not set)
     check_file: str | None = None
 
     def problem(self) -> str | None:
