@@ -258,8 +258,8 @@ def test_with_the_hub_down_a_complete_copy_in_the_cache_is_used_and_said(setup: 
     setup.hub.down = True
     again = stage(unpinned, setup.transports)
     assert fetched(again) is not None and fetched(again).bytes_fetched == 0
-    assert again.notes == [f"node0: the Hub did not answer (HfHubHTTPError): using the cache's main = {COMMIT}, "
-                           "which holds what the engine loads"]  # fmt: skip
+    assert again.notes == (f"node0: the Hub did not answer (HfHubHTTPError): using the cache's main = {COMMIT}, "
+                           "which holds what the engine loads",)  # fmt: skip
     # Nothing in the cache: the outage stops the stage, naming the node.
     shutil.rmtree(setup.fleet.nodes[0].hf_cache / "hub" / FOLDER)
     with pytest.raises(StagingError, match="503") as err:

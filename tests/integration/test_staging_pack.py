@@ -49,8 +49,9 @@ def make_step(
     return StagingStep(entry, rank=rank, node=node, tp=tp)
 
 
-def stage(step: StagingStep, **kw: object) -> StageReport:
-    return stage_all([step], {step.node: LocalTransport(step.node)}, chunk_bytes=CHUNK, **kw)[0]  # type: ignore[arg-type]
+def stage(step: StagingStep, python: str | None = None, **kw: object) -> StageReport:
+    pythons = {step.node: python} if python else None
+    return stage_all([step], {step.node: LocalTransport(step.node)}, chunk_bytes=CHUNK, pythons=pythons, **kw)[0]  # type: ignore[arg-type]
 
 
 def tensor(shard: Path, name: str) -> np.ndarray:

@@ -46,6 +46,11 @@ class Context:
     fanout: Fanout = "pipeline"
     chunk_bytes: int | None = None
     pythons: Mapping[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what the user must be told, node first
+
+    def note(self, node: str, message: str) -> None:
+        self.notes.append(f"{node}: {message}")
+        self.say(message)
 
     def transport(self, node: str) -> Transport:
         if node not in self.transports:

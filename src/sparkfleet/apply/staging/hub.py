@@ -89,7 +89,7 @@ def run(ctx: Context, steps: Sequence[StagingStep]) -> list[HubReport]:
         note=redact(out["note"], secrets) if out.get("note") else None,
     )  # fmt: skip
     if report.note:
-        ctx.say(report.note)
+        ctx.note(step.node, report.note)
     ctx.say(f"from the Hub: {report.bytes_fetched:,} bytes; {len(report.skipped)} file(s) not fetched "
             f"({report.bytes_skipped:,} bytes)")  # fmt: skip
     return [report]

@@ -39,6 +39,7 @@ class StagePhase:
 
     verify: bool
     reports: tuple[Any, ...] = ()
+    notes: tuple[str, ...] = ()  # what the user was told (e.g. rsync missing on a node: a tar stream was used)
 
     def of(self, kind: type[T]) -> list[T]:
         """The reports of one type (e.g. ``SyncReport``)."""
@@ -102,7 +103,7 @@ def stage(plan: Plan, transports: Mapping[str, Transport], *, verify: bool = Fal
     if on_nodes:
         say(f"{'verifying' if verify else 'staging'} {on_nodes} step(s)")
         reports += _runs(ctx, plan.staging, "node")
-    return StagePhase(verify, tuple(reports))
+    return StagePhase(verify, tuple(reports), tuple(ctx.notes))
 
 
 def distribute(plan: Plan, transports: Mapping[str, Transport], progress: ProgressFn | None = None, *,
@@ -110,7 +111,7 @@ def distribute(plan: Plan, transports: Mapping[str, Transport], progress: Progre
     """Only distribution: every sync, copy and nfs entry of the plan (recipe order; nodes in
     parallel within one), without the Hub fetch or what runs on each node."""
     ctx = _context(plan, transports, progress=progress, method=method, fanout=fanout)
-    return StagePhase(False, tuple(_runs(ctx, plan.staging, "distribute")))
+    return StagePhase(False, tuple(_runs(ctx, plan.staging, "distribute")), tuple(ctx.notes))
 
 
 def stage_all(steps: Sequence[StagingStep], transports: Mapping[str, Transport], *, verify: bool = False,

@@ -83,7 +83,7 @@ def run(ctx: Context, steps: Sequence[StagingStep]) -> list[SyncReport]:
     check_identity([copy for _, copy in done], reference=snapshot, include=entry.include, exclude=entry.exclude)
     for report, _ in done:
         if report.note and report.method == "tar":
-            ctx.say(f"{report.node}: {report.note}")
+            ctx.note(report.node, report.note)
     return [report for report, _ in done]
 
 
