@@ -5,6 +5,7 @@ plan/staging/ and one in apply/staging/, and nothing else names a kind to pick w
 from __future__ import annotations
 
 import ast
+import json
 import pkgutil
 from pathlib import Path
 
@@ -129,3 +130,21 @@ def test_an_entry_error_names_the_key_as_written(tmp_path: Path, entry: str, mes
     with pytest.raises(RecipeError) as err:
         load_recipe(recipe)
     assert message in str(err.value)
+
+
+def _flat(step: dict) -> dict:
+    """A step as sparkfleet stored it before the kinds were a registry."""
+    entry = step["entry"]
+    spec = {k: v for k, v in entry.items() if k not in ("kind", "id", "src", "dst", "min_free")}
+    common = {k: entry[k] for k in ("id", "kind", "src", "dst", "min_free")}
+    if entry["kind"] == "composed":
+        return {**common, "rank": step["rank"], "node": step["node"], "tp": step["tp"], "spec": None, **spec}
+    return {**common, "rank": step["rank"], "node": step["node"], "tp": step["tp"], "spec": spec, "hf_cache": "/x"}
+
+
+def test_a_plan_stored_before_the_registry_still_loads(tmp_path: Path) -> None:
+    for p in _plans(tmp_path):
+        data = json.loads(plan_to_json(p))
+        data["staging"] = [_flat(s) for s in data["staging"]]
+        data["fetch"] = None
+        assert plan_from_json(json.dumps(data)) == p

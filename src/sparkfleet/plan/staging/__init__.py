@@ -22,7 +22,7 @@ from sparkfleet.plan.staging.nfs import Nfs
 from sparkfleet.plan.staging.sparse_rows import SparseRows
 from sparkfleet.plan.staging.sync import Sync
 
-__all__ = ["KINDS", "Entry", "Planning", "StagingEntry", "StagingStep", "entry_from"]
+__all__ = ["BY_KIND", "KINDS", "Entry", "Planning", "StagingEntry", "StagingStep", "entry_from"]
 
 KINDS: tuple[type[Entry], ...] = (SparseRows, Sync, Copy, Nfs, Composed, Hub)
 BY_KIND: dict[str, type[Entry]] = {k.model_fields["kind"].default: k for k in KINDS}
