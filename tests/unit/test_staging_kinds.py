@@ -7,15 +7,18 @@ from __future__ import annotations
 import ast
 import json
 import pkgutil
+import shutil
 from pathlib import Path
 
 import pytest
 
 import sparkfleet
 from sparkfleet.apply.staging import RUNNERS
+from sparkfleet.apply.staging.phase import distribute
 from sparkfleet.config.cluster import local_cluster
 from sparkfleet.config.recipe import load_recipe
-from sparkfleet.errors import RecipeError
+from sparkfleet.errors import RecipeError, StagingError
+from sparkfleet.nodes.transport.local import LocalTransport
 from sparkfleet.plan import staging as plan_staging
 from sparkfleet.plan.build import plan
 from sparkfleet.plan.render import plan_json
@@ -148,3 +151,18 @@ def test_a_plan_stored_before_the_registry_still_loads(tmp_path: Path) -> None:
         data["staging"] = [_flat(s) for s in data["staging"]]
         data["fetch"] = None
         assert plan_from_json(json.dumps(data)) == p
+
+
+def test_the_nfs_runner_exports_the_servers_folder_and_says_what_is_missing(tmp_path: Path) -> None:
+    # The whole NFS path needs a kernel NFS server (tests/integration/test_distribution_nfs.py);
+    # here the runner picks the server node and its folder, and stops at the first thing lacking.
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(f'engine = "vllm"\nmodel = "org/m"\n[[staging]]\nkind = "nfs"\nid = "share"\n'
+                      f'src = "{tmp_path}/export"\ndst = "/models/m"\n')  # fmt: skip
+    p = plan(load_recipe(recipe), local_cluster(), "nfs-kinds")
+    with pytest.raises(StagingError, match=f"cannot export {tmp_path}/export: no such folder on the NFS server"):
+        distribute(p, {"local": LocalTransport("local")})
+    (tmp_path / "export").mkdir()
+    if shutil.which("exportfs") is None and not Path("/usr/sbin/exportfs").exists():
+        with pytest.raises(StagingError, match="exportfs not found"):
+            distribute(p, {"local": LocalTransport("local")})
