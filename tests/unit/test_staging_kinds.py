@@ -123,6 +123,7 @@ def test_nothing_outside_the_kind_modules_picks_what_to_do_by_a_kind_name() -> N
         ('kind = "sync"\nid = "w"\nsrc = "/a"\ndst = "/b"\nsourcenode = "x"',
          "staging[0].sourcenode: unknown key (did you mean 'source_node'?)"),
         ('id = "w"\ndst = "/b"', "staging[0].kind: required key is missing"),
+        ('kind = "hub"\nid = "w"\ndst = "/b"', "staging[0].kind: 'hub' is not one of"),  # planned, never written
         ('kind = "nfs"\nid = "w"\nsrc = "/a"\ndst = "/b"\nmin_free = "1Q"', "staging[0].min_free: '1Q' is not a size"),
         ('kind = "copy"\nid = "w"\ndst = "b"', "staging[0].dst: 'b' must be an absolute path"),
     ],
