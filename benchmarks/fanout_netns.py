@@ -31,7 +31,7 @@ from tests.fleet.netns import NetnsFleet, names_in_use, usable
 
 from sparkfleet.apply.staging.pipeline import pipeline
 from sparkfleet.apply.staging.snapshot_identity import check_copy, check_identity, scan_node
-from sparkfleet.apply.staging.sync import Endpoint, sync_node, transfer_list
+from sparkfleet.apply.staging.transfer import Endpoint, sync_node, transfer_list
 from sparkfleet.config.cluster import load_cluster
 from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.transport.ssh import SshTransport

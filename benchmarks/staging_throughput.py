@@ -53,12 +53,14 @@ from pathlib import Path
 # The checkpoint is written with numpy, whose OpenBLAS threads spin on this process's cores
 # while cp and the pack are timed.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sparkfleet.apply.staging.runner import stage_all
-from sparkfleet.apply.staging.synthetic import write_engram_checkpoint
-from sparkfleet.config.recipe import StagingSpec
+from tests.synthetic_checkpoint import write_engram_checkpoint
+
+from sparkfleet.apply.staging.phase import stage_all
 from sparkfleet.nodes.transport.local import LocalTransport
-from sparkfleet.plan.model import StagingStep
+from sparkfleet.plan.staging import StagingStep
+from sparkfleet.plan.staging.sparse_rows import SparseRows
 
 GIB = 1 << 30
 
@@ -112,12 +114,9 @@ def children_cpu() -> float:
 
 def pack_all(snapshot: Path, out: Path, tp: int) -> tuple[float, int, list[str]]:
     steps = [
-        StagingStep(
-            id="engram", kind="sparse-rows", rank=r, node="bench", src=str(snapshot), dst=str(out), tp=tp,
-            min_free=0, spec=StagingSpec(kind="sparse-rows", id="engram", src=str(snapshot), dst=str(out)),
-        )
+        StagingStep(SparseRows(id="engram", src=str(snapshot), dst=str(out)), rank=r, node="bench", tp=tp)
         for r in range(tp)
-    ]  # fmt: skip
+    ]
     t0 = time.perf_counter()
     # As `sparkfleet stage` does it: stage_all, one worker process for the node's ranks. The
     # node's interpreter is this one (on this machine `python3` is a pyenv shell shim whose

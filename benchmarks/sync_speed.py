@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT))
 
 from tests.fleet.loopback import LoopbackFleet  # noqa: E402
 
-from sparkfleet.apply.distribute import DistributionReport, distribute  # noqa: E402
+from sparkfleet.apply.staging.phase import StagePhase, distribute  # noqa: E402
+from sparkfleet.apply.staging.transfer import SyncReport  # noqa: E402
 from sparkfleet.config.cluster import load_cluster  # noqa: E402
 from sparkfleet.config.recipe import load_recipe  # noqa: E402
 from sparkfleet.nodes.transport.ssh import SshTransport  # noqa: E402
@@ -92,10 +93,10 @@ def new_revision(repo: Path, old_rev: str, rev: str) -> None:
     (repo / "refs" / "main").write_text(rev)
 
 
-def figures(label: str, report: DistributionReport, seconds: float) -> tuple[float, int, int]:
-    sent = sum(r.bytes_sent for r in report.synced)
-    files = sum(r.files_sent for r in report.synced)
-    per_node = ", ".join(f"{r.node} {r.bytes_sent / MiB:.1f} MiB/{r.files_sent} files" for r in report.synced)
+def figures(label: str, report: StagePhase, seconds: float) -> tuple[float, int, int]:
+    sent = sum(r.bytes_sent for r in report.of(SyncReport))
+    files = sum(r.files_sent for r in report.of(SyncReport))
+    per_node = ", ".join(f"{r.node} {r.bytes_sent / MiB:.1f} MiB/{r.files_sent} files" for r in report.of(SyncReport))
     print(f"{label:<28} {seconds:8.2f} s   data sent {sent / MiB:9.1f} MiB   files {files:3d}   ({per_node})")
     return seconds, sent, files
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.apply.distribute import distribute
+from sparkfleet.apply.staging.copy import CopyReport
+from sparkfleet.apply.staging.phase import distribute
 from sparkfleet.errors import StagingError
 from tests.fleet.loopback import LoopbackFleet
 from tests.integration.test_distribution_sync import (
@@ -52,16 +53,16 @@ def test_files_reach_every_node_and_are_not_resent(fleet4: LoopbackFleet, tmp_pa
     recipe = tables(tmp_path)
     setup = build(fleet4, tmp_path, COPY, nodes=4)
     first = distribute(setup.plan, setup.transports)
-    assert sorted(r.node for r in first.copied) == ["node0", "node1", "node2", "node3"]
+    assert sorted(r.node for r in first.of(CopyReport)) == ["node0", "node1", "node2", "node3"]
     for node in fleet4.nodes:
         for name in ("dspark_sps.json", "chat_template.jinja"):
             assert digest(node.state_dir / "tables" / name) == digest(recipe / name)
     again = distribute(setup.plan, setup.transports)
-    assert all(r.sent == () and r.bytes_sent == 0 for r in again.copied)
+    assert all(r.sent == () and r.bytes_sent == 0 for r in again.of(CopyReport))
 
     # A node whose table drifted gets it back; the others are left alone.
     (fleet4.nodes[1].state_dir / "tables" / "dspark_sps.json").write_text('{"schedule": [9]}')
-    fixed = {r.node: r for r in distribute(setup.plan, setup.transports).copied}
+    fixed = {r.node: r for r in distribute(setup.plan, setup.transports).of(CopyReport)}
     assert fixed["node1"].sent == ("dspark_sps.json",)
     assert all(fixed[n].sent == () for n in ("node0", "node2", "node3"))
     assert digest(fleet4.nodes[1].state_dir / "tables" / "dspark_sps.json") == digest(recipe / "dspark_sps.json")

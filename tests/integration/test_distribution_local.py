@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from sparkfleet.apply.distribute import distribute, rich_progress
+from sparkfleet.apply.staging.phase import distribute, rich_progress
+from sparkfleet.apply.staging.transfer import SyncReport
 from sparkfleet.config.cluster import local_cluster
 from sparkfleet.config.recipe import load_recipe
 from sparkfleet.errors import PlanError
 from sparkfleet.nodes.transport.local import LocalTransport
 from sparkfleet.plan.build import plan
-from sparkfleet.plan.model import StagingStep
+from sparkfleet.plan.staging import StagingStep
 from tests.integration.test_distribution_sync import REPO, REV1, assert_hub_layout, make_hf_snapshot, model_files
 
 pytestmark = pytest.mark.skipif(shutil.which("rsync") is None, reason="rsync missing")
@@ -37,7 +38,7 @@ def test_local_node_sync_with_progress(tmp_path: Path, monkeypatch: pytest.Monke
         seen.append((step.node, done, total))
 
     report = distribute(p, {"local": LocalTransport("local")}, progress=record)
-    (r,) = report.synced
+    (r,) = report.of(SyncReport)
     assert r.method == "rsync" and r.bytes_sent >= 4 << 20
     assert_hub_layout(tmp_path / "hf" / "hub" / REPO, REV1, files, excluded=("original/consolidated.pth",))
     assert seen and seen[-1][1] == seen[-1][2] == r.bytes_total  # the bar ends full

@@ -11,15 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.apply.distribute import distribute
 from sparkfleet.apply.staging import nfs
+from sparkfleet.apply.staging.phase import distribute
 from sparkfleet.config.cluster import load_cluster
 from sparkfleet.config.recipe import load_recipe
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes.nfs import EXPORTS_DIR
+from sparkfleet.nodes.runtime import docker
 from sparkfleet.nodes.transport.local import LocalTransport
 from sparkfleet.nodes.transport.ssh import SshTransport
 from sparkfleet.plan.build import plan
+from sparkfleet.plan.staging import nfs as rules
 from tests.fleet.loopback import LoopbackFleet
 
 pytestmark = pytest.mark.integration
@@ -61,15 +63,15 @@ needs_docker = pytest.mark.skipif(not _docker_ok(), reason="dockerd not reachabl
 
 
 def test_worker_volume_uses_the_seed_options() -> None:
-    argv = nfs.volume_create_argv("dsv41-weights", "10.0.22.1", "/export/dsv41", None)
+    argv = docker.volume_create_argv("dsv41-weights", rules.volume_opts("10.0.22.1", "/export/dsv41", None))
     assert argv == [
         "docker", "volume", "create", "--driver", "local", "--opt", "type=nfs",
         "--opt", "o=addr=10.0.22.1,nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600",
         "--opt", "device=:/export/dsv41", "dsv41-weights",
     ]  # fmt: skip
     # A recipe's own options replace the seed's, but the share stays read-only.
-    assert nfs.mount_options("10.0.0.1", "nfsvers=4.1,rw,hard") == "addr=10.0.0.1,nfsvers=4.1,hard,ro"
-    line = nfs.exports_line("/export/dsv41", ["10.0.0.2", "10.0.0.3"], "v")
+    assert rules.mount_options("10.0.0.1", "nfsvers=4.1,rw,hard") == "addr=10.0.0.1,nfsvers=4.1,hard,ro"
+    line = rules.exports_line("/export/dsv41", ["10.0.0.2", "10.0.0.3"], "v")
     assert line.startswith("/export/dsv41 10.0.0.2(ro,sync,no_subtree_check,no_root_squash,insecure,fsid=")
     assert " 10.0.0.3(ro," in line
 
@@ -149,7 +151,7 @@ def test_nfs_share_read_from_a_container_on_every_worker(tmp_path: Path) -> None
         p = plan(load_recipe(recipe), load_cluster(fleet.cluster_file), "nfs-test")
         transports = {r.node.name: SshTransport(r.node) for r in p.ranks}
         report = distribute(p, transports)
-        assert [r.role for r in report.nfs] == ["server", "client", "client"]
+        assert [r.role for r in report.of(nfs.NfsReport)] == ["server", "client", "client"]
     finally:
         fleet.close()
         subprocess.run(["docker", "volume", "rm", "-f", nfs.volume_name("nfs-test", "weights")], capture_output=True)

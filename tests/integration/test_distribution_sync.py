@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.apply.distribute import distribute, verify_snapshots
+from sparkfleet.apply.staging.phase import distribute
+from sparkfleet.apply.staging.sync import verify_snapshots
+from sparkfleet.apply.staging.transfer import SyncReport
 from sparkfleet.config.cluster import load_cluster
 from sparkfleet.config.recipe import load_recipe
 from sparkfleet.errors import StagingError
@@ -147,16 +149,16 @@ def test_first_sync_then_second_sync_moves_nothing(fleet4: LoopbackFleet, tmp_pa
     wanted = sum(len(d) for n, d in files.items() if not n.startswith("original/"))
 
     first = distribute(setup.plan, setup.transports)
-    assert sorted(r.node for r in first.synced) == ["node0", "node1", "node2", "node3"]
+    assert sorted(r.node for r in first.of(SyncReport)) == ["node0", "node1", "node2", "node3"]
     for i in range(4):
         assert_hub_layout(setup.node_repo(i), REV1, files, excluded=("original/consolidated.pth",))
         assert (setup.node_repo(i) / "refs" / "main").read_text() == REV1
-    for r in first.synced:
+    for r in first.of(SyncReport):
         assert r.method == "rsync"
         assert r.bytes_sent >= wanted  # every blob crossed the wire once per node
 
     second = distribute(setup.plan, setup.transports)
-    for r in second.synced:
+    for r in second.of(SyncReport):
         assert (r.files_sent, r.bytes_sent) == (0, 0), r
 
 
@@ -170,7 +172,7 @@ def test_one_changed_file_is_the_only_one_recopied(fleet4: LoopbackFleet, tmp_pa
     changed = dict(files, **{"model-00003-of-00004.safetensors": os.urandom(3 << 20)})
     make_hf_snapshot(setup.source, REV2, changed)
     report = distribute(setup.plan, setup.transports)
-    for r in report.synced:
+    for r in report.of(SyncReport):
         # the new blob and refs/main; the three unchanged shards are not sent again
         assert r.files_sent == 2, r
         assert 3 << 20 <= r.bytes_sent < (3 << 20) + 4096, r
@@ -231,7 +233,7 @@ def test_interrupted_sync_resumes_from_the_partial_file(tmp_path: Path) -> None:
         kept = partial[0].stat().st_size
 
         report = distribute(setup.plan, setup.transports)
-        (r,) = report.synced
+        (r,) = report.of(SyncReport)
         assert r.bytes_sent <= size - kept + (1 << 20), f"resumed sync sent {r.bytes_sent} of {size} bytes"
         assert (setup.node_repo(0) / "snapshots" / REV1 / "model.safetensors").read_bytes() == files[
             "model.safetensors"
@@ -276,13 +278,13 @@ def test_sync_from_a_source_node_pushes_node_to_node(fleet4: LoopbackFleet, tmp_
     setup = build(fleet4, tmp_path, sync_toml(f"{{{{hf}}}}/hub/{REPO}", source_node="node0"), nodes=4)
     make_hf_snapshot(setup.node_repo(0), REV1, files)
     report = distribute(setup.plan, setup.transports, fanout="push")
-    by_node = {r.node: r for r in report.synced}
+    by_node = {r.node: r for r in report.of(SyncReport)}
     assert by_node["node0"].method == "none"  # the source's own copy is the snapshot
     for i in (1, 2, 3):
         assert by_node[f"node{i}"].method == "rsync" and by_node[f"node{i}"].bytes_sent > 4 << 20
         assert_hub_layout(setup.node_repo(i), REV1, files, excluded=("original/consolidated.pth",))
     again = distribute(setup.plan, setup.transports, fanout="push")
-    assert all(r.bytes_sent == 0 for r in again.synced)
+    assert all(r.bytes_sent == 0 for r in again.of(SyncReport))
 
 
 def test_a_pipeline_from_a_source_node_resends_only_what_a_node_lacks(fleet4: LoopbackFleet, tmp_path: Path) -> None:
@@ -290,7 +292,7 @@ def test_a_pipeline_from_a_source_node_resends_only_what_a_node_lacks(fleet4: Lo
     setup = build(fleet4, tmp_path, sync_toml(f"{{{{hf}}}}/hub/{REPO}", source_node="node0"), nodes=4)
     make_hf_snapshot(setup.node_repo(0), REV1, files)
     report = distribute(setup.plan, setup.transports)  # the default: node0 → node1 → node2 → node3
-    by_node = {r.node: r for r in report.synced}
+    by_node = {r.node: r for r in report.of(SyncReport)}
     assert by_node["node0"].method == "none"
     for i in (1, 2, 3):
         assert by_node[f"node{i}"].method == "pipeline" and by_node[f"node{i}"].bytes_sent > 4 << 20
@@ -299,7 +301,7 @@ def test_a_pipeline_from_a_source_node_resends_only_what_a_node_lacks(fleet4: Lo
     shard = setup.node_repo(2) / "snapshots" / REV1 / "model-00003-of-00004.safetensors"
     blob = shard.resolve()
     blob.write_bytes(blob.read_bytes()[: 1 << 19])
-    again = {r.node: r for r in distribute(setup.plan, setup.transports).synced}
+    again = {r.node: r for r in distribute(setup.plan, setup.transports).of(SyncReport)}
     assert (again["node2"].files_sent, again["node2"].bytes_sent) == (1, 1 << 20)
     assert all(again[n].bytes_sent == 0 for n in ("node1", "node3"))
     assert_hub_layout(setup.node_repo(2), REV1, files, excluded=("original/consolidated.pth",))
@@ -310,11 +312,11 @@ def test_tar_stream_fallback_copies_the_same_tree(fleet4: LoopbackFleet, tmp_pat
     setup = build(fleet4, tmp_path, sync_toml(str(tmp_path / "src" / REPO)), nodes=2)
     make_hf_snapshot(setup.source, REV1, files)
     first = distribute(setup.plan, setup.transports, method="tar")
-    assert {r.method for r in first.synced} == {"tar"}
+    assert {r.method for r in first.of(SyncReport)} == {"tar"}
     for i in (0, 1):
         assert_hub_layout(setup.node_repo(i), REV1, files, excluded=("original/consolidated.pth",))
     again = distribute(setup.plan, setup.transports, method="tar")
-    assert all(r.bytes_sent == 0 for r in again.synced)
+    assert all(r.bytes_sent == 0 for r in again.of(SyncReport))
 
 
 def test_plain_folder_one_changed_file(fleet4: LoopbackFleet, tmp_path: Path) -> None:
@@ -335,7 +337,7 @@ def test_plain_folder_one_changed_file(fleet4: LoopbackFleet, tmp_path: Path) ->
     same_second = before - before % 10**9 + (before % 10**9 + 500_000_000) % 10**9
     os.utime(folder / "t3.bin", ns=(same_second, same_second))
     report = distribute(setup.plan, setup.transports)
-    for r in report.synced:
+    for r in report.of(SyncReport):
         assert r.files_sent == 1 and r.bytes_sent <= (1 << 20) + 4096, r
     for node in fleet4.nodes:
         assert sha(node.state_dir / "tables" / "t3.bin") == sha(folder / "t3.bin")
@@ -348,7 +350,7 @@ def test_a_cache_shared_by_all_nodes_is_written_once(tmp_path: Path) -> None:
     try:
         setup = build(fleet, tmp_path, sync_toml(str(tmp_path / "src" / REPO)), nodes=4)
         make_hf_snapshot(setup.source, REV1, files)
-        report = {r.node: r for r in distribute(setup.plan, setup.transports).synced}
+        report = {r.node: r for r in distribute(setup.plan, setup.transports).of(SyncReport)}
         assert report["node0"].method == "rsync" and report["node0"].bytes_sent > 4 << 20
         for n in ("node1", "node2", "node3"):
             assert report[n].method == "shared" and report[n].bytes_sent == 0
@@ -360,8 +362,8 @@ def test_a_cache_shared_by_all_nodes_is_written_once(tmp_path: Path) -> None:
         nas_sync = sync_toml(f"{{{{hf}}}}/hub/{REPO}", source_node="node0")
         setup = build(fleet, tmp_path, nas_sync, nodes=4)
         again = distribute(setup.plan, setup.transports)
-        assert {r.method for r in again.synced} == {"none", "shared"}
-        assert sum(r.bytes_sent for r in again.synced) == 0
+        assert {r.method for r in again.of(SyncReport)} == {"none", "shared"}
+        assert sum(r.bytes_sent for r in again.of(SyncReport)) == 0
     finally:
         fleet.close()
 
@@ -390,7 +392,7 @@ def test_a_node_without_rsync_gets_a_tar_stream_and_says_so(tmp_path: Path) -> N
         setup = build(fleet, tmp_path, sync_toml(str(tmp_path / "src" / REPO)), nodes=2)
         make_hf_snapshot(setup.source, REV1, files)
         done = distribute(setup.plan, setup.transports)
-        report = {r.node: r for r in done.synced}
+        report = {r.node: r for r in done.of(SyncReport)}
         assert done.notes == (f"node1: {report['node1'].note}",)
         assert report["node0"].method == "rsync" and report["node0"].note is None
         assert report["node1"].method == "tar"
@@ -398,7 +400,7 @@ def test_a_node_without_rsync_gets_a_tar_stream_and_says_so(tmp_path: Path) -> N
             "rsync is not installed on node1: copied with a tar stream over SSH instead (whole files, no delta)"
         )
         assert_hub_layout(setup.node_repo(1), REV1, files, excluded=("original/consolidated.pth",))
-        again = {r.node: r for r in distribute(setup.plan, setup.transports).synced}
+        again = {r.node: r for r in distribute(setup.plan, setup.transports).of(SyncReport)}
         assert again["node1"].bytes_sent == 0
     finally:
         fleet.close()
@@ -412,6 +414,7 @@ def test_a_pipeline_down_eight_nodes(tmp_path: Path) -> None:
         setup = build(fleet, tmp_path, sync_toml(f"{{{{hf}}}}/hub/{REPO}", source_node="node0"), nodes=8)
         make_hf_snapshot(setup.node_repo(0), REV1, files)
         report = distribute(setup.plan, setup.transports)
-        assert sorted(r.node for r in report.synced if r.method == "pipeline") == [f"node{i}" for i in range(1, 8)]
+        piped = sorted(r.node for r in report.of(SyncReport) if r.method == "pipeline")
+        assert piped == [f"node{i}" for i in range(1, 8)]
         for i in range(1, 8):
             assert_hub_layout(setup.node_repo(i), REV1, files)

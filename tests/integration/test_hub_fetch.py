@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from huggingface_hub.constants import DOWNLOAD_CHUNK_SIZE
 
-from sparkfleet.apply.staging.phase import stage
+from sparkfleet.apply.staging.hub import HubReport
+from sparkfleet.apply.staging.phase import StagePhase, stage
 from sparkfleet.config.cluster import load_cluster
 from sparkfleet.config.recipe import load_recipe
 from sparkfleet.errors import StagingError
@@ -48,6 +49,11 @@ ENGINE_FILES = {
     "model-00003-of-00004.safetensors", "model-00004-of-00004.safetensors",
     "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json",
 }  # fmt: skip
+
+
+def fetched(phase: StagePhase) -> HubReport | None:
+    """What the phase's Hub fetch did (None: there was none)."""
+    return next(iter(phase.of(HubReport)), None)
 
 
 @dataclass
@@ -95,12 +101,12 @@ def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.Fixtu
 def test_only_the_engines_files_are_fetched_once_then_copied_node_to_node(setup: Setup) -> None:
     repo = setup.hub.repos[REPO]
     first = stage(setup.plan, setup.transports)
-    assert first.fetched is not None
-    assert {name for name, _ in first.fetched.fetched} == ENGINE_FILES
-    assert {name for name, _, _ in first.fetched.skipped} == set(repo.files) - ENGINE_FILES
-    assert first.fetched.bytes_fetched == sum(len(repo.files[n]) for n in ENGINE_FILES) == setup.hub.bytes_served
+    assert fetched(first) is not None
+    assert {name for name, _ in fetched(first).fetched} == ENGINE_FILES
+    assert {name for name, _, _ in fetched(first).skipped} == set(repo.files) - ENGINE_FILES
+    assert fetched(first).bytes_fetched == sum(len(repo.files[n]) for n in ENGINE_FILES) == setup.hub.bytes_served
     assert setup.hub.tokens == {TOKEN}  # the recipe's secret reached the Hub
-    why = {name: reason for name, _, reason in first.fetched.skipped}
+    why = {name: reason for name, _, reason in fetched(first).skipped}
     assert "second copy" in why["original/consolidated.00.pth"] and why["README.md"] == "not read by the engine"
     # Every node holds exactly the engine's files, byte for byte the Hub's.
     served = {n: hashlib.sha256(repo.files[n]).hexdigest() for n in ENGINE_FILES}
@@ -110,7 +116,7 @@ def test_only_the_engines_files_are_fetched_once_then_copied_node_to_node(setup:
 
     setup.hub.requests.clear()
     second = stage(setup.plan, setup.transports)
-    assert second.fetched is not None and second.fetched.bytes_fetched == 0 and second.fetched.fetched == ()
+    assert fetched(second) is not None and fetched(second).bytes_fetched == 0 and fetched(second).fetched == ()
     assert setup.hub.requests == [] and second.bytes_between_nodes == 0
 
 
@@ -128,7 +134,7 @@ def test_a_download_cut_half_way_is_resumed_from_where_it_stopped(setup: Setup) 
     resumed_at = int(ranges[0].removeprefix("bytes=").rstrip("-"))
     assert cut - DOWNLOAD_CHUNK_SIZE <= resumed_at <= cut  # not from the start
     assert setup.hub.served[shard] == cut + size - resumed_at
-    assert report.fetched is not None and dict(report.fetched.fetched)[shard] == size
+    assert fetched(report) is not None and dict(fetched(report).fetched)[shard] == size
     want = hashlib.sha256(setup.hub.repos[REPO].files[shard]).hexdigest()
     assert all(_files(setup.snapshot(i))[shard] == want for i in range(3))
 
@@ -248,12 +254,12 @@ def test_with_the_hub_down_a_complete_copy_in_the_cache_is_used_and_said(setup: 
     recipe = recipe if recipe.is_file() else recipe / "recipe.toml"
     recipe.write_text(recipe.read_text().replace(f'revision = "{COMMIT}"\n', ""))  # `main`: the Hub is asked
     unpinned = plan(load_recipe(recipe.parent), load_cluster(setup.fleet.cluster_file), "hub")
-    assert stage(unpinned, setup.transports).fetched is not None
+    assert fetched(stage(unpinned, setup.transports)) is not None
     setup.hub.down = True
     again = stage(unpinned, setup.transports)
-    assert again.fetched is not None and again.fetched.bytes_fetched == 0
-    assert again.notes == [f"node0: the Hub did not answer (HfHubHTTPError): using the cache's main = {COMMIT}, "
-                           "which holds what the engine loads"]  # fmt: skip
+    assert fetched(again) is not None and fetched(again).bytes_fetched == 0
+    assert again.notes == (f"node0: the Hub did not answer (HfHubHTTPError): using the cache's main = {COMMIT}, "
+                           "which holds what the engine loads",)  # fmt: skip
     # Nothing in the cache: the outage stops the stage, naming the node.
     shutil.rmtree(setup.fleet.nodes[0].hf_cache / "hub" / FOLDER)
     with pytest.raises(StagingError, match="503") as err:

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.apply.staging.runner import stage_rank
+from sparkfleet.apply.staging.base import StageReport
+from sparkfleet.apply.staging.phase import stage_all
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes.transport.local import LocalTransport
-from sparkfleet.plan.model import StagingStep
+from sparkfleet.plan.staging import StagingStep
+from sparkfleet.plan.staging.composed import Composed
 
 REV = "0123456789abcdef0123456789abcdef01234567"
 FILES = {"config.json": b'{"a": 1}', "model-00001-of-00002.safetensors": b"remote shard 1",
@@ -33,10 +35,11 @@ def hub_repo(hf: Path) -> Path:
 
 
 def composed_step(repo: Path, dst: Path, local_files: tuple[str, ...] = ()) -> StagingStep:
-    return StagingStep(
-        id="composed_model", kind="composed", rank=0, node="local", src=str(repo), dst=str(dst), tp=1,
-        min_free=0, local_files=local_files, repo="org/tiny",
-    )  # fmt: skip
+    return StagingStep(Composed(src=str(repo), dst=str(dst), local_files=local_files, repo="org/tiny"), 0, "local")
+
+
+def stage_rank(transport: LocalTransport, step: StagingStep, verify: bool = False) -> StageReport:
+    return stage_all([step], {step.node: transport}, verify=verify)[0]
 
 
 def test_snapshot_is_symlinked_and_local_files_win(tmp_path: Path) -> None:

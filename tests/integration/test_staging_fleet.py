@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.apply.staging.synthetic import write_engram_checkpoint
 from tests.fleet.loopback import LoopbackFleet
 from tests.integration.test_staging_pack import expected_packed
+from tests.synthetic_checkpoint import write_engram_checkpoint
 
 pytestmark = [
     pytest.mark.integration,

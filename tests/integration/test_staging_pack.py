@@ -21,12 +21,14 @@ import numpy as np
 import pytest
 import xxhash
 
-from sparkfleet.apply.staging.runner import StageReport, stage_all, stage_rank
-from sparkfleet.apply.staging.synthetic import write_engram_checkpoint
+from sparkfleet.apply.staging.base import StageReport
+from sparkfleet.apply.staging.phase import stage_all
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes.ship import STAGE_WORKER, program_text
 from sparkfleet.nodes.transport.local import LocalTransport
-from sparkfleet.plan.model import StagingOptions, StagingStep
+from sparkfleet.plan.staging import StagingStep
+from sparkfleet.plan.staging.sparse_rows import SparseRows
+from tests.synthetic_checkpoint import write_engram_checkpoint
 
 ROWS = {1: 300_007, 14: 250_003}
 CHUNK = 1 << 20
@@ -43,15 +45,13 @@ def make_step(
     min_free: int = 0,
     node: str = "local",
 ) -> StagingStep:
-    spec = StagingOptions(layout=layout)
-    return StagingStep(
-        id="engram", kind="sparse-rows", rank=rank, node=node, src=str(src), dst=str(dst), tp=tp,
-        min_free=min_free, spec=spec,
-    )  # fmt: skip
+    entry = SparseRows(id="engram", src=str(src), dst=str(dst), min_free=min_free, layout=layout)  # type: ignore[arg-type]
+    return StagingStep(entry, rank=rank, node=node, tp=tp)
 
 
-def stage(step: StagingStep, **kw: object) -> StageReport:
-    return stage_rank(LocalTransport(step.node), step, chunk_bytes=CHUNK, **kw)  # type: ignore[arg-type]
+def stage(step: StagingStep, python: str | None = None, **kw: object) -> StageReport:
+    pythons = {step.node: python} if python else None
+    return stage_all([step], {step.node: LocalTransport(step.node)}, chunk_bytes=CHUNK, pythons=pythons, **kw)[0]  # type: ignore[arg-type]
 
 
 def tensor(shard: Path, name: str) -> np.ndarray:

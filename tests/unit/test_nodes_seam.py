@@ -348,7 +348,7 @@ def test_runtimes_follow_a_handles_log_through_a_stream() -> None:
 def test_sync_reads_capabilities_not_classes() -> None:
     """rsync from a source node runs there (through its transport's stream) and reaches the
     target with the ssh words the target's transport declares; a local path needs no ssh."""
-    from sparkfleet.apply.staging.sync import Endpoint, _rsync
+    from sparkfleet.apply.staging.transfer import Endpoint, _rsync
 
     def ssh_caps(host: str) -> Capabilities:
         return Capabilities(ssh=("ssh", "-p", "2222", "-l", "ops", host))

@@ -25,7 +25,9 @@ from sparkfleet.plan.build import plan
 from sparkfleet.plan.engines import ENGINES, LaunchSpec, engine_for
 from sparkfleet.plan.flags import flag_names, flag_value, has_flag, is_flag, is_number
 from sparkfleet.plan.memory import MIB, memory_plan, plan_memory_lines, usable_memory
-from sparkfleet.plan.model import ImageSpec, Plan, VerifySpec, volume_name
+from sparkfleet.plan.model import ImageSpec, Plan, VerifySpec
+from sparkfleet.plan.staging.nfs import volume_name
+from sparkfleet.plan.staging.sparse_rows import SparseRows
 from tests.conftest import ROOT, SEEDS, SPARK4
 from tests.unit._captures import h200_section
 
@@ -124,9 +126,10 @@ def test_the_plan_has_no_recipe_and_carries_verify_revision_image_memory_and_ide
     assert eugr.memory.prefill_bytes_per_token2 is None  # vLLM: no known coefficient
     assert eugr.image == ImageSpec("eugr/spark-vllm-b12x:nightly-20260913")
     assert eugr.model_repo == "deepseek-ai/DeepSeek-V4.1-Flash"  # the composed model's first source
-    # Staging steps carry their kind's options as plan data, not the recipe's StagingSpec.
+    # Staging steps carry their kind's entry, its paths rendered for the step's node.
     engram = next(s for s in p.staging if s.kind == "sparse-rows")
-    assert engram.spec is not None and type(engram.spec).__module__ == "sparkfleet.plan.model"
+    assert isinstance(engram.entry, SparseRows) and engram.entry.tables == recipe.staging[0].tables
+    assert "{{" not in engram.dst
 
 
 def test_a_build_context_that_exists_is_resolved_to_an_absolute_path(tmp_path: Path) -> None:

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sparkfleet.apply.staging.synthetic import write_engram_checkpoint, write_shard
 from sparkfleet.nodes.ship import STAGE_WORKER, program_text
 from sparkfleet.nodes.shipped.failure import StageFailure
 from sparkfleet.nodes.shipped.layouts import owned_range
 from sparkfleet.nodes.shipped.safetensors_index import find_tables, layer_of, read_header
+from tests.synthetic_checkpoint import write_engram_checkpoint, write_shard
 
 
 def test_header_offsets_point_at_the_tensor_bytes(tmp_path: Path) -> None:

@@ -86,10 +86,12 @@ def plan_cmd(
         typer.echo(json.dumps(plan_json(planned), indent=2, sort_keys=False))
     else:
         print_plan(planned, console)
-        if planned.fetch is not None:
-            from sparkfleet.apply.hub import print_rules
+        from sparkfleet.plan.staging.hub import Hub
 
-            print_rules(planned.fetch, console)
+        for step in (s for s in planned.staging if isinstance(s.entry, Hub)):
+            from sparkfleet.apply.staging.hub import print_rules  # only then: it loads the runners
+
+            print_rules(step, console)
 
 
 def report_overrides(planned: Plan, strict: bool) -> None:

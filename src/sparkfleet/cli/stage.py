@@ -39,7 +39,8 @@ def stage(
     # `sparkfleet --help` should not pay for them.
     from rich.table import Table
 
-    from sparkfleet.apply.distribute import rich_progress
+    from sparkfleet.apply.staging.hub import HubReport
+    from sparkfleet.apply.staging.phase import rich_progress
     from sparkfleet.apply.staging.phase import stage as run_stage
     from sparkfleet.errors import UsageError
     from sparkfleet.nodes.transport import transport_for
@@ -59,8 +60,7 @@ def stage(
         for transport in transports.values():
             transport.close()
     rows = phase.rows()
-    if phase.fetched is not None and not as_json:
-        f = phase.fetched
+    for f in [] if as_json else phase.of(HubReport):
         console.print(
             f"from the Hub onto {f.node}: {f.bytes_fetched:,} bytes ({len(f.fetched)} file(s) fetched, "
             f"{len(f.present)} already there); between nodes: {phase.bytes_between_nodes:,} bytes"

@@ -13,30 +13,21 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sparkfleet.config import names
-from sparkfleet.config.sizes import parse_size
+from sparkfleet.config.sizes import Size, parse_size
 from sparkfleet.config.templates import KNOWN, unknown_templates
 from sparkfleet.config.validation import describe, key_path, shown_error
 from sparkfleet.config.variants import BASE, Variant, apply_variant, variant_names
 from sparkfleet.errors import RecipeError
 from sparkfleet.plan.engines import LaunchSpec, engine_for
+from sparkfleet.plan.staging import StagingEntry
+from sparkfleet.plan.staging.composed import ComposedModel
 
 RECIPE_FILE = "recipe.toml"
 MAX_FILE_CHARS = 4 * 1024 * 1024  # a recipe or cluster file: kilobytes in practice
 Engine = Literal["sglang", "vllm", "llama-cpp"]
-StagingKind = Literal["sparse-rows", "sync", "nfs", "copy"]
-
-
-def _size(value: Any) -> int:
-    try:
-        return parse_size(value)
-    except ValueError as exc:
-        raise ValueError(str(exc)) from None
-
-
-Size = Annotated[int, BeforeValidator(_size)]
 
 
 def _unquote(item: str) -> str:
@@ -57,59 +48,6 @@ class Mount(_Strict):
     host: str
     container: str
     read_only: bool = False
-
-
-class StagingSpec(_Strict):
-    """One ``[[staging]]`` entry; which keys matter depends on ``kind``."""
-
-    kind: StagingKind
-    id: str
-    src: str | None = None
-    dst: str
-    min_free: Size = 0
-    # sparse-rows
-    layout: Literal["packed", "sparse-file"] = "packed"
-    tables: tuple[str, ...] = ("*.engram.embed.weight",)
-    # sync
-    include: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-    source_node: str | None = None
-    # nfs
-    server_node: str | None = None
-    options: str | None = None
-    check_file: str | None = None
-    # copy
-    files: tuple[str, ...] = ()
-
-    @field_validator("src", "dst")
-    @classmethod
-    def _absolute_or_template(cls, value: str | None) -> str | None:
-        if value is not None and not (value.startswith("/") or value.startswith("{{")):
-            raise ValueError(f"{value!r} must be an absolute path (or start with a template like {{{{hf}}}})")
-        return value
-
-
-class ComposedSource(_Strict):
-    """A Hugging Face repo whose snapshot is symlinked into the composed directory."""
-
-    repo: str
-    revision: str | None = None
-
-
-class ComposedLocalFile(_Strict):
-    """A node-local file hard-linked over the snapshot (it wins at the same name)."""
-
-    host: str
-    name: str | None = None
-
-
-class ComposedModel(_Strict):
-    """``[composed_model]``: a per-node model directory built from snapshots plus local files."""
-
-    mount: str
-    dir: str | None = None
-    sources: tuple[ComposedSource, ...] = Field(min_length=1)
-    local_files: tuple[ComposedLocalFile, ...] = ()
 
 
 class Verify(_Strict):
@@ -207,7 +145,7 @@ class Recipe(_Strict):
     args: tuple[ArgWord, ...] = Field(default=(), max_length=4096)
     env: dict[str, str] = Field(default_factory=dict)
     extra_mounts: tuple[Mount, ...] = ()
-    staging: tuple[StagingSpec, ...] = ()
+    staging: tuple[StagingEntry, ...] = ()
     composed_model: ComposedModel | None = None
     verify: Verify = Field(default_factory=Verify)
     memory: Memory = Field(default_factory=Memory)
@@ -220,7 +158,7 @@ class Recipe(_Strict):
     @classmethod
     def _shm(cls, value: str | None) -> str | None:
         if value is not None:
-            _size(value)
+            parse_size(value)
         return value
 
     @field_validator("entrypoint")

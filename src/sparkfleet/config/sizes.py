@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
 
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -29,3 +32,14 @@ def format_size(num: float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def _size(value: Any) -> int:
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
+
+
+# A size a user writes in a recipe: a number of bytes, or text such as "55G".
+Size = Annotated[int, BeforeValidator(_size)]

@@ -25,33 +25,39 @@ def key_path(loc: Sequence[int | str]) -> str:
     return out or "(top level)"
 
 
-def _model_at(model: type[BaseModel], loc: Sequence[int | str]) -> type[BaseModel] | None:
-    """The pydantic model class that owns the key at loc's parent, for 'did you mean'."""
-    current: Any = model
+def _members(annotation: Any) -> list[type[BaseModel]]:
+    """The models a field's annotation may hold (through tuples, unions, Annotated and dicts)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in getattr(annotation, "__args__", ()) or () for m in _members(arg)]
+
+
+def _tag(model: type[BaseModel]) -> Any:
+    field = model.model_fields.get("kind")
+    return field.default if field is not None else None
+
+
+def _walk(root: type[BaseModel], loc: Sequence[int | str]) -> tuple[tuple[int | str, ...], type[BaseModel] | None]:
+    """loc without the tags pydantic adds inside a union told apart by ``kind`` (``staging[0].sync.src``
+    is ``staging[0].src``), and the model that owns its last key, for 'did you mean'."""
+    shown: list[int | str] = []
+    models: list[type[BaseModel]] = [root]
+    owners: list[type[BaseModel]] = []
     keyed = False  # the previous part was a field holding a table of models (``variants.NAME``)
-    for part in loc[:-1]:
+    for part in loc:
+        tagged = [m for m in models if isinstance(part, str) and _tag(m) == part]
+        if tagged:
+            models = tagged
+            continue
+        shown.append(part)
         if isinstance(part, int) or keyed:
             keyed = False
             continue
-        is_model = isinstance(current, type) and issubclass(current, BaseModel)
-        field = current.model_fields.get(part) if is_model else None
-        if field is None:
-            return None
-        keyed = get_origin(field.annotation) is dict
-        current = _inner_model(field.annotation)
-        if current is None:
-            return None
-    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
-
-
-def _inner_model(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()) or ():
-        found = _inner_model(arg)
-        if found is not None:
-            return found
-    return None
+        owners = models
+        field = next((m.model_fields[part] for m in models if part in m.model_fields), None)
+        keyed = field is not None and get_origin(field.annotation) is dict
+        models = _members(field.annotation) if field is not None else []
+    return tuple(shown), owners[0] if len(owners) == 1 else None
 
 
 def did_you_mean(word: str, choices: Sequence[str]) -> str:
@@ -96,15 +102,18 @@ def shown_error(exc: ValidationError) -> Any:
 def describe(exc: ValidationError, root: type[BaseModel]) -> str:
     """The first validation error as ``key.path: message``."""
     err = shown_error(exc)
-    loc = tuple(err["loc"])
+    loc, owner = _walk(root, tuple(err["loc"]))
     path = key_path(loc)
     kind = err["type"]
     if kind == "extra_forbidden":
-        owner = _model_at(root, loc)
         hint = did_you_mean(str(loc[-1]), list(owner.model_fields)) if owner else ""
         return f"{path}: unknown key{hint}"
-    if kind == "missing":
-        return f"{path}: required key is missing"
+    if kind in ("missing", "union_tag_not_found"):
+        return f"{path}{'.kind' if kind != 'missing' else ''}: required key is missing"
+    if kind == "union_tag_invalid":
+        tag, expected = err["ctx"]["tag"], err["ctx"]["expected_tags"]
+        choices = [c.strip().strip("'") for c in str(expected).split(",")]
+        return f"{path}.kind: {tag!r} is not one of {expected}{did_you_mean(str(tag), choices)}"
     if kind == "literal_error" and not _under_secret(loc):
         expected = err.get("ctx", {}).get("expected", "")
         value = err.get("input")

@@ -12,8 +12,8 @@ from pathlib import Path
 from sparkfleet.config import names
 from sparkfleet.config.cluster import Cluster, Node
 from sparkfleet.config.placeholders import placeholder_keys
-from sparkfleet.config.recipe import Recipe, StagingSpec
-from sparkfleet.config.templates import render
+from sparkfleet.config.recipe import Recipe
+from sparkfleet.config.templates import node_values, render
 from sparkfleet.errors import PlanError
 from sparkfleet.nodes.runtime.docker import docker_run_argv
 from sparkfleet.plan.engines import RankContext, engine_for
@@ -22,7 +22,6 @@ from sparkfleet.plan.model import (
     EnvOverride,
     EnvSource,
     EnvVar,
-    HubFetch,
     ImageSpec,
     MemorySpec,
     MountSpec,
@@ -30,13 +29,11 @@ from sparkfleet.plan.model import (
     Plan,
     RankPlan,
     ServeSpec,
-    StagingOptions,
-    StagingStep,
     VerifySpec,
     container_name,
-    volume_name,
 )
 from sparkfleet.plan.secret_args import split_secret_args
+from sparkfleet.plan.staging import Planning, StagingStep, hub
 
 
 def check_plannable(recipe: Recipe, cluster: Cluster | None = None) -> None:
@@ -46,8 +43,10 @@ def check_plannable(recipe: Recipe, cluster: Cluster | None = None) -> None:
     problem = engine_for(recipe.engine).check_layout(recipe.launch_spec())
     if problem:
         raise PlanError(f"{recipe.source}: {problem}")
-    for spec in recipe.staging:
-        _check_staging_keys(recipe, spec)
+    for entry in recipe.staging:
+        problem = entry.problem()
+        if problem:
+            raise PlanError(f"{recipe.source}: staging {entry.id!r}: {problem}")
 
 
 def _refuse_placeholders(recipe: Recipe, cluster: Cluster | None) -> None:
@@ -101,7 +100,7 @@ def plan(recipe: Recipe, cluster: Cluster, deployment: str, overrides: Overrides
         served_model=adapter.served_model(recipe.launch_spec()),
         launch_order=(*range(1, nnodes), 0),
         ranks=ranks,
-        staging=_staging(recipe, name, nodes),
+        staging=_staging(recipe, Planning(name, nodes, recipe.tensor_parallel_size, recipe.revision)),
         verify=_verify(recipe),
         memory=_memory(recipe),
         image=_image(recipe),
@@ -112,7 +111,6 @@ def plan(recipe: Recipe, cluster: Cluster, deployment: str, overrides: Overrides
                         recipe.serve.gateway_route()),
         warnings=env_overrides(ranks, {n.name: cluster_env(n, adapter.host_ip_env) for n in nodes}),
         secret_args=secret_arg_notes(recipe),
-        fetch=_hub_fetch(recipe, name, nodes),
     )
 
 
@@ -163,24 +161,6 @@ def _model_repo(recipe: Recipe) -> str | None:
     if recipe.composed_model is not None:
         return recipe.composed_model.sources[0].repo
     return recipe.model if _REPO_ID.match(recipe.model) else None
-
-
-def _hub_fetch(recipe: Recipe, deployment: str, nodes: tuple[Node, ...]) -> HubFetch | None:
-    """The Hub fetch onto the source node of the ``sync`` step that distributes the model's repo
-    folder (``src`` ending in ``models--ORG--NAME`` with a ``source_node``): the source is filled
-    first, then distribution copies it node to node. None for a path or a composed model."""
-    if recipe.composed_model is not None or not _REPO_ID.match(recipe.model):
-        return None
-    folder = "models--" + recipe.model.replace("/", "--")
-    for spec in recipe.staging:
-        if spec.kind == "sync" and spec.source_node and spec.src and spec.src.rstrip("/").endswith("/" + folder):
-            node = next((n for n in nodes if n.name == spec.source_node), None)
-            if node is None:
-                return None  # _check_distribution names it
-            src = render(spec.src, _template_values(node, nodes.index(node), deployment)).rstrip("/")
-            profile = engine_for(recipe.engine).hub_profile(recipe.launch_spec())
-            return HubFetch(recipe.model, recipe.revision, node.name, src.rsplit("/", 1)[0], profile)
-    return None
 
 
 def _verify(recipe: Recipe) -> VerifySpec:
@@ -242,32 +222,13 @@ def _image(recipe: Recipe) -> ImageSpec | None:
     )
 
 
-def _template_values(node: Node, rank: int, deployment: str) -> dict[str, str]:
-    return {
-        "hf": node.hf_cache.rstrip("/"),
-        "node": node.name,
-        "rank": str(rank),
-        "home": node.home,
-        "state": node.state_dir,
-        "name": deployment,
-    }
-
-
-def composed_dir(recipe: Recipe, node: Node, deployment: str) -> str:
-    """Where a rank's composed model directory lives on its node."""
-    assert recipe.composed_model is not None
-    if recipe.composed_model.dir:
-        return render(recipe.composed_model.dir, _template_values(node, 0, deployment))
-    return f"{node.state_dir}/composed/{deployment}"
-
-
 def _model_ref_and_mounts(
     recipe: Recipe, node: Node, deployment: str, docker: bool
 ) -> tuple[str, list[MountSpec]]:
     mounts: list[MountSpec] = []
     if recipe.composed_model is not None:
         # The composer links `<dir>/model` to the first source's snapshot folder inside it.
-        host_dir = composed_dir(recipe, node, deployment) + "/model"
+        host_dir = recipe.composed_model.dir_on(node, deployment) + "/model"
         if not docker:
             return host_dir, mounts
         mounts.append(MountSpec(host_dir, recipe.composed_model.mount, True))
@@ -284,21 +245,15 @@ def _model_ref_and_mounts(
     return engine_for(recipe.engine).hub_model_ref(recipe.model, recipe.revision, root), mounts
 
 
-def _nfs_mounts(
-    recipe: Recipe, deployment: str, node: Node, nodes: tuple[Node, ...], mounts: list[MountSpec]
-) -> list[MountSpec]:
-    """An ``nfs`` staging's dst, read-only in every container: the exported folder itself on the
-    server node, the worker's NFS volume elsewhere (replacing any other mount at that path)."""
-    for spec in recipe.staging:
-        if spec.kind != "nfs" or not spec.src:
-            continue
-        server = next((n for n in nodes if n.name == spec.server_node), nodes[0])
-        host = (
-            render(spec.src, _template_values(server, nodes.index(server), deployment))
-            if node.name == server.name
-            else volume_name(deployment, spec.id)
-        )
-        mounts = [m for m in mounts if m.container != spec.dst] + [MountSpec(host, spec.dst, True)]
+def _staging_mounts(recipe: Recipe, deployment: str, node: Node, nodes: tuple[Node, ...],
+                    mounts: list[MountSpec]) -> list[MountSpec]:  # fmt: skip
+    """What the staging entries mount read-only into the node's containers (an ``nfs`` share),
+    each in place of any other mount at its path."""
+    at = Planning(deployment, nodes)
+    for entry in recipe.staging:
+        found = entry.mount(at, node)
+        if found is not None:
+            mounts = [m for m in mounts if m.container != found[1]] + [MountSpec(found[0], found[1], True)]
     return mounts
 
 
@@ -307,7 +262,7 @@ def _env(
     from_args: dict[str, str] | None = None,
 ) -> tuple[EnvVar, ...]:
     adapter = engine_for(recipe.engine)
-    values = _template_values(node, rank, deployment)
+    values = node_values(node, rank, deployment)
     layers: list[tuple[EnvSource, dict[str, str]]] = []
     engine_env = {"HF_HUB_OFFLINE": "1", "HF_HOME": CONTAINER_HF_HOME if docker else node.hf_cache}
     layers.append(("engine", engine_env))
@@ -334,7 +289,7 @@ def _rank_plan(
 ) -> RankPlan:
     adapter = engine_for(recipe.engine)
     docker = recipe.docker_image is not None
-    values = _template_values(node, rank, deployment)
+    values = node_values(node, rank, deployment)
     model_ref, mounts = _model_ref_and_mounts(recipe, node, deployment, docker)
     entrypoint = tuple(render(w, values) for w in (recipe.entrypoint or adapter.default_entrypoint))
     ctx = RankContext(
@@ -356,7 +311,7 @@ def _rank_plan(
     for m in recipe.extra_mounts:
         mounts.append(MountSpec(render(m.host, values), render(m.container, values), m.read_only))
     if docker:
-        mounts = _nfs_mounts(recipe, deployment, node, nodes, mounts)
+        mounts = _staging_mounts(recipe, deployment, node, nodes, mounts)
     workdir = f"{node.state_dir}/deployments/{deployment}"
     name = container_name(deployment, rank)
     env = _env(recipe, node, rank, deployment, docker, overrides, {var: a.value for a in secret_args for var in a.env})
@@ -388,79 +343,21 @@ def _rank_plan(
     )
 
 
-def _check_staging_keys(recipe: Recipe, spec: StagingSpec) -> None:
-    """The keys a sync/nfs/copy step needs exist."""
-    where = f"{recipe.source}: staging {spec.id!r}"
-    if spec.kind in ("sync", "nfs") and not spec.src:
-        raise PlanError(f"{where}: kind = {spec.kind!r} needs src (the folder to {spec.kind})")
-    if spec.kind == "copy" and not spec.files and not spec.src:
-        raise PlanError(f"{where}: kind = 'copy' needs files = [...] (or src, a folder of files)")
-
-
-def _check_distribution(recipe: Recipe, spec: StagingSpec, nodes: tuple[Node, ...]) -> None:
-    """The nodes a sync/nfs step names are among the planned ones."""
-    where = f"{recipe.source}: staging {spec.id!r}"
-    names = [n.name for n in nodes]
-    for key in ("source_node", "server_node"):
-        named = getattr(spec, key)
-        if named is not None and named not in names:
-            raise PlanError(f"{where}: {key} = {named!r} is not one of the planned nodes ({', '.join(names)})")
-
-
-def _staging_options(spec: StagingSpec) -> StagingOptions:
-    return StagingOptions(
-        layout=spec.layout,
-        tables=spec.tables,
-        include=spec.include,
-        exclude=spec.exclude,
-        source_node=spec.source_node,
-        server_node=spec.server_node,
-        options=spec.options,
-        check_file=spec.check_file,
-        files=spec.files,
-    )
-
-
-def _staging(recipe: Recipe, deployment: str, nodes: tuple[Node, ...]) -> tuple[StagingStep, ...]:
+def _staging(recipe: Recipe, at: Planning) -> tuple[StagingStep, ...]:
+    """The Hub fetch (onto a sync's source node) first, then every entry's steps in recipe order,
+    then the composed model's."""
+    names = [n.name for n in at.nodes]
+    for entry in recipe.staging:
+        for key, named in entry.named_nodes().items():
+            if named not in names:
+                raise PlanError(f"{recipe.source}: staging {entry.id!r}: {key} = {named!r} is not one of the "
+                                f"planned nodes ({', '.join(names)})")  # fmt: skip
     steps: list[StagingStep] = []
-    tp = recipe.tensor_parallel_size
-    for spec in recipe.staging:
-        _check_distribution(recipe, spec, nodes)
-        for rank, node in enumerate(nodes):
-            values = _template_values(node, rank, deployment)
-            steps.append(
-                StagingStep(
-                    id=spec.id,
-                    kind=spec.kind,
-                    rank=rank,
-                    node=node.name,
-                    src=render(spec.src, values) if spec.src else None,
-                    dst=render(spec.dst, values),
-                    tp=tp,
-                    min_free=spec.min_free,
-                    spec=_staging_options(spec),
-                    hf_cache=node.hf_cache,
-                )
-            )
+    if recipe.composed_model is None and _REPO_ID.match(recipe.model):
+        profile = engine_for(recipe.engine).hub_profile(recipe.launch_spec())
+        steps += hub.steps(recipe.model, profile, recipe.staging, at)
+    for entry in recipe.staging:
+        steps += entry.steps(at)
     if recipe.composed_model is not None:
-        for rank, node in enumerate(nodes):
-            values = _template_values(node, rank, deployment)
-            for index, source in enumerate(recipe.composed_model.sources):
-                steps.append(
-                    StagingStep(
-                        id="composed_model",
-                        kind="composed",
-                        rank=rank,
-                        node=node.name,
-                        src=f"{node.hf_cache}/hub/models--{source.repo.replace('/', '--')}",
-                        dst=composed_dir(recipe, node, deployment),
-                        tp=tp,
-                        min_free=0,
-                        local_files=tuple(render(f.host, values) for f in recipe.composed_model.local_files),
-                        repo=source.repo,
-                        revision=source.revision or recipe.revision,
-                        hf_cache=node.hf_cache,
-                        primary=index == 0,
-                    )
-                )
+        steps += recipe.composed_model.steps(at)
     return tuple(steps)

@@ -11,6 +11,7 @@ from sparkfleet.config.cluster import Node
 from sparkfleet.config.secrets import is_secret
 from sparkfleet.plan.engines import Readiness
 from sparkfleet.plan.secret_args import mask_words
+from sparkfleet.plan.staging.base import StagingStep
 
 EnvSource = Literal["engine", "cluster", "recipe", "cli"]
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
@@ -69,58 +70,6 @@ class EnvOverride:
             f"node {self.node}: {where} {self.key}={shown or self.value} overrides the cluster's "
             f"{self.key}={shown or self.cluster_value} for this node (the cluster sets it per node: {per_node})"
         )
-
-
-@dataclass(frozen=True)
-class StagingOptions:
-    """The kind-specific keys of one ``[[staging]]`` entry, as the steps run them."""
-
-    # sparse-rows
-    layout: str = "packed"
-    tables: tuple[str, ...] = ("*.engram.embed.weight",)
-    # sync
-    include: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-    source_node: str | None = None
-    # nfs
-    server_node: str | None = None
-    options: str | None = None
-    check_file: str | None = None
-    # copy
-    files: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class StagingStep:
-    """One staging action on one node, templates resolved."""
-
-    id: str
-    kind: str
-    rank: int
-    node: str
-    src: str | None
-    dst: str
-    tp: int
-    min_free: int
-    spec: StagingOptions | None = None
-    local_files: tuple[str, ...] = ()
-    repo: str | None = None
-    revision: str | None = None
-    hf_cache: str | None = None
-    primary: bool = True  # composed: the source the model path points at
-
-
-@dataclass(frozen=True)
-class HubFetch:
-    """Bringing the recipe's Hugging Face model to one node before distribution (apply/hub.py):
-    only what the engine loads (``profile``: ``("safetensors", None)`` or ``("gguf", model_file)``,
-    the rules of nodes/shipped/hub_fetch.py), into that node's cache (``cache``, its ``hub`` folder)."""
-
-    repo: str
-    revision: str | None
-    node: str
-    cache: str
-    profile: tuple[str, str | None]
 
 
 @dataclass(frozen=True)
@@ -263,7 +212,7 @@ class Plan:
     served_model: str
     launch_order: tuple[int, ...]
     ranks: tuple[RankPlan, ...]
-    staging: tuple[StagingStep, ...]
+    staging: tuple[StagingStep, ...]  # recipe order (a Hub fetch first); plan/staging/ has the kinds
     verify: VerifySpec
     memory: MemorySpec
     image: ImageSpec | None = None  # None: the ranks run as host processes
@@ -273,7 +222,6 @@ class Plan:
     serve: ServeSpec = ServeSpec()
     warnings: tuple[EnvOverride, ...] = ()  # per-node cluster values replaced by one value for all
     secret_args: tuple[str, ...] = ()  # what was found in the recipe's args (plan/secret_args.py)
-    fetch: HubFetch | None = None  # the model from the Hub to this node first (None: a path, or composed)
 
     @property
     def head(self) -> RankPlan:
@@ -290,7 +238,3 @@ def container_name(deployment: str, rank: int) -> str:
     """The deterministic container name of a rank (Docker's allowed characters only)."""
     return f"sparkfleet-{_DOCKER_NAME.sub('-', deployment).strip('-.') or 'deployment'}-r{rank}"
 
-
-def volume_name(deployment: str, step_id: str) -> str:
-    """The Docker volume a deployment's nfs step creates on every worker."""
-    return _DOCKER_NAME.sub("-", f"sparkfleet-{deployment}-{step_id}").strip("-.")

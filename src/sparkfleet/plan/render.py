@@ -12,7 +12,7 @@ from rich.text import Text
 from sparkfleet.config.secrets import MASK
 from sparkfleet.config.sizes import format_size
 from sparkfleet.plan.memory import plan_memory_lines
-from sparkfleet.plan.model import Plan, RankPlan, StagingStep
+from sparkfleet.plan.model import Plan, RankPlan
 from sparkfleet.plan.secret_args import mask_words
 
 
@@ -26,37 +26,6 @@ def masked_argv(words: tuple[str, ...] | None, rank: RankPlan) -> list[str] | No
         return None
     secrets = {v.value for v in rank.env if v.secret and len(v.value) >= 4}
     return list(mask_words(words, secrets | set(rank.secret_words)))
-
-
-def _staging_json(step: StagingStep) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "id": step.id,
-        "kind": step.kind,
-        "rank": step.rank,
-        "node": step.node,
-        "src": step.src,
-        "dst": step.dst,
-        "tp": step.tp,
-        "min_free": step.min_free,
-    }
-    if step.spec is not None and step.kind == "sparse-rows":
-        out["layout"] = step.spec.layout
-        out["tables"] = list(step.spec.tables)
-    if step.spec is not None and step.kind == "sync":
-        out["include"] = list(step.spec.include)
-        out["exclude"] = list(step.spec.exclude)
-        out["source_node"] = step.spec.source_node
-    if step.spec is not None and step.kind == "nfs":
-        out["server_node"] = step.spec.server_node
-        out["options"] = step.spec.options
-        out["check_file"] = step.spec.check_file
-    if step.spec is not None and step.kind == "copy":
-        out["files"] = list(step.spec.files)
-    if step.kind == "composed":
-        out["repo"] = step.repo
-        out["revision"] = step.revision
-        out["local_files"] = list(step.local_files)
-    return out
 
 
 def plan_json(plan: Plan) -> dict[str, Any]:
@@ -96,7 +65,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
             }
             for r in plan.ranks
         ],
-        "staging": [_staging_json(s) for s in plan.staging],
+        "staging": [s.json() for s in plan.staging],
         "verify": {
             "expect": list(plan.verify.expect),
             "forbid": list(plan.verify.forbid),

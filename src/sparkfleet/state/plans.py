@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from sparkfleet.config.secrets import MASK, redact, secrets_of
 from sparkfleet.errors import StateError
 from sparkfleet.plan.model import EnvVar, Plan, RankPlan
+from sparkfleet.plan.staging import BY_KIND, Entry, StagingStep, entry_from
 
 
 def _encode(value: Any) -> Any:
@@ -47,6 +48,10 @@ def _decode(kind: Any, data: Any) -> Any:
         return tuple(_decode(inner, v) for v in data)
     if origin is typing.Literal or kind is Any:
         return data
+    if isinstance(kind, type) and issubclass(kind, Entry):
+        return entry_from(data)  # a staging entry of the kind it names
+    if kind is StagingStep and "entry" not in data:
+        data = _flat_step(data)
     if isinstance(kind, type) and issubclass(kind, BaseModel):
         return kind.model_validate(data)
     if isinstance(kind, type) and dataclasses.is_dataclass(kind):
@@ -55,6 +60,14 @@ def _decode(kind: Any, data: Any) -> Any:
         # A field a newer sparkfleet added is absent from an older record: its default applies.
         return kind(**{k: _decode(hints[k], v) for k, v in data.items() if k in known})
     return data
+
+
+def _flat_step(data: dict[str, Any]) -> dict[str, Any]:
+    """A staging step as sparkfleet stored it before its kinds were a registry: flat, the kind's
+    keys under ``spec`` (or beside the others, for a composed step)."""
+    fields = BY_KIND[data["kind"]].model_fields
+    entry = {k: v for k, v in {**data, **(data.get("spec") or {})}.items() if k in fields}
+    return {"entry": entry, "rank": data["rank"], "node": data["node"], "tp": data.get("tp", 1)}
 
 
 def plan_to_json(plan: Plan) -> str:

@@ -1,15 +1,18 @@
-"""Compose a per-node model directory (snapshot symlinks + hard-linked local files) over a Transport."""
+"""``[composed_model]``, controller side: each node's composed directory (snapshot symlinks and
+hard-linked local files) built, or only checked, by nodes/shipped/composed_worker.py there."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sparkfleet.apply.staging.base import Context, Runner, StageReport
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes.ship import COMPOSE_WORKER, run_shipped
 from sparkfleet.nodes.shipped import composed_worker
-from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.plan.model import StagingStep
+from sparkfleet.plan.staging import StagingStep
+from sparkfleet.plan.staging.composed import Composed
 
 
 @dataclass(frozen=True)
@@ -31,17 +34,16 @@ class ComposedModel:
     problems: tuple[str, ...] = ()
 
 
-def compose_model(
-    transport: Transport, step: StagingStep, *, verify: bool = False, python: str = "python3"
-) -> tuple[ComposedModel, float]:
+def _compose(ctx: Context, step: StagingStep) -> StageReport:
     """Build (or only check, with ``verify``) the step's composed directory on its node."""
-    if not step.src:
-        raise StagingError(step.node, "composed_model: no source snapshot directory")
+    entry = step.entry
+    assert isinstance(entry, Composed)
     args = {
-        "repo_dir": step.src, "dst": step.dst, "revision": step.revision,
-        "local_files": list(step.local_files), "verify": verify, "primary": step.primary,
+        "repo_dir": entry.src, "dst": entry.dst, "revision": entry.revision,
+        "local_files": list(entry.local_files), "verify": ctx.verify, "primary": entry.primary,
     }  # fmt: skip
-    result = run_shipped(transport, python, COMPOSE_WORKER, [json.dumps(args)])
+    transport = ctx.transport(step.node)
+    result = run_shipped(transport, ctx.python(step.node), COMPOSE_WORKER, [json.dumps(args)])
     for line in reversed(result.stdout.splitlines()):
         if line.startswith(composed_worker.RESULT_MARKER):
             data = json.loads(line[len(composed_worker.RESULT_MARKER) :])
@@ -55,4 +57,11 @@ def compose_model(
         extra_mounts=tuple(data["mount_roots"]), links=data["links"], hard_links=data["hard_links"],
         problems=tuple(data["problems"]),
     )  # fmt: skip
-    return model, result.duration
+    return StageReport(step.node, step.id, step.rank, step.kind, result.duration, composed=model)
+
+
+def run(ctx: Context, steps: Sequence[StagingStep]) -> list[StageReport]:
+    return [_compose(ctx, step) for step in steps]
+
+
+RUNNER = Runner(Composed, "node", run)

@@ -12,11 +12,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
+from sparkfleet.apply.staging.base import Context, Runner
 from sparkfleet.errors import StagingError, TransportError
 from sparkfleet.nodes import files as node_files
 from sparkfleet.nodes.transport.base import Transport
+from sparkfleet.plan.staging import StagingStep
+from sparkfleet.plan.staging.copy import Copy
 
 
 @dataclass(frozen=True)
@@ -94,3 +98,21 @@ def copy_files(transport: Transport, files: Sequence[LocalFile], dst: str, step_
         unchanged=tuple(f.name for f in files if f not in todo),
         bytes_sent=sum(f.size for f in todo),
     )
+
+
+def run(ctx: Context, steps: Sequence[StagingStep]) -> list[CopyReport]:
+    """Push the entry's files to every node at once (relative names: from the recipe's folder)."""
+    entry, step_id = steps[0].entry, steps[0].id
+    assert isinstance(entry, Copy) and ctx.plan is not None
+    base = Path(ctx.plan.recipe_source).parent if ctx.plan.recipe_source else Path.cwd()
+    names = list(entry.files)
+    if not names and entry.src:
+        folder = Path(entry.src)
+        names = sorted(str(p) for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+    if not names:
+        raise StagingError("controller", f"staging {step_id!r}: copy names no files (files = [...] or src)")
+    files = local_files(names, base, step_id)
+    return ctx.parallel({s.node: partial(copy_files, ctx.transport(s.node), files, s.dst, step_id) for s in steps})
+
+
+RUNNER = Runner(Copy, "distribute", run)

@@ -10,22 +10,17 @@ shows at launch; that is why every worker reads ``check_file`` from a container 
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
+from sparkfleet.apply.staging.base import Context, Runner
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes import files, nfs
 from sparkfleet.nodes.runtime import docker
 from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.plan.model import volume_name as volume_name  # the naming rule is the plan's
-
-# The seed's worker volume options (files/nfs-share.sh): NFSv4.2, read-only, 8 TCP connections,
-# 1 MiB reads, hard mounts with a 60 s retransmit timeout.
-DEFAULT_OPTIONS = "nfsvers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600"
-# The seed's export options; fsid is added per export (overlay and some other filesystems
-# cannot be exported without one).
-EXPORT_OPTIONS = "ro,sync,no_subtree_check,no_root_squash,insecure"
+from sparkfleet.plan.staging import StagingStep
+from sparkfleet.plan.staging.nfs import Nfs, exports_line, volume_name, volume_opts
 
 
 @dataclass(frozen=True)
@@ -36,31 +31,6 @@ class NfsReport:
     role: str  # server | client
     volume: str
     detail: str
-
-
-def mount_options(server_ip: str, options: str | None) -> str:
-    """The ``o=`` value: the server address, then the step's options (or the seed's); read-only
-    is forced, since ranks must never write into the shared checkpoint."""
-    opts = [o for o in (options or DEFAULT_OPTIONS).split(",") if o and not o.startswith("addr=")]
-    if "ro" not in opts:
-        opts = [o for o in opts if o != "rw"] + ["ro"]
-    return ",".join([f"addr={server_ip}", *opts])
-
-
-def volume_opts(server_ip: str, path: str, options: str | None) -> list[tuple[str, str]]:
-    """The local driver's options that make a volume the NFS share path of server_ip."""
-    return [("type", "nfs"), ("o", mount_options(server_ip, options)), ("device", f":{path}")]
-
-
-def volume_create_argv(volume: str, server_ip: str, path: str, options: str | None) -> list[str]:
-    """The ``docker volume create`` words for a worker (the docker runtime builds them)."""
-    return docker.volume_create_argv(volume, volume_opts(server_ip, path, options))
-
-
-def exports_line(path: str, clients: Sequence[str], volume: str) -> str:
-    """One /etc/exports line giving every client read-only access to path."""
-    fsid = zlib.crc32(volume.encode()) % 2_000_000_000 + 1
-    return f"{path} " + " ".join(f"{c}({EXPORT_OPTIONS},fsid={fsid})" for c in clients) + "\n"
 
 
 def export(server: Transport, path: str, clients: Sequence[str], volume: str) -> NfsReport:
@@ -117,3 +87,27 @@ def check_volume(client: Transport, volume: str, image: str, check_file: str) ->
             client.node,
             f"cannot read {check_file} through NFS volume {volume} from a container: {result.tail()}",
         )
+
+
+def run(ctx: Context, steps: Sequence[StagingStep]) -> list[NfsReport]:
+    """Export from the server node, then make (and check) every other node's volume at once."""
+    entry, plan = steps[0].entry, ctx.plan
+    assert isinstance(entry, Nfs) and plan is not None
+    nodes = ctx.nodes()
+    server = entry.server_node or plan.head.node.name
+    path = next(s.src for s in steps if s.node == server)
+    assert path is not None
+    volume = volume_name(plan.name, entry.id)
+    clients = [s.node for s in steps if s.node != server]
+    reports = [export(ctx.transport(server), path, [nodes[c].fabric_ip for c in clients], volume)]
+
+    def client(node: str) -> NfsReport:
+        report = ensure_volume(ctx.transport(node), volume, nodes[server].fabric_ip, path, entry.options)
+        if plan.head.image:
+            check_volume(ctx.transport(node), volume, plan.head.image, entry.check_file or "config.json")
+        return report
+
+    return reports + ctx.parallel({c: partial(client, c) for c in clients})
+
+
+RUNNER = Runner(Nfs, "distribute", run)

@@ -1,50 +1,59 @@
-"""The staging phase, one for ``up`` and ``sparkfleet stage``: the distribution steps (sync,
-copy, nfs) first, since composed model directories link into what they put in place, then the
-steps that run on each node (sparse-rows, composed). With ``verify`` nothing is written: only the
-node-side steps check what they staged, in full."""
+"""The staging phase, one for ``up`` and ``sparkfleet stage``: the Hub fetch first, then
+distribution between nodes (each entry on all its nodes at once, in recipe order), since composed
+directories link into what it puts in place, then what runs on each node (all nodes in parallel;
+on each, one kind's steps at once). With ``verify`` nothing is written: only the kinds that run
+on the node check what they staged, in full. Each kind's runner is found in ``RUNNERS``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from sparkfleet.apply import hub
-from sparkfleet.apply.distribute import Fanout, distribute
-from sparkfleet.apply.staging.runner import ProgressFn, StageReport, stage_all
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from sparkfleet.apply.staging import RUNNERS
+from sparkfleet.apply.staging.base import Context, Fanout, Method, Phase, ProgressFn, StageReport
 from sparkfleet.errors import StagingError
+from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.plan.model import Plan, StagingStep
+from sparkfleet.plan.model import Plan
+from sparkfleet.plan.staging import Entry, StagingStep
 
-NODE_STAGED_KINDS = ("sparse-rows", "composed")
-DISTRIBUTED_KINDS = ("sync", "copy", "nfs")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class StagePhase:
-    """What the staging phase did: distribution's notes and each node-side step's report."""
+    """Every report of the phase, in the order the steps ran."""
 
     verify: bool
-    notes: list[str] = field(default_factory=list)
-    reports: list[StageReport] = field(default_factory=list)
-    fetched: hub.HubReport | None = None  # what came from the Hub onto the source node
-    bytes_between_nodes: int = 0
+    reports: tuple[Any, ...] = ()
+    notes: tuple[str, ...] = ()  # what the user was told (e.g. rsync missing on a node: a tar stream was used)
+
+    def of(self, kind: type[T]) -> list[T]:
+        """The reports of one type (e.g. ``SyncReport``)."""
+        return [r for r in self.reports if isinstance(r, kind)]
+
+    @property
+    def bytes_between_nodes(self) -> int:
+        """What distribution moved onto the nodes."""
+        return sum(getattr(r, "bytes_sent", 0) for r in self.reports)
 
     def rows(self) -> list[dict[str, object]]:
         """One row per staged file or composed directory, by step and rank."""
-        rows: list[dict[str, object]] = []
-        for rep in sorted(self.reports, key=lambda r: (r.step_id, r.rank)):
-            for out in rep.outputs:
-                rows.append({"node": rep.node, "rank": rep.rank, "step": rep.step_id, "path": out.path,
-                             "status": out.status, "action": out.action, "bytes_written": out.bytes_written,
-                             "chunks_rewritten": out.chunks_rewritten, "chunks_total": out.chunks_total})  # fmt: skip
-            if rep.composed is not None:
-                c = rep.composed
-                rows.append({"node": rep.node, "rank": rep.rank, "step": rep.step_id, "path": c.model_dir,
-                             "status": "; ".join(c.problems) or "ok",
-                             "action": "verified" if self.verify else "composed", "bytes_written": 0,
-                             "links": c.links, "hard_links": c.hard_links,
-                             "extra_mounts": list(c.extra_mounts)})  # fmt: skip
-        return rows
+        reports = sorted(self.of(StageReport), key=lambda r: (r.step_id, r.rank))
+        return [row for r in reports for row in r.rows(self.verify)]
 
     def check(self) -> None:
         """StagingError naming the first file that is not as staged (what --verify judges)."""
@@ -55,36 +64,79 @@ class StagePhase:
             raise StagingError(str(first["node"]), f"{first['path']} is not as staged: {first['status']}{more}")
 
 
+def _runs(ctx: Context, steps: Sequence[StagingStep], phase: Phase) -> list[Any]:
+    """One phase's steps: per entry on all its nodes, or, for ``node``, per node and kind."""
+    steps = [s for s in steps if RUNNERS[type(s.entry)].phase == phase]
+    if phase != "node":
+        by_entry: dict[str, list[StagingStep]] = {}
+        for step in steps:
+            by_entry.setdefault(step.id, []).append(step)
+        return [r for group in by_entry.values() for r in RUNNERS[type(group[0].entry)].stage(ctx, group)]
+
+    def one_node(node: str) -> list[Any]:
+        by_kind: dict[type[Entry], list[StagingStep]] = {}
+        for step in (s for s in steps if s.node == node):
+            by_kind.setdefault(type(step.entry), []).append(step)
+        return [r for kind, group in by_kind.items() for r in RUNNERS[kind].stage(ctx, group)]
+
+    nodes = list(dict.fromkeys(s.node for s in steps))
+    for node in nodes:
+        ctx.transport(node)  # a node without a transport is refused before any starts
+    done = fan_out(nodes, one_node, workers=max(1, len(nodes))).raise_all(StagingError)
+    return [r for reports in done.values() for r in reports]
+
+
+def _context(plan: Plan, transports: Mapping[str, Transport], **kw: Any) -> Context:
+    return Context(transports, plan, pythons={r.node.name: r.node.python for r in plan.ranks}, **kw)
+
+
 def stage(plan: Plan, transports: Mapping[str, Transport], *, verify: bool = False,
           progress: ProgressFn | None = None, say: Callable[[str], None] = lambda _m: None,
-          fanout: Fanout = "pipeline") -> StagePhase:  # fmt: skip
-    """Run the plan's staging (see the module's doc); StagingError on the first step that fails.
-    The Hub fetch onto the source node (plan.fetch) comes first, then distribution from there."""
-    notes: list[str] = []
-    fetched = None
-    between = 0
-    if not verify and plan.fetch is not None:
-        spec = plan.fetch
-        say(f"fetching {spec.repo} from the Hub onto {spec.node} (only what the engine loads)")
-        bar = StagingStep("hub", "hub", 0, spec.node, None, spec.cache, 1, 0)
-        fetched = hub.fetch(plan, transports, None if progress is None else lambda d, t: progress(bar, d, t))
-        if fetched is not None and fetched.note:
-            notes.append(f"{spec.node}: {fetched.note}")
-            say(fetched.note)
-        if fetched is not None:
-            say(f"from the Hub: {fetched.bytes_fetched:,} bytes; {len(fetched.skipped)} file(s) not fetched "
-                f"({fetched.bytes_skipped:,} bytes)")  # fmt: skip
-    if not verify and any(s.kind in DISTRIBUTED_KINDS for s in plan.staging):
+          fanout: Fanout = "pipeline", method: Method = "auto") -> StagePhase:  # fmt: skip
+    """Run the plan's staging (see the module's doc); StagingError on the first step that fails."""
+    ctx = _context(plan, transports, verify=verify, progress=progress, say=say, fanout=fanout, method=method)
+    reports = [] if verify else _runs(ctx, plan.staging, "fetch")
+    if not verify and any(RUNNERS[type(s.entry)].phase == "distribute" for s in plan.staging):
         say("distributing model files")
-        done = distribute(plan, transports, progress, fanout=fanout)
-        notes += done.notes
-        between = done.bytes_sent
-        for note in done.notes:
-            say(note)
-    steps = [s for s in plan.staging if s.kind in NODE_STAGED_KINDS]
-    reports: list[StageReport] = []
-    if steps:
-        say(f"{'verifying' if verify else 'staging'} {len(steps)} step(s)")
-        pythons = {r.node.name: r.node.python for r in plan.ranks}
-        reports = stage_all(steps, dict(transports), verify=verify, progress=progress, pythons=pythons)
-    return StagePhase(verify, notes, reports, fetched, between)
+        reports += _runs(ctx, plan.staging, "distribute")
+    on_nodes = sum(RUNNERS[type(s.entry)].phase == "node" for s in plan.staging)
+    if on_nodes:
+        say(f"{'verifying' if verify else 'staging'} {on_nodes} step(s)")
+        reports += _runs(ctx, plan.staging, "node")
+    return StagePhase(verify, tuple(reports), tuple(ctx.notes))
+
+
+def distribute(plan: Plan, transports: Mapping[str, Transport], progress: ProgressFn | None = None, *,
+               method: Method = "auto", fanout: Fanout = "pipeline") -> StagePhase:  # fmt: skip
+    """Only distribution: every sync, copy and nfs entry of the plan (recipe order; nodes in
+    parallel within one), without the Hub fetch or what runs on each node."""
+    ctx = _context(plan, transports, progress=progress, method=method, fanout=fanout)
+    return StagePhase(False, tuple(_runs(ctx, plan.staging, "distribute")), tuple(ctx.notes))
+
+
+def stage_all(steps: Sequence[StagingStep], transports: Mapping[str, Transport], *, verify: bool = False,
+              progress: ProgressFn | None = None, chunk_bytes: int | None = None,
+              pythons: Mapping[str, str] | None = None) -> list[StageReport]:  # fmt: skip
+    """Run steps of the kinds that run on the node, without a plan: nodes in parallel, errors
+    raised once all have finished, naming every node that failed."""
+    ctx = Context(transports, verify=verify, progress=progress, chunk_bytes=chunk_bytes, pythons=pythons or {})
+    return _runs(ctx, steps, "node")
+
+
+@contextmanager
+def rich_progress(console: Console) -> Iterator[ProgressFn]:
+    """One transfer bar per (step, node) on console while the block runs; yields the callback."""
+    bars = Progress(
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+        TimeRemainingColumn(), console=console, transient=False,
+    )  # fmt: skip
+    tasks: dict[tuple[str, str], TaskID] = {}
+
+    def update(step: StagingStep, done: int, total: int) -> None:
+        key = (step.id, step.node)
+        if key not in tasks:
+            tasks[key] = bars.add_task(f"{step.id} → {step.node}", total=total)
+        bars.update(tasks[key], completed=min(done, total), total=total)
+
+    with bars:
+        yield update

@@ -8,7 +8,7 @@ Stock tools only (tar, tee, ssh: nodes/chain.py holds the commands); every node'
 the records it has unpacked, which come back on the source's output: per-node progress.
 
 Resumable per file: every target is listed first (size, mtime, link target, as the tar fallback
-of ``sync`` does); only files some target lacks or holds differently travel, so a cut run resends
+of transfer.py does); only files some target lacks or holds differently travel, so a cut run resends
 the files it had not finished. The identity check after it is distribution's, as for push.
 """
 
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from sparkfleet.apply.staging.snapshot_identity import Snapshot
-from sparkfleet.apply.staging.sync import Endpoint, SyncReport, _prepare, _stat, transfer_list
+from sparkfleet.apply.staging.transfer import Endpoint, SyncReport, _prepare, _stat, transfer_list
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes import chain as node_chain
 from sparkfleet.nodes.fanout import fan_out

@@ -1,302 +1,134 @@
-"""``sync`` staging: copy a Hugging Face snapshot (or any folder) to one node's cache.
+"""``sync``, controller side: one entry's snapshot onto every node, then every copy checked.
 
-What is sent: for a hub cache repo (``models--org--name``), the selected files of one revision as
-the hub lays them out — ``snapshots/<rev>/<path>`` relative symlinks, the ``blobs/<sha256>`` they
-point to, and the ``refs/*`` naming that revision; for a plain folder, its selected files. The
-list is computed on the source, so include/exclude globs match snapshot paths (``original/*``),
-never blob hashes.
-
-How: rsync with that exact list (``--files-from``), archive mode (symlinks stay symlinks, mtimes
-kept, so a second sync is a size+mtime check per file and moves no data; a file whose size or
-mtime differ is delta-checked, so identical content still moves no data). Interrupted copies
-stay in ``.sparkfleet-partial/`` beside the file, never at its final name, and the next run
-resumes from them. From a controller path the controller pushes to every node. From a source
-node, rsync runs ON the source node and pushes to each target's fabric address: the bytes go
-over the fabric once, node to node, instead of up to the controller and down again (a laptop
-controller on Wi-Fi would otherwise carry 150 GB twice per node). That needs the source node to
-reach the targets over SSH; when it cannot, the error says so.
-
-Without rsync on the sending or receiving node, files whose size or mtime differ are streamed
-with tar over SSH through the controller, and the report says that rsync was missing.
+The snapshot is listed at its source (the controller's path, or ``source_node``'s), then copied
+to each node by transfer.py's rsync or tar stream, or, from a source node to two or more others,
+down one pipeline (pipeline.py) unless ``fanout`` is ``push``. A destination that is storage
+another node already writes (a NAS mounted on several nodes) is found by a marker file and not
+copied twice. After the copy every node's listing is compared with the source's (file list,
+sizes, hashes of index and config files): a node that differs is refused, naming the files.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import shlex
-import shutil
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal
+import uuid
+from collections.abc import Mapping, Sequence
+from functools import partial
 
-from sparkfleet.apply.staging.snapshot_identity import Snapshot, select
-from sparkfleet.errors import StagingError, TransportError
+from sparkfleet.apply.staging.base import Context, Runner
+from sparkfleet.apply.staging.pipeline import pipeline
+from sparkfleet.apply.staging.snapshot_identity import Snapshot, check_copy, check_identity, scan_node, select
+from sparkfleet.apply.staging.transfer import Endpoint, SyncReport, sync_node, transfer_list
 from sparkfleet.nodes import files as node_files
+from sparkfleet.nodes.transport import controller
 from sparkfleet.nodes.transport.base import Transport
-
-PARTIAL_DIR = node_files.PARTIAL_DIR
-Method = Literal["auto", "rsync", "tar"]
-BytesFn = Callable[[int], None]
-_IO_TIMEOUT_S = 120
-_PROGRESS = re.compile(rb"^\s*([\d,]+)\s+\d+%")
-_NOT_FOUND = re.compile(r"rsync: (command )?not found|rsync: No such file or directory|exec: rsync:")
-_SSH_FAIL = re.compile(
-    r"Permission denied|Host key verification failed|Connection (refused|timed out)|"
-    r"Could not resolve|No route to host|connection unexpectedly closed"
-)
+from sparkfleet.plan.model import Plan
+from sparkfleet.plan.staging import StagingStep
+from sparkfleet.plan.staging.sync import Sync
 
 
-@dataclass(frozen=True)
-class Endpoint:
-    """Where one side of a copy lives: a path on a node, reached by a transport."""
-
-    transport: Transport
-    path: str
-    # The address other nodes use to reach this node (its fabric IP) and the node's SSH settings,
-    # used when rsync runs on a source node and pushes here.
-    address: str | None = None
-    user: str | None = None
-    port: int | None = None
-
-    @property
-    def node(self) -> str:
-        return self.transport.node
-
-    @property
-    def local(self) -> bool:
-        """The path is on this machine (the transport says so)."""
-        return self.transport.capabilities.local
+def _endpoint(ctx: Context, node: str, path: str) -> Endpoint:
+    n = ctx.nodes()[node]
+    return Endpoint(ctx.transport(node), path, n.fabric_ip, n.user, n.ssh_port)
 
 
-class RsyncMissing(Exception):
-    """rsync is not installed on a node (the sync falls back to a tar stream)."""
-
-    def __init__(self, node: str) -> None:
-        super().__init__(node)
-        self.node = node
-
-
-@dataclass(frozen=True)
-class SyncReport:
-    """What one sync did to one node."""
-
-    node: str
-    method: str  # rsync | tar | none
-    files_total: int
-    files_sent: int
-    bytes_total: int
-    bytes_sent: int  # file data that crossed the wire (rsync's "Literal data")
-    seconds: float
-    note: str | None = None
-
-
-def transfer_list(snapshot: Snapshot, include: Sequence[str], exclude: Sequence[str]) -> tuple[list[str], int]:
-    """The paths (relative to the source root) one sync sends, and their bytes."""
-    kept = select(snapshot.files, include, exclude)
-    if not kept:
-        raise StagingError(snapshot.node, f"{snapshot.root}: no file matches include/exclude")
-    dangling = [f.path for f in kept if f.kind == "dangling"]
-    if dangling:
-        raise StagingError(snapshot.node, f"{snapshot.root}: broken links in the snapshot: {', '.join(dangling[:5])}")
-    if snapshot.layout != "hf":
-        return [f.path for f in kept], sum(f.size for f in kept)
-    prefix = f"snapshots/{snapshot.revision}/"
-    paths = [f"refs/{name}" for name, _ in snapshot.refs]
-    blobs: dict[str, int] = {}
-    total = 0
-    for f in kept:
-        paths.append(prefix + f.path)
-        if f.kind == "link" and f.blob:
-            blobs[f.blob] = f.size
-        elif f.kind == "file":
-            total += f.size
-    paths.extend(sorted(blobs))
-    return paths, total + sum(blobs.values())
-
-
-def _prepare(end: Endpoint) -> None:
-    """Create the destination folder."""
-    if end.local:
-        os.makedirs(end.path, exist_ok=True)
-        return
-    made = node_files.make_dir(end.transport, end.path)
-    if not made.ok:
-        raise StagingError(end.node, f"cannot create {end.path}: {made.tail()}")
-
-
-def _fallback_note(node: str) -> str:
-    return f"rsync is not installed on {node}: copied with a tar stream over SSH instead (whole files, no delta)"
-
-
-def _ssh_words(transport: Transport) -> list[str] | None:
-    """The ssh words of an SSH transport, ending with the host; None for other transports."""
-    words = transport.capabilities.ssh
-    return list(words) if words is not None else None
-
-
-_STAT_FIELDS = {
-    "files_sent": "Number of regular files transferred",
-    "files_total": "Number of files",
-    "bytes_total": "Total file size",
-    "literal": "Literal data",
-    "matched": "Matched data",
-    "sent": "Total bytes sent",
-}
-
-
-def parse_stats(text: str) -> dict[str, int]:
-    """The figures of ``rsync --stats`` (missing ones absent)."""
-    out: dict[str, int] = {}
-    for key, label in _STAT_FIELDS.items():
-        m = re.search(rf"^{re.escape(label)}: ([\d,.]+)", text, re.M)
-        if m:
-            out[key] = int(m.group(1).replace(",", "").split(".")[0])
-    return out
-
-
-def _rsync(source: Endpoint, target: Endpoint, names: list[str], on_bytes: BytesFn | None) -> dict[str, int]:
-    """Run one rsync from source to target; return its --stats figures."""
-    same_node = source.node == target.node
-    if source.local:
-        if target.local or same_node:
-            argv = node_files.rsync_argv(source.path, target.path, None)
-        else:
-            words = _ssh_words(target.transport)
-            if words is None:
-                raise StagingError(target.node, "sync needs an SSH (or local) transport to this node")
-            argv = node_files.rsync_argv(source.path, f"{words[-1]}:{target.path}", shlex.join(words[:-1]),
-                                         make_dest=target.path)  # fmt: skip
-        where = "controller"
+def run(ctx: Context, steps: Sequence[StagingStep]) -> list[SyncReport]:
+    entry = steps[0].entry
+    assert isinstance(entry, Sync) and ctx.plan is not None
+    if entry.source_node is not None:
+        src = next(s.src for s in steps if s.node == entry.source_node)
+        assert src is not None
+        source = _endpoint(ctx, entry.source_node, src)
     else:
-        if same_node:
-            inner = node_files.in_new_folder(target.path, node_files.rsync_argv(source.path, target.path, None))
+        assert entry.src is not None
+        source = Endpoint(controller(), entry.src)
+    python = ctx.python(entry.source_node) if entry.source_node else "python3"
+    snapshot = scan_node(source.transport, source.path, ctx.plan.revision, python=python)
+    kept = [f.path for f in select(snapshot.files, entry.include, entry.exclude)]
+    _, wanted = transfer_list(snapshot, entry.include, entry.exclude)
+    shared = _shared_storage(ctx, source, [_endpoint(ctx, s.node, s.dst) for s in steps])
+
+    def on_bytes(step: StagingStep, done: int) -> None:
+        if ctx.progress is not None:
+            ctx.progress(step, done, max(wanted, 1))
+
+    # A chain needs a source node that reaches the others over SSH, and two targets to gain anything.
+    chained = [
+        s for s in steps
+        if s.node not in shared and not (s.node == source.node and s.dst.rstrip("/") == source.path.rstrip("/"))
+    ]  # fmt: skip
+    piped: dict[str, SyncReport] = {}
+    if ctx.fanout == "pipeline" and entry.source_node is not None and ctx.method != "rsync" and len(chained) > 1:
+        by_node = {s.node: s for s in chained}
+        ends = [_endpoint(ctx, s.node, s.dst) for s in chained]
+        reports = pipeline(source, ends, snapshot, include=entry.include, exclude=entry.exclude,
+                           on_bytes=lambda node, done: on_bytes(by_node[node], done))  # fmt: skip
+        piped = {r.node: r for r in reports}
+
+    def one(step: StagingStep) -> tuple[SyncReport, Snapshot]:
+        target = _endpoint(ctx, step.node, step.dst)
+        if step.node in shared:
+            note = f"{step.dst} is the same storage as on {shared[step.node]}: nothing to copy"
+            report = SyncReport(step.node, "shared", len(kept), 0, wanted, 0, 0.0, note)
+        elif step.node in piped:
+            report = piped[step.node]
         else:
-            tgt_words = _ssh_words(target.transport) or []
-            candidates = [tgt_words[i + 1] for i, w in enumerate(tgt_words[:-1]) if w in ("-F", "-i")]
-            present = node_files.readable(source.transport, candidates)
-            address = target.address or (tgt_words[-1] if tgt_words else target.node)
-            inner = node_files.rsync_argv(
-                source.path,
-                f"{address}:{target.path}",
-                node_files.node_side_ssh(tgt_words, present),
-                make_dest=target.path,
-            )
-        argv = inner
-        where = source.node
-    if source.local and target.local:
-        os.makedirs(target.path, exist_ok=True)
-    # rsync runs where the source is: here for a controller path, on the source node otherwise.
-    try:
-        code, out, err = node_files.run_rsync(source.transport, argv, names, on_bytes)
-    except TransportError as exc:
-        if source.transport.capabilities.local:
-            raise StagingError("controller", f"{argv[0]} is not installed on this machine") from exc
-        raise StagingError(source.node, exc.detail) from exc
-    if code != 0 and _NOT_FOUND.search(err):
-        # 127 from the shell that ssh started on the runner: the runner lacks rsync; otherwise the
-        # receiving side's shell said so.
-        raise RsyncMissing(source.node if (code == 127 and not source.local) else target.node)
-    if code != 0:
-        raise StagingError(target.node, _rsync_failure(code, err, source, target, where))
-    return parse_stats(out)
+            report = sync_node(source, target, snapshot, include=entry.include, exclude=entry.exclude,
+                               method=ctx.method, on_bytes=partial(on_bytes, step))  # fmt: skip
+        # Read back what the node now holds, right after its own copy finished.
+        return report, check_copy(target.transport, target.path, snapshot, kept)
+
+    # Nodes on shared storage are read back only once the copies they share have finished.
+    done = ctx.parallel({s.node: partial(one, s) for s in steps if s.node not in shared})
+    done += ctx.parallel({s.node: partial(one, s) for s in steps if s.node in shared})
+    check_identity([copy for _, copy in done], reference=snapshot, include=entry.include, exclude=entry.exclude)
+    for report, _ in done:
+        if report.note and report.method == "tar":
+            ctx.note(report.node, report.note)
+    return [report for report, _ in done]
 
 
-def _rsync_failure(code: int, err: str, source: Endpoint, target: Endpoint, where: str) -> str:
-    tail = "\n".join(err.strip().splitlines()[-6:]) or "no output"
-    if "No space left on device" in err:
-        return f"disk full while syncing into {target.path}: {tail}"
-    if code < 0:
-        return f"rsync (on {where}) was killed by signal {-code}; run again to resume from the partial files"
-    if where != "controller" and (code == 255 or _SSH_FAIL.search(err)):
-        return (
-            f"{source.node} cannot reach {target.node} ({target.address}) over SSH to push the snapshot "
-            f"node to node: {tail}\nAuthorise {source.node}'s key on {target.node}, or sync from a path "
-            "on the controller (src without source_node)"
-        )
-    return f"rsync from {source.node}:{source.path} (run on {where}) exited {code}: {tail}"
+def _shared_storage(ctx: Context, source: Endpoint, targets: Sequence[Endpoint]) -> dict[str, str]:
+    """Targets whose destination is storage another party already writes (a NAS cache mounted at
+    the same path on several nodes, or the source's own folder): {node: the node holding it}.
 
-
-# ---- tar fallback: no rsync on one side ----
-
-
-def _stat(end: Endpoint, paths: list[str]) -> dict[str, tuple[int, int, str | None]]:
-    """{path: (size, mtime, link target or None)} for the paths that exist under end.path."""
-    if end.local:
-        os.makedirs(end.path, exist_ok=True)
-    result = node_files.stat_entries(end.transport, end.path, paths)
-    if not result.ok:
-        raise StagingError(end.node, f"cannot list {end.path}: {result.tail()}")
-    return node_files.parse_stat_entries(result.stdout)
-
-
-def _tar(source: Endpoint, target: Endpoint, files: list[str], on_bytes: BytesFn | None) -> tuple[int, int]:
-    """Stream the files whose size, mtime or link differ; return (files sent, bytes sent)."""
-    have = _stat(target, files)
-    want = _stat(source, files)
-    missing_src = [p for p in files if p not in want]
-    if missing_src:
-        raise StagingError(source.node, f"{source.path}: {missing_src[0]} vanished during the sync")
-    todo = [p for p in files if have.get(p) != want[p]]
-    if not todo:
-        return 0, 0
-    payload = sum(want[p][0] for p in todo if want[p][2] is None)
-    # Both ends through this machine: tar -c on the source, tar -x on the target, chunk by chunk.
-    reader = node_files.tar_out(source.transport, source.path)
-    writer = node_files.tar_in(target.transport, target.path)
-    reader.write(b"\0".join(p.encode() for p in todo) + b"\0")
-    reader.close_stdin()
-    moved = 0
-    try:
-        while chunk := reader.read(1 << 20):
-            writer.write(chunk)
-            moved += len(chunk)
-            if on_bytes is not None:
-                on_bytes(min(moved, payload))
-    except BrokenPipeError:
-        pass
-    finally:
-        writer.close_stdin()
-    rcode, wcode = reader.wait(), writer.wait()
-    if rcode != 0 or wcode != 0:
-        tail = (reader.errors() + writer.errors()).strip()[-800:]
-        raise StagingError(target.node, f"tar stream from {source.node}:{source.path} failed: {tail}")
-    return sum(1 for p in todo if want[p][2] is None), payload
-
-
-def sync_node(
-    source: Endpoint,
-    target: Endpoint,
-    snapshot: Snapshot,
-    *,
-    include: Sequence[str] = (),
-    exclude: Sequence[str] = (),
-    method: Method = "auto",
-    on_bytes: BytesFn | None = None,
-) -> SyncReport:
-    """Bring target's copy of the snapshot up to date with source's; return what moved."""
-    start = time.monotonic()
-    files, total = transfer_list(snapshot, include, exclude)
-    if source.node == target.node and source.path.rstrip("/") == target.path.rstrip("/"):
-        return SyncReport(target.node, "none", len(files), 0, total, 0, 0.0, "source and destination are one folder")
-    note = None
-    use = method
-    if use == "auto" and source.local and shutil.which("rsync") is None:
-        use, note = "tar", _fallback_note(source.node)
-    if use in ("auto", "rsync"):
+    Probed, not assumed: the same path on two nodes is often two local disks. A marker file is
+    written where the copy will go (or at the source) and looked for on the others.
+    """
+    by_path: dict[str, list[Endpoint]] = {}
+    for t in targets:
+        by_path.setdefault(t.path.rstrip("/"), []).append(t)
+    shared: dict[str, str] = {}
+    for path, group in by_path.items():
+        writer = source if source.path.rstrip("/") == path else group[0]
+        others = [t for t in group if t.node != writer.node]
+        if not others:
+            continue
+        marker = f"{path}/.sparkfleet-shared-{uuid.uuid4().hex}"
+        if not node_files.make_marker(writer.transport, path, marker):
+            continue  # cannot write there (read-only source): copy to every node
         try:
-            stats = _rsync(source, target, files, on_bytes)
-            use = "rsync"
-        except RsyncMissing as missing:
-            if use == "rsync":
-                raise StagingError(missing.node, "rsync is not installed on this node") from None
-            use, note = "tar", _fallback_note(missing.node)
-    if use == "rsync":
-        sent_files, sent = stats.get("files_sent", 0), stats.get("literal", 0)
-    else:
-        _prepare(target)
-        sent_files, sent = _tar(source, target, files, on_bytes)
-    if on_bytes is not None:
-        on_bytes(total)
-    return SyncReport(target.node, use, len(files), sent_files, total, sent, time.monotonic() - start, note)
+            jobs = {t.node: partial(node_files.exists, t.transport, marker) for t in others}
+            seen = dict(zip(jobs, ctx.parallel(jobs), strict=True))
+        finally:
+            node_files.remove(writer.transport, marker)
+        shared.update({node: writer.node for node, there in seen.items() if there})
+    return shared
+
+
+def verify_snapshots(plan: Plan, transports: Mapping[str, Transport]) -> tuple[Snapshot, ...]:
+    """Compare every node's copy of each ``sync`` entry's snapshot with the first node's (at the
+    recipe's pinned revision, else ``main``); a StagingError names the nodes and files that differ."""
+    ctx = Context(transports, plan)
+    out: list[Snapshot] = []
+    for step_id in dict.fromkeys(s.id for s in plan.staging if isinstance(s.entry, Sync)):
+        steps = [s for s in plan.staging if s.id == step_id]
+        found = ctx.parallel({s.node: partial(scan_node, ctx.transport(s.node), s.dst, plan.revision,
+                                              python=ctx.python(s.node)) for s in steps})  # fmt: skip
+        entry = steps[0].entry
+        assert isinstance(entry, Sync)
+        check_identity(found, include=entry.include, exclude=entry.exclude)
+        out.extend(found)
+    return tuple(out)
+
+
+RUNNER = Runner(Sync, "distribute", run)

@@ -1,6 +1,7 @@
 """Write synthetic safetensors checkpoints shaped like DeepSeek-V4.1-Flash's Engram shards.
 
-Used by the staging tests and benchmark (and handy for trying ``sparkfleet stage`` on a laptop):
+Used by the staging tests and benchmarks/staging_throughput.py (and handy for trying ``sparkfleet
+stage`` on a laptop):
 real safetensors files, F8 tables written with a hand-made header because the ``safetensors``
 package has no numpy dtype for F8_E4M3/F8_E8M0.
 """

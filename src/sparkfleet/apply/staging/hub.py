@@ -1,7 +1,6 @@
-"""From the Hub to the source node: the engine's files of the recipe's model, once.
-
-``fetch(plan, transports)`` runs nodes/shipped/hub_fetch.py on the plan's fetch node with that
-node's python (huggingface_hub's own client: resume, cache layout, auth) and returns what it did.
+"""The Hub fetch, controller side: the engine's files of the recipe's model onto the source node,
+once. It runs nodes/shipped/hub_fetch.py on the step's node with that node's python
+(huggingface_hub's own client: resume, cache layout, auth) and returns what it did.
 The token (the recipe's ``HF_TOKEN`` secret) and the job travel on stdin, never in argv; the
 Hub address is the controller's ``HF_ENDPOINT`` when set (a mirror), else the node's own.
 The other nodes then get the snapshot from that node (distribution), never from the Hub.
@@ -11,21 +10,22 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rich.console import Console
 from rich.table import Table
 
+from sparkfleet.apply.staging.base import Context, Runner
 from sparkfleet.config.secrets import redact
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes.ship import HUB_FETCH, stream_shipped
 from sparkfleet.nodes.shipped.hub_fetch import rules
-from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.plan.model import HubFetch, Plan
+from sparkfleet.plan.model import Plan
+from sparkfleet.plan.staging import StagingStep
+from sparkfleet.plan.staging.hub import Hub
 
 TOKEN_KEYS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
-BytesFn = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
@@ -53,25 +53,23 @@ def _token(plan: Plan) -> str | None:
     return next((env[k] for k in TOKEN_KEYS if env.get(k)), None)
 
 
-def fetch(plan: Plan, transports: Mapping[str, Transport], progress: BytesFn | None = None) -> HubReport | None:
-    """Bring the plan's model to its fetch node (nothing when the plan has no Hub model)."""
-    spec: HubFetch | None = plan.fetch
-    if spec is None:
-        return None
-    transport = transports.get(spec.node)
-    if transport is None:
-        raise StagingError(spec.node, "no transport for this node")
+def run(ctx: Context, steps: Sequence[StagingStep]) -> list[HubReport]:
+    """Bring the step's model to its node; the token (the plan's HF_TOKEN) travels on stdin."""
+    (step,) = steps
+    spec, plan = step.entry, ctx.plan
+    assert isinstance(spec, Hub) and plan is not None
+    ctx.say(f"fetching {spec.repo} from the Hub onto {step.node} (only what the engine loads)")
     token = _token(plan)
-    job = {"repo": spec.repo, "revision": spec.revision, "cache": spec.cache, "profile": list(spec.profile),
+    job = {"repo": spec.repo, "revision": spec.revision, "cache": spec.dst, "profile": list(spec.profile),
            "endpoint": os.environ.get("HF_ENDPOINT"), "token": token}  # fmt: skip
-    python = next(r.node.python for r in plan.ranks if r.node.name == spec.node)
+    transport, python = ctx.transport(step.node), ctx.python(step.node)
     stream = stream_shipped(transport, python, HUB_FETCH, (json.dumps(job) + "\n").encode())
     last = ""
     for line in stream:
         line = line.strip()
-        if line.startswith("P ") and progress is not None:
+        if line.startswith("P ") and ctx.progress is not None:
             done, total = line.split()[1:3]
-            progress(int(done), int(total))
+            ctx.progress(step, int(done), int(total))
         elif line:
             last = line
     code = stream.wait()
@@ -80,21 +78,31 @@ def fetch(plan: Plan, transports: Mapping[str, Transport], progress: BytesFn | N
         out = json.loads(last)
     except ValueError:
         tail = redact(stream.errors().strip()[-800:] or last, secrets)
-        raise StagingError(spec.node, f"fetching {spec.repo} from the Hub failed (exit {code}): {tail}") from None
+        raise StagingError(step.node, f"fetching {spec.repo} from the Hub failed (exit {code}): {tail}") from None
     if out.get("error"):
-        raise StagingError(spec.node, f"fetching {spec.repo} from the Hub: {redact(str(out['error']), secrets)}")
-    return HubReport(
-        node=spec.node, repo=spec.repo, commit=out["commit"],
+        raise StagingError(step.node, f"fetching {spec.repo} from the Hub: {redact(str(out['error']), secrets)}")
+    report = HubReport(
+        node=step.node, repo=spec.repo, commit=out["commit"],
         fetched=tuple((n, int(s)) for n, s in out["fetched"]), present=tuple(out["present"]),
         skipped=tuple((n, int(s), why) for n, s, why in out["skipped"]), bytes_fetched=int(out["bytes"]),
         asked_hub=bool(out["asked_hub"]), seconds=float(out.get("seconds", 0.0)),
         note=redact(out["note"], secrets) if out.get("note") else None,
     )  # fmt: skip
+    if report.note:
+        ctx.note(step.node, report.note)
+    ctx.say(f"from the Hub: {report.bytes_fetched:,} bytes; {len(report.skipped)} file(s) not fetched "
+            f"({report.bytes_skipped:,} bytes)")  # fmt: skip
+    return [report]
 
 
-def print_rules(spec: HubFetch, console: Console) -> None:
+RUNNER = Runner(Hub, "fetch", run)
+
+
+def print_rules(step: StagingStep, console: Console) -> None:
     """What ``plan`` shows of the fetch before the listing is known: its rules, with why."""
-    table = Table(title=f"from the Hub: {spec.repo}@{spec.revision or 'main'} onto {spec.node} ({spec.cache}), "
+    spec = step.entry
+    assert isinstance(spec, Hub)
+    table = Table(title=f"from the Hub: {spec.repo}@{spec.revision or 'main'} onto {step.node} ({spec.dst}), "
                   "unless already there", title_justify="left")  # fmt: skip
     for col in ("files", "", "why"):
         table.add_column(col)
