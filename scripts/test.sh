@@ -13,4 +13,5 @@ cd "$root"
 .venv/bin/ruff check src tests benchmarks
 .venv/bin/mypy
 .venv/bin/lint-imports
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# The 30 slowest tests are listed at the end: where CI's time goes.
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=30 "$@"
