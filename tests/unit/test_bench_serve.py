@@ -162,7 +162,11 @@ def test_sglang_log_lines_tell_the_running_count_when_metrics_do_not(tmp_path: P
     with ReplayServer(Script(base_ttft=0.01, itl=0.01, metrics=False)).running() as server:
 
         def write() -> None:
-            time.sleep(0.5)
+            # Once the bench sends (its log watch started before its first request): a fixed sleep
+            # raced the bench's own start on a loaded machine, and lines before the watch are ignored.
+            deadline = time.monotonic() + 30
+            while len(server.bodies) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
             with log.open("a") as fh:
                 fh.write(
                     "[2026-01-01 00:00:01 TP0] Prefill batch. #new-seq: 1, #new-token: 12, #cached-token: 0, "
