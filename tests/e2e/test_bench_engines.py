@@ -47,7 +47,7 @@ def test_decode_on_vllm_generates_exact_lengths_and_stores_everything(vllm_url: 
         "1,2",
         "--types",
         "prose,json",
-        "--tokens",
+        "--output-len",
         "16",
         "--repeats",
         "2",
@@ -97,7 +97,7 @@ def test_prefill_on_vllm_clips_to_context_and_nothing_is_cached(vllm_url: str, t
     ctx = httpx.get(f"{vllm_url}/v1/models", headers=VLLM_HEADERS).json()["data"][0]["max_model_len"]
     assert ctx < 64 * 1024
     # The key as the openai client takes it: OPENAI_API_KEY.
-    out = sparkfleet("bench", "prefill", vllm_url, "--lengths", "512,1k,64k", "--repeats", "2", state=tmp_path,
+    out = sparkfleet("bench", "prefill", vllm_url, "--input-len", "512,1k,64k", "--repeats", "2", state=tmp_path,
                      env={"OPENAI_API_KEY": VLLM_KEY})  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert f"exceed the context of {ctx} tokens" in out.stderr
@@ -139,7 +139,7 @@ def test_llama_cpp_python_without_stream_usage_is_refused_with_the_reason(llama_
         "1",
         "--types",
         "prose",
-        "--tokens",
+        "--output-len",
         "8",
         "--repeats",
         "1",
