@@ -106,7 +106,8 @@ def serve_cmd(
     formats = out_formats(out)
     if num_prompts is not None and duration is not None:
         raise BenchError("give --num-prompts or --duration, not both")
-    workload = WorkloadConfig(dataset=_dataset(dataset_name, dataset_path), input_len=Lengths.parse(input_len, "--input-len"),
+    workload = WorkloadConfig(dataset=_dataset(dataset_name, dataset_path),
+                              input_len=Lengths.parse(input_len, "--input-len"),
                               output_len=Lengths.parse(output_len, "--output-len"), prefix_len=prefix_len,
                               turns=turns)  # fmt: skip
     config = ServeConfig(

@@ -107,6 +107,8 @@ class EvalClient:
         except httpx.HTTPError as exc:
             return f"chat request failed ({exc})"
         if response.status_code != 200:
+            if refuses_chat(f"HTTP {response.status_code}: {response.text}"):
+                return f"chat returned HTTP {response.status_code}, no chat template ({HINT})"
             return f"chat returned HTTP {response.status_code} (no chat template?)"
         try:
             choice = response.json()["choices"][0]
