@@ -199,8 +199,9 @@ ExtraOpt = Annotated[
 ]
 OutOpt = Annotated[
     list[Path] | None,
-    typer.Option("--out", "-o", help="Also write the run to this file: .json (every request), .csv, .md or .png, "
-                 "by the suffix (repeatable); written also when the run stops part way."),
+    typer.Option("--out", "-o", metavar="FILE",
+                 help="Also write the run to this file: .json (every request), .csv, .md or .png, by the suffix "
+                 "(repeatable); written also when the run stops part way."),
 ]  # fmt: skip
 
 
@@ -479,7 +480,9 @@ def compare_cmd(
 def export_cmd(
     run: Annotated[str, typer.Argument(help="Run id, 'last' or 'last~N'.")],
     fmt_: Annotated[str, typer.Option("--format", "-f", help="json, csv, md or png.")] = "json",
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="File to write (default: stdout).")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", metavar="FILE", help="File to write (default: stdout).")
+    ] = None,
 ) -> None:
     """Export a run: JSON (vLLM key names where they exist), CSV, Markdown tables, or a PNG plot."""
     from sparkfleet.bench.store import BenchStore

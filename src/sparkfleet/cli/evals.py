@@ -32,7 +32,8 @@ TargetArg = Annotated[str, typer.Argument(help="Deployment name or server URL (h
 ModelOpt = Annotated[str | None, typer.Option(help="Model id, when the server serves several.")]
 LabelOpt = Annotated[str | None, typer.Option(help="A name for this run (default: the run id).")]
 OutOpt = Annotated[
-    list[Path] | None, typer.Option("--out", "-o", help="Also write the full result (JSON) to this file (repeatable).")
+    list[Path] | None,
+    typer.Option("--out", "-o", metavar="FILE", help="Also write the full result (JSON) to this file (repeatable)."),
 ]
 
 
@@ -259,8 +260,9 @@ def needle(
     as_json: JsonOpt = False,
     out: Annotated[
         list[Path] | None,
-        typer.Option("--out", "-o", help="Also write the result to this file: the heatmap for .png (needs "
-                     "matplotlib), else JSON (repeatable)."),
+        typer.Option("--out", "-o", metavar="FILE",
+                     help="Also write the result to this file: the heatmap for .png (needs matplotlib), else JSON "
+                     "(repeatable)."),
     ] = None,
 ) -> None:
     """Needle-in-a-haystack over a length x depth grid; exact-match scoring; effective length."""
