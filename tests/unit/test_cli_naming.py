@@ -212,3 +212,20 @@ def test_bench_json_is_the_run_alone_on_stdout_and_out_writes_the_same(
 def test_out_with_an_unknown_suffix_is_refused_before_any_request(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_main(capsys, "bench", "decode", "http://127.0.0.1:9", "--model", "m", "--out", "run.txt")
     assert code == 2 and "--out run.txt: give a .json, .csv, .md or .png file" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("plan", "examples/gemma-llamacpp", "--json"),
+        ("stage", "examples/gemma-llamacpp", "--json"),  # nothing to stage: [] on stdout, the words on stderr
+        ("status", "--json"),
+        ("gateway", "key", "list", "--json"),
+        ("gateway", "log", "--json"),
+    ],
+    ids=lambda a: " ".join(a[:3]),
+)
+def test_json_commands_print_json_alone_on_stdout(capsys: pytest.CaptureFixture[str], argv: tuple[str, ...]) -> None:
+    code, out, err = run_main(capsys, *argv)
+    assert code == 0, err
+    json.loads(out)
