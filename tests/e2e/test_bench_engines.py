@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sparkfleet.bench.chat_api import HINT, refuses_chat
 from sparkfleet.bench.client import RequestSpec, stream_request
 from sparkfleet.bench.store import BenchStore
 from sparkfleet.state.store import Store
@@ -36,6 +37,24 @@ def sparkfleet(*args: str, state: Path, env: dict[str, str] | None = None) -> su
         env=env,
         timeout=900,
     )
+
+
+def test_a_base_model_without_a_chat_template_is_one_line_naming_api_completions(vllm_url: str,
+                                                                                 tmp_path: Path) -> None:  # fmt: skip
+    # Gemma 3 270M's HF conversion carries no chat template: vLLM refuses chat with HTTP 400 ...
+    raw = httpx.post(f"{vllm_url}/v1/chat/completions", headers=VLLM_HEADERS, timeout=120,
+                     json={"model": "gemma3-270m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+    assert raw.status_code == 400 and refuses_chat(f"HTTP 400: {raw.text}"), raw.text
+    # ... and bench (default --api chat) stops in one line that names the way out.
+    key = ("--api-key", f"env:{VLLM_KEY_ENV}")
+    out = sparkfleet("bench", "decode", vllm_url, "--concurrency", "1", "--types", "prose", "--output-len", "4",
+                     "--repeats", "1", "--warmups", "0", *key, state=tmp_path)  # fmt: skip
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert out.returncode == 2 and len(errors) == 1 and errors[0].endswith(f"({HINT})"), out.stderr
+    # eval quality's --api auto takes the completions endpoint by itself.
+    out = sparkfleet("eval", "quality", vllm_url, "--only", "math_multiply", "--json", *key, state=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["prompt_format"].startswith("completions:")
 
 
 def test_decode_on_vllm_generates_exact_lengths_and_stores_everything(vllm_url: str, tmp_path: Path) -> None:
