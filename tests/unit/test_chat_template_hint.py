@@ -1,6 +1,6 @@
 """A base model without a chat template gets one line naming `--api completions` (bench/chat_api.py):
-llama-server's real answers for the Gemma 3 270M base GGUF (tests/fixtures/llama-server-gemma-base),
-and vLLM's and SGLang's HTTP 400 refusals, replayed to `bench decode|serve` and `eval quality`."""
+the real answers of llama-server and vLLM for Gemma 3 270M base (tests/fixtures/llama-server-gemma-base,
+tests/fixtures/vllm-gemma-base) and SGLang's refusal, replayed to `bench decode|serve` and `eval quality`."""
 
 from __future__ import annotations
 
@@ -16,11 +16,9 @@ from tests.replay_server import ReplayServer, Script
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 GEMMA = FIXTURES / "llama-server-gemma-base"
-# The messages the engines answer chat with when the tokenizer has no template (HTTP 400). vLLM
-# raises it from its chat-template resolution; SGLang passes on transformers' apply_chat_template error.
-VLLM_400 = {"error": {"message": "As of transformers v4.44, default chat template is no longer allowed, so you must "
-                                 "provide a chat template if the tokenizer does not define one.",
-                      "type": "BadRequestError", "param": None, "code": 400}}  # fmt: skip
+# vLLM 0.32.0's real answer (tests/fixtures/vllm-gemma-base); SGLang's passes on transformers'
+# apply_chat_template error (no SGLang was installed where these were captured: its text, not a capture).
+VLLM_400 = json.loads((FIXTURES / "vllm-gemma-base" / "chat.json").read_text())
 SGLANG_400 = {"object": "error", "message": "Cannot use chat template functions because tokenizer.chat_template is "
               "not set and no template argument was passed! For information about writing templates and setting "
               "the tokenizer.chat_template attribute, please see the documentation at "
@@ -47,6 +45,7 @@ def test_llama_server_props_tell_a_gguf_without_a_template() -> None:
 
 
 def test_refusals_of_chat_are_told_from_other_errors() -> None:
+    assert (FIXTURES / "vllm-gemma-base" / "chat.status").read_text().strip() == "400"
     assert refuses_chat(f"HTTP 400: {VLLM_400['error']['message']}")
     assert refuses_chat(f"HTTP 400: {SGLANG_400['message']}")
     assert not refuses_chat("HTTP 400: max_tokens must be at least 1")
