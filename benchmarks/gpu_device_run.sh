@@ -147,11 +147,11 @@ step status sf status "$NAME" --json >"$CAP/status.json"
 cat "$CAP/status.json"
 step streams "$PY" "$HERE/gpu_run/capture.py" streams "$URL" "$MODEL_NAME" "$CAP"
 
-decode=(--concurrency 1,4 --tokens 256 --repeats 3)
-prefill=(--lengths 1k,4k,8k,16k --repeats 2)
+decode=(--concurrency 1,4 --output-len 256 --repeats 3)
+prefill=(--input-len 1k,4k,8k,16k --repeats 2)
 if [ "${SPARKFLEET_GPU_QUICK:-0}" = 1 ]; then
-  decode=(--concurrency 1,4 --types prose --tokens 32 --repeats 1)
-  prefill=(--lengths 1k --repeats 1)
+  decode=(--concurrency 1,4 --types prose --output-len 32 --repeats 1)
+  prefill=(--input-len 1k --repeats 1)
 fi
 # Inside the device call's 10 minutes whatever happens: a stopped bench keeps what it measured.
 step bench-decode timeout "$(left 300)" "$PY" -m sparkfleet.cli.main bench decode "$NAME" "${decode[@]}" --timeout 120 \

@@ -59,7 +59,7 @@ sets=(--set "model=$WORK/models" --set "model_file=$MODEL_FILE" --set "entrypoin
   --set 'verify.expect=["model loaded", "listening on http://"]'
   --set 'args=["-ngl", "999", "-np", "4", "-c", "65536", "-fa", "on", "--metrics"]')
 # (this llama.cpp logs "llama_server: model loaded" / "listening on", b4747 "main: …"; -fa takes a value)
-decode=(--concurrency 1,4 --types prose --tokens 256 --repeats 3 --timeout 120)
+decode=(--concurrency 1,4 --types prose --output-len 256 --repeats 3 --timeout 120)
 
 say "A: one rank, direct and through the gateway"
 # The random-weights model repeats one token (make_gguf.py): the loop abort would rightly stop

@@ -50,6 +50,8 @@ class Script:
     tokenize: bool = True  # False: no /tokenize route, like servers without one
     metrics: bool = True  # False: no /metrics route
     pattern: tuple[str, ...] = ()  # token i's text is pattern[i % len] (a loop, for the gateway); () = " t{i}"
+    props: dict[str, Any] | None = None  # GET /props answers this (llama-server's route), when set
+    error_body: Any = None  # the body of a scripted failure (default: an OpenAI error object)
 
 
 def prompt_text(body: dict[str, Any]) -> str:
@@ -115,6 +117,8 @@ class ReplayServer:
             await self._json(writer, 200, {"version": "replay-1"})
         elif method == "GET" and path == "/metrics" and script.metrics:
             await self._text(writer, 200, self.prometheus())
+        elif method == "GET" and path == "/props" and script.props is not None:
+            await self._json(writer, 200, script.props)
         elif method == "GET" and path == "/health":
             await self._json(writer, 200, {})
         elif method == "POST" and path == "/tokenize" and script.tokenize:
@@ -176,7 +180,8 @@ class ReplayServer:
     async def _stream(self, writer: asyncio.StreamWriter, body: dict[str, Any], chat: bool) -> None:
         script = self._script_for(body)
         if script.status != 200:
-            await self._json(writer, script.status, {"error": {"message": "scripted failure"}})
+            failure = script.error_body if script.error_body is not None else {"error": {"message": "scripted failure"}}
+            await self._json(writer, script.status, failure)
             return
         prompt = prompt_text(body)
         prompt_tokens = len(prompt) // 4

@@ -129,8 +129,8 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
     for label, script in (("fast", Script(base_ttft=0.02, itl=0.02)), ("slow", Script(base_ttft=0.04, itl=0.04))):
         with ReplayServer(script).running() as srv:
             cli(state, "bench", "decode", srv.url, "--concurrency", "1,2,4", "--types", "prose,code",
-                "--tokens", "16", "--repeats", "2", "--warmups", "0", "--label", label)  # fmt: skip
-            cli(state, "bench", "prefill", srv.url, "--lengths", "256,512,1024", "--repeats", "1",
+                "--output-len", "16", "--repeats", "2", "--warmups", "0", "--label", label)  # fmt: skip
+            cli(state, "bench", "prefill", srv.url, "--input-len", "256,512,1024", "--repeats", "1",
                 "--overhead-samples", "1", "--label", label)  # fmt: skip
     stack = ExitStack()
     endpoints: dict[str, str] = {}
@@ -147,7 +147,7 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
         for name, endpoint in endpoints.items():
             cli(state, "eval", "quality", endpoint, "--api", "completions", "--categories", QUALITY_CATEGORIES,
                 "--label", f"answers-{ANSWERS[name]}")  # fmt: skip
-        cli(state, "eval", "needle", endpoints[STAND_A], "--lengths", "256,512,1024", "--depths", "0,50,100",
+        cli(state, "eval", "needle", endpoints[STAND_A], "--input-len", "256,512,1024", "--depths", "0,50,100",
             "--seed", "3", "--label", "needle-standin")  # fmt: skip
         cli(state, "doctor")
         if fleet is not None:

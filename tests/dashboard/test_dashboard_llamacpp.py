@@ -44,7 +44,7 @@ def llama_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
         for api in ("chat", "completions"):
             cli(state, "eval", "quality", NAME, "--only", TASKS, "--api", api, "--label", f"gemma-{api}",
                 "--timeout", "120", timeout=600)  # fmt: skip
-        cli(state, "eval", "needle", NAME, "--lengths", "256", "--depths", "0,100", "--seed", "5",
+        cli(state, "eval", "needle", NAME, "--input-len", "256", "--depths", "0,100", "--seed", "5",
             "--label", "gemma-needle", timeout=600)  # fmt: skip
         proc, url = start_dashboard(state)
         yield state, url

@@ -57,7 +57,7 @@ def _ab(recipe: Path, tmp_path: Path, pair: str, rounds: int) -> dict:
     out = subprocess.run(
         [sys.executable, "-m", "sparkfleet.cli.main", "ab", str(recipe), "--variants", pair, "--name", name,
          "--rounds", str(rounds), "--bench", "none", "--eval", "quality", "--only", TASKS,
-         "--set", f"port={port}", "--set", f"rendezvous_port={rpc}", "--json", str(report)],
+         "--set", f"port={port}", "--set", f"rendezvous_port={rpc}", "--out", str(report)],
         capture_output=True, text=True, timeout=600,
         env={**os.environ, "SPARKFLEET_STATE_DIR": str(tmp_path / "state")},
     )  # fmt: skip

@@ -36,8 +36,8 @@ def _cli(state: Path, *args: str, stdin: str | None = None, env: dict[str, str] 
 @pytest.mark.parametrize(
     "command",
     [
-        ("bench", "decode", "--concurrency", "1", "--tokens", "4", "--repeats", "1"),
-        ("bench", "serve", "--requests", "2", "--output-len", "4"),
+        ("bench", "decode", "--concurrency", "1", "--output-len", "4", "--repeats", "1"),
+        ("bench", "serve", "--num-prompts", "2", "--output-len", "4"),
         ("eval", "quality", "--only", SUBSET),
     ],
     ids=["bench-decode", "bench-serve", "eval-quality"],
@@ -66,7 +66,7 @@ def test_a_wrong_key_is_named_as_refused(vllm_url: str, tmp_path: Path) -> None:
 
 def test_bench_by_name_uses_the_deployments_own_key_and_keeps_it_nowhere(vllm_server: Served) -> None:
     # No flag, no OPENAI_API_KEY: the key rank 0 was started with, read back from its env file.
-    out = _cli(vllm_server.state_dir, "bench", "decode", vllm_server.name, "--concurrency", "1", "--tokens", "8",
+    out = _cli(vllm_server.state_dir, "bench", "decode", vllm_server.name, "--concurrency", "1", "--output-len", "8",
                "--repeats", "1", "--api", "completions", "--label", "keyed")  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "prose/c1" in out.stdout
@@ -98,10 +98,10 @@ def test_ab_of_a_keyed_vllm_recipe_benches_each_variant_with_its_key(tmp_path: P
         port, rendezvous = free_ports(2)
         report_file = tmp_path / "report.json"
         out = _cli(tmp_path / "state", "ab", str(recipe), "--variants", "base,short-context", "--rounds", "1",
-                   "--bench", "decode", "--concurrency", "1", "--tokens", "8", "--repeats", "1", "--warmups", "0",
+                   "--bench", "decode", "--concurrency", "1", "--output-len", "8", "--repeats", "1", "--warmups", "0",
                    "--api", "completions", "--cluster", str(fleet.cluster_file), "--name", name,
                    "--set", f"port={port}", "--set", f"rendezvous_port={rendezvous}", "--env", "VLLM_API_KEY",
-                   "--json", str(report_file), env={"VLLM_API_KEY": VLLM_KEY})  # fmt: skip
+                   "--out", str(report_file), env={"VLLM_API_KEY": VLLM_KEY})  # fmt: skip
         assert out.returncode == 0, out.stderr[-3000:]
         assert leftover_processes(name) == []
     report = json.loads(report_file.read_text())

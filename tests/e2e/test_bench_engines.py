@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sparkfleet.bench.chat_api import HINT, refuses_chat
 from sparkfleet.bench.client import RequestSpec, stream_request
 from sparkfleet.bench.store import BenchStore
 from sparkfleet.state.store import Store
@@ -38,6 +39,24 @@ def sparkfleet(*args: str, state: Path, env: dict[str, str] | None = None) -> su
     )
 
 
+def test_a_base_model_without_a_chat_template_is_one_line_naming_api_completions(vllm_url: str,
+                                                                                 tmp_path: Path) -> None:  # fmt: skip
+    # Gemma 3 270M's HF conversion carries no chat template: vLLM refuses chat with HTTP 400 ...
+    raw = httpx.post(f"{vllm_url}/v1/chat/completions", headers=VLLM_HEADERS, timeout=120,
+                     json={"model": "gemma3-270m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+    assert raw.status_code == 400 and refuses_chat(f"HTTP 400: {raw.text}"), raw.text
+    # ... and bench (default --api chat) stops in one line that names the way out.
+    key = ("--api-key", f"env:{VLLM_KEY_ENV}")
+    out = sparkfleet("bench", "decode", vllm_url, "--concurrency", "1", "--types", "prose", "--output-len", "4",
+                     "--repeats", "1", "--warmups", "0", *key, state=tmp_path)  # fmt: skip
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert out.returncode == 2 and len(errors) == 1 and errors[0].endswith(f"({HINT})"), out.stderr
+    # eval quality's --api auto takes the completions endpoint by itself.
+    out = sparkfleet("eval", "quality", vllm_url, "--only", "math_multiply", "--json", *key, state=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["prompt_format"].startswith("completions:")
+
+
 def test_decode_on_vllm_generates_exact_lengths_and_stores_everything(vllm_url: str, tmp_path: Path) -> None:
     out = sparkfleet(
         "bench",
@@ -47,7 +66,7 @@ def test_decode_on_vllm_generates_exact_lengths_and_stores_everything(vllm_url: 
         "1,2",
         "--types",
         "prose,json",
-        "--tokens",
+        "--output-len",
         "16",
         "--repeats",
         "2",
@@ -97,7 +116,7 @@ def test_prefill_on_vllm_clips_to_context_and_nothing_is_cached(vllm_url: str, t
     ctx = httpx.get(f"{vllm_url}/v1/models", headers=VLLM_HEADERS).json()["data"][0]["max_model_len"]
     assert ctx < 64 * 1024
     # The key as the openai client takes it: OPENAI_API_KEY.
-    out = sparkfleet("bench", "prefill", vllm_url, "--lengths", "512,1k,64k", "--repeats", "2", state=tmp_path,
+    out = sparkfleet("bench", "prefill", vllm_url, "--input-len", "512,1k,64k", "--repeats", "2", state=tmp_path,
                      env={"OPENAI_API_KEY": VLLM_KEY})  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert f"exceed the context of {ctx} tokens" in out.stderr
@@ -139,7 +158,7 @@ def test_llama_cpp_python_without_stream_usage_is_refused_with_the_reason(llama_
         "1",
         "--types",
         "prose",
-        "--tokens",
+        "--output-len",
         "8",
         "--repeats",
         "1",

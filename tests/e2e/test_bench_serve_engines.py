@@ -23,9 +23,9 @@ def test_serve_on_vllm_reads_its_metrics_and_cached_prefix(vllm_url: str, tmp_pa
     key_file.write_text(VLLM_KEY + "\n")
     out = subprocess.run(
         [sys.executable, "-m", "sparkfleet.cli.main", "bench", "serve", vllm_url, "--request-rate", "2",
-         "--requests", "8", "--discard-runs", "1", "--dataset", "prefix", "--prefix-len", "256",
-         "--input-len", "32", "--output-len", "8", "--api", "completions", "--slo", "ttft=30s",
-         "--json", str(tmp_path / "run.json"), "--api-key", f"file:{key_file}"],
+         "--num-prompts", "8", "--discard-runs", "1", "--dataset-name", "prefix", "--prefix-len", "256",
+         "--input-len", "32", "--output-len", "8", "--api", "completions", "--goodput", "ttft=30s",
+         "--out", str(tmp_path / "run.json"), "--api-key", f"file:{key_file}"],
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr

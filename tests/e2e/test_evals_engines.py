@@ -55,7 +55,7 @@ def test_quality_subset_on_llamacpp_scores_and_compares_with_itself(
 @pytest.mark.slow
 def test_full_quality_run_on_llamacpp(llama_url: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out_json = tmp_path / "full.json"
-    out = _cli(["eval", "quality", llama_url, "--label", "llama-full", "--json", str(out_json)], capsys)
+    out = _cli(["eval", "quality", llama_url, "--label", "llama-full", "--out", str(out_json)], capsys)
     data = json.loads(out_json.read_text())
     assert data["summary"]["total"] == len(load_tasks())
     assert f"/{len(load_tasks())} passed" in out
@@ -70,11 +70,11 @@ def test_needle_grid_on_llamacpp(llama_url: str, capsys: pytest.CaptureFixture[s
             "eval",
             "needle",
             llama_url,
-            "--lengths",
+            "--input-len",
             "512,1024",
             "--depths",
             "0,50,100",
-            "--png",
+            "--out",
             str(png),
             "--label",
             "needle-small",

@@ -74,7 +74,7 @@ def _ours(name: str) -> list[str]:
 
 def _bench_decode(state: Path, name: str, label: str) -> list[object]:
     ok(cli_at(state, "bench", "decode", name, "--api", "completions", "--concurrency", "1,2", "--types", "prose",
-             "--tokens", "16", "--repeats", "2", "--warmup-tokens", "4", "--label", label))  # fmt: skip
+             "--output-len", "16", "--repeats", "2", "--warmup-tokens", "4", "--label", label))  # fmt: skip
     bench = BenchStore(Store(state / "state.db"))
     run = next(r for r in bench.list_runs() if r.label == label)
     assert run.status == "complete" and run.engine == "llama-cpp", run
@@ -102,8 +102,16 @@ def test_native_llama_server_serves_benches_evals_and_goes_down(tmp_path: Path) 
         assert _ours(name) and all(p.startswith("llama-server[") for p in _ours(name))
 
         _bench_decode(state, name, "native-decode")
+        # The Gemma GGUF carries no chat template: llama-server frames chat in its ChatML fallback,
+        # and bench says so in one line naming --api completions; --json keeps stdout for the run.
+        chat = cli_at(state, "bench", "decode", name, "--concurrency", "1", "--types", "prose", "--output-len", "4",
+                      "--repeats", "1", "--warmups", "0", "--json")  # fmt: skip
+        assert chat.returncode == 0, chat.stderr[-3000:]
+        hints = [line for line in chat.stderr.splitlines() if "--api completions" in line]
+        assert len(hints) == 1 and "has no chat template of its own" in hints[0], chat.stderr[-3000:]
+        assert json.loads(chat.stdout)["run"]["kind"] == "decode"
 
-        serve = ["--request-rate", "8", "--requests", "8", "--input-len", "64", "--output-len", "16"]
+        serve = ["--request-rate", "8", "--num-prompts", "8", "--input-len", "64", "--output-len", "16"]
         ok(cli_at(state, "bench", "serve", name, "--api", "completions", *serve, "--discard-runs", "0",
                  "--label", "native-serve"))  # fmt: skip
         bench = BenchStore(Store(state / "state.db"))

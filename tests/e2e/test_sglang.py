@@ -58,7 +58,7 @@ def test_sglang_one_node_serves_benches_evals_and_goes_down(tmp_path: Path) -> N
         assert httpx.get(f"{endpoint}/v1/models", timeout=10).json()["data"][0]["id"] == "gemma3-270m"
 
         ok(cli_at(state, "bench", "decode", name, "--api", "completions", "--concurrency", "1,2", "--types", "prose",
-                 "--tokens", "16", "--repeats", "2", "--warmup-tokens", "4", "--label", "sgl-decode"))  # fmt: skip
+                 "--output-len", "16", "--repeats", "2", "--warmup-tokens", "4", "--label", "sgl-decode"))  # fmt: skip
         bench = BenchStore(Store(state / "state.db"))
         run = next(r for r in bench.list_runs() if r.label == "sgl-decode")
         assert run.status == "complete" and run.engine == "sglang" and run.engine_version == "0.5.23"
@@ -69,7 +69,7 @@ def test_sglang_one_node_serves_benches_evals_and_goes_down(tmp_path: Path) -> N
             # SGLang's stream carries usage: the counts are the server's, exactly as asked.
             assert sample.requests and all(r.completion_tokens == 16 for r in sample.requests)
 
-        prefill = ok(cli_at(state, "bench", "prefill", name, "--lengths", "256", "--repeats", "2",
+        prefill = ok(cli_at(state, "bench", "prefill", name, "--input-len", "256", "--repeats", "2",
                            "--label", "sgl-prefill"))  # fmt: skip
         assert "prefill" in prefill
         run = next(r for r in bench.list_runs() if r.label == "sgl-prefill")

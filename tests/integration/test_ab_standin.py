@@ -38,7 +38,8 @@ def _ab(tmp_path: Path, name: str, pair: str) -> tuple[dict, subprocess.Complete
     report = tmp_path / f"{name}.json"
     out = subprocess.run(
         [sys.executable, "-m", "sparkfleet.cli.main", "ab", str(folder), "--variants", pair, "--name", name,
-         "--rounds", "2", "--tokens", "24", "--repeats", "3", "--json", str(report), "--md", str(tmp_path / "r.md")],
+         "--rounds", "2", "--output-len", "24", "--repeats", "3", "--out", str(report),
+         "--out", str(tmp_path / "r.md")],
         capture_output=True, text=True, timeout=300,
         env={**os.environ, "SPARKFLEET_STATE_DIR": str(tmp_path / "state")},
     )  # fmt: skip

@@ -185,7 +185,7 @@ def test_a_server_that_fails_mid_run_keeps_the_earlier_tiers(tmp_path: Path) -> 
                 "1,2",
                 "--types",
                 "prose",
-                "--tokens",
+                "--output-len",
                 "8",
                 "--repeats",
                 "1",
@@ -231,7 +231,7 @@ def test_ctrl_c_keeps_partial_results(tmp_path: Path) -> None:
                 "1,2",
                 "--types",
                 "prose",
-                "--tokens",
+                "--output-len",
                 "10",
                 "--repeats",
                 "6",  # long enough that the interrupt lands mid-run even on a slow machine

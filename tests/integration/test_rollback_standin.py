@@ -94,7 +94,7 @@ def test_ctrl_c_takes_the_running_variant_down_and_keeps_finished_rounds(tmp_pat
     recipe = _recipe(tmp_path, name)
     proc = subprocess.Popen(
         [sys.executable, "-m", "sparkfleet.cli.main", "ab", str(recipe), "--variants", "base,fast", "--name", name,
-         "--rounds", "5", "--tokens", "64", "--repeats", "3"],
+         "--rounds", "5", "--output-len", "64", "--repeats", "3"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "SPARKFLEET_STATE_DIR": str(state)},
     )  # fmt: skip

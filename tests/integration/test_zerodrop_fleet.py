@@ -232,7 +232,7 @@ def test_an_ab_night_behind_the_gateway_loses_no_request(tmp_path: Path) -> None
     recipe = standin_recipe(tmp_path / "ab", nodes=1, port=free_port(), env={"STANDIN_HEAD_DELAY": "2"})
     with (recipe / "recipe.toml").open("a") as fh:
         fh.write(VARIANTS)
-    argv = ["ab", str(recipe), "--variants", "base,fast", "--name", name, "--rounds", "2", "--tokens", "16",
+    argv = ["ab", str(recipe), "--variants", "base,fast", "--name", name, "--rounds", "2", "--output-len", "16",
             "--repeats", "2"]  # fmt: skip
     with gateway(state) as gw:
         with (tmp_path / "ab.out").open("w") as out:

@@ -144,9 +144,9 @@ def test_strict_aborts_on_foreign_traffic_and_keeps_what_was_measured(
 ) -> None:
     with ReplayServer(Script(base_ttft=0.01, itl=0.01)).running() as server:
         injector = _foreign(server, 0.3, 2)
-        code, _, err = run_main(capsys, "bench", "serve", server.url, "--request-rate", "10,20", "--requests", "20",
+        code, _, err = run_main(capsys, "bench", "serve", server.url, "--request-rate", "10,20", "--num-prompts", "20",
                                 "--discard-runs", "0", "--api", "completions", "--strict",
-                                "--json", str(tmp_path / "run.json"))  # fmt: skip
+                                "--out", str(tmp_path / "run.json"))  # fmt: skip
         injector.join()
     assert code == 2
     assert "foreign traffic in the window" in err and "--strict" in err and "Traceback" not in err
@@ -265,10 +265,10 @@ def test_cli_sweep_tables_exports_compare_and_plot(
     fast: ReplayServer, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("COLUMNS", "220")
-    args = ("bench", "serve", fast.url, "--request-rate", "10,inf", "--requests", "20", "--discard-runs", "1",
+    args = ("bench", "serve", fast.url, "--request-rate", "10,inf", "--num-prompts", "20", "--discard-runs", "1",
             "--input-len", "16:48", "--output-len", "4", "--api", "completions", "--max-concurrency", "4",
-            "--slo", "ttft=2s,tpot=100ms,e2e=5000")  # fmt: skip
-    code, out, err = run_main(capsys, *args, "--json", str(tmp_path / "a.json"))
+            "--goodput", "ttft=2s,tpot=100ms,e2e=5000")  # fmt: skip
+    code, out, err = run_main(capsys, *args, "--out", str(tmp_path / "a.json"))
     assert code == 0, err
     assert "10/s" in out and "inf/s" in out and "goodput" in out and "discarded" not in out
     doc = json.loads((tmp_path / "a.json").read_text())
@@ -300,13 +300,14 @@ def test_cli_sweep_tables_exports_compare_and_plot(
     [
         (("--request-rate", "0"), "--request-rate"),
         (("--request-rate", "fast"), "--request-rate"),
-        (("--slo", "ttft=soon"), "--slo"),
-        (("--slo", "latency=1s"), "--slo"),
+        (("--goodput", "ttft=soon"), "--goodput"),
+        (("--goodput", "latency=1s"), "--goodput"),
         (("--burstiness", "-1"), "--burstiness"),
         (("--input-len", "512:128"), "--input-len"),
-        (("--requests", "10", "--duration", "5"), "--duration"),
-        (("--dataset", "nope"), "--dataset"),
-        (("--dataset", "missing.jsonl"), "--dataset"),
+        (("--num-prompts", "10", "--duration", "5"), "--duration"),
+        (("--dataset-name", "nope"), "--dataset-name"),
+        (("--dataset-path", "missing.jsonl"), "--dataset-path"),
+        (("--dataset-name", "custom"), "--dataset-path"),
         (("--request-rate", "inf", "--duration", "5"), "--max-concurrency"),
     ],
 )

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from sparkfleet.bench.chat_api import HINT, refuses_chat
 from sparkfleet.bench.client import NO_USAGE_ERROR, Api, RequestRecord, RequestSpec, check_api, stream_request
 from sparkfleet.bench.corpus import PROMPT_TYPES, decode_prompt
 from sparkfleet.bench.endpoint import Endpoint
@@ -50,7 +51,7 @@ class DecodeConfig:
         if not self.concurrency or any(c < 1 for c in self.concurrency):
             raise BenchError("concurrency tiers must be positive integers, e.g. 1,2,4,8,16")
         if self.new_tokens < 2:
-            raise BenchError("--tokens must be at least 2 (decode speed needs two tokens)")
+            raise BenchError("--output-len must be at least 2 (decode speed needs two tokens)")
         if self.repeats < 1 or self.waves < 1 or self.warmups < 0:
             raise BenchError("--repeats and --waves must be at least 1, --warmups at least 0")
         check_api(self.api)
@@ -126,11 +127,8 @@ async def probe_exact_length(client: httpx.AsyncClient, endpoint: Endpoint, conf
         exact = ExactLength(True, params, "")
         spec = _spec(config, endpoint, PROBE_PROMPT, PROBE_TOKENS, exact)
         rec = await stream_request(client, endpoint.base_url, endpoint.model, spec)
-        if rec.error and "chat template" in rec.error and config.api == "chat":
-            raise BenchError(
-                f"endpoint {endpoint.base_url} cannot chat with {endpoint.model}: {rec.error} "
-                "(a base model without a chat template: use --api completions)"
-            )
+        if config.api == "chat" and refuses_chat(rec.error):
+            raise BenchError(f"endpoint {endpoint.base_url} cannot chat with {endpoint.model}: {rec.error} ({HINT})")
         if rec.error and rec.error.startswith("HTTP 4") and params:
             last_error = rec.error
             continue  # the engine refuses one of the knobs: try with fewer

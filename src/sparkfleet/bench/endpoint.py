@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from sparkfleet.bench.auth import HINT
+from sparkfleet.bench.chat_api import has_own_template
 from sparkfleet.config.secrets import ENGINE_KEY_ENV, auth_headers
 from sparkfleet.errors import BenchError
 from sparkfleet.plan.flags import flag_value, has_flag
@@ -39,6 +40,8 @@ class Endpoint:
     # Deployment facts for the stored record: recipe, nodes, parallelism, flags.
     meta: Mapping[str, Any] = field(default_factory=dict)
     api_key: str | None = field(default=None, repr=False, compare=False)  # never stored, never shown
+    # False: the server frames chat in a template the model does not carry (bench.chat_api).
+    chat_template: bool | None = None
 
     def headers(self) -> dict[str, str]:
         """What every request to the server carries (the key, when there is one)."""
@@ -176,6 +179,7 @@ def resolve_endpoint(
         card = _pick(cards, model, base_url)
         engine, version = detect_engine(client, base_url, card)
         ctx = max_model_len or _context_length(client, base_url, card, engine)
+        own = has_own_template(_get_json(client, f"{base_url}/props")) if engine == "llama-cpp" else None
     return Endpoint(
         base_url=base_url,
         model=str(card.get("id") or model),
@@ -185,6 +189,7 @@ def resolve_endpoint(
         max_model_len=ctx,
         meta=meta,
         api_key=api_key,
+        chat_template=own,
     )
 
 

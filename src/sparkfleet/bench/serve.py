@@ -74,9 +74,9 @@ class ServeConfig:
         for rate in self.rates:
             Arrivals(rate, self.burstiness)
         if (self.requests is None) == (self.duration is None):
-            raise BenchError("give one of --requests N or --duration S")
+            raise BenchError("give one of --num-prompts N or --duration S")
         if self.requests is not None and self.requests < 1:
-            raise BenchError("--requests must be at least 1")
+            raise BenchError("--num-prompts must be at least 1")
         if self.duration is not None and not self.duration > 0:
             raise BenchError("--duration must be a positive number of seconds")
         if self.max_concurrency is not None and self.max_concurrency < 1:
@@ -87,9 +87,9 @@ class ServeConfig:
             raise BenchError("--repeats must be at least 1 and --discard-runs at least 0")
         check_api(self.api)
         if self.workload.dataset == "multiturn" and self.workload.turns < 2:
-            raise BenchError("--dataset multiturn needs --turns 2 or more")
+            raise BenchError("--dataset-name multiturn needs --turns 2 or more")
         if self.workload.dataset.endswith((".jsonl", ".json")) and not os.path.isfile(self.workload.dataset):
-            raise BenchError(f"--dataset {self.workload.dataset}: no such file")
+            raise BenchError(f"--dataset-path {self.workload.dataset}: no such file")
         if self.engine_log is not None and not os.path.isfile(self.engine_log):
             raise BenchError(f"--engine-log {self.engine_log}: no such file")
 

@@ -273,24 +273,24 @@ class SLO:
 
     @classmethod
     def parse(cls, text: str | None) -> SLO | None:
-        """``ttft=500ms,tpot=50,e2e=10s`` → an SLO in seconds; a bare number is milliseconds (as
-        vLLM's); BenchError naming ``--slo`` otherwise."""
+        """``ttft=500ms,tpot=50,e2e=10s`` (or vLLM's ``ttft:500 tpot:50 e2el:10000``) → an SLO in
+        seconds; a bare number is milliseconds (as vLLM's); BenchError naming ``--goodput`` otherwise."""
         if not text:
             return None
         targets: dict[str, float] = {}
-        for part in text.split(","):
-            key, eq, value = part.strip().partition("=")
+        for part in text.replace(",", " ").split():
+            key, eq, value = part.partition("=") if "=" in part else part.partition(":")
             key = key.strip().lower()
             if not eq or key not in _SLO_KEYS:
-                raise BenchError(f"bad --slo {part.strip()!r}: use ttft=…,tpot=…,e2e=… (ms, or with an s or ms unit)")
+                raise BenchError(f"bad --goodput {part!r}: use ttft=…,tpot=…,e2e=… (ms, or with an s or ms unit)")
             value = value.strip().lower()
             scale = 1.0 if value.endswith("s") and not value.endswith("ms") else 1e-3
             try:
                 seconds = float(value.removesuffix("ms").removesuffix("s")) * scale
             except ValueError:
-                raise BenchError(f"bad --slo {part.strip()!r}: {value!r} is not a time such as 500ms or 2s") from None
+                raise BenchError(f"bad --goodput {part!r}: {value!r} is not a time such as 500ms or 2s") from None
             if not seconds > 0 or math.isinf(seconds):
-                raise BenchError(f"bad --slo {part.strip()!r}: targets must be positive")
+                raise BenchError(f"bad --goodput {part!r}: targets must be positive")
             targets[_SLO_KEYS[key]] = seconds
         return cls(**targets)
 

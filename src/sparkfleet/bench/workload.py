@@ -120,7 +120,8 @@ class WorkloadConfig:
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS and not self.dataset.endswith((".jsonl", ".json")):
-            raise BenchError(f"unknown --dataset {self.dataset!r}: choose {', '.join(DATASETS)} or a .jsonl file")
+            raise BenchError(f"unknown --dataset-name {self.dataset!r}: choose {', '.join(DATASETS)}, or custom with "
+                             "--dataset-path FILE.jsonl")  # fmt: skip
         if self.turns < 1:
             raise BenchError("--turns must be at least 1")
         if self.prefix_len < 1:
@@ -165,7 +166,7 @@ def load_dataset(path: Path, output_len: Lengths, rng: random.Random) -> list[Co
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
-        raise BenchError(f"--dataset {path}: cannot read it ({exc.strerror})") from exc
+        raise BenchError(f"--dataset-path {path}: cannot read it ({exc.strerror})") from exc
     out = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -173,16 +174,16 @@ def load_dataset(path: Path, output_len: Lengths, rng: random.Random) -> list[Co
         try:
             obj = json.loads(line)
         except ValueError:
-            raise BenchError(f"--dataset {path}:{n}: not a JSON object") from None
+            raise BenchError(f"--dataset-path {path}:{n}: not a JSON object") from None
         if not isinstance(obj, dict):
-            raise BenchError(f"--dataset {path}:{n}: not a JSON object")
+            raise BenchError(f"--dataset-path {path}:{n}: not a JSON object")
         out_len = obj.get("output_len")
         if out_len is not None and (not isinstance(out_len, int) or out_len < 1):
-            raise BenchError(f"--dataset {path}:{n}: output_len must be a positive integer")
+            raise BenchError(f"--dataset-path {path}:{n}: output_len must be a positive integer")
         texts = obj.get("turns") if "turns" in obj else [obj.get("prompt")]
         if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
-            raise BenchError(f'--dataset {path}:{n}: needs "prompt" (a string) or "turns" (a list of strings)')
+            raise BenchError(f'--dataset-path {path}:{n}: needs "prompt" (a string) or "turns" (a list of strings)')
         out.append(Conversation(tuple(Turn(t, out_len or output_len.draw(rng)) for t in texts)))
     if not out:
-        raise BenchError(f"--dataset {path}: no requests in it")
+        raise BenchError(f"--dataset-path {path}: no requests in it")
     return out

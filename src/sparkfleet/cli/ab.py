@@ -11,7 +11,7 @@ import typer
 
 from sparkfleet.cli.console import console, err_console
 from sparkfleet.cli.int_lists import parse_int_list
-from sparkfleet.cli.options import ClusterOpt, EnvOpt, NameOpt, RecipeArg, SetOpt, parse_env
+from sparkfleet.cli.options import ClusterOpt, EnvOpt, JsonOpt, NameOpt, RecipeArg, SetOpt, parse_env
 from sparkfleet.errors import BenchError, SparkfleetError, UsageError
 
 
@@ -23,11 +23,11 @@ def ab(
     bench: Annotated[str, typer.Option("--bench", help="decode, prefill or decode,prefill (or none).")] = "decode",
     concurrency: Annotated[str, typer.Option(help="Decode concurrency tiers.")] = "1",
     types: Annotated[str, typer.Option("--types", help="Decode prompt types.")] = "prose",
-    tokens: Annotated[int, typer.Option(help="Decode: new tokens per request (exactly).")] = 128,
+    output_len: Annotated[int, typer.Option("--output-len", help="Decode: new tokens per request (exactly).")] = 128,
     repeats: Annotated[int, typer.Option(help="Measured runs per tier and round.")] = 3,
     warmups: Annotated[int, typer.Option(help="Decode: discarded warm-up waves per tier.")] = 1,
     api: Annotated[str, typer.Option(help="Decode: chat or completions.")] = "chat",
-    lengths: Annotated[str, typer.Option(help="Prefill prompt lengths (k = 1024).")] = "1k,4k",
+    input_len: Annotated[str, typer.Option("--input-len", help="Prefill: prompt lengths (k = 1024).")] = "1k,4k",
     eval_: Annotated[str | None, typer.Option("--eval", help="quality: run the quality tasks each round.")] = None,
     categories: Annotated[str | None, typer.Option(help="Quality: only these categories.")] = None,
     only: Annotated[str | None, typer.Option(help="Quality: only these task ids (comma-separated).")] = None,
@@ -36,8 +36,12 @@ def ab(
     name: NameOpt = None,
     set_: SetOpt = None,
     env: EnvOpt = None,
-    json_out: Annotated[Path | None, typer.Option("--json", help="Write the report as JSON here.")] = None,
-    md_out: Annotated[Path | None, typer.Option("--md", help="Write the report as Markdown here.")] = None,
+    as_json: JsonOpt = False,
+    out: Annotated[
+        list[Path] | None,
+        typer.Option("--out", "-o", metavar="FILE",
+                     help="Also write the report to this file: Markdown for .md, else JSON (repeatable)."),
+    ] = None,
 ) -> None:
     """A/B two variants of a recipe: every round brings each one up (verify + smoke), runs the
     benches (and quality tasks), and takes it down; A B, then B A, … . The report gives each
@@ -57,9 +61,9 @@ def ab(
     if eval_ not in (None, "quality"):
         raise UsageError(f"--eval {eval_!r}: only quality runs inside an A/B")
     decode = DecodeConfig(concurrency=parse_int_list(concurrency, "concurrency", SparkfleetError),
-                          prompt_types=prompt_types(types), new_tokens=tokens, repeats=repeats, warmups=warmups,
+                          prompt_types=prompt_types(types), new_tokens=output_len, repeats=repeats, warmups=warmups,
                           api=api) if "decode" in kinds else None  # type: ignore[arg-type]  # fmt: skip
-    prefill = PrefillConfig(lengths=parse_int_list(lengths, "prompt length", SparkfleetError),
+    prefill = PrefillConfig(lengths=parse_int_list(input_len, "prompt length", SparkfleetError),
                             repeats=repeats) if "prefill" in kinds else None  # fmt: skip
     config = ABConfig(
         recipe=recipe, variants=(pair[0], pair[1]), rounds=rounds, cluster=cluster, name=name,
@@ -70,11 +74,14 @@ def ab(
     )  # fmt: skip
     report = run_ab(config, say=lambda line: err_console.print(line, markup=False, highlight=False))
     text = markdown(report)
-    console.print(text, markup=False, highlight=False, soft_wrap=True)
-    if json_out:
-        json_out.write_text(json.dumps(report, indent=2))
-    if md_out:
-        md_out.write_text(text)
+    for path in out or []:
+        is_md = path.suffix.lower() in (".md", ".markdown")
+        path.write_text(text if is_md else json.dumps(report, indent=2))
+        err_console.print(f"wrote {path}")
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
     if report["status"] == "interrupted":
         err_console.print(f"[yellow]interrupted: {report['rounds']} finished round(s) kept as experiment "
                           f"{report['experiment']}[/]")  # fmt: skip

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from sparkfleet.bench.auth import api_key_for
 from sparkfleet.bench.corpus import PREFILL_LENGTHS, PROMPT_TYPES, prompt_types
@@ -20,7 +22,7 @@ from sparkfleet.cli.app import group
 from sparkfleet.cli.console import console, err_console
 from sparkfleet.cli.extras import require_extra
 from sparkfleet.cli.int_lists import parse_int_list
-from sparkfleet.cli.options import ApiKeyOpt
+from sparkfleet.cli.options import ApiKeyOpt, JsonOpt
 from sparkfleet.errors import BenchError
 
 if TYPE_CHECKING:
@@ -121,6 +123,71 @@ def _execute(bench: BenchStore, run_id: int, work: Callable[[RichProgress], Coro
             raise
 
 
+def out_formats(out: list[Path] | None) -> list[tuple[Path, str]]:
+    """Each ``--out`` file with the format its suffix asks for; checked before any request."""
+    formats = [(path, out_format(path)) for path in out or []]
+    if any(fmt == "png" for _, fmt in formats):
+        require_extra("plots", ("matplotlib",), "--out FILE.png")
+    return formats
+
+
+@contextmanager
+def _results(bench: BenchStore, run_id: int, as_json: bool, formats: list[tuple[Path, str]]) -> Iterator[None]:
+    """Around a run: afterwards (also when it stops part way with something kept) the --out
+    files, then the run as JSON on stdout (--json) or, after a finished run, its table."""
+    finished = False
+    try:
+        yield
+        finished = True
+    finally:
+        if bench.has_run(run_id):
+            for path, fmt in formats:
+                _write_run(bench, run_id, fmt, path)
+            if as_json:
+                typer.echo(_render(bench, run_id, "json"), nl=False)
+    if finished and not as_json:
+        _show(bench, run_id)
+
+
+OUT_FORMATS = {".json": "json", ".csv": "csv", ".md": "md", ".markdown": "md", ".png": "png"}
+
+
+def out_format(path: Path) -> str:
+    """What ``--out PATH`` writes, by its suffix."""
+    fmt = OUT_FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise BenchError(f"--out {path}: give a .json, .csv, .md or .png file (the format follows the suffix)")
+    return fmt
+
+
+def _render(bench: BenchStore, run_id: int, fmt: str) -> str:
+    """A stored run as JSON (vLLM key names where they exist, every request), CSV or Markdown."""
+    from sparkfleet.bench.report import markdown, summarize, to_csv, to_json
+
+    stored = bench.get_run(run_id)
+    if fmt == "json":
+        samples = bench.samples(run_id)
+        return to_json(stored, samples, summarize(stored, samples))
+    tiers = summarize(stored, bench.samples(run_id, with_requests=False))
+    if fmt == "csv":
+        return to_csv(stored, tiers)
+    if fmt in ("md", "markdown"):
+        return markdown(stored, tiers)
+    raise BenchError(f"unknown export format {fmt!r}: choose json, csv, md or png")
+
+
+def _write_run(bench: BenchStore, run_id: int, fmt: str, path: Path) -> None:
+    if fmt == "png":
+        from sparkfleet.bench.plots import plot_run  # matplotlib is heavy: load it only to plot
+        from sparkfleet.bench.report import summarize
+
+        stored = bench.get_run(run_id)
+        plot_run(stored, summarize(stored, bench.samples(run_id, with_requests=False)), path)
+    else:
+        path.write_text(_render(bench, run_id, fmt))
+    err_console.print(f"wrote {path}")
+
+
 # ---------------------------------------------------------------- decode / prefill
 
 Target = Annotated[str, typer.Argument(help="Deployment name, or the server's URL (http://host:port).")]
@@ -130,6 +197,12 @@ ExtraOpt = Annotated[
     str | None,
     typer.Option("--extra-body", help="JSON merged into every request body, e.g. thinking switches."),
 ]
+OutOpt = Annotated[
+    list[Path] | None,
+    typer.Option("--out", "-o", metavar="FILE",
+                 help="Also write the run to this file: .json (every request), .csv, .md or .png, by the suffix "
+                 "(repeatable); written also when the run stops part way."),
+]  # fmt: skip
 
 
 @bench_app.command("decode")
@@ -141,7 +214,7 @@ def decode_cmd(
     types: Annotated[str, typer.Option("--types", help=f"Prompt types: {','.join(PROMPT_TYPES)}.")] = ",".join(
         PROMPT_TYPES
     ),
-    tokens: Annotated[int, typer.Option(help="New tokens per request (exactly).")] = 256,
+    output_len: Annotated[int, typer.Option("--output-len", help="New tokens per request (exactly).")] = 256,
     repeats: Annotated[int, typer.Option(help="Measured runs per tier.")] = 3,
     waves: Annotated[int, typer.Option(help="Requests per run = concurrency x waves.")] = 1,
     warmups: Annotated[int, typer.Option(help="Discarded warm-up waves per tier.")] = 1,
@@ -150,6 +223,8 @@ def decode_cmd(
     timeout: Annotated[float, typer.Option(help="Seconds allowed per request.")] = 600.0,
     extra_body: ExtraOpt = None,
     label: LabelOpt = None,
+    as_json: JsonOpt = False,
+    out: OutOpt = None,
 ) -> None:
     """Decode throughput: concurrency tiers x prompt types, exactly N new tokens, repeats.
 
@@ -163,10 +238,11 @@ def decode_cmd(
     from sparkfleet.bench.endpoint import resolve_endpoint
     from sparkfleet.bench.store import BenchStore
 
+    formats = out_formats(out)
     config = DecodeConfig(
         concurrency=parse_ints(concurrency, "concurrency"),
         prompt_types=prompt_types(types),
-        new_tokens=tokens,
+        new_tokens=output_len,
         repeats=repeats,
         waves=waves,
         warmups=warmups,
@@ -176,6 +252,7 @@ def decode_cmd(
         extra_body=parse_extra(extra_body),
     )
     endpoint = resolve_endpoint(target, model, api_key=api_key_for(api_key))
+    warn_chat(endpoint, api)
     bench = BenchStore()
     run_id = _create(bench, "decode", endpoint, config, label)
 
@@ -187,8 +264,8 @@ def decode_cmd(
         if not exact.enforced:
             err_console.print(f"[yellow]warning:[/] {exact.note}")
 
-    _execute(bench, run_id, lambda p: run_decode(endpoint, config, p, store_run, store_exact))
-    _show(bench, run_id)
+    with _results(bench, run_id, as_json, formats):
+        _execute(bench, run_id, lambda p: run_decode(endpoint, config, p, store_run, store_exact))
 
 
 @bench_app.command("prefill")
@@ -196,7 +273,7 @@ def prefill_cmd(
     target: Target,
     model: ModelOpt = None,
     api_key: ApiKeyOpt = None,
-    lengths: Annotated[str, typer.Option(help="Prompt lengths in tokens (k = 1024).")] = ",".join(
+    input_len: Annotated[str, typer.Option("--input-len", help="Prompt lengths in tokens (k = 1024).")] = ",".join(
         f"{n // 1024}k" for n in PREFILL_LENGTHS
     ),
     repeats: Annotated[int, typer.Option(help="Passes over all lengths.")] = 2,
@@ -206,6 +283,8 @@ def prefill_cmd(
     overhead_samples: Annotated[int, typer.Option(help="Tiny requests that measure the fixed overhead.")] = 3,
     extra_body: ExtraOpt = None,
     label: LabelOpt = None,
+    as_json: JsonOpt = False,
+    out: OutOpt = None,
 ) -> None:
     """Cold prefill throughput by prompt length, real text, unique prefix per request.
 
@@ -217,8 +296,9 @@ def prefill_cmd(
     from sparkfleet.bench.prefill import PrefillConfig, run_prefill
     from sparkfleet.bench.store import BenchStore
 
+    formats = out_formats(out)
     config = PrefillConfig(
-        lengths=parse_ints(lengths, "prompt length"),
+        lengths=parse_ints(input_len, "prompt length"),
         repeats=repeats,
         max_context=max_context,
         overhead_samples=overhead_samples,
@@ -250,8 +330,18 @@ def prefill_cmd(
                 f"measuring up to {plan.lengths[-1]}"
             )
 
-    _execute(bench, run_id, lambda p: run_prefill(endpoint, config, p, store_run, store_overhead))
-    _show(bench, run_id)
+    with _results(bench, run_id, as_json, formats):
+        _execute(bench, run_id, lambda p: run_prefill(endpoint, config, p, store_run, store_overhead))
+
+
+def warn_chat(endpoint: Endpoint, api: str) -> None:
+    """One line when chat reaches a model through a template it does not carry (llama-server's
+    ChatML fallback); vLLM and SGLang refuse such a request, and the probe says so."""
+    if api == "chat" and endpoint.chat_template is False:
+        from sparkfleet.bench.chat_api import no_template_line
+
+        line = escape(no_template_line(endpoint.model, endpoint.engine))
+        err_console.print(f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
 
 
 def _create(bench: BenchStore, kind: str, endpoint: Endpoint, config: Any, label: str | None) -> int:
@@ -390,35 +480,22 @@ def compare_cmd(
 def export_cmd(
     run: Annotated[str, typer.Argument(help="Run id, 'last' or 'last~N'.")],
     fmt_: Annotated[str, typer.Option("--format", "-f", help="json, csv, md or png.")] = "json",
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="File to write (default: stdout).")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", metavar="FILE", help="File to write (default: stdout).")
+    ] = None,
 ) -> None:
     """Export a run: JSON (vLLM key names where they exist), CSV, Markdown tables, or a PNG plot."""
-    from sparkfleet.bench.report import markdown, summarize, to_csv, to_json
     from sparkfleet.bench.store import BenchStore
 
     if fmt_ == "png":
         require_extra("plots", ("matplotlib",), "--format png")
+    elif fmt_ not in ("json", "csv", "md", "markdown"):
+        raise BenchError(f"unknown export format {fmt_!r}: choose json, csv, md or png")
     bench = BenchStore()
     run_id = bench.resolve(run)
-    stored = bench.get_run(run_id)
     if fmt_ == "png":
-        from sparkfleet.bench.plots import plot_run  # matplotlib is heavy: load it only to plot
-
-        path = output or Path(f"bench-{run_id}-{stored.kind}.png")
-        plot_run(stored, summarize(stored, bench.samples(run_id, with_requests=False)), path)
-        err_console.print(f"wrote {path}")
-        return
-    if fmt_ == "json":
-        samples = bench.samples(run_id)
-        text = to_json(stored, samples, summarize(stored, samples))
-    elif fmt_ == "csv":
-        text = to_csv(stored, summarize(stored, bench.samples(run_id, with_requests=False)))
-    elif fmt_ in ("md", "markdown"):
-        text = markdown(stored, summarize(stored, bench.samples(run_id, with_requests=False)))
+        _write_run(bench, run_id, "png", out or Path(f"bench-{run_id}-{bench.get_run(run_id).kind}.png"))
+    elif out is None:
+        console.file.write(_render(bench, run_id, fmt_))
     else:
-        raise BenchError(f"unknown export format {fmt_!r}: choose json, csv, md or png")
-    if output is None:
-        console.file.write(text)
-    else:
-        output.write_text(text)
-        err_console.print(f"wrote {output}")
+        _write_run(bench, run_id, fmt_, out)

@@ -14,16 +14,20 @@ from sparkfleet.cli.bench import (
     ExtraOpt,
     LabelOpt,
     ModelOpt,
+    OutOpt,
     RichProgress,
     Target,
     _create,
     _execute,
+    _results,
     bench_app,
     flag_cell,
+    out_formats,
     parse_extra,
+    warn_chat,
 )
 from sparkfleet.cli.console import console, err_console
-from sparkfleet.cli.options import ApiKeyOpt
+from sparkfleet.cli.options import ApiKeyOpt, JsonOpt
 from sparkfleet.errors import BenchError
 
 if TYPE_CHECKING:
@@ -46,18 +50,29 @@ def serve_cmd(
     ] = "1",
     constant: Annotated[bool, typer.Option("--constant", help="Constant gaps (same as --burstiness inf).")] = False,
     max_concurrency: Annotated[int | None, typer.Option(help="At most this many requests in flight.")] = None,
-    requests: Annotated[int | None, typer.Option("--requests", help="Requests per tier (default 100).")] = None,
-    duration: Annotated[float | None, typer.Option(help="Seconds of arrivals per tier, instead of --requests.")] = None,
+    num_prompts: Annotated[int | None, typer.Option("--num-prompts", help="Requests per tier (default 100).")] = None,
+    duration: Annotated[
+        float | None, typer.Option(help="Seconds of arrivals per tier, instead of --num-prompts.")
+    ] = None,
     input_len: Annotated[str, typer.Option(help="Prompt tokens: 256, or uniform 128:512.")] = "256",
     output_len: Annotated[
         str, typer.Option(help="New tokens: 128, or uniform 64:256 (exact when the engine can).")
     ] = "128",
-    dataset: Annotated[
-        str, typer.Option(help="random, prefix (shared system prompt), multiturn, or a .jsonl file.")
-    ] = "random",
-    prefix_len: Annotated[int, typer.Option(help="Shared system prompt tokens (--dataset prefix).")] = 512,
-    turns: Annotated[int, typer.Option(help="Turns per conversation (--dataset multiturn).")] = 3,
-    slo: Annotated[str | None, typer.Option(help="Goodput targets, e.g. ttft=1s,tpot=50ms,e2e=20s.")] = None,
+    dataset_name: Annotated[
+        str | None,
+        typer.Option("--dataset-name", help="random (default), prefix (shared system prompt), multiturn, or custom "
+                     "(a .jsonl file: --dataset-path)."),
+    ] = None,
+    dataset_path: Annotated[
+        Path | None, typer.Option("--dataset-path", help="A .jsonl file of requests (the custom dataset).")
+    ] = None,
+    prefix_len: Annotated[int, typer.Option(help="Shared system prompt tokens (--dataset-name prefix).")] = 512,
+    turns: Annotated[int, typer.Option(help="Turns per conversation (--dataset-name multiturn).")] = 3,
+    goodput: Annotated[
+        str | None,
+        typer.Option("--goodput", help="SLO targets a good request meets, e.g. ttft=1s,tpot=50ms,e2e=20s, or "
+                     "vLLM's ttft:1000 tpot:50 (ms)."),
+    ] = None,
     repeats: Annotated[int, typer.Option(help="Measured runs per rate.")] = 1,
     discard_runs: Annotated[int, typer.Option(help="Runs thrown away before the first tier (cold caches).")] = 2,
     strict: Annotated[bool, typer.Option("--strict", help="Abort when foreign requests ran during a tier.")] = False,
@@ -68,42 +83,44 @@ def serve_cmd(
     seed: Annotated[int, typer.Option(help="Seed of arrivals, lengths and texts.")] = 0,
     api: Annotated[str, typer.Option(help="chat or completions.")] = "chat",
     timeout: Annotated[float, typer.Option(help="Seconds allowed per request.")] = 600.0,
-    json_out: Annotated[
-        Path | None, typer.Option("--json", help="Write the run (per tier figures) to this file.")
-    ] = None,
     extra_body: ExtraOpt = None,
     label: LabelOpt = None,
+    as_json: JsonOpt = False,
+    out: OutOpt = None,
 ) -> None:
     """Open-loop load: requests arrive at an asked rate (Poisson, gamma or constant), not when a
     slot frees; a sweep of rates, goodput under SLOs, and a check that nothing else ran.
 
     Per tier: the achieved rate beside the asked one, req/s, goodput (requests meeting every
-    --slo target per second), output tok/s next to TPOT (client and engine), p50/p90/p99 of TTFT,
+    --goodput target per second), output tok/s next to TPOT (client and engine), p50/p90/p99 of TTFT,
     TPOT, ITL and E2E, KV-cache use, speculative acceptance when exported, and foreign requests:
     the most requests the engine reported running beyond the bench's own (flagged; --strict aborts).
     """
     from sparkfleet.bench.arrivals import parse_burstiness, parse_rates
     from sparkfleet.bench.endpoint import resolve_endpoint
-    from sparkfleet.bench.report import summarize, to_json
     from sparkfleet.bench.serve import ServeBench, ServeConfig
     from sparkfleet.bench.stats import SLO
     from sparkfleet.bench.store import BenchStore
     from sparkfleet.bench.workload import Lengths, WorkloadConfig
 
-    if requests is not None and duration is not None:
-        raise BenchError("give --requests or --duration, not both")
-    workload = WorkloadConfig(dataset=dataset, input_len=Lengths.parse(input_len, "--input-len"),
+    formats = out_formats(out)
+    if num_prompts is not None and duration is not None:
+        raise BenchError("give --num-prompts or --duration, not both")
+    workload = WorkloadConfig(dataset=_dataset(dataset_name, dataset_path),
+                              input_len=Lengths.parse(input_len, "--input-len"),
                               output_len=Lengths.parse(output_len, "--output-len"), prefix_len=prefix_len,
                               turns=turns)  # fmt: skip
     config = ServeConfig(
         rates=parse_rates(request_rate), burstiness=parse_burstiness(burstiness, constant),
-        max_concurrency=max_concurrency, requests=requests if requests is not None or duration is not None else 100,
-        duration=duration, workload=workload, slo=SLO.parse(slo), repeats=repeats, discard_runs=discard_runs,
+        max_concurrency=max_concurrency,
+        requests=num_prompts if num_prompts is not None or duration is not None else 100,
+        duration=duration, workload=workload, slo=SLO.parse(goodput), repeats=repeats, discard_runs=discard_runs,
         strict=strict, seed=seed, api=api,  # type: ignore[arg-type]
         timeout=timeout, watch_metrics=not no_metrics, engine_log=str(engine_log) if engine_log else None,
         extra_body=parse_extra(extra_body),
     )  # fmt: skip
     endpoint = resolve_endpoint(target, model, api_key=api_key_for(api_key))
+    warn_chat(endpoint, api)
     bench = BenchStore()
     run_id = _create(bench, "serve", endpoint, config, label)
     flagged: list[str] = []
@@ -129,15 +146,19 @@ def serve_cmd(
     async def work(progress: RichProgress) -> list[ServeTierRun]:
         return await ServeBench(endpoint, config, progress).run(store_run, store_setup)
 
-    try:
+    with _results(bench, run_id, as_json, formats):
         _execute(bench, run_id, work)
-    finally:
-        if json_out is not None:
-            samples = bench.samples(run_id)
-            stored = bench.get_run(run_id)
-            json_out.write_text(to_json(stored, samples, summarize(stored, samples)))
-            err_console.print(f"wrote {json_out}")
-    show_serve(bench.get_run(run_id), summarize(bench.get_run(run_id), bench.samples(run_id, with_requests=False)))
+
+
+def _dataset(name: str | None, path: Path | None) -> str:
+    """The workload's dataset: a name, or the file of the custom one."""
+    if path is not None:
+        if name not in (None, "custom"):
+            raise BenchError(f"--dataset-path is the custom dataset's file: drop --dataset-name {name} or give custom")
+        return str(path)
+    if name == "custom":
+        raise BenchError("--dataset-name custom reads a .jsonl file: give it with --dataset-path FILE")
+    return name or "random"
 
 
 def show_serve(run: StoredRun, tiers: list[TierSummary]) -> None:

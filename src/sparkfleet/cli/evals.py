@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -13,7 +13,7 @@ from sparkfleet.cli.app import group
 from sparkfleet.cli.console import console, err_console
 from sparkfleet.cli.extras import require_extra
 from sparkfleet.cli.int_lists import parse_int_list
-from sparkfleet.cli.options import ApiKeyOpt
+from sparkfleet.cli.options import ApiKeyOpt, JsonOpt
 from sparkfleet.errors import EvalError
 from sparkfleet.evals.checks import CATEGORIES
 from sparkfleet.evals.needle import DEFAULT_DEPTHS, DEFAULT_LENGTHS
@@ -31,12 +31,21 @@ eval_app = group("Quality gate, paired comparison and long-context needle checks
 TargetArg = Annotated[str, typer.Argument(help="Deployment name or server URL (http://host:port).")]
 ModelOpt = Annotated[str | None, typer.Option(help="Model id, when the server serves several.")]
 LabelOpt = Annotated[str | None, typer.Option(help="A name for this run (default: the run id).")]
-JsonOpt = Annotated[Path | None, typer.Option("--json", help="Also write the full result to this file.")]
+OutOpt = Annotated[
+    list[Path] | None,
+    typer.Option("--out", "-o", metavar="FILE", help="Also write the full result (JSON) to this file (repeatable)."),
+]
 
 
 def register(app: typer.Typer) -> None:
     """Add the ``eval`` sub-app."""
     app.add_typer(eval_app, name="eval")
+
+
+def _write_json(result: dict[str, Any], paths: list[Path] | None) -> None:
+    for path in paths or []:
+        path.write_text(json.dumps(result, indent=2))
+        err_console.print(f"wrote {path}")
 
 
 def _csv(text: str | None) -> list[str] | None:
@@ -97,7 +106,8 @@ def quality(
         int, typer.Option(help="Extra max_tokens for thinking tasks on chat endpoints (thinking models).")
     ] = 0,
     timeout: Annotated[float, typer.Option(help="Seconds per request.")] = 600.0,
-    json_out: JsonOpt = None,
+    as_json: JsonOpt = False,
+    out: OutOpt = None,
     gate: Annotated[
         float | None,
         typer.Option(help="Pass fraction the deployment's gate needs (default: no fewer than its last passing "
@@ -146,15 +156,17 @@ def quality(
         RunRow(run.id, "quality", run.label, run.endpoint, run.model, run.started_utc, run.passed, run.total),
         run.to_json(),
     )
-    if json_out:
-        json_out.write_text(json.dumps(run.to_json(), indent=2))
-    _print_quality(run)
+    _write_json(run.to_json(), out)
+    if as_json:
+        typer.echo(json.dumps(run.to_json(), indent=2))
+    else:
+        _print_quality(run)
     if endpoint.deployment is not None:
         from sparkfleet.apply.configurations import quality_gate
 
         line = quality_gate(Store(), endpoint.deployment, run.passed, run.total, run.id, gate)
-        if line:
-            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        if line:  # with --json, stdout holds the JSON alone
+            (err_console if as_json else console).print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _print_comparison(cmp: Comparison) -> None:
@@ -226,14 +238,15 @@ def needle(
     model: ModelOpt = None,
     api_key: ApiKeyOpt = None,
     label: LabelOpt = None,
-    lengths: Annotated[
-        str, typer.Option(help="Prompt lengths in tokens, comma-separated (k = 1024); capped at the context.")
+    input_len: Annotated[
+        str,
+        typer.Option("--input-len", help="Prompt lengths in tokens, comma-separated (k = 1024); capped at the "
+                     "context."),
     ] = ",".join(str(x) for x in DEFAULT_LENGTHS),
     depths: Annotated[str, typer.Option(help="Needle depths in percent, comma-separated.")] = ",".join(
         f"{d:g}" for d in DEFAULT_DEPTHS
     ),
     seed: Annotated[int | None, typer.Option(help="Seed for needles and offsets (default: random, stored).")] = None,
-    png: Annotated[Path | None, typer.Option(help="Heatmap PNG path (needs matplotlib).")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds per request.")] = 1800.0,
     mem_floor: Annotated[
         float,
@@ -241,31 +254,42 @@ def needle(
     ] = 0.0,
     cluster: Annotated[
         Path | None,
-        typer.Option(help="Cluster file whose nodes the memory guard watches (default: this machine)."),
+        typer.Option("--cluster", "-c", help="Cluster file whose nodes the memory guard watches (default: this "
+                     "machine)."),
     ] = None,
-    json_out: JsonOpt = None,
+    as_json: JsonOpt = False,
+    out: Annotated[
+        list[Path] | None,
+        typer.Option("--out", "-o", metavar="FILE",
+                     help="Also write the result to this file: the heatmap for .png (needs matplotlib), else JSON "
+                     "(repeatable)."),
+    ] = None,
 ) -> None:
     """Needle-in-a-haystack over a length x depth grid; exact-match scoring; effective length."""
     from sparkfleet.evals.needle import run_stored
 
-    if png:
-        require_extra("plots", ("matplotlib",), "--png")
+    pngs = [p for p in out or [] if p.suffix.lower() == ".png"]
+    if pngs:
+        require_extra("plots", ("matplotlib",), "--out FILE.png")
     run = run_stored(
-        target, model, api_key=api_key_for(api_key), lengths=parse_int_list(lengths, "length", EvalError),
+        target, model, api_key=api_key_for(api_key), lengths=parse_int_list(input_len, "length", EvalError),
         depths=tuple(float(d) for d in parse_int_list(depths, "depth", EvalError, minimum=0)), seed=seed,
         label=label, timeout=timeout, mem_floor_gib=mem_floor, cluster=str(cluster) if cluster else None,
         on_cell=lambda c: err_console.print(f"{c.tokens:>7} tok @ {c.depth:>5g}%  {_mark(c.passed)}  "
                                             f"{c.seconds:6.1f}s  expected {c.expected}  got {c.answer[:40]!r}",
                                             highlight=False),
     )  # fmt: skip
-    if png:
+    if pngs:
         # matplotlib is heavy; imported only when a heatmap is asked for.
         from sparkfleet.evals.heatmap import write_heatmap
 
-        write_heatmap(run, png)
-    if json_out:
-        json_out.write_text(json.dumps(run.to_json(), indent=2))
-    _print_needle(run, png)
+        for png in pngs:
+            write_heatmap(run, png)
+    _write_json(run.to_json(), [p for p in out or [] if p not in pngs])
+    if as_json:
+        typer.echo(json.dumps(run.to_json(), indent=2))
+    else:
+        _print_needle(run, pngs[0] if pngs else None)
 
 
 @eval_app.command("show")

@@ -13,7 +13,7 @@ from sparkfleet.cli.options import AcceptNewOpt
 from sparkfleet.errors import ClusterError
 
 HostsArg = Annotated[list[str], typer.Argument(help="The nodes' SSH addresses, head first (rank order).")]
-OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="Where to write the cluster file.")]
+OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Where to write the cluster file.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite the output file if it exists.")]
 ClusterNameOpt = Annotated[str | None, typer.Option("--name", help="The cluster's name (default: the file's stem).")]
 UserOpt = Annotated[str | None, typer.Option("--user", help="SSH user (default: ssh's own choice).")]
@@ -42,7 +42,7 @@ def _pairs(items: list[str] | None) -> dict[str, str]:
 
 def init(
     hosts: HostsArg,
-    output: OutputOpt = Path("cluster.toml"),
+    out: OutOpt = Path("cluster.toml"),
     force: ForceOpt = False,
     name: ClusterNameOpt = None,
     user: UserOpt = None,
@@ -63,8 +63,8 @@ def init(
 
     if len(set(hosts)) != len(hosts):
         raise ClusterError(f"init: a host is given twice ({', '.join(hosts)})")
-    if output.exists() and not force:
-        raise ClusterError(f"{output}: exists; pass --force to overwrite it")
+    if out.exists() and not force:
+        raise ClusterError(f"{out}: exists; pass --force to overwrite it")
     ifnames = _pairs(ifname)
     ssh = {"ssh_port": ssh_port, "ssh_key": ssh_key, "ssh_config": ssh_config}
     defaults = {k: v for k, v in {"user": user, **ssh}.items() if v is not None}
@@ -79,17 +79,17 @@ def init(
         for t in transports.values():
             t.close()
     choices = choose(found, fabric_subnet, ifnames)
-    text = cluster_toml(name or output.stem, choices, hosts, ssh)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(text)
-    load_cluster(output)  # what was written must load: a bug here is not the user's to find later
+    text = cluster_toml(name or out.stem, choices, hosts, ssh)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    load_cluster(out)  # what was written must load: a bug here is not the user's to find later
     for c in choices:
         a = c.address
         hca = hca_list(c) or "no RoCE"
         gid = f"GID {c.gid_index}" if c.gid_index is not None else ""
         console.print(escape(f"{c.name:<10} {c.found.host:<16} {a.ip:<16} {a.iface.name:<14} MTU {a.iface.mtu:<6} "
                              f"{hca} {gid}"), highlight=False, soft_wrap=True)  # fmt: skip
-    console.print(f"[green]wrote[/] {escape(str(output))}: {len(choices)} node(s), fabric {choices[0].address.network}")
+    console.print(f"[green]wrote[/] {escape(str(out))}: {len(choices)} node(s), fabric {choices[0].address.network}")
 
 
 def register(app: typer.Typer) -> None:

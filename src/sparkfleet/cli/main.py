@@ -107,10 +107,11 @@ def _crash_log() -> Path:
     return state_dir() / "crash.log"
 
 
-def _usage_error(exc: typer.TyperException) -> NoReturn:
+def _usage_error(exc: typer.TyperException, argv: list[str]) -> NoReturn:
     """A command-line mistake: one line on stderr and exit 2 (help on stdout, exit 0, when asked
     for nothing at all)."""
     from sparkfleet.cli.console import console, err_console
+    from sparkfleet.cli.renamed import explain
 
     ctx = getattr(exc, "ctx", None)
     if type(exc).__name__ == "NoArgsIsHelpError":
@@ -120,10 +121,32 @@ def _usage_error(exc: typer.TyperException) -> NoReturn:
         sys.exit(0)
     # click's own rendering is a usage block plus a hint on several lines; a mistake gets one.
     message = " ".join(exc.format_message().split())
+    changed = explain(argv, message)  # an old spelling whose meaning changed (--json FILE)
+    if changed is not None:
+        err_console.print(f"[bold red]error:[/] {escape(changed)}", soft_wrap=True)
+        sys.exit(EXIT_USER_ERROR)
     where = f"{ctx.command_path}: " if ctx is not None else ""
     hint = f" (try '{ctx.command_path} --help')" if ctx is not None else ""
     err_console.print(f"[bold red]error:[/] {escape(where + message + hint)}", soft_wrap=True)
     sys.exit(EXIT_USER_ERROR)
+
+
+def _renamed(args: list[str]) -> list[str]:
+    """args with the old spellings of renamed options replaced (cli/renamed.py), one line on
+    stderr for each; an old spelling that cannot be carried over is a usage error."""
+    from sparkfleet.cli.renamed import rewrite
+
+    new, notes, refusal = rewrite(args)
+    if refusal is not None:
+        from sparkfleet.errors import UsageError
+
+        raise UsageError(refusal)
+    if notes:
+        from sparkfleet.cli.console import err_console
+
+        for note in notes:
+            err_console.print(f"[yellow]warning:[/] {escape(note)}", soft_wrap=True, highlight=False)
+    return new
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -131,8 +154,9 @@ def main(argv: list[str] | None = None) -> None:
     from sparkfleet.cli.console import err_console
 
     logging.basicConfig(level=os.environ.get("SPARKFLEET_LOG", "WARNING"))
+    args = sys.argv[1:] if argv is None else argv
     try:
-        args = sys.argv[1:] if argv is None else argv
+        args = _renamed(args)
         # Without standalone mode click returns a command's exit code (e.g. 130 after Ctrl-C).
         code = build_app(args)(args=args, standalone_mode=False)
     except SparkfleetError as exc:
@@ -152,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     except typer.TyperException as exc:
         # typer >= 0.29 parses with its own copy of click (click itself may not be installed), whose
         # usage errors all derive from TyperException; standalone_mode=False hands them to us.
-        _usage_error(exc)
+        _usage_error(exc, args)
     except Exception as exc:
         from sparkfleet.nodes.private import open_private_append, private_dir
 

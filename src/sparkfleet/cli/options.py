@@ -21,7 +21,9 @@ EnvOpt = Annotated[
     list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE for every rank (KEY alone: from your env).")
 ]
 NameOpt = Annotated[str | None, typer.Option("--name", help="Deployment name (default: the recipe's folder).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+# --json is a flag in every command: the result as JSON on stdout, nothing else there (a file a
+# command writes is --out/-o; cli/renamed.py keeps the old spellings working).
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (nothing else there).")]
 AcceptNewOpt = Annotated[
     bool, typer.Option("--insecure-accept-new", help="Accept unknown SSH host keys (first contact only).")
 ]

@@ -49,7 +49,11 @@ def stage(
         raise UsageError(f"--method {method!r}: choose pipeline or push")
     planned = build_plan(recipe, cluster, set_, None, name)
     if not planned.staging:
-        console.print(f"{planned.recipe_source}: nothing to stage")
+        if as_json:  # stdout holds the JSON alone: no rows
+            typer.echo("[]")
+            err_console.print(f"{planned.recipe_source}: nothing to stage")
+        else:
+            console.print(f"{planned.recipe_source}: nothing to stage")
         return
     transports = {r.node.name: transport_for(r.node, accept_new_host_keys=accept_new) for r in planned.ranks}
     try:

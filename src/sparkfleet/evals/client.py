@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import httpx
 
+from sparkfleet.bench.chat_api import HINT, refuses_chat
 from sparkfleet.errors import EvalError
 from sparkfleet.evals.extract import strip_reasoning
 
@@ -78,7 +79,9 @@ class EvalClient:
 
     def _json(self, response: httpx.Response, path: str) -> dict[str, Any]:
         if response.status_code != 200:
-            raise EvalError(f"{self.base_url}{path} returned HTTP {response.status_code}: {response.text[:300]}")
+            hint = f" ({HINT})" if path == "/v1/chat/completions" and refuses_chat(f"HTTP {response.status_code}: "
+                                                                                    f"{response.text}") else ""
+            raise EvalError(f"{self.base_url}{path} returned HTTP {response.status_code}: {response.text[:300]}{hint}")
         try:
             body = response.json()
         except ValueError as exc:
@@ -104,6 +107,8 @@ class EvalClient:
         except httpx.HTTPError as exc:
             return f"chat request failed ({exc})"
         if response.status_code != 200:
+            if refuses_chat(f"HTTP {response.status_code}: {response.text}"):
+                return f"chat returned HTTP {response.status_code}, no chat template ({HINT})"
             return f"chat returned HTTP {response.status_code} (no chat template?)"
         try:
             choice = response.json()["choices"][0]

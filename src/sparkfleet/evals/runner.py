@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Literal
 
+from sparkfleet.bench.chat_api import HINT
 from sparkfleet.errors import EvalError
 from sparkfleet.evals.checks import score
 from sparkfleet.evals.client import COMPLETION_FRAME, Api, EvalClient
@@ -21,10 +22,15 @@ MAX_REQUEST_ERRORS = 3
 
 
 def choose_api(client: EvalClient, choice: ApiChoice) -> tuple[Api, str]:
-    """The API to use and why: ``auto`` takes chat when a probe question gets an answer."""
-    if choice != "auto":
+    """The API to use and why: ``auto`` takes chat when a probe question gets an answer; ``chat``
+    asked of a server that refuses it for want of a chat template is an error naming the way out."""
+    if choice == "completions":
         return choice, "chosen by the user"
     problem = client.chat_probe()
+    if choice == "chat":
+        if problem is not None and HINT in problem:
+            raise EvalError(f"{client.base_url}: {problem}")
+        return choice, "chosen by the user"
     if problem is None:
         return "chat", "auto: the chat probe got an answer"
     return "completions", f"auto: {problem}"
