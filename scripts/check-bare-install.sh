@@ -135,7 +135,7 @@ check "gateway key revoke of no key" 2 mistake "no active key" -- gateway key re
 check "gateway log (empty)" 0 ok "" -- gateway log --json
 check "bench png without [plots]" 2 mistake "sparkfleet[plots]" -- bench export last --format png
 check "needle png without [plots]" 2 mistake "sparkfleet[plots]" -- \
-  eval needle http://127.0.0.1:9 --png "$work/heatmap.png"
+  eval needle http://127.0.0.1:9 --out "$work/heatmap.png"
 
 echo "bare install: $((total - failures))/$total cases passed"
 [ "$failures" -eq 0 ]
