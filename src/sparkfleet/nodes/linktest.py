@@ -28,12 +28,16 @@ PING_COUNT = 50
 _LOCAL_SCRIPT = (
     "ifname=$(ip -o -4 addr show to \"$1/32\" | awk '{print $2; exit}'); "
     'echo "## if $ifname"; [ -n "$ifname" ] && ip -o link show dev "$ifname"; '
-    'echo "## iperf3"; command -v iperf3; true'
+    'echo "## iperf3"; command -v iperf3; '
+    'echo "## speed"; [ -n "$ifname" ] && cat "/sys/class/net/$ifname/speed" 2>/dev/null; '
+    'echo "## qdisc"; [ -n "$ifname" ] && tc qdisc show dev "$ifname" 2>/dev/null; '
+    'echo "## perftest"; command -v ib_write_bw ib_write_lat; true'
 )
 
 
 def local_command(fabric_ip: str) -> list[str]:
-    """The argv that names the interface holding fabric_ip, its link line, and iperf3's path."""
+    """The argv that names the interface holding fabric_ip, its link line, iperf3's path, the
+    interface's reported speed (sysfs), its root qdisc (a shaped rate) and perftest's paths."""
     return ["sh", "-c", _LOCAL_SCRIPT, "linktest", fabric_ip]
 
 
@@ -45,22 +49,48 @@ class LocalLink:
     mtu: int | None
     has_iperf3: bool
     error: str | None = None  # the node did not answer: why
+    speed_mbps: int | None = None  # /sys/class/net/IF/speed (None: -1 or unreadable, as on many virtual NICs)
+    shaped_mbps: float | None = None  # the rate of a token bucket (tbf) at the interface's root, if any
+    has_perftest: bool = False  # ib_write_bw and ib_write_lat both on PATH
+
+    @property
+    def link_mbps(self) -> float | None:
+        """What the interface can send: its reported speed, or the rate it is shaped to if lower."""
+        known = [x for x in (self.speed_mbps, self.shaped_mbps) if x]
+        return min(known) if known else None
+
+
+_UNITS = {"": 1e-6, "K": 1e-3, "M": 1.0, "G": 1e3, "T": 1e6}
+
+
+def parse_tc_rate(line: str) -> float | None:
+    """The rate of a root tbf qdisc line of `tc qdisc show` ("qdisc tbf 8001: root … rate 200Mbit …") in Mbit/s."""
+    if " root " not in f" {line} " or not line.startswith("qdisc tbf"):
+        return None
+    m = re.search(r"\brate ([\d.]+)([KMGT]?)bit\b", line)
+    return float(m.group(1)) * _UNITS[m.group(2)] if m else None
 
 
 def parse_local(text: str) -> LocalLink:
     """Parse local_command's output."""
-    ifname, mtu, iperf3 = None, None, False
+    ifname, mtu, iperf3, speed, shaped, perftest = None, None, False, None, None, 0
     section = ""
     for line in text.splitlines():
         if line.startswith("## if"):
             ifname, section = (line[len("## if") :].strip() or None), "if"
-        elif line.startswith("## iperf3"):
-            section = "iperf3"
+        elif line.startswith("## "):
+            section = line[3:].strip()
         elif section == "if" and (m := re.search(r"\bmtu (\d+)", line)):
             mtu = int(m.group(1))
         elif section == "iperf3" and line.strip():
             iperf3 = True
-    return LocalLink(ifname, mtu, iperf3)
+        elif section == "speed" and re.fullmatch(r"\d+", line.strip()):
+            speed = int(line.strip()) or None
+        elif section == "qdisc" and (rate := parse_tc_rate(line.strip())) is not None:
+            shaped = rate
+        elif section == "perftest" and line.strip():
+            perftest += 1
+    return LocalLink(ifname, mtu, iperf3, None, speed, shaped, perftest >= 2)
 
 
 # -- iperf3 ---------------------------------------------------------------------------------
@@ -359,3 +389,98 @@ def parse_ib_write_lat(text: str) -> RdmaLatency:
     if len(row) < 9:
         raise ValueError("ib_write_lat result line has fewer than 9 fields")
     return RdmaLatency(device, int(row[0]), int(row[1]), *row[2:9])
+
+
+# -- running perftest between two HCAs ----------------------------------------------------------
+PERFTEST_PORT = 18515  # perftest's own default: its TCP port for exchanging QP details, not iperf3's
+RDMA_READY = "Waiting for client to connect"
+RDMA_QPS = 4  # queue pairs of ib_write_bw: one QP stays below line rate on a 200G port
+RDMA_LAT_ITERS = 1000
+
+
+def perftest_argv(tool: str, hca: str, gid_index: int, port: int, seconds: int) -> list[str]:
+    """One end of a perftest run: `-d` the HCA, `-x` its RoCE v2 GID index, `-F` (no cpufreq
+    warning), `--report_gbits`, `-p` its port; ib_write_bw for `-D` seconds over RDMA_QPS QPs,
+    ib_write_lat for RDMA_LAT_ITERS round trips."""
+    argv = [tool, "-d", hca, "-x", str(gid_index), "-F", "--report_gbits", "-p", str(port)]
+    if tool == "ib_write_bw":
+        return [*argv, "-D", str(seconds), "-q", str(RDMA_QPS)]
+    return [*argv, "-n", str(RDMA_LAT_ITERS)]
+
+
+_PERFTEST_SERVER = (
+    'limit=$1; shift; timeout -k 1 "$limit" stdbuf -oL "$@" 2>&1 & pid=$!; '
+    'cat >/dev/null; kill "$pid" 2>/dev/null; wait "$pid"'
+)
+
+
+def perftest_server_command(argv: Sequence[str], limit_s: float) -> list[str]:
+    """perftest's server (it serves one test and exits), stopped when the controller closes its
+    stdin, and by `timeout` at limit_s whatever happens (line-buffered: its "Waiting for client"
+    line arrives at once)."""
+    return ["sh", "-c", _PERFTEST_SERVER, "perftest-server", f"{limit_s:g}", *argv]
+
+
+def perftest_client_command(argv: Sequence[str], server_ip: str, limit_s: float) -> list[str]:
+    """perftest's client against server_ip, ended by `timeout` at limit_s."""
+    return ["timeout", "-k", "1", f"{limit_s:g}", *argv, server_ip]
+
+
+@dataclass(frozen=True)
+class RdmaMeasurement:
+    """One HCA pair: ib_write_bw (source writes to target) and ib_write_lat; `errors`: what failed."""
+
+    bandwidth: RdmaBandwidth | None
+    latency: RdmaLatency | None
+    errors: tuple[str, ...] = ()
+
+
+def _perftest_once(source: Transport, target: Transport, tool: str, ends: tuple[tuple[str, int], tuple[str, int]],
+                   dst_ip: str, port: int, seconds: int) -> tuple[str | None, str | None]:  # fmt: skip
+    (src_hca, src_gid), (dst_hca, dst_gid) = ends
+    limit = seconds + 10
+    server = target.stream(perftest_server_command(perftest_argv(tool, dst_hca, dst_gid, port, seconds), limit),
+                           stdin=True)  # fmt: skip
+    try:
+        seen = []
+        for line in server:
+            seen.append(line)
+            if RDMA_READY in line:
+                break
+        else:
+            said = " ".join(x.strip() for x in seen if x.strip() and not x.startswith("-"))
+            return None, f"{tool} server on {dst_hca} did not start: {said[-300:] or 'no output'}"
+        argv = perftest_client_command(perftest_argv(tool, src_hca, src_gid, port, seconds), dst_ip, limit)
+        out = source.run(argv, timeout=limit + 5, check=False)
+        return out.stdout, None if out.ok else f"{tool} exited {out.exit_code}: " + (
+            " ".join((out.stderr + out.stdout).split())[-300:] or "no output"
+        )
+    finally:
+        server.close_stdin()  # the wrapper kills the server if the test has not ended it
+        with contextlib.suppress(TransportError):
+            server.wait(timeout=3)
+        server.close()
+
+
+def measure_rdma(source: Transport, target: Transport, dst_ip: str, *, src: tuple[str, int], dst: tuple[str, int],
+                 seconds: int, port: int = PERFTEST_PORT) -> RdmaMeasurement:  # fmt: skip
+    """ib_write_bw, then ib_write_lat, from the source's HCA (name, GID index) to the target's:
+    each a server on the target (gone when this returns, at the latest at its time limit) and
+    the client on the source, connecting to the target's fabric address."""
+    errors: list[str] = []
+    bw = lat = None
+    text, error = _perftest_once(source, target, "ib_write_bw", (src, dst), dst_ip, port, seconds)
+    try:
+        bw = parse_ib_write_bw(text) if text is not None else None
+    except ValueError as exc:
+        error = error or str(exc)
+    if error:
+        errors.append(error)
+    text, error = _perftest_once(source, target, "ib_write_lat", (src, dst), dst_ip, port, seconds)
+    try:
+        lat = parse_ib_write_lat(text) if text is not None else None
+    except ValueError as exc:
+        error = error or str(exc)
+    if error:
+        errors.append(error)
+    return RdmaMeasurement(bw, lat, tuple(errors))
