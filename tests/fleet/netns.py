@@ -14,7 +14,10 @@ each node here has its own interfaces, addresses, routes and MTUs, laid out like
   RDMA cannot exist on this kernel), found by the rdma probe through the session's
   `SPARKFLEET_SYSFS_ROOT` / `SPARKFLEET_DEV_ROOT`: rocep1s0f0 / roceP2p1s0f0 (twins) and
   rocep1s0f1 / roceP2p1s0f1, the pair on the node's fabric port ACTIVE, the RoCE v2 GID of the
-  fabric address at index 3.
+  fabric address at index 3;
+- perftest's `ib_write_bw` / `ib_write_lat` on each node's PATH (`<node dir>/bin`, first on the
+  PATH its sshd sets): the stand-in of tests/fleet/perftest_standin.py, which pairs, listens and
+  connects for real and replays captured real output (`perftest_scale` slows one node's HCA).
 
 A wrong interface name, a missing route, an MTU mismatch and an unreachable pair are real faults
 here (`set_mtu`, `block`, `drop_route`, `remove_hca`). Needs root, `ip` (iproute2) and sshd.
@@ -37,12 +40,15 @@ from pathlib import Path
 from tests.fleet.connectx import write_dev, write_port
 from tests.fleet.loopback import client_options
 
+PERFTEST_STANDIN = Path(__file__).with_name("perftest_standin.py")
+
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 IP = shutil.which("ip") or "/usr/sbin/ip"
 SFTP_SERVER = next(
     (p for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server") if os.path.exists(p)),
     "internal-sftp",
 )
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 FABRIC_NET = "192.168.200"
 MGMT_NET = "10.0.0"
 MGMT_IF = "enP7s7"
@@ -135,6 +141,7 @@ class NetnsFleet:
             self._link(node, MGMT_IF, f"m{i}", "brm", node.mgmt_ip, 1500)
             self._link(node, fabric_if, f"f{i}", "brf", node.fabric_ip, 9000)
             self.write_rdma(node)
+            self.write_perftest(node)
             known.append(self._sshd(node))
             cfg.append(
                 f"Host {node.name}\n  HostKeyAlias {node.name}\n  User root\n"
@@ -165,7 +172,7 @@ class NetnsFleet:
             "PrintMotd no\nPrintLastLog no\nMaxSessions 200\nLogLevel VERBOSE\n"
             "AcceptEnv LANG LC_* SPARKFLEET_*\n"
             f"SetEnv SPARKFLEET_NODE={node.name} SPARKFLEET_SYSFS_ROOT={node.sys_root} "
-            f"SPARKFLEET_DEV_ROOT={node.dev_root}\n"
+            f"SPARKFLEET_DEV_ROOT={node.dev_root} PATH={node.dir / 'bin'}:{DEFAULT_PATH}\n"
             f"Subsystem sftp {SFTP_SERVER}\n"
         )
         kind, blob = Path(f"{key}.pub").read_text().split()[:2]
@@ -183,6 +190,23 @@ class NetnsFleet:
             write_port(node.sys_root, hca, netdev, (node.fabric_ip,) if up else (), state=state, mac=mac)
             write_port(node.sys_root, twin, netdev.replace("enp1", "enP2p1"), state=state, mac=mac[:-2] + "02")
         write_dev(node.dev_root, 4)
+
+    def write_perftest(self, node: NsNode) -> None:
+        """The perftest stand-in as `ib_write_bw` and `ib_write_lat` in the node's bin dir."""
+        bin_dir = node.dir / "bin"
+        bin_dir.mkdir(exist_ok=True)
+        for tool in ("ib_write_bw", "ib_write_lat"):
+            link = bin_dir / tool
+            if not link.is_symlink():
+                link.symlink_to(PERFTEST_STANDIN.resolve())
+
+    def perftest_scale(self, i: int, scale: float | None) -> None:
+        """Node i's HCA carries `scale` × the captured rate (None: the captured rate)."""
+        f = self.nodes[i].dir / "bin" / "scale"
+        if scale is None:
+            f.unlink(missing_ok=True)
+        else:
+            f.write_text(f"{scale:g}\n")
 
     def write_cluster_file(self, path: str | os.PathLike[str] | None = None) -> Path:
         """A cluster.toml for these nodes, as a careful user would write it."""

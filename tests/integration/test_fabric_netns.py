@@ -47,6 +47,7 @@ def _fabric(fleet: NetnsFleet, *extra: str) -> tuple[int, dict[str, Any], float]
     # Nothing stays behind on any node: no iperf3, no listener (the nodes' sshd runs on stdio).
     for i in range(4):
         assert "iperf3" not in fleet.processes(i), f"node{i} still runs iperf3"
+        assert not [p for p in fleet.processes(i) if p.startswith("ib_write")], f"node{i} still runs perftest"
         assert not [p for p in fleet.processes(i) if p.startswith("python")], f"node{i} still runs the stream test"
         assert fleet.listening(i) == [], f"node{i} still listens: {fleet.listening(i)}"
     return proc.returncode, json.loads(proc.stdout), took

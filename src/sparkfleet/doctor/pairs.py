@@ -38,6 +38,7 @@ from sparkfleet.nodes.linktest import (
     LocalLink,
     PairMeasurement,
     RdmaMeasurement,
+    RdmaServer,
     local_command,
     measure_pair,
     measure_rdma,
@@ -482,16 +483,23 @@ def run_fabric(
 
         def one(key: str) -> Measured:
             a, b = key.split("\0")
-            m = measure_pair(transports[a], transports[b], by_name[a].fabric_ip, by_name[b].fabric_ip,
-                             seconds=seconds, mtu_sizes=mtu_ladder(links[a].mtu), port=port,
-                             tool=pair_tool(links[a], links[b], tool),
-                             pythons=(by_name[a].python, by_name[b].python))  # fmt: skip
             ea, eb = ends[a], ends[b]
-            if ea is None or eb is None or not (links[a].has_perftest and links[b].has_perftest):
+            rdma = ea is not None and eb is not None and links[a].has_perftest and links[b].has_perftest
+            # perftest's server only listens until its client comes: started now, it is up by the pair's turn.
+            server = RdmaServer(transports[b], eb.hca, eb.gid_index, rdma_port) if rdma and eb else None
+            try:
+                m = measure_pair(transports[a], transports[b], by_name[a].fabric_ip, by_name[b].fabric_ip,
+                                 seconds=seconds, mtu_sizes=mtu_ladder(links[a].mtu), port=port,
+                                 tool=pair_tool(links[a], links[b], tool),
+                                 pythons=(by_name[a].python, by_name[b].python))  # fmt: skip
+            except BaseException:
+                if server is not None:
+                    server.close()
+                raise
+            if server is None or ea is None:
                 return m, None
-            rm = measure_rdma(transports[a], transports[b], by_name[b].fabric_ip, src=(ea.hca, ea.gid_index),
-                              dst=(eb.hca, eb.gid_index), seconds=seconds, port=rdma_port)  # fmt: skip
-            return m, rm
+            return m, measure_rdma(transports[a], server, by_name[b].fabric_ip, src=(ea.hca, ea.gid_index),
+                                   port=rdma_port)  # fmt: skip
 
         pairs = tuple((a, b) for a, b in pairs if links[a].error is None and links[b].error is None)
         keys = [f"{a}\0{b}" for a, b in pairs]

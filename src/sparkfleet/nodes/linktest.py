@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,7 +32,7 @@ _LOCAL_SCRIPT = (
     'echo "## iperf3"; command -v iperf3; '
     'echo "## speed"; [ -n "$ifname" ] && cat "/sys/class/net/$ifname/speed" 2>/dev/null; '
     'echo "## qdisc"; [ -n "$ifname" ] && tc qdisc show dev "$ifname" 2>/dev/null; '
-    'echo "## perftest"; command -v ib_write_bw ib_write_lat; true'
+    'echo "## perftest"; command -v ib_write_bw; command -v ib_write_lat; true'
 )
 
 
@@ -395,35 +396,56 @@ def parse_ib_write_lat(text: str) -> RdmaLatency:
 PERFTEST_PORT = 18515  # perftest's own default: its TCP port for exchanging QP details, not iperf3's
 RDMA_READY = "Waiting for client to connect"
 RDMA_QPS = 4  # queue pairs of ib_write_bw: one QP stays below line rate on a 200G port
+RDMA_BW_ITERS = 5000  # per QP, perftest's default (the captured output's 20000 = 4 × 5000): ~0.1 s at 100 Gbit/s
 RDMA_LAT_ITERS = 1000
+RDMA_LIMIT_S = 10.0  # each tool's time limit: a link at a hundredth of its rate still finishes
+LAT_SECTION = "## ib_write_lat"
+SERVER_END = "## perftest servers ended"
 
 
-def perftest_argv(tool: str, hca: str, gid_index: int, port: int, seconds: int) -> list[str]:
+def perftest_argv(tool: str, hca: str, gid_index: int, port: int) -> list[str]:
     """One end of a perftest run: `-d` the HCA, `-x` its RoCE v2 GID index, `-F` (no cpufreq
-    warning), `--report_gbits`, `-p` its port; ib_write_bw for `-D` seconds over RDMA_QPS QPs,
-    ib_write_lat for RDMA_LAT_ITERS round trips."""
+    warning), `--report_gbits`, `-p` its port; ib_write_bw over RDMA_QPS QPs of RDMA_BW_ITERS
+    64 KiB writes each, ib_write_lat for RDMA_LAT_ITERS round trips. The duration is what the
+    link takes for that many bytes, bounded by RDMA_LIMIT_S."""
     argv = [tool, "-d", hca, "-x", str(gid_index), "-F", "--report_gbits", "-p", str(port)]
     if tool == "ib_write_bw":
-        return [*argv, "-D", str(seconds), "-q", str(RDMA_QPS)]
+        return [*argv, "-q", str(RDMA_QPS), "-n", str(RDMA_BW_ITERS)]
     return [*argv, "-n", str(RDMA_LAT_ITERS)]
 
 
-_PERFTEST_SERVER = (
-    'limit=$1; shift; timeout -k 1 "$limit" stdbuf -oL "$@" 2>&1 & pid=$!; '
-    'cat >/dev/null; kill "$pid" 2>/dev/null; wait "$pid"'
-)
+def _sh(argv: Sequence[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)
 
 
-def perftest_server_command(argv: Sequence[str], limit_s: float) -> list[str]:
-    """perftest's server (it serves one test and exits), stopped when the controller closes its
-    stdin, and by `timeout` at limit_s whatever happens (line-buffered: its "Waiting for client"
-    line arrives at once)."""
-    return ["sh", "-c", _PERFTEST_SERVER, "perftest-server", f"{limit_s:g}", *argv]
+def perftest_server_command(hca: str, gid_index: int, port: int, limit_s: float = RDMA_LIMIT_S) -> list[str]:
+    """perftest's servers on one HCA: ib_write_bw, then ib_write_lat (each serves one test and
+    exits), each under `timeout` at limit_s and line-buffered (its "Waiting for client" line
+    arrives at once), then SERVER_END; all stopped when the controller closes stdin."""
+    bw, lat = (_sh(perftest_argv(t, hca, gid_index, port)) for t in ("ib_write_bw", "ib_write_lat"))
+    run = f"timeout -k 1 {limit_s:g} stdbuf -oL"
+    script = (
+        "( trap 'kill $c 2>/dev/null; exit 143' TERM; "
+        f"{run} {bw} 2>&1 & c=$!; wait $c; echo '{LAT_SECTION}'; {run} {lat} 2>&1 & c=$!; wait $c; "
+        f"echo '{SERVER_END}' ) & pid=$!; "
+        'cat >/dev/null; kill "$pid" 2>/dev/null; wait "$pid"'
+    )
+    return ["sh", "-c", script]
 
 
-def perftest_client_command(argv: Sequence[str], server_ip: str, limit_s: float) -> list[str]:
-    """perftest's client against server_ip, ended by `timeout` at limit_s."""
-    return ["timeout", "-k", "1", f"{limit_s:g}", *argv, server_ip]
+def perftest_client_command(hca: str, gid_index: int, port: int, server_ip: str,
+                            limit_s: float = RDMA_LIMIT_S) -> list[str]:  # fmt: skip
+    """perftest's clients against server_ip: ib_write_bw, then ib_write_lat (tried again for up
+    to 3 s while the server's ib_write_lat starts; not run when ib_write_bw failed), each under
+    `timeout` at limit_s."""
+    bw, lat = (_sh([*perftest_argv(t, hca, gid_index, port), server_ip]) for t in ("ib_write_bw", "ib_write_lat"))
+    run = f"timeout -k 1 {limit_s:g}"
+    script = (
+        f"{run} {bw} 2>&1 || exit 0; echo '{LAT_SECTION}'; i=0; "
+        f'while :; do out=$({run} {lat} 2>&1) && break; i=$((i + 1)); [ $i -ge 30 ] && break; sleep 0.1; done; '
+        'printf "%s\\n" "$out"'
+    )
+    return ["sh", "-c", script]
 
 
 @dataclass(frozen=True)
@@ -435,52 +457,62 @@ class RdmaMeasurement:
     errors: tuple[str, ...] = ()
 
 
-def _perftest_once(source: Transport, target: Transport, tool: str, ends: tuple[tuple[str, int], tuple[str, int]],
-                   dst_ip: str, port: int, seconds: int) -> tuple[str | None, str | None]:  # fmt: skip
-    (src_hca, src_gid), (dst_hca, dst_gid) = ends
-    limit = seconds + 10
-    server = target.stream(perftest_server_command(perftest_argv(tool, dst_hca, dst_gid, port, seconds), limit),
-                           stdin=True)  # fmt: skip
-    try:
-        seen = []
-        for line in server:
-            seen.append(line)
-            if RDMA_READY in line:
-                break
-        else:
-            said = " ".join(x.strip() for x in seen if x.strip() and not x.startswith("-"))
-            return None, f"{tool} server on {dst_hca} did not start: {said[-300:] or 'no output'}"
-        argv = perftest_client_command(perftest_argv(tool, src_hca, src_gid, port, seconds), dst_ip, limit)
-        out = source.run(argv, timeout=limit + 5, check=False)
-        return out.stdout, None if out.ok else f"{tool} exited {out.exit_code}: " + (
-            " ".join((out.stderr + out.stdout).split())[-300:] or "no output"
-        )
-    finally:
-        server.close_stdin()  # the wrapper kills the server if the test has not ended it
-        with contextlib.suppress(TransportError):
-            server.wait(timeout=3)
-        server.close()
-
-
-def measure_rdma(source: Transport, target: Transport, dst_ip: str, *, src: tuple[str, int], dst: tuple[str, int],
-                 seconds: int, port: int = PERFTEST_PORT) -> RdmaMeasurement:  # fmt: skip
-    """ib_write_bw, then ib_write_lat, from the source's HCA (name, GID index) to the target's:
-    each a server on the target (gone when this returns, at the latest at its time limit) and
-    the client on the source, connecting to the target's fabric address."""
-    errors: list[str] = []
+def parse_perftest_client(text: str) -> RdmaMeasurement:
+    """Split perftest_client_command's output and parse each tool's part."""
+    bw_text, _, lat_text = text.partition(LAT_SECTION)
     bw = lat = None
-    text, error = _perftest_once(source, target, "ib_write_bw", (src, dst), dst_ip, port, seconds)
-    try:
-        bw = parse_ib_write_bw(text) if text is not None else None
-    except ValueError as exc:
-        error = error or str(exc)
-    if error:
-        errors.append(error)
-    text, error = _perftest_once(source, target, "ib_write_lat", (src, dst), dst_ip, port, seconds)
-    try:
-        lat = parse_ib_write_lat(text) if text is not None else None
-    except ValueError as exc:
-        error = error or str(exc)
-    if error:
-        errors.append(error)
+    errors = []
+    for tool, part in (("ib_write_bw", bw_text), ("ib_write_lat", lat_text)):
+        if tool == "ib_write_lat" and LAT_SECTION not in text:
+            break  # not run: ib_write_bw's error says why
+        try:
+            if tool == "ib_write_bw":
+                bw = parse_ib_write_bw(part)
+            else:
+                lat = parse_ib_write_lat(part)
+        except ValueError:
+            said = " ".join(x.strip() for x in part.splitlines() if x.strip() and not x.startswith("-"))
+            errors.append(f"{tool}: {said[-300:] or 'no output'}")
     return RdmaMeasurement(bw, lat, tuple(errors))
+
+
+class RdmaServer:
+    """perftest's servers on the target's HCA, started ahead of the pair's turn (they only listen
+    until a client comes); `close` stops them, whatever state they are in."""
+
+    def __init__(self, target: Transport, hca: str, gid_index: int, port: int = PERFTEST_PORT) -> None:
+        self.hca = hca
+        self._stream = target.stream(perftest_server_command(hca, gid_index, port), stdin=True)
+        self._seen: list[str] = []
+
+    def ready(self) -> str | None:
+        """Wait for ib_write_bw's server to listen: None, or why it did not."""
+        for line in self._stream:
+            self._seen.append(line)
+            if RDMA_READY in line:
+                return None
+            if SERVER_END in line or LAT_SECTION in line:
+                break
+        said = " ".join(x.strip() for x in self._seen if x.strip() and not x.startswith(("-", "##")))
+        return f"ib_write_bw server on {self.hca} did not start: {said[-300:] or 'no output'}"
+
+    def close(self) -> None:
+        self._stream.close_stdin()  # the wrapper kills whichever server still runs
+        with contextlib.suppress(TransportError):
+            self._stream.wait(timeout=3)
+        self._stream.close()
+
+
+def measure_rdma(source: Transport, server: RdmaServer, dst_ip: str, *, src: tuple[str, int],
+                 port: int = PERFTEST_PORT) -> RdmaMeasurement:  # fmt: skip
+    """ib_write_bw, then ib_write_lat, from the source's HCA (name, GID index) to the server's,
+    connecting to the target's fabric address; the server is closed when this returns."""
+    try:
+        why = server.ready()
+        if why is not None:
+            return RdmaMeasurement(None, None, (why,))
+        argv = perftest_client_command(src[0], src[1], port, dst_ip)
+        out = source.run(argv, timeout=2 * RDMA_LIMIT_S + 10, check=False)
+        return parse_perftest_client(out.stdout)
+    finally:
+        server.close()
