@@ -393,7 +393,7 @@ def parse_ib_write_lat(text: str) -> RdmaLatency:
 
 
 # -- running perftest between two HCAs ----------------------------------------------------------
-PERFTEST_PORT = 18515  # perftest's own default: its TCP port for exchanging QP details, not iperf3's
+PERFTEST_PORT = 18515  # perftest's own default (its TCP port for exchanging QP details): ib_write_bw; +1 ib_write_lat
 RDMA_READY = "Waiting for client to connect"
 RDMA_QPS = 4  # queue pairs of ib_write_bw: one QP stays below line rate on a 200G port
 RDMA_BW_ITERS = 5000  # per QP, perftest's default (the captured output's 20000 = 4 × 5000): ~0.1 s at 100 Gbit/s
@@ -419,14 +419,16 @@ def _sh(argv: Sequence[str]) -> str:
 
 
 def perftest_server_command(hca: str, gid_index: int, port: int, limit_s: float = RDMA_LIMIT_S) -> list[str]:
-    """perftest's servers on one HCA: ib_write_bw, then ib_write_lat (each serves one test and
-    exits), each under `timeout` at limit_s and line-buffered (its "Waiting for client" line
-    arrives at once), then SERVER_END; all stopped when the controller closes stdin."""
-    bw, lat = (_sh(perftest_argv(t, hca, gid_index, port)) for t in ("ib_write_bw", "ib_write_lat"))
+    """perftest's servers on one HCA, both listening at once: ib_write_bw on `port`, ib_write_lat
+    on `port + 1` (each serves one test and exits), each under `timeout` at limit_s and
+    line-buffered (their "Waiting for client" lines arrive at once); SERVER_END when both have
+    ended; both stopped when the controller closes stdin."""
+    bw = _sh(perftest_argv("ib_write_bw", hca, gid_index, port))
+    lat = _sh(perftest_argv("ib_write_lat", hca, gid_index, port + 1))
     run = f"timeout -k 1 {limit_s:g} stdbuf -oL"
     script = (
-        "( trap 'kill $c 2>/dev/null; exit 143' TERM; "
-        f"{run} {bw} 2>&1 & c=$!; wait $c; echo '{LAT_SECTION}'; {run} {lat} 2>&1 & c=$!; wait $c; "
+        "( trap 'kill $b $l 2>/dev/null; exit 143' TERM; "
+        f"{run} {lat} 2>&1 & l=$!; {run} {bw} 2>&1 & b=$!; wait $b; wait $l; "
         f"echo '{SERVER_END}' ) & pid=$!; "
         'cat >/dev/null; kill "$pid" 2>/dev/null; wait "$pid"'
     )
@@ -435,17 +437,12 @@ def perftest_server_command(hca: str, gid_index: int, port: int, limit_s: float 
 
 def perftest_client_command(hca: str, gid_index: int, port: int, server_ip: str,
                             limit_s: float = RDMA_LIMIT_S) -> list[str]:  # fmt: skip
-    """perftest's clients against server_ip: ib_write_bw, then ib_write_lat (tried again for up
-    to 3 s while the server's ib_write_lat starts; not run when ib_write_bw failed), each under
-    `timeout` at limit_s."""
-    bw, lat = (_sh([*perftest_argv(t, hca, gid_index, port), server_ip]) for t in ("ib_write_bw", "ib_write_lat"))
+    """perftest's clients against server_ip: ib_write_bw on `port`, then (when it succeeded)
+    ib_write_lat on `port + 1`, each under `timeout` at limit_s."""
+    bw = _sh([*perftest_argv("ib_write_bw", hca, gid_index, port), server_ip])
+    lat = _sh([*perftest_argv("ib_write_lat", hca, gid_index, port + 1), server_ip])
     run = f"timeout -k 1 {limit_s:g}"
-    script = (
-        f"{run} {bw} 2>&1 || exit 0; echo '{LAT_SECTION}'; i=0; "
-        f'while :; do out=$({run} {lat} 2>&1) && break; i=$((i + 1)); [ $i -ge 30 ] && break; sleep 0.1; done; '
-        'printf "%s\\n" "$out"'
-    )
-    return ["sh", "-c", script]
+    return ["sh", "-c", f"{run} {bw} 2>&1 || exit 0; echo '{LAT_SECTION}'; {run} {lat} 2>&1; true"]
 
 
 @dataclass(frozen=True)
@@ -486,15 +483,17 @@ class RdmaServer:
         self._seen: list[str] = []
 
     def ready(self) -> str | None:
-        """Wait for ib_write_bw's server to listen: None, or why it did not."""
+        """Wait for both servers to listen: None, or why they did not."""
+        waiting = 2
         for line in self._stream:
             self._seen.append(line)
-            if RDMA_READY in line:
+            waiting -= RDMA_READY in line
+            if not waiting:
                 return None
-            if SERVER_END in line or LAT_SECTION in line:
+            if SERVER_END in line:
                 break
         said = " ".join(x.strip() for x in self._seen if x.strip() and not x.startswith(("-", "##")))
-        return f"ib_write_bw server on {self.hca} did not start: {said[-300:] or 'no output'}"
+        return f"perftest servers on {self.hca} did not start: {said[-300:] or 'no output'}"
 
     def close(self) -> None:
         self._stream.close_stdin()  # the wrapper kills whichever server still runs
