@@ -78,6 +78,12 @@ def test_clean_fleet_passes_at_the_shaped_rate_within_15_s(fleet: NetnsFleet) ->
         assert abs(rate - FAST) <= 0.15 * FAST, f"{src} → {dst}: {rate:.1f} Mbit/s, shaped to {FAST}"
     assert took <= 15.0 and report["seconds"] <= 15.0, (took, report["seconds"])
     assert {p["mtu_expected"] for p in report["pairs"]} == {9000} and {p["path_mtu"] for p in report["pairs"]} == {9000}
+    # The link's own speed: veths report 10000 Mbit/s, tc shapes them to 200: the shaped rate is the expectation.
+    assert {p["link_mbps"] for p in report["pairs"]} == {FAST}
+    assert {c["status"] for c in report["checks"] if c["id"] == "fabric.link_speed"} == {"pass"}
+    # Every pair also over RDMA (the perftest stand-in replays the captured DGX Spark output).
+    assert {p["rdma_gbps"] for p in report["pairs"]} == {111.71}
+    assert {p["rdma_lat_us"] for p in report["pairs"]} == {1.47}
 
 
 def test_the_stream_test_measures_the_shaped_rates_where_iperf3_is_not_used(fleet: NetnsFleet) -> None:
@@ -93,6 +99,29 @@ def test_the_stream_test_measures_the_shaped_rates_where_iperf3_is_not_used(flee
     for (src, dst), rate in _rates(report).items():
         shaped = SLOW if "node3" in (src, dst) else FAST
         assert abs(rate - shaped) <= 0.15 * shaped, f"{src} → {dst}: {rate:.1f} Mbit/s, shaped to {shaped}"
+
+
+def test_rdma_pairs_carry_the_captured_figures_and_a_slow_hca_is_named(fleet: NetnsFleet) -> None:
+    # Each node's ib_write_bw / ib_write_lat is the stand-in (tests/fleet/perftest_standin.py): a
+    # real server listening on its port and a real client connecting to it over the fabric, replaying
+    # the captured DGX Spark output. node3's is told to report a tenth of the rate: its three pairs fail.
+    fleet.perftest_scale(3, 0.1)
+    try:
+        rc, report, _ = _fabric(fleet)
+    finally:
+        fleet.perftest_scale(3, None)
+    hca = {f"node{i}": n.hcas[0] for i, n in enumerate(fleet.nodes)}
+    for p in report["pairs"]:
+        assert p["rdma_hcas"] == [hca[p["a"]], hca[p["b"]]] and p["rdma_gids"] == [3, 3]
+        assert p["rdma_gbps"] == (11.17 if "node3" in (p["a"], p["b"]) else 111.71), p
+        assert p["rdma_lat_us"] == 1.47 and p["rdma_expected_gbps"] == pytest.approx(126.03, abs=0.01)
+    fails = _fails(report)
+    assert rc == 1 and set(fails) == {("fabric.rdma", p) for p in _pair_names(report, "node3")}, fails
+    ev = fails[("fabric.rdma", "node0<->node3")]
+    assert "node0 rocep1s0f0 (GID 3, enp1s0f0np0) → node3 rocep1s0f0 (GID 3, enp1s0f0np0)" in ev, ev
+    assert "ib_write_bw 11.17 Gbit/s, expected ≥ 88.22 Gbit/s (0.7 × 126.0 Gbit/s, what the HCAs can carry" in ev, ev
+    tools = {c["node"] for c in report["checks"] if c["id"] == "fabric.rdma_tool" and c["status"] == "pass"}
+    assert tools == set(NODES)
 
 
 def test_a_slow_link_names_exactly_the_pairs_through_it(fleet: NetnsFleet) -> None:
