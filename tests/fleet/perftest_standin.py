@@ -34,18 +34,28 @@ CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "fabric"
 STARS = "*" * 36
 BANNER = f"{STARS}\n* Waiting for client to connect... *\n{STARS}\n"
 
-# The flags doctor passes, each as perftest's --help spells it (short, long).
+# The flags doctor passes, each as perftest's --help spells it (short, long); ib_write_lat's
+# --help lists neither -q (it refuses it: "Multiple QPs only available on bw tests") nor --report_gbits.
 FLAGS = (("-d", "--ib-dev"), ("-x", "--gid-index"), ("-p", "--port"), ("-D", "--duration"), ("-q", "--qp"),
          ("-n", "--iters"))  # fmt: skip
 SWITCHES = (("-F", "--CPU-freq"), ("--report_gbits",))
+BW_ONLY = ("--qp", "--report_gbits")
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for names in FLAGS:
-        p.add_argument(*names, dest=names[1].lstrip("-").replace("-", "_"))
-    for names in SWITCHES:
-        p.add_argument(*names, action="store_true", dest=names[-1].lstrip("-").replace("-", "_"))
+def accepted(tool: str) -> tuple[tuple[str, ...], ...]:
+    """The flags the stand-in accepts as `tool`."""
+    return tuple(n for n in (*FLAGS, *SWITCHES) if tool == "ib_write_bw" or n[-1] not in BW_ONLY)
+
+
+def parser(tool: str = "ib_write_bw") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=tool, add_help=False, allow_abbrev=False)
+    p.set_defaults(qp=None, report_gbits=False)
+    for names in accepted(tool):
+        dest = names[-1].lstrip("-").replace("-", "_")
+        if names in SWITCHES:
+            p.add_argument(*names, action="store_true", dest=dest)
+        else:
+            p.add_argument(*names, dest=dest)
     p.add_argument("host", nargs="?")
     return p
 
@@ -96,7 +106,7 @@ def _seconds(tool: str, args: argparse.Namespace, text: str) -> float:
 def main(argv: list[str]) -> int:
     tool = Path(sys.argv[0]).name
     try:
-        args = parser().parse_args(argv)
+        args = parser(tool).parse_args(argv)
     except SystemExit:
         return 1
     why = _check_device(args.ib_dev, args.gid_index)
