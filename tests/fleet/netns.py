@@ -178,14 +178,15 @@ class NetnsFleet:
         kind, blob = Path(f"{key}.pub").read_text().split()[:2]
         return f"{node.name} {kind} {blob}\n"
 
-    def write_rdma(self, node: NsNode) -> None:
-        """(Re)write the node's ConnectX tree: the twin pair on its fabric port ACTIVE, the
-        fabric address's GIDs on the first twin (only one twin needs an address)."""
+    def write_rdma(self, node: NsNode, active: bool = True) -> None:
+        """(Re)write the node's ConnectX tree: the twin pair on its fabric port ACTIVE (DOWN with
+        active=False, as with no cable), the fabric address's GIDs on the first twin (only one
+        twin needs an address)."""
         shutil.rmtree(node.sys_root, ignore_errors=True)
         shutil.rmtree(node.dev_root, ignore_errors=True)
         for netdev, (hca, twin) in PORTS.items():
             up = netdev == node.fabric_if
-            state = "4: ACTIVE" if up else "1: DOWN"
+            state = "4: ACTIVE" if up and active else "1: DOWN"
             mac = f"0c:42:a1:{node.index:02x}:{list(PORTS).index(netdev):02x}:01"
             write_port(node.sys_root, hca, netdev, (node.fabric_ip,) if up else (), state=state, mac=mac)
             write_port(node.sys_root, twin, netdev.replace("enp1", "enP2p1"), state=state, mac=mac[:-2] + "02")
@@ -199,6 +200,11 @@ class NetnsFleet:
             link = bin_dir / tool
             if not link.is_symlink():
                 link.symlink_to(PERFTEST_STANDIN.resolve())
+
+    def set_rdma(self, active: bool) -> None:
+        """Every node's HCAs ACTIVE (doctor --fabric then measures each pair over RDMA too) or DOWN."""
+        for node in self.nodes:
+            self.write_rdma(node, active)
 
     def perftest_scale(self, i: int, scale: float | None) -> None:
         """Node i's HCA carries `scale` × the captured rate (None: the captured rate)."""
