@@ -30,7 +30,6 @@ from dataclasses import asdict, dataclass, field
 
 from sparkfleet.doctor.probes import rdma as rdma_probe
 from sparkfleet.doctor.targets import Check, NodeTarget
-from sparkfleet.errors import SparkfleetError
 from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.linktest import (
     IPERF3_PORT,
@@ -464,11 +463,13 @@ def run_fabric(
     names = [t.name for t in targets]
 
     def discover(n: str) -> tuple[LocalLink, RdmaEnd | None]:
-        link = parse_local(transports[n].run(local_command(by_name[n].fabric_ip), timeout=timeout).stdout)
+        # One round trip: the link's facts, then the rdma fact's sysfs dump (their sections differ).
+        out = transports[n].run(local_command(by_name[n].fabric_ip, rdma_probe.command()), timeout=timeout).stdout
+        link = parse_local(out)
         try:
-            facts = rdma_probe.parse(transports[n].run(rdma_probe.command(), timeout=timeout, check=False).stdout)
-        except (SparkfleetError, ValueError):
-            facts = None  # the sysfs dump failed: no RDMA test, the TCP one still runs
+            facts: rdma_probe.RdmaFacts | None = rdma_probe.parse(out)
+        except ValueError:
+            facts = None  # an unreadable dump: no RDMA test, the TCP one still runs
         return link, rdma_end(facts, by_name[n].fabric_ip)
 
     local = fan_out(names, discover, workers=max(1, len(names)))

@@ -36,10 +36,11 @@ _LOCAL_SCRIPT = (
 )
 
 
-def local_command(fabric_ip: str) -> list[str]:
+def local_command(fabric_ip: str, then: Sequence[str] = ()) -> list[str]:
     """The argv that names the interface holding fabric_ip, its link line, iperf3's path, the
-    interface's reported speed (sysfs), its root qdisc (a shaped rate) and perftest's paths."""
-    return ["sh", "-c", _LOCAL_SCRIPT, "linktest", fabric_ip]
+    interface's reported speed (sysfs), its root qdisc (a shaped rate) and perftest's paths; then
+    the argv `then` (another fact's command, in the same round trip), if given."""
+    return ["sh", "-c", _LOCAL_SCRIPT + '; shift; [ "$#" -gt 0 ] && "$@"; true', "linktest", fabric_ip, *then]
 
 
 @dataclass(frozen=True)
