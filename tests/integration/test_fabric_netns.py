@@ -110,9 +110,19 @@ def test_rdma_pairs_carry_the_captured_figures_and_a_slow_hca_is_named(fleet: Ne
         rc0, clean, took = _fabric(fleet)
         fleet.perftest_scale(3, 0.1)
         rc, report, _ = _fabric(fleet)
+        fleet.perftest_scale(3, None)
+        # node2 without a route to node3: the perftest servers started on node3 never get their
+        # client, and must be gone when doctor returns (_fabric checks every namespace).
+        fleet.block(2, 3)
+        try:
+            _, blocked, _ = _fabric(fleet)
+        finally:
+            fleet.unblock(2, 3)
     finally:
         fleet.perftest_scale(3, None)
         fleet.set_rdma(False)
+    gone = _fails(blocked)[("fabric.rdma", "node2<->node3")]
+    assert "ib_write_bw not measured: ib_write_bw: Couldn't connect to 192.168.200.14:18515" in gone, gone
     assert rc0 == 0 and _fails(clean) == {}, _fails(clean)
     assert took <= 25.0, took  # the 15 s of the TCP matrix, plus perftest's servers and clients (Python here)
     hca = {f"node{i}": n.hcas[0] for i, n in enumerate(fleet.nodes)}
