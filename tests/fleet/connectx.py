@@ -7,8 +7,11 @@ sysfs-class-infiniband) and what `show_gids` and the Spark launchers read
 (../shared/reference/engines.md §5.2): per port `state` ("4: ACTIVE"), `link_layer`
 ("Ethernet" = RoCE), `gids/<i>`, `gid_attrs/types/<i>` ("IB/RoCE v1" | "RoCE v2") and
 `gid_attrs/ndevs/<i>` for populated entries, unpopulated entries all zeros; the backing netdev
-under `<hca>/device/net/`. A RoCE port's table starts with the link-local GID (from the MAC) as
-v1 and v2, then each IPv4 address, IPv4-mapped, as v1 and v2: index 3 is RoCE v2 of the first
+under `<hca>/device/net/`; the port's `rate` ("200 Gb/sec (4X HDR)") and the HCA's PCIe link
+(`device/current_link_speed` "32.0 GT/s PCIe", `current_link_width` "4": a Spark's ConnectX-7
+reaches the GB10 through two PCIe Gen5 x4 links, one per twin HCA).
+A RoCE port's table starts with the link-local GID (from the MAC) as v1 and v2, then each IPv4
+address, IPv4-mapped, as v1 and v2: index 3 is RoCE v2 of the first
 address, the NCCL_IB_GID_INDEX the Spark recipes pin.
 
 The rdma probe reads it through `$SPARKFLEET_SYSFS_ROOT` / `$SPARKFLEET_DEV_ROOT`.
@@ -46,12 +49,16 @@ def ipv4_gid(ipv4: str) -> str:
 
 def write_port(sys_root: Path, hca: str, netdev: str | None, addresses: tuple[str, ...] = (), *,
                state: str = "4: ACTIVE", port: int = 1, mac: str = "0c:42:a1:00:00:01",
-               link_layer: str = "Ethernet") -> Path:  # fmt: skip
+               link_layer: str = "Ethernet", rate: str = "200 Gb/sec (4X HDR)",
+               pcie: tuple[str, str] = ("32.0 GT/s PCIe", "4")) -> Path:  # fmt: skip
     """One RDMA port of hca backed by netdev (None: a port with no netdev, no GIDs)."""
     base = sys_root / "class/infiniband" / hca
     p = base / "ports" / str(port)
     _write(p / "state", state)
     _write(p / "link_layer", link_layer)
+    _write(p / "rate", rate)
+    _write(base / "device/current_link_speed", pcie[0])
+    _write(base / "device/current_link_width", pcie[1])
     entries: list[tuple[str, str]] = []
     if netdev is not None:
         for gid in (link_local_gid(mac), *(ipv4_gid(a) for a in addresses)):

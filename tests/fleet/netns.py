@@ -14,7 +14,10 @@ each node here has its own interfaces, addresses, routes and MTUs, laid out like
   RDMA cannot exist on this kernel), found by the rdma probe through the session's
   `SPARKFLEET_SYSFS_ROOT` / `SPARKFLEET_DEV_ROOT`: rocep1s0f0 / roceP2p1s0f0 (twins) and
   rocep1s0f1 / roceP2p1s0f1, the pair on the node's fabric port ACTIVE, the RoCE v2 GID of the
-  fabric address at index 3.
+  fabric address at index 3;
+- perftest's `ib_write_bw` / `ib_write_lat` on each node's PATH (`<node dir>/bin`, first on the
+  PATH its sshd sets): the stand-in of tests/fleet/perftest_standin.py, which pairs, listens and
+  connects for real and replays captured real output (`perftest_scale` slows one node's HCA).
 
 A wrong interface name, a missing route, an MTU mismatch and an unreachable pair are real faults
 here (`set_mtu`, `block`, `drop_route`, `remove_hca`). Needs root, `ip` (iproute2) and sshd.
@@ -37,12 +40,15 @@ from pathlib import Path
 from tests.fleet.connectx import write_dev, write_port
 from tests.fleet.loopback import client_options
 
+PERFTEST_STANDIN = Path(__file__).with_name("perftest_standin.py")
+
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 IP = shutil.which("ip") or "/usr/sbin/ip"
 SFTP_SERVER = next(
     (p for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server") if os.path.exists(p)),
     "internal-sftp",
 )
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 FABRIC_NET = "192.168.200"
 MGMT_NET = "10.0.0"
 MGMT_IF = "enP7s7"
@@ -135,6 +141,7 @@ class NetnsFleet:
             self._link(node, MGMT_IF, f"m{i}", "brm", node.mgmt_ip, 1500)
             self._link(node, fabric_if, f"f{i}", "brf", node.fabric_ip, 9000)
             self.write_rdma(node)
+            self.write_perftest(node)
             known.append(self._sshd(node))
             cfg.append(
                 f"Host {node.name}\n  HostKeyAlias {node.name}\n  User root\n"
@@ -165,24 +172,47 @@ class NetnsFleet:
             "PrintMotd no\nPrintLastLog no\nMaxSessions 200\nLogLevel VERBOSE\n"
             "AcceptEnv LANG LC_* SPARKFLEET_*\n"
             f"SetEnv SPARKFLEET_NODE={node.name} SPARKFLEET_SYSFS_ROOT={node.sys_root} "
-            f"SPARKFLEET_DEV_ROOT={node.dev_root}\n"
+            f"SPARKFLEET_DEV_ROOT={node.dev_root} PATH={node.dir / 'bin'}:{DEFAULT_PATH}\n"
             f"Subsystem sftp {SFTP_SERVER}\n"
         )
         kind, blob = Path(f"{key}.pub").read_text().split()[:2]
         return f"{node.name} {kind} {blob}\n"
 
-    def write_rdma(self, node: NsNode) -> None:
-        """(Re)write the node's ConnectX tree: the twin pair on its fabric port ACTIVE, the
-        fabric address's GIDs on the first twin (only one twin needs an address)."""
+    def write_rdma(self, node: NsNode, active: bool = True) -> None:
+        """(Re)write the node's ConnectX tree: the twin pair on its fabric port ACTIVE (DOWN with
+        active=False, as with no cable), the fabric address's GIDs on the first twin (only one
+        twin needs an address)."""
         shutil.rmtree(node.sys_root, ignore_errors=True)
         shutil.rmtree(node.dev_root, ignore_errors=True)
         for netdev, (hca, twin) in PORTS.items():
             up = netdev == node.fabric_if
-            state = "4: ACTIVE" if up else "1: DOWN"
+            state = "4: ACTIVE" if up and active else "1: DOWN"
             mac = f"0c:42:a1:{node.index:02x}:{list(PORTS).index(netdev):02x}:01"
             write_port(node.sys_root, hca, netdev, (node.fabric_ip,) if up else (), state=state, mac=mac)
             write_port(node.sys_root, twin, netdev.replace("enp1", "enP2p1"), state=state, mac=mac[:-2] + "02")
         write_dev(node.dev_root, 4)
+
+    def write_perftest(self, node: NsNode) -> None:
+        """The perftest stand-in as `ib_write_bw` and `ib_write_lat` in the node's bin dir."""
+        bin_dir = node.dir / "bin"
+        bin_dir.mkdir(exist_ok=True)
+        for tool in ("ib_write_bw", "ib_write_lat"):
+            link = bin_dir / tool
+            if not link.is_symlink():
+                link.symlink_to(PERFTEST_STANDIN.resolve())
+
+    def set_rdma(self, active: bool) -> None:
+        """Every node's HCAs ACTIVE (doctor --fabric then measures each pair over RDMA too) or DOWN."""
+        for node in self.nodes:
+            self.write_rdma(node, active)
+
+    def perftest_scale(self, i: int, scale: float | None) -> None:
+        """Node i's HCA carries `scale` × the captured rate (None: the captured rate)."""
+        f = self.nodes[i].dir / "bin" / "scale"
+        if scale is None:
+            f.unlink(missing_ok=True)
+        else:
+            f.write_text(f"{scale:g}\n")
 
     def write_cluster_file(self, path: str | os.PathLike[str] | None = None) -> Path:
         """A cluster.toml for these nodes, as a careful user would write it."""

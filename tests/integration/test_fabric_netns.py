@@ -34,6 +34,8 @@ NODES = ("node0", "node1", "node2", "node3")
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsFleet]:
     with shaped_fleet(4, tmp_path_factory.mktemp("fabric"), FAST, odd=1, name="fabric") as f:
+        # The TCP tests run with the HCAs DOWN (no RDMA test): the RDMA test turns them ACTIVE.
+        f.set_rdma(False)
         yield f
 
 
@@ -47,6 +49,7 @@ def _fabric(fleet: NetnsFleet, *extra: str) -> tuple[int, dict[str, Any], float]
     # Nothing stays behind on any node: no iperf3, no listener (the nodes' sshd runs on stdio).
     for i in range(4):
         assert "iperf3" not in fleet.processes(i), f"node{i} still runs iperf3"
+        assert not [p for p in fleet.processes(i) if p.startswith("ib_write")], f"node{i} still runs perftest"
         assert not [p for p in fleet.processes(i) if p.startswith("python")], f"node{i} still runs the stream test"
         assert fleet.listening(i) == [], f"node{i} still listens: {fleet.listening(i)}"
     return proc.returncode, json.loads(proc.stdout), took
@@ -77,6 +80,10 @@ def test_clean_fleet_passes_at_the_shaped_rate_within_15_s(fleet: NetnsFleet) ->
         assert abs(rate - FAST) <= 0.15 * FAST, f"{src} → {dst}: {rate:.1f} Mbit/s, shaped to {FAST}"
     assert took <= 15.0 and report["seconds"] <= 15.0, (took, report["seconds"])
     assert {p["mtu_expected"] for p in report["pairs"]} == {9000} and {p["path_mtu"] for p in report["pairs"]} == {9000}
+    # The link's own speed: veths report 10000 Mbit/s, tc shapes them to 200: the shaped rate is the expectation.
+    assert {p["link_mbps"] for p in report["pairs"]} == {FAST}
+    assert {c["status"] for c in report["checks"] if c["id"] == "fabric.link_speed"} == {"pass"}
+    assert {p["rdma_hcas"] for p in report["pairs"]} == {None}  # HCAs DOWN: no RDMA test
 
 
 def test_the_stream_test_measures_the_shaped_rates_where_iperf3_is_not_used(fleet: NetnsFleet) -> None:
@@ -92,6 +99,45 @@ def test_the_stream_test_measures_the_shaped_rates_where_iperf3_is_not_used(flee
     for (src, dst), rate in _rates(report).items():
         shaped = SLOW if "node3" in (src, dst) else FAST
         assert abs(rate - shaped) <= 0.15 * shaped, f"{src} → {dst}: {rate:.1f} Mbit/s, shaped to {shaped}"
+
+
+def test_rdma_pairs_carry_the_captured_figures_and_a_slow_hca_is_named(fleet: NetnsFleet) -> None:
+    # Each node's ib_write_bw / ib_write_lat is the stand-in (tests/fleet/perftest_standin.py): a
+    # real server listening on its port and a real client connecting to it over the fabric, replaying
+    # the captured DGX Spark output. node3's is told to report a tenth of the rate: its three pairs fail.
+    fleet.set_rdma(True)
+    try:
+        rc0, clean, took = _fabric(fleet)
+        fleet.perftest_scale(3, 0.1)
+        rc, report, _ = _fabric(fleet)
+        fleet.perftest_scale(3, None)
+        # node2 without a route to node3: the perftest servers started on node3 never get their
+        # client, and must be gone when doctor returns (_fabric checks every namespace).
+        fleet.block(2, 3)
+        try:
+            _, blocked, _ = _fabric(fleet)
+        finally:
+            fleet.unblock(2, 3)
+    finally:
+        fleet.perftest_scale(3, None)
+        fleet.set_rdma(False)
+    gone = _fails(blocked)[("fabric.rdma", "node2<->node3")]
+    assert "ib_write_bw not measured: ib_write_bw: Couldn't connect to 192.168.200.14:18515" in gone, gone
+    assert rc0 == 0 and _fails(clean) == {}, _fails(clean)
+    assert took <= 25.0, took  # the 15 s of the TCP matrix, plus perftest's servers and clients (Python here)
+    hca = {f"node{i}": n.hcas[0] for i, n in enumerate(fleet.nodes)}
+    for run, slow in ((clean, 111.71), (report, 11.17)):
+        for p in run["pairs"]:
+            assert p["rdma_hcas"] == [hca[p["a"]], hca[p["b"]]] and p["rdma_gids"] == [3, 3], p
+            assert p["rdma_gbps"] == (slow if "node3" in (p["a"], p["b"]) else 111.71), p
+            assert p["rdma_lat_us"] == 1.47 and p["rdma_expected_gbps"] == pytest.approx(126.03, abs=0.01), p
+    fails = _fails(report)
+    assert rc == 1 and set(fails) == {("fabric.rdma", p) for p in _pair_names(report, "node3")}, fails
+    ev = fails[("fabric.rdma", "node0<->node3")]
+    assert "node0 rocep1s0f0 (GID 3, enp1s0f0np0) → node3 rocep1s0f0 (GID 3, enp1s0f0np0)" in ev, ev
+    assert "ib_write_bw 11.17 Gbit/s, expected ≥ 88.22 Gbit/s (0.7 × 126.0 Gbit/s, what the HCAs can carry" in ev, ev
+    tools = {c["node"] for c in report["checks"] if c["id"] == "fabric.rdma_tool" and c["status"] == "pass"}
+    assert tools == set(NODES)
 
 
 def test_a_slow_link_names_exactly_the_pairs_through_it(fleet: NetnsFleet) -> None:

@@ -297,7 +297,19 @@ def fabric(store: Store) -> dict[str, Any] | None:
             share = rate / median if rate is not None and median else None
             cells.append({"src": src, "dst": dst, "mbps": rate, "share": share,
                           "below": share is not None and share < fraction})  # fmt: skip
+    rdma_median = report.get("rdma_median_gbps")
+    rdma_cells = []
+    for p in report.get("pairs", []):
+        if p.get("rdma_hcas"):
+            rate, expected = p.get("rdma_gbps"), p.get("rdma_expected_gbps")
+            share = rate / rdma_median if rate is not None and rdma_median else None
+            low = (share is not None and share < fraction) or (
+                rate is not None and bool(expected) and rate < fraction * expected
+            )
+            rdma_cells.append({"src": p["a"], "dst": p["b"], "gbps": rate, "share": share, "below": bool(low),
+                               "expected_gbps": expected, "lat_us": p.get("rdma_lat_us")})  # fmt: skip
     return {"run_at": report.get("run_at"), "age_s": time.time() - (report.get("run_at") or time.time()),
+            "rdma_median_gbps": rdma_median, "rdma_cells": rdma_cells,
             "nodes": report.get("nodes", []), "median_mbps": median, "fraction": fraction, "cells": cells,
             "failed": [c for c in report.get("checks", []) if c.get("status") == "fail"],
             "seconds_per_test": report.get("seconds_per_test")}  # fmt: skip

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,13 +29,18 @@ PING_COUNT = 50
 _LOCAL_SCRIPT = (
     "ifname=$(ip -o -4 addr show to \"$1/32\" | awk '{print $2; exit}'); "
     'echo "## if $ifname"; [ -n "$ifname" ] && ip -o link show dev "$ifname"; '
-    'echo "## iperf3"; command -v iperf3; true'
+    'echo "## iperf3"; command -v iperf3; '
+    'echo "## speed"; [ -n "$ifname" ] && cat "/sys/class/net/$ifname/speed" 2>/dev/null; '
+    'echo "## qdisc"; [ -n "$ifname" ] && tc qdisc show dev "$ifname" 2>/dev/null; '
+    'echo "## perftest"; command -v ib_write_bw; command -v ib_write_lat; true'
 )
 
 
-def local_command(fabric_ip: str) -> list[str]:
-    """The argv that names the interface holding fabric_ip, its link line, and iperf3's path."""
-    return ["sh", "-c", _LOCAL_SCRIPT, "linktest", fabric_ip]
+def local_command(fabric_ip: str, then: Sequence[str] = ()) -> list[str]:
+    """The argv that names the interface holding fabric_ip, its link line, iperf3's path, the
+    interface's reported speed (sysfs), its root qdisc (a shaped rate) and perftest's paths; then
+    the argv `then` (another fact's command, in the same round trip), if given."""
+    return ["sh", "-c", _LOCAL_SCRIPT + '; shift; [ "$#" -gt 0 ] && "$@"; true', "linktest", fabric_ip, *then]
 
 
 @dataclass(frozen=True)
@@ -45,22 +51,48 @@ class LocalLink:
     mtu: int | None
     has_iperf3: bool
     error: str | None = None  # the node did not answer: why
+    speed_mbps: int | None = None  # /sys/class/net/IF/speed (None: -1 or unreadable, as on many virtual NICs)
+    shaped_mbps: float | None = None  # the rate of a token bucket (tbf) at the interface's root, if any
+    has_perftest: bool = False  # ib_write_bw and ib_write_lat both on PATH
+
+    @property
+    def link_mbps(self) -> float | None:
+        """What the interface can send: its reported speed, or the rate it is shaped to if lower."""
+        known = [x for x in (self.speed_mbps, self.shaped_mbps) if x]
+        return min(known) if known else None
+
+
+_UNITS = {"": 1e-6, "K": 1e-3, "M": 1.0, "G": 1e3, "T": 1e6}
+
+
+def parse_tc_rate(line: str) -> float | None:
+    """The rate of a root tbf qdisc line of `tc qdisc show` ("qdisc tbf 8001: root … rate 200Mbit …") in Mbit/s."""
+    if " root " not in f" {line} " or not line.startswith("qdisc tbf"):
+        return None
+    m = re.search(r"\brate ([\d.]+)([KMGT]?)bit\b", line)
+    return float(m.group(1)) * _UNITS[m.group(2)] if m else None
 
 
 def parse_local(text: str) -> LocalLink:
     """Parse local_command's output."""
-    ifname, mtu, iperf3 = None, None, False
+    ifname, mtu, iperf3, speed, shaped, perftest = None, None, False, None, None, 0
     section = ""
     for line in text.splitlines():
         if line.startswith("## if"):
             ifname, section = (line[len("## if") :].strip() or None), "if"
-        elif line.startswith("## iperf3"):
-            section = "iperf3"
+        elif line.startswith("## "):
+            section = line[3:].strip()
         elif section == "if" and (m := re.search(r"\bmtu (\d+)", line)):
             mtu = int(m.group(1))
         elif section == "iperf3" and line.strip():
             iperf3 = True
-    return LocalLink(ifname, mtu, iperf3)
+        elif section == "speed" and re.fullmatch(r"\d+", line.strip()):
+            speed = int(line.strip()) or None
+        elif section == "qdisc" and (rate := parse_tc_rate(line.strip())) is not None:
+            shaped = rate
+        elif section == "perftest" and line.strip():
+            perftest += 1
+    return LocalLink(ifname, mtu, iperf3, None, speed, shaped, perftest >= 2)
 
 
 # -- iperf3 ---------------------------------------------------------------------------------
@@ -359,3 +391,128 @@ def parse_ib_write_lat(text: str) -> RdmaLatency:
     if len(row) < 9:
         raise ValueError("ib_write_lat result line has fewer than 9 fields")
     return RdmaLatency(device, int(row[0]), int(row[1]), *row[2:9])
+
+
+# -- running perftest between two HCAs ----------------------------------------------------------
+PERFTEST_PORT = 18515  # perftest's own default (its TCP port for exchanging QP details): ib_write_bw; +1 ib_write_lat
+RDMA_READY = "Waiting for client to connect"
+RDMA_QPS = 4  # queue pairs of ib_write_bw: one QP stays below line rate on a 200G port
+RDMA_BW_ITERS = 5000  # per QP, perftest's default (the captured output's 20000 = 4 × 5000): ~0.1 s at 100 Gbit/s
+RDMA_LAT_ITERS = 1000
+RDMA_LIMIT_S = 10.0  # each tool's time limit: a link at a hundredth of its rate still finishes
+LAT_SECTION = "## ib_write_lat"
+SERVER_END = "## perftest servers ended"
+
+
+def perftest_argv(tool: str, hca: str, gid_index: int, port: int) -> list[str]:
+    """One end of a perftest run: `-d` the HCA, `-x` its RoCE v2 GID index, `-F` (no cpufreq
+    warning), `-p` its port; ib_write_bw with `--report_gbits` over RDMA_QPS QPs of RDMA_BW_ITERS
+    64 KiB writes each, ib_write_lat for RDMA_LAT_ITERS round trips. The duration is what the
+    link takes for that many bytes, bounded by RDMA_LIMIT_S."""
+    argv = [tool, "-d", hca, "-x", str(gid_index), "-F", "-p", str(port)]
+    if tool == "ib_write_bw":
+        return [*argv, "--report_gbits", "-q", str(RDMA_QPS), "-n", str(RDMA_BW_ITERS)]
+    return [*argv, "-n", str(RDMA_LAT_ITERS)]  # its --help lists no --report_gbits, and it refuses -q
+
+
+def _sh(argv: Sequence[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def perftest_server_command(hca: str, gid_index: int, port: int, limit_s: float = RDMA_LIMIT_S) -> list[str]:
+    """perftest's servers on one HCA, both listening at once: ib_write_bw on `port`, ib_write_lat
+    on `port + 1` (each serves one test and exits), each under `timeout` at limit_s and
+    line-buffered (their "Waiting for client" lines arrive at once); SERVER_END when both have
+    ended; both stopped when the controller closes stdin."""
+    bw = _sh(perftest_argv("ib_write_bw", hca, gid_index, port))
+    lat = _sh(perftest_argv("ib_write_lat", hca, gid_index, port + 1))
+    run = f"timeout -k 1 {limit_s:g} stdbuf -oL"
+    script = (
+        "( trap 'kill $b $l 2>/dev/null; exit 143' TERM; "
+        f"{run} {lat} 2>&1 & l=$!; {run} {bw} 2>&1 & b=$!; wait $b; wait $l; "
+        f"echo '{SERVER_END}' ) & pid=$!; "
+        'cat >/dev/null; kill "$pid" 2>/dev/null; wait "$pid"'
+    )
+    return ["sh", "-c", script]
+
+
+def perftest_client_command(hca: str, gid_index: int, port: int, server_ip: str,
+                            limit_s: float = RDMA_LIMIT_S) -> list[str]:  # fmt: skip
+    """perftest's clients against server_ip: ib_write_bw on `port`, then (when it succeeded)
+    ib_write_lat on `port + 1`, each under `timeout` at limit_s."""
+    bw = _sh([*perftest_argv("ib_write_bw", hca, gid_index, port), server_ip])
+    lat = _sh([*perftest_argv("ib_write_lat", hca, gid_index, port + 1), server_ip])
+    run = f"timeout -k 1 {limit_s:g}"
+    return ["sh", "-c", f"{run} {bw} 2>&1 || exit 0; echo '{LAT_SECTION}'; {run} {lat} 2>&1; true"]
+
+
+@dataclass(frozen=True)
+class RdmaMeasurement:
+    """One HCA pair: ib_write_bw (source writes to target) and ib_write_lat; `errors`: what failed."""
+
+    bandwidth: RdmaBandwidth | None
+    latency: RdmaLatency | None
+    errors: tuple[str, ...] = ()
+
+
+def parse_perftest_client(text: str) -> RdmaMeasurement:
+    """Split perftest_client_command's output and parse each tool's part."""
+    bw_text, _, lat_text = text.partition(LAT_SECTION)
+    bw = lat = None
+    errors = []
+    for tool, part in (("ib_write_bw", bw_text), ("ib_write_lat", lat_text)):
+        if tool == "ib_write_lat" and LAT_SECTION not in text:
+            break  # not run: ib_write_bw's error says why
+        try:
+            if tool == "ib_write_bw":
+                bw = parse_ib_write_bw(part)
+            else:
+                lat = parse_ib_write_lat(part)
+        except ValueError:
+            said = " ".join(x.strip() for x in part.splitlines() if x.strip() and not x.startswith("-"))
+            errors.append(f"{tool}: {said[-300:] or 'no output'}")
+    return RdmaMeasurement(bw, lat, tuple(errors))
+
+
+class RdmaServer:
+    """perftest's servers on the target's HCA, started ahead of the pair's turn (they only listen
+    until a client comes); `close` stops them, whatever state they are in."""
+
+    def __init__(self, target: Transport, hca: str, gid_index: int, port: int = PERFTEST_PORT) -> None:
+        self.hca = hca
+        self._stream = target.stream(perftest_server_command(hca, gid_index, port), stdin=True)
+        self._seen: list[str] = []
+
+    def ready(self) -> str | None:
+        """Wait for both servers to listen: None, or why they did not."""
+        waiting = 2
+        for line in self._stream:
+            self._seen.append(line)
+            waiting -= RDMA_READY in line
+            if not waiting:
+                return None
+            if SERVER_END in line:
+                break
+        said = " ".join(x.strip() for x in self._seen if x.strip() and not x.startswith(("-", "##")))
+        return f"perftest servers on {self.hca} did not start: {said[-300:] or 'no output'}"
+
+    def close(self) -> None:
+        self._stream.close_stdin()  # the wrapper kills whichever server still runs
+        with contextlib.suppress(TransportError):
+            self._stream.wait(timeout=3)
+        self._stream.close()
+
+
+def measure_rdma(source: Transport, server: RdmaServer, dst_ip: str, *, src: tuple[str, int],
+                 port: int = PERFTEST_PORT) -> RdmaMeasurement:  # fmt: skip
+    """ib_write_bw, then ib_write_lat, from the source's HCA (name, GID index) to the server's,
+    connecting to the target's fabric address; the server is closed when this returns."""
+    try:
+        why = server.ready()
+        if why is not None:
+            return RdmaMeasurement(None, None, (why,))
+        argv = perftest_client_command(src[0], src[1], port, dst_ip)
+        out = source.run(argv, timeout=2 * RDMA_LIMIT_S + 10, check=False)
+        return parse_perftest_client(out.stdout)
+    finally:
+        server.close()

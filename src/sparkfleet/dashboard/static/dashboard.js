@@ -418,7 +418,30 @@ async function drawFabric() {
       `red below ${m.fraction} × the median · ${fmtAge(m.age_s)} ago`)),
     el("table", { class: "fabric-matrix" },
       el("thead", {}, el("tr", {}, el("th", {}, ""), ...m.nodes.map((n) => el("th", {}, n)))),
-      el("tbody", {}, m.nodes.map((src) => el("tr", { "data-src": src }, el("th", {}, src), ...m.nodes.map((dst) => cell(src, dst))))))));
+      el("tbody", {}, m.nodes.map((src) => el("tr", { "data-src": src }, el("th", {}, src), ...m.nodes.map((dst) => cell(src, dst)))))),
+    ...rdmaMatrix(m)));
+}
+
+// ib_write_bw's matrix (row writes to column, one direction per pair) when the run measured RDMA.
+function rdmaMatrix(m) {
+  if (!m.rdma_cells || !m.rdma_cells.length) return [];
+  const at = {};
+  for (const c of m.rdma_cells) at[`${c.src}\u0000${c.dst}`] = c;
+  const cell = (src, dst) => {
+    if (src === dst) return el("td", { class: "muted" }, "–");
+    const c = at[`${src}\u0000${dst}`];
+    if (!c) return el("td", { class: "muted" }, "");
+    if (c.gbps == null) return el("td", { class: "heat below", "data-src": src, "data-dst": dst }, "n/a");
+    const share = c.share == null ? 0 : Math.max(0, Math.min(1, (c.share - m.fraction) / (1 - m.fraction)));
+    return el("td", { class: c.below ? "heat below" : "heat", "data-src": src, "data-dst": dst,
+                      style: `background: hsl(${c.below ? 0 : Math.round(120 * share)}, 60%, 82%)`,
+                      title: `expected ${c.expected_gbps == null ? "?" : c.expected_gbps.toFixed(1)} Gbit/s` +
+                             (c.lat_us == null ? "" : `, latency ${c.lat_us} µs`) }, c.gbps.toFixed(2));
+  };
+  return [el("p", { class: "muted" }, `RDMA write, Gbit/s (ib_write_bw), row writes to column · median ${m.rdma_median_gbps == null ? "n/a" : m.rdma_median_gbps.toFixed(2)}`),
+    el("table", { class: "rdma-matrix" },
+      el("thead", {}, el("tr", {}, el("th", {}, ""), ...m.nodes.map((n) => el("th", {}, n)))),
+      el("tbody", {}, m.nodes.map((src) => el("tr", { "data-src": src }, el("th", {}, src), ...m.nodes.map((dst) => cell(src, dst))))))];
 }
 
 async function loadDoctor() {
