@@ -9,7 +9,8 @@ SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
 PKGS=(docker.io openssh-server openssh-client rsync iproute2 procps curl ca-certificates
       busybox-static python3 cmake ninja-build build-essential git
-      iperf3 iputils-ping iptables)  # doctor --fabric and its tests: iperf3, ping, loss injected by iptables
+      iperf3 iputils-ping iptables  # doctor --fabric and its tests: iperf3, ping, loss injected by iptables
+      perftest)  # ib_write_bw/ib_write_lat: the RDMA stand-in's flags are checked against the real tool's --help
 
 missing=()
 for p in "${PKGS[@]}"; do
