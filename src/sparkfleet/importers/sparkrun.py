@@ -12,6 +12,7 @@ understood; malformed input is a RecipeError naming the file and the key.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 from collections.abc import Mapping
@@ -36,13 +37,25 @@ from sparkfleet.importers.sparkrun_rules import (
 )
 from sparkfleet.importers.toml_text import TomlDoc, typed
 from sparkfleet.plan.flags import is_flag
-from sparkfleet.plan.model import CONTAINER_HF_HOME
 
 SPARKRUN_INIT_PORT = 25000
 SPARKRUN_RAY_PORT = 46379
+# llama.cpp's RPC: sparkrun's workers run `rpc-server --port 50052` (llama_cpp._DEFAULT_RPC_PORT).
+SPARKRUN_RPC_PORT = 50052
+# Where sparkrun mounts the node's HF cache in every container (primitives.build_volumes), and
+# the HF_HOME every runtime sets there (RuntimePlugin.get_extra_env).
+SPARKRUN_HF_MOUNT = "/cache/huggingface"
 
-# Env each sparkrun runtime sets on every rank (get_cluster_env); recipe env wins over it.
-RUNTIME_ENV = {
+# Env every rank of these runtimes gets, solo or cluster (get_common_env: default_env_hf_offline);
+# sparkfleet's plan sets HF_HUB_OFFLINE itself. llama.cpp's runtime sets none.
+COMMON_ENV = {
+    "sglang": {"TRANSFORMERS_OFFLINE": "1"},
+    "vllm": {"TRANSFORMERS_OFFLINE": "1"},
+    "vllm-ray": {"TRANSFORMERS_OFFLINE": "1"},
+    "llama-cpp": {},
+}
+# Env only a multi-node launch gets (get_cluster_env); recipe env wins over both.
+CLUSTER_ENV = {
     "sglang": {"NCCL_CUMEM_ENABLE": "0", "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "0"},
     "vllm": {"NCCL_CUMEM_ENABLE": "0", "OMP_NUM_THREADS": "4"},
     "vllm-ray": {"RAY_memory_monitor_refresh_ms": "0", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"},
@@ -91,6 +104,23 @@ KNOWN = {"model", "model_revision", "runtime", "container", "defaults", "env", "
          "executor_config", *NOT_CARRIED}  # fmt: skip
 # executor_config keys sparkfleet carries; the rest are the docker runtime's own choice.
 EXECUTOR_CARRIED = {"shm_size", "volumes"}
+
+
+# Keys whose loss changes what runs (hooks, image contents, container options, env, replicas);
+# the rest of NOT_CARRIED is bookkeeping that changes nothing on the nodes.
+_MATTERS = ("pre_exec", "post_exec", "post_commands", "mods", "builder", "builder_config", "build_args",
+            "executor_config.", "env.", "defaults.data_parallel", "--host ")  # fmt: skip
+
+
+def _matters(key: str) -> bool:
+    """Whether a note's key names something sparkrun would run or set that the import drops: a
+    hook, image contents, a container option, an env value, replicas, a bind address, or a
+    placeholder left in the command. Defaults keys without a flag, per-rank flags sparkfleet
+    appends itself and unknown top-level keys (sparkrun keeps those in runtime_config, which no
+    command reads) change nothing on the nodes."""
+    if key.startswith("{") or key in _MATTERS or key == "runtime_config.mods":
+        return True
+    return any(key.startswith(p) for p in _MATTERS if p.endswith((".", " ")))
 
 
 @dataclass(frozen=True)
@@ -243,7 +273,7 @@ def _command_words(
     notes: _Notes,
 ) -> list[str]:
     template = check.string(data, "command")
-    defaults = {k: v for k, v in values.items() if k != "model"}
+    defaults = {k: v for k, v in values.items() if k not in ("model", "resolved_model_path")}
     if template:
         text, unknown = substitute(template.strip(), values)
         for name in unknown:
@@ -259,7 +289,7 @@ def _command_words(
             words += ["--served-model-name", str(served)]
         return words
     rules = flag_rules(engine, runtime == "vllm-ray", min_version)
-    model = str(values["model"])
+    model = str(data["model"])  # the command-less builders write recipe.model, not defaults.model
     if engine == "sglang":
         new = min_version is not None and min_version >= TEMPLATES_VERSION
         words = [*(SGLANG_SERVE if new else ENTRYPOINTS["sglang"]), "--model-path", model]
@@ -306,18 +336,30 @@ def _hub_dir(repo: str) -> str:
     return "models--" + repo.replace("/", "--")
 
 
+def runtime_env(runtime: str, nodes: int, version: tuple[int, ...] | None) -> dict[str, tuple[str, str]]:
+    """What sparkrun's runtime itself puts in every rank's env (common, then cluster-only on more
+    than one node), each with where it came from."""
+    env = {k: (v, f"sparkrun {runtime} common env") for k, v in COMMON_ENV[runtime].items()}
+    if nodes > 1:
+        cluster = dict(CLUSTER_ENV[runtime])
+        if runtime == "vllm" and version is not None and version >= TEMPLATES_VERSION:
+            cluster.pop("OMP_NUM_THREADS")  # 0.4.0: "vLLM no longer supplies OMP_NUM_THREADS=4"
+        env.update({k: (v, f"sparkrun {runtime} cluster env") for k, v in cluster.items()})
+    return env
+
+
 def _env(
     data: dict[str, Any],
     runtime: str,
+    nodes: int,
     launch: dict[str, str],
     values: dict[str, Any],
     min_version: tuple[int, ...] | None,
     check: _Checker,
     notes: _Notes,
 ) -> dict[str, tuple[str, str | None]]:
-    """The recipe env: runtime defaults, then the recipe's own, templates resolved."""
-    env: dict[str, tuple[str, str | None]] = {k: (v, f"sparkrun {runtime} default")
-                                              for k, v in RUNTIME_ENV[runtime].items()}  # fmt: skip
+    """The recipe env: the runtime's own, then the recipe's, templates resolved."""
+    env: dict[str, tuple[str, str | None]] = dict(runtime_env(runtime, nodes, min_version))
     expands_vars = min_version is None or min_version < TEMPLATES_VERSION
     for key, raw in check.scalar_map(data, "env").items():
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
@@ -355,6 +397,37 @@ def _env(
     return env
 
 
+# sparkrun 0.4's persistent runtime cache (core/runtime_cache.py): a host folder per runtime family
+# and model mounted at /cache/runtime, XDG_CACHE_HOME pointed there, and the paths each runtime
+# declares (runtime_cache_paths) below it.
+RUNTIME_CACHE_MOUNT = "/cache/runtime"
+_FLASH = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton", "FLASHINFER_CACHE_DIR": "flashinfer",
+          "FLASHINFER_WORKSPACE_BASE": "flashinfer", "CUTE_DSL_CACHE_DIR": "cute_dsl",
+          "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": "flash_attn_cute_dsl"}  # fmt: skip
+RUNTIME_CACHE_PATHS = {
+    "vllm": {"VLLM_CACHE_ROOT": "vllm", **_FLASH},
+    "sglang": {**_FLASH, "SGLANG_CACHE_DIR": "sglang", "SGLANG_JIT_CACHE_DIR": "sglang/jit",
+               "TILELANG_CACHE_DIR": "tilelang", "TVM_FFI_CACHE_DIR": "tvm_ffi"},
+}  # fmt: skip
+
+
+def runtime_cache_key(model: str, revision: str | None) -> str:
+    """sparkrun's model key for the runtime cache folder: a readable label and a short hash."""
+    label = model.rstrip("/").rsplit("/", 1)[-1] if model.startswith("/") else model
+    label = re.sub(r"-{2,}", "-", re.sub(r"[^A-Za-z0-9._-]+", "-", label.strip().replace("/", "__"))).strip("-._")
+    label = label[:48].strip("-._") or "unknown"
+    identity = "%s@%s" % (model, revision or "")
+    return f"{label}-{hashlib.sha256(identity.encode()).hexdigest()[:8]}"
+
+
+def runtime_cache(engine: str, model: str, revision: str | None) -> tuple[str, dict[str, str]]:
+    """(host folder, env) of sparkrun 0.4's runtime cache for this engine and model."""
+    env = {"XDG_CACHE_HOME": RUNTIME_CACHE_MOUNT}
+    for var, sub in sorted(RUNTIME_CACHE_PATHS[engine].items()):
+        env[var] = f"{RUNTIME_CACHE_MOUNT}/{sub}"
+    return f"{{{{state}}}}/runtime-cache/{engine}/{runtime_cache_key(model, revision)}", env
+
+
 def _mounts(executor: dict[str, Any], check: _Checker) -> list[tuple[str, str, bool]]:
     """executor_config.volumes: ``host:container[:ro]`` strings, or a host → container mapping."""
     raw = executor.get("volumes")
@@ -378,8 +451,10 @@ def _mounts(executor: dict[str, Any], check: _Checker) -> list[tuple[str, str, b
     return mounts
 
 
-def import_sparkrun(file: SparkrunFile, label: str = "sparkrun") -> ImportResult:
-    """Map a sparkrun recipe to recipe TOML, listing what could not be carried over."""
+def import_sparkrun(file: SparkrunFile, label: str = "sparkrun", sparkrun_version: str | None = None) -> ImportResult:
+    """Map a sparkrun recipe to recipe TOML, listing what could not be carried over. The rules are
+    those of ``sparkrun_version`` when given, else of the recipe's ``min_sparkrun_version``, else
+    of the 0.2/0.3 line (whose flag maps are the same)."""
     data, source = file.data, file.source
     check = _Checker(source)
     model_name = check.string(data, "model", required=True)
@@ -399,10 +474,17 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun") -> ImportResult
             min_version = parse_version(data["min_sparkrun_version"], "min_sparkrun_version")
         except ValueError as exc:
             raise RecipeError(f"{source}: {exc}") from None
+    if sparkrun_version is not None:
+        try:
+            min_version = parse_version(sparkrun_version, "--sparkrun-version")
+        except ValueError as exc:
+            raise RecipeError(str(exc)) from None
     for key in ("build_args", "mods", "post_exec", "post_commands"):
         check.string_list(data, key)
     revision = check.string(data, "model_revision")
-    values: dict[str, Any] = {**defaults, "model": model_name}
+    # sparkrun's config chain (Recipe.build_config_chain): the defaults, then model and
+    # resolved_model_path where the defaults have none.
+    values: dict[str, Any] = {"model": model_name, "resolved_model_path": model_name, **defaults}
     notes = _Notes()
     command = check.string(data, "command") or ""
     engine, runtime = _runtime(data, defaults, command, check)
@@ -455,7 +537,7 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun") -> ImportResult
                                       "deploy one per replica"))  # fmt: skip
 
     docker = bool(data.get("container"))
-    hf_root = CONTAINER_HF_HOME if docker else "{{hf}}"
+    hf_root = SPARKRUN_HF_MOUNT if docker else "{{hf}}"
     model_path = (
         model
         if model.startswith("/")
@@ -472,7 +554,15 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun") -> ImportResult
         "cluster_id": "{{name}}",
         "runtime_cache_dir": placeholder("a host directory for compile caches (sparkrun's runtime cache)"),
     }
-    env = _env(data, runtime, launch, values, min_version, check, notes)
+    new_rules = min_version is not None and min_version >= TEMPLATES_VERSION
+    cache_dir: str | None = None
+    if new_rules and docker and engine in RUNTIME_CACHE_PATHS:
+        cache_dir, cache_env = runtime_cache(engine, model, revision)
+        launch["runtime_cache_dir"] = RUNTIME_CACHE_MOUNT
+    env = _env(data, runtime, nodes, launch, values, min_version, check, notes)
+    if cache_dir is not None:
+        # Under the recipe's own env, as sparkrun layers it (recipe env wins).
+        env = {**{k: (v, "sparkrun 0.4 runtime cache") for k, v in cache_env.items()}, **env}
     for key, (text, _) in env.items():
         if text.startswith("<SET ME") or "<SET ME" in text:
             notes.placeholders.append(Note(f"env.{key}", "a {launch.*} value sparkrun finds at launch"))
@@ -491,8 +581,10 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun") -> ImportResult
 
     doc = TomlDoc()
     doc.comment(f"Imported from {source} by `sparkfleet import {label}`")
-    rules = "sparkrun " + ("0.4.0" if min_version and min_version >= TEMPLATES_VERSION else "0.2.40")
-    doc.comment(f"following {rules}'s rules (min_sparkrun_version: {data.get('min_sparkrun_version') or 'none'}).")
+    rules = "sparkrun " + ("0.4 line" if new_rules else "0.2.40/0.3")
+    chosen = f"--sparkrun-version {sparkrun_version}" if sparkrun_version else (
+        f"min_sparkrun_version: {data.get('min_sparkrun_version') or 'none'}")  # fmt: skip
+    doc.comment(f"following {rules}'s rules ({chosen}).")
     doc.comment("sparkfleet appends the per-rank flags (node count and rank, rendezvous address, host, port)")
     doc.comment("as sparkrun did; the rendezvous port is sparkrun's init port.")
     if data.get("description"):
@@ -514,7 +606,8 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun") -> ImportResult
         doc.set("revision", placeholder(f"snapshot revision of {model} in the HF cache"))
     if fields.get("port"):
         doc.set("port", int(fields["port"]))
-    doc.set("rendezvous_port", SPARKRUN_RAY_PORT if runtime == "vllm-ray" else SPARKRUN_INIT_PORT)
+    rdv = {"vllm-ray": SPARKRUN_RAY_PORT, "llama-cpp": SPARKRUN_RPC_PORT}.get(runtime, SPARKRUN_INIT_PORT)
+    doc.set("rendezvous_port", rdv)
     doc.set("required_nodes", nodes, "max(min_nodes, tensor_parallel x pipeline_parallel) as sparkrun counts")
     if engine != "llama-cpp":
         doc.set("tensor_parallel_size", tp)
@@ -524,15 +617,24 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun") -> ImportResult
         doc.set("distributed_backend", "ray" if runtime == "vllm-ray" else "mp")
     if executor.get("shm_size"):
         doc.set("shm_size", str(executor["shm_size"]), "executor_config.shm_size")
+    if docker:
+        doc.set("hf_mount", SPARKRUN_HF_MOUNT, "where sparkrun mounts the node's HF cache (HF_HOME)")
     if tuple(entrypoint) != ENTRYPOINTS[engine]:
         doc.set("entrypoint", entrypoint)
     doc.blank()
     doc.words("args", args)
+    lost = [f"{n.key}: {n.detail}" for n in (*notes.not_carried, *notes.not_understood) if _matters(n.key)]
+    if lost:
+        doc.blank()
+        doc.words("not_carried", [([item], None) for item in lost],
+                  "what sparkrun would do that this recipe does not: validate/plan warn, --strict refuses")  # fmt: skip
     if env:
         doc.blank()
         doc.table("env")
         for key, (value, note) in env.items():
             doc.set(key, value, note)
+    if cache_dir is not None:
+        mounts.append((cache_dir, RUNTIME_CACHE_MOUNT, False))
     for host, container, read_only in mounts:
         doc.blank()
         doc.array_table("extra_mounts")

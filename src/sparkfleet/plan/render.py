@@ -60,8 +60,9 @@ def _staging_json(step: StagingStep) -> dict[str, Any]:
 
 
 def plan_json(plan: Plan) -> dict[str, Any]:
-    """The ``plan --json`` contract (stable: other tools and golden tests read it)."""
-    return {
+    """The ``plan --json`` contract (stable: other tools and golden tests read it); an imported
+    recipe's ``not_carried`` list is added only when it has entries."""
+    out = {
         "name": plan.name,
         "title": plan.title,
         "engine": plan.engine,
@@ -104,6 +105,9 @@ def plan_json(plan: Plan) -> dict[str, Any]:
             "smoke_expect": plan.verify.smoke_expect,
         },
     }
+    if plan.not_carried:
+        out["not_carried"] = list(plan.not_carried)
+    return out
 
 
 def print_plan(plan: Plan, console: Console) -> None:

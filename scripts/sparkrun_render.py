@@ -1,0 +1,138 @@
+"""Run by scripts/sparkrun-agreement.py under sparkrun's own Python (a separate venv with
+sparkrun's source on PYTHONPATH): for each recipe file named on stdin (one path a line), ask
+sparkrun's own code what it would run, with a stand-in cluster of site values, and print one
+JSON object a line.
+
+Nothing here decides a flag or an env value: the recipe is loaded by ``Recipe.load``, the hosts
+are placed by ``api._hosts.resolve_effective_hosts``, the serve command comes from
+``runtime.generate_command``, and ``runtime.run(dry_run=True)`` launches it with an executor
+whose script generators are wrapped to record what they were given (image, volumes, env, serve
+command per container), exactly as sparkrun's launcher calls them. Dry runs make no SSH calls;
+InfiniBand detection is answered by an empty stand-in (no fabric: the site's NCCL values are not
+what is compared).
+
+Output per recipe: {"file", "ok", "error", "runtime", "hosts", "solo", "containers": [{"host",
+"name", "image", "volumes", "env", "serve": [...commands exec'd in it]}]}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import traceback
+
+HOSTS = [f"10.99.0.{i}" for i in range(1, 9)]  # the stand-in cluster: eight one-GPU nodes
+HF_CACHE = "/site/hf-cache"  # the stand-in host HF cache
+
+
+def main() -> None:
+    home = tempfile.mkdtemp(prefix="sparkrun-home-")
+    os.environ["HOME"] = home  # no user config, registries or job files of this machine
+    os.environ.setdefault("SPARKRUN_NO_TELEMETRY", "1")
+    os.environ.setdefault("SPARKRUN_NO_RUNTIME_CACHE", "1")
+    import logging
+
+    logging.disable(logging.CRITICAL)
+    from sparkrun.core.bootstrap import get_runtime, init_sparkrun
+
+    v = init_sparkrun(log_level="CRITICAL")
+    for line in sys.stdin:
+        path = line.strip()
+        if not path:
+            continue
+        try:
+            out = render(path, v, get_runtime)
+        except BaseException as exc:  # noqa: BLE001 - a refusal is a result, reported by name
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            last = traceback.extract_tb(exc.__traceback__)[-1:]
+            where = f" ({last[0].filename.rsplit('/', 1)[-1]}:{last[0].lineno})" if last else ""
+            out = {"file": path, "ok": False, "error": f"{type(exc).__name__}: {exc}{where}"}
+        sys.stdout.write(json.dumps(out) + "\n")
+        sys.stdout.flush()
+
+
+def render(path: str, v, get_runtime) -> dict:
+    from sparkrun.core.config import SparkrunConfig
+    from sparkrun.core.recipe import Recipe
+    from sparkrun.orchestration.comm_env import ClusterCommEnv
+    from sparkrun.orchestration.executor import resolve_executor
+
+    recipe = Recipe.load(path)
+    runtime = get_runtime(recipe.runtime, v)
+    hosts, solo = _place(recipe, runtime)
+    config = SparkrunConfig()
+    executor = resolve_executor(recipe=recipe, runtime=runtime, config=config, v=v)
+    containers: dict[str, dict] = {}
+
+    def launch(orig):
+        def wrapped(image, container_name, command, env=None, volumes=None, nccl_env=None, *a, **kw):
+            c = containers.setdefault(container_name, {"name": container_name, "serve": []})
+            c.update(image=image, volumes=dict(volumes or {}), env={**(nccl_env or {}), **(env or {})},
+                     command=command)  # fmt: skip
+            return orig(image, container_name, command, env, volumes, nccl_env, *a, **kw)
+
+        return wrapped
+
+    def exec_serve(orig):
+        def wrapped(container_name, serve_command, env=None, *a, **kw):
+            c = containers.setdefault(container_name, {"name": container_name, "serve": []})
+            c["serve"].append({"command": serve_command, "env": dict(env or {})})
+            return orig(container_name, serve_command, env, *a, **kw)
+
+        return wrapped
+
+    executor.generate_launch_script = launch(executor.generate_launch_script)
+    executor.generate_exec_serve_script = exec_serve(executor.generate_exec_serve_script)
+    for name in ("generate_ray_head_script", "generate_ray_worker_script", "generate_node_script"):
+        if hasattr(executor, name):
+            setattr(executor, name, _record(containers, name, getattr(executor, name)))
+    overrides: dict = {}
+    serve_command = runtime.generate_command(
+        recipe=recipe, overrides=overrides, is_cluster=not solo, num_nodes=len(hosts), head_ip=None
+    )
+    comm = ClusterCommEnv(shared={}, per_host={})
+    rc = runtime.run(
+        hosts=hosts, image=runtime.resolve_container(recipe, overrides), serve_command=serve_command,
+        recipe=recipe, overrides=overrides, cluster_id="sparkrun_standin", env=recipe.env,
+        cache_dir=HF_CACHE, config=config, dry_run=True, detached=True, comm_env=comm,
+        ib_ip_map={}, executor=executor, follow=False,
+    )  # fmt: skip
+    return {
+        "file": path,
+        "ok": rc == 0,
+        "error": None if rc == 0 else f"runtime.run returned {rc}",
+        "runtime": recipe.runtime,
+        "hosts": hosts,
+        "solo": solo,
+        "serve_command": serve_command,
+        "containers": list(containers.values()),
+    }
+
+
+def _record(containers: dict, kind: str, orig):
+    def wrapped(*a, **kw):
+        names = [x for x in a if isinstance(x, str) and x.startswith("sparkrun_")] or [kw.get("container_name", kind)]
+        c = containers.setdefault(names[0], {"name": names[0], "serve": []})
+        c.setdefault("scripts", []).append({"kind": kind, "args": [x for x in a if isinstance(x, str | dict)],
+                                            "kwargs": {k: x for k, x in kw.items() if isinstance(x, str | dict)}})  # fmt: skip
+        return orig(*a, **kw)
+
+    return wrapped
+
+
+def _place(recipe, runtime) -> tuple[list[str], bool]:
+    """sparkrun's own placement of the recipe on the stand-in cluster (no occupancy: dry run)."""
+    from sparkrun.api import _hosts
+
+    try:
+        hosts, solo, _notes, _placement = _hosts.resolve_effective_hosts(list(HOSTS), recipe, {}, runtime=runtime)
+    except TypeError:
+        hosts, solo, _notes = _hosts.resolve_effective_hosts(list(HOSTS), recipe, {}, runtime=runtime)[:3]
+    return list(hosts), bool(solo)
+
+
+if __name__ == "__main__":
+    main()
