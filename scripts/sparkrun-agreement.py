@@ -183,7 +183,20 @@ def env_shape(env: dict[str, str]) -> dict[str, str]:
 # --- comparing ---------------------------------------------------------------------------------
 
 
-def compare(sr: dict, sf: dict) -> list[str]:
+# Flags equal to what the engine does without them: a parallel size of 1 (vLLM's -tp/-pp, SGLang's
+# --tp-size/--pp-size default to 1), and --host/--port on a vLLM --headless rank (it serves no
+# HTTP). Dropped from both sides unless --strict.
+DEFAULT_FLAGS = {("-tp", "1"), ("-pp", "1"), ("--tp-size", "1"), ("--pp-size", "1")}
+
+
+def _equivalent(flags: Counter) -> Counter:
+    out = Counter({k: v for k, v in flags.items() if k not in DEFAULT_FLAGS})
+    if ("--headless", "") in out:
+        out = Counter({k: v for k, v in out.items() if k[0] not in ("--host", "--port")})
+    return out
+
+
+def compare(sr: dict, sf: dict, strict: bool = False) -> list[str]:
     """What differs between sparkrun's containers and sparkfleet's ranks (empty: they agree)."""
     diffs: list[str] = []
     by_host: dict[str, dict] = {}
@@ -204,7 +217,8 @@ def compare(sr: dict, sf: dict) -> list[str]:
             diffs.append(f"{where} program: {' '.join(a[0])} / {' '.join(b[0])}")
         if a[1] != b[1]:
             diffs.append(f"{where} model: {a[1]} / {b[1]}")
-        only_a, only_b = a[2] - b[2], b[2] - a[2]
+        fa, fb = (a[2], b[2]) if strict else (_equivalent(a[2]), _equivalent(b[2]))
+        only_a, only_b = fa - fb, fb - fa
         if only_a or only_b:
             show = lambda c: " ".join(f"{f} {v}".strip() for f, v in sorted(c.elements()))  # noqa: E731
             diffs.append(f"{where} flags: sparkrun-only [{show(only_a)}] sparkfleet-only [{show(only_b)}]")
@@ -228,9 +242,12 @@ def main() -> None:
     ap.add_argument("corpus", type=Path)
     ap.add_argument("sparkrun_src", type=Path)
     ap.add_argument("--sparkrun-python", default=sys.executable)
-    ap.add_argument("--sparkrun-version", default=None, help="the rules sparkfleet's import follows")
+    ap.add_argument("--sparkrun-version", default=None,
+                    help="the rules sparkfleet's import follows: the version of SPARKRUN_SRC")
     ap.add_argument("--json", type=Path, default=None, help="write every row here")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every difference, not the first")
+    ap.add_argument("--strict", action="store_true", help="no equivalences: default-valued parallel sizes "
+                    "and a headless rank's --host/--port count as differences")  # fmt: skip
     args = ap.parse_args()
     corpus = sorted(p for p in args.corpus.iterdir() if p.suffix in (".yaml", ".yml"))
     sr_all = sparkrun_side(corpus, args.sparkrun_src, args.sparkrun_python)
@@ -249,7 +266,7 @@ def main() -> None:
             elif "refused" in sf:
                 verdict, why = "refused", sf["refused"]
             else:
-                diffs = compare(sr, sf)
+                diffs = compare(sr, sf, args.strict)
                 verdict = "agree" if not diffs else "differs"
                 why = "; ".join(diffs if args.verbose else diffs[:2])
                 if warned:
@@ -262,7 +279,7 @@ def main() -> None:
     counts = Counter(r["verdict"].split("+")[0] for r in rows)
     judged = [r for r in rows if r["verdict"] != "sparkrun-refuses"]
     agree = sum(1 for r in judged if r["verdict"].startswith("agree"))
-    named = sum(1 for r in judged if r["verdict"] == "refused" or "+warned" in r["verdict"])
+    named = sum(1 for r in judged if r["verdict"] == "refused" or r["verdict"] == "differs+warned")
     print()
     print("summary: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     share = agree / len(judged) if judged else 0.0

@@ -7,7 +7,8 @@ Nothing here decides a flag or an env value: the recipe is loaded by ``Recipe.lo
 are placed by ``api._hosts.resolve_effective_hosts``, the serve command comes from
 ``runtime.generate_command``, and ``runtime.run(dry_run=True)`` launches it with an executor
 whose script generators are wrapped to record what they were given (image, volumes, env, serve
-command per container), exactly as sparkrun's launcher calls them. Dry runs make no SSH calls;
+command per container), exactly as sparkrun's launcher calls them (as `sparkrun run --trust`:
+recipe hooks allowed; per-host backends for default DGX Spark hardware). Dry runs make no SSH calls;
 InfiniBand detection is answered by an empty stand-in (no fabric: the site's NCCL values are not
 what is compared).
 
@@ -33,11 +34,23 @@ def main() -> None:
     os.environ.setdefault("SPARKRUN_NO_TELEMETRY", "1")
     os.environ.setdefault("SPARKRUN_NO_RUNTIME_CACHE", "1")
     import logging
+    import time
 
     logging.disable(logging.CRITICAL)
+    # A dry run still waits where a launch would (settle and poll delays); what it renders does
+    # not depend on them.
+    time.sleep = lambda *_a, **_k: None
     from sparkrun.core.bootstrap import get_runtime, init_sparkrun
 
     v = init_sparkrun(log_level="CRITICAL")
+    import sparkrun.api as api
+
+    def idle(*_a, **_k):
+        raise RuntimeError("stand-in cluster: no occupancy snapshot")
+
+    # Placement asks the hosts (over SSH) what already runs there; the stand-in cluster is idle,
+    # which sparkrun's scheduler handles as "no occupancy info" (greedy packing).
+    api.status = idle
     for line in sys.stdin:
         path = line.strip()
         if not path:
@@ -56,6 +69,7 @@ def main() -> None:
 
 def render(path: str, v, get_runtime) -> dict:
     from sparkrun.core.config import SparkrunConfig
+    from sparkrun.core.launcher import resolve_per_host_backends
     from sparkrun.core.recipe import Recipe
     from sparkrun.orchestration.comm_env import ClusterCommEnv
     from sparkrun.orchestration.executor import resolve_executor
@@ -98,7 +112,8 @@ def render(path: str, v, get_runtime) -> dict:
         hosts=hosts, image=runtime.resolve_container(recipe, overrides), serve_command=serve_command,
         recipe=recipe, overrides=overrides, cluster_id="sparkrun_standin", env=recipe.env,
         cache_dir=HF_CACHE, config=config, dry_run=True, detached=True, comm_env=comm,
-        ib_ip_map={}, executor=executor, follow=False,
+        ib_ip_map={}, executor=executor, follow=False, trust=True,
+        backends=resolve_per_host_backends(hosts) or None,
     )  # fmt: skip
     return {
         "file": path,
@@ -127,10 +142,18 @@ def _place(recipe, runtime) -> tuple[list[str], bool]:
     """sparkrun's own placement of the recipe on the stand-in cluster (no occupancy: dry run)."""
     from sparkrun.api import _hosts
 
+    chain = recipe.build_config_chain({})
+    given = list(HOSTS)
+    if not any(chain.get(k) is not None for k in ("tensor_parallel", "pipeline_parallel", "data_parallel",
+                                                   "expert_parallel", "context_parallel")):  # fmt: skip
+        # Without parallelism in its defaults a recipe runs on every host it is given (sparkrun
+        # trims only by tp x pp x dp and max_nodes): the cluster's size is the site's choice, so
+        # the stand-in gives it the recipe's own minimum.
+        given = given[: max(int(getattr(recipe, "min_nodes", 1) or 1), 1)]
     try:
-        hosts, solo, _notes, _placement = _hosts.resolve_effective_hosts(list(HOSTS), recipe, {}, runtime=runtime)
+        hosts, solo, _notes, _placement = _hosts.resolve_effective_hosts(given, recipe, {}, runtime=runtime)
     except TypeError:
-        hosts, solo, _notes = _hosts.resolve_effective_hosts(list(HOSTS), recipe, {}, runtime=runtime)[:3]
+        hosts, solo, _notes = _hosts.resolve_effective_hosts(given, recipe, {}, runtime=runtime)[:3]
     return list(hosts), bool(solo)
 
 

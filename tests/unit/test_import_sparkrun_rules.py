@@ -105,7 +105,7 @@ def test_env_templates_brace_escapes_and_volumes(tmp_path: Path) -> None:
     recipe, result = _imported(DATA / "dsv41-sglang-env-templates.yaml", tmp_path)
     sha = "fb2764a5cf321eaa5070ca8f9e892818f477c16d"
     assert recipe.env["TP_SIZE"] == "4"
-    hub = "/root/.cache/huggingface/hub/models--deepseek-ai--DeepSeek-V4.1-Flash"
+    hub = "/cache/huggingface/hub/models--deepseek-ai--DeepSeek-V4.1-Flash"  # sparkrun's mount point
     assert recipe.env["DSV41_SOURCE"] == f"{hub}/snapshots/{sha}"
     assert recipe.env["NNODES"] == "4"
     # An escaped token stays literal, with one pair of braces; plain JSON is untouched.
@@ -113,8 +113,11 @@ def test_env_templates_brace_escapes_and_volumes(tmp_path: Path) -> None:
     args = list(recipe.args)
     word = args[args.index("--json-model-override-args") + 1]
     assert json.loads(word) == {"engram_table_dir": "/engram/v1"}
-    assert [(m.host, m.container, m.read_only) for m in recipe.extra_mounts] == [
-        ("/srv/engram", "/engram", True), ("/var/tmp/dsv41", "/state", False)]  # fmt: skip
+    mounts = [(m.host, m.container, m.read_only) for m in recipe.extra_mounts]
+    assert mounts[:2] == [("/srv/engram", "/engram", True), ("/var/tmp/dsv41", "/state", False)]
+    # min_sparkrun_version 0.4.0: sparkrun's runtime cache, a node folder at /cache/runtime.
+    assert mounts[2][0].startswith("{{state}}/runtime-cache/sglang/") and mounts[2][1:] == ("/cache/runtime", False)
+    assert recipe.env["XDG_CACHE_HOME"] == "/cache/runtime"
     assert recipe.shm_size == "32gb" and recipe.revision == sha
     ranks = plan(recipe, _cluster(4), "d").ranks
     for r in ranks:

@@ -33,6 +33,7 @@ from sparkfleet.importers.sparkrun_rules import (
     flag_words,
     parse_version,
     render_template,
+    render_vpd,
     required_nodes,
 )
 from sparkfleet.importers.toml_text import TomlDoc, typed
@@ -46,6 +47,13 @@ SPARKRUN_RPC_PORT = 50052
 # the HF_HOME every runtime sets there (RuntimePlugin.get_extra_env).
 SPARKRUN_HF_MOUNT = "/cache/huggingface"
 
+# The image sparkrun runs when a recipe names none (resolve_container: default_image_prefix:latest).
+DEFAULT_IMAGES = {
+    "vllm": "ghcr.io/spark-arena/dgx-vllm-eugr-nightly-tf5:latest",
+    "vllm-ray": "ghcr.io/spark-arena/dgx-vllm-eugr-nightly-tf5:latest",
+    "sglang": "scitrera/dgx-spark-sglang:latest",
+    "llama-cpp": "scitrera/dgx-spark-llama-cpp:latest",
+}
 # Env every rank of these runtimes gets, solo or cluster (get_common_env: default_env_hf_offline);
 # sparkfleet's plan sets HF_HUB_OFFLINE itself. llama.cpp's runtime sets none.
 COMMON_ENV = {
@@ -118,6 +126,8 @@ def _matters(key: str) -> bool:
     placeholder left in the command. Defaults keys without a flag, per-rank flags sparkfleet
     appends itself and unknown top-level keys (sparkrun keeps those in runtime_config, which no
     command reads) change nothing on the nodes."""
+    if key == "env.HF_HOME":
+        return False  # sparkrun overrides it the same way
     if key.startswith("{") or key in _MATTERS or key == "runtime_config.mods":
         return True
     return any(key.startswith(p) for p in _MATTERS if p.endswith((".", " ")))
@@ -157,9 +167,14 @@ def read_sparkrun(path: Path | str) -> SparkrunFile:
     return read_yaml_mapping(path, "a sparkrun recipe")
 
 
-def substitute(template: str, values: dict[str, Any]) -> tuple[str, list[str]]:
-    """sparkrun's ``{key}`` rendering of a command template (see sparkrun_rules.render_template)."""
-    return render_template(template, values)
+def substitute(
+    template: str, values: dict[str, Any], version: tuple[int, ...] | None = (0, 4, 0), recipe_version: str = "2"
+) -> tuple[str, list[str]]:
+    """sparkrun's ``{key}`` rendering of a command template at that sparkrun version: the 0.4
+    line's render_template, or vpd's arg_substitute before it (sparkrun_rules)."""
+    if version is not None and version >= TEMPLATES_VERSION:
+        return render_template(template, values)
+    return render_vpd(template, values, collapse_escapes=recipe_version == "1")
 
 
 # --- checking the file's shape --------------------------------------------------------------
@@ -250,10 +265,14 @@ def _runtime(data: dict[str, Any], defaults: dict[str, Any], command: str, check
         elif re.match(r"^llama-server\b", cmd):
             runtime = "llama-cpp"
     if runtime in ("", "vllm", "vllm-distributed", "vllm-ray", "eugr-vllm"):
-        ray = (
-            runtime in ("vllm-ray", "eugr-vllm")
-            or str(defaults.get("distributed_executor_backend", "")).lower() == "ray"
-            or bool(re.search(r"--distributed-executor-backend\s+ray\b", cmd))
+        # _resolve_vllm_variant: only a bare "vllm" (or none) is decided by Ray hints; a recipe
+        # that names vllm-distributed stays native even with a Ray backend flag in its command.
+        ray = runtime in ("vllm-ray", "eugr-vllm") or (
+            runtime in ("", "vllm")
+            and (
+                str(defaults.get("distributed_executor_backend", "")).lower() == "ray"
+                or bool(re.search(r"--distributed-executor-backend\s+ray\b", cmd))
+            )
         )
         return "vllm", "vllm-ray" if ray else "vllm"
     if runtime == "sglang":
@@ -275,7 +294,7 @@ def _command_words(
     template = check.string(data, "command")
     defaults = {k: v for k, v in values.items() if k not in ("model", "resolved_model_path")}
     if template:
-        text, unknown = substitute(template.strip(), values)
+        text, unknown = substitute(template.strip(), values, min_version, str(data.get("recipe_version") or "2"))
         for name in unknown:
             detail = "placeholder with no value in defaults; left in the command"
             notes.not_understood.append(Note(f"{{{name}}}", detail))
@@ -283,10 +302,18 @@ def _command_words(
             words = shlex.split(text.replace("\\\n", " "))
         except ValueError as exc:
             raise check.fail("command", f"not a complete shell command line: {exc}") from None
+        script = next((w for w in words if w in ("&&", "||", "|", ";") or w.endswith(";")), None)
+        if script or (words and re.match(r"[A-Za-z_][A-Za-z0-9_]*=", words[0])):
+            shown = script or words[0].split("=")[0] + "=…"
+            raise check.fail("command", f"a shell script ({shown!r}), not one engine command line: sparkfleet "
+                             "starts the engine itself and appends the per-rank flags; do the script's steps "
+                             "in the image or a staging step and keep only the engine command")  # fmt: skip
         served = values.get("served_model_name")
-        if served is not None and "--served-model-name" not in text and engine != "llama-cpp":
-            # sparkrun's _augment_served_model_name appends it when the template omits it.
-            words += ["--served-model-name", str(served)]
+        flag = "--alias" if engine == "llama-cpp" else "--served-model-name"
+        if served is not None and flag not in text:
+            # sparkrun's _augment_served_model_name appends "FLAG VALUE" to the command text
+            # when the flag is not in it (unquoted: the shell splits a value with spaces).
+            words += [flag, *shlex.split(str(served))]
         return words
     rules = flag_rules(engine, runtime == "vllm-ray", min_version)
     model = str(data["model"])  # the command-less builders write recipe.model, not defaults.model
@@ -360,13 +387,20 @@ def _env(
 ) -> dict[str, tuple[str, str | None]]:
     """The recipe env: the runtime's own, then the recipe's, templates resolved."""
     env: dict[str, tuple[str, str | None]] = dict(runtime_env(runtime, nodes, min_version))
-    expands_vars = min_version is None or min_version < TEMPLATES_VERSION
+    # Before 0.3.0 sparkrun expanded $VAR in env from the control machine's environment; 0.3.0
+    # stopped ("Recipe env no longer expanded"): the text reaches the container as written.
+    expands_vars = min_version is None or min_version < (0, 3, 0)
     for key, raw in check.scalar_map(data, "env").items():
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
             raise check.fail(f"env.{key}", "is not a valid environment variable name")
         text = "" if raw is None else str(raw)
         if is_secret(key):
             notes.not_carried.append(Note(f"env.{key}", f"a secret: pass it at launch with --env {key}"))
+            continue
+        if key == "HF_HOME":
+            # get_extra_env is merged after the recipe's env: sparkrun's HF_HOME wins.
+            notes.not_carried.append(Note("env.HF_HOME", f"= {text}: sparkrun sets HF_HOME={SPARKRUN_HF_MOUNT} "
+                                          "over it (hf_mount)"))  # fmt: skip
             continue
         if expands_vars and "$" in text:
             notes.not_carried.append(Note(f"env.{key}", "expanded from your environment by sparkrun: "
@@ -536,7 +570,9 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun", sparkrun_versio
         notes.not_carried.append(Note("defaults.data_parallel", "sparkfleet runs one replica per deployment: "
                                       "deploy one per replica"))  # fmt: skip
 
-    docker = bool(data.get("container"))
+    # sparkrun always runs a container: the recipe's, else its runtime's default image.
+    image = check.string(data, "container") or DEFAULT_IMAGES[runtime]
+    docker = True
     hf_root = SPARKRUN_HF_MOUNT if docker else "{{hf}}"
     model_path = (
         model
@@ -594,8 +630,8 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun", sparkrun_versio
     doc.blank()
     doc.set("engine", engine)
     doc.set("name", Path(source).stem)
-    if data.get("container"):
-        doc.set("docker_image", str(data["container"]), "container")
+    doc.set("docker_image", image, "container" if data.get("container") else "sparkrun's default image for "
+            f"{runtime} (the recipe names none)")  # fmt: skip
     doc.set("model", model)
     if model_file:
         doc.set("model_file", model_file)

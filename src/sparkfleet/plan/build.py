@@ -283,6 +283,9 @@ def _model_ref_and_mounts(
         return recipe.composed_model.mount, mounts
     if recipe.model.startswith("/"):
         if docker:
+            if recipe.hf_mount:
+                # Asked for by name (sparkrun mounts the cache in every container): there too.
+                mounts.append(MountSpec(node.hf_cache, recipe.hf_mount, True))
             mounts.append(MountSpec(recipe.model, recipe.model, True))
         return recipe.model, mounts
     if docker:
