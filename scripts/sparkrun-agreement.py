@@ -199,10 +199,6 @@ def _equivalent(flags: Counter) -> Counter:
 def compare(sr: dict, sf: dict, strict: bool = False) -> list[str]:
     """What differs between sparkrun's containers and sparkfleet's ranks (empty: they agree)."""
     diffs: list[str] = []
-    by_host: dict[str, dict] = {}
-    for c in sr["containers"]:
-        host = next((h for h in sr["hosts"] if c["name"].endswith(f"_node_{sr['hosts'].index(h)}")), None)
-        by_host.setdefault(host or c["name"], c)
     containers = [c for c in sr["containers"] if c.get("serve") or c.get("scripts")]
     if len(containers) != len(sf["ranks"]):
         diffs.append(f"nodes: sparkrun {len(containers)} ({len(sr['hosts'])} hosts), sparkfleet {len(sf['ranks'])}")
@@ -210,9 +206,17 @@ def compare(sr: dict, sf: dict, strict: bool = False) -> list[str]:
     head = sr["hosts"][0]
     for rank, (c, r) in enumerate(zip(containers, sf["ranks"], strict=True)):
         where = f"rank {rank}"
+        for script in c.get("scripts", []):  # a Ray node: its container comes from the ray script
+            kw = script["kwargs"]
+            c = {**c, "image": kw.get("image", c.get("image")), "volumes": kw.get("volumes") or {},
+                 "env": kw.get("env") or {}, "ray_worker": script["kind"] == "generate_ray_worker_script"}  # fmt: skip
         serve = c["serve"][-1]["command"] if c.get("serve") else ""
         a = command_shape(_sparkrun_words(serve), head, sr["hosts"][rank]) if serve else ((), None, Counter())
         b = command_shape(_serve_words(r["argv"]), head, r["host"])
+        if c.get("ray_worker") and not serve:
+            # Both join the head's Ray cluster and run nothing else (sparkrun: ray_worker.sh).
+            joined = r["argv"][:2] == ["bash", "-c"] and "ray start --block --address=" in r["argv"][2]
+            a = b = ((), None, Counter()) if joined else (("ray start",), None, Counter())
         if a[0] != b[0]:
             diffs.append(f"{where} program: {' '.join(a[0])} / {' '.join(b[0])}")
         if a[1] != b[1]:

@@ -79,11 +79,13 @@ def render(path: str, v, get_runtime) -> dict:
     hosts, solo = _place(recipe, runtime)
     config = SparkrunConfig()
     executor = resolve_executor(recipe=recipe, runtime=runtime, config=config, v=v)
-    containers: dict[str, dict] = {}
+    # One entry per container started (Ray workers share one name across hosts, so a list).
+    containers: list[dict] = []
 
     def launch(orig):
         def wrapped(image, container_name, command, env=None, volumes=None, nccl_env=None, *a, **kw):
-            c = containers.setdefault(container_name, {"name": container_name, "serve": []})
+            c = {"name": container_name, "serve": []}
+            containers.append(c)
             c.update(image=image, volumes=dict(volumes or {}), env={**(nccl_env or {}), **(env or {})},
                      command=command)  # fmt: skip
             return orig(image, container_name, command, env, volumes, nccl_env, *a, **kw)
@@ -92,7 +94,7 @@ def render(path: str, v, get_runtime) -> dict:
 
     def exec_serve(orig):
         def wrapped(container_name, serve_command, env=None, *a, **kw):
-            c = containers.setdefault(container_name, {"name": container_name, "serve": []})
+            c = _entry(containers, container_name)
             c["serve"].append({"command": serve_command, "env": dict(env or {})})
             return orig(container_name, serve_command, env, *a, **kw)
 
@@ -123,14 +125,25 @@ def render(path: str, v, get_runtime) -> dict:
         "hosts": hosts,
         "solo": solo,
         "serve_command": serve_command,
-        "containers": list(containers.values()),
+        "containers": containers,
     }
 
 
-def _record(containers: dict, kind: str, orig):
+def _entry(containers: list[dict], name: str) -> dict:
+    """The first container started under that name (a serve command runs in the head's)."""
+    for c in containers:
+        if c["name"] == name:
+            return c
+    c = {"name": name, "serve": []}
+    containers.append(c)
+    return c
+
+
+def _record(containers: list[dict], kind: str, orig):
     def wrapped(*a, **kw):
         names = [x for x in a if isinstance(x, str) and x.startswith("sparkrun_")] or [kw.get("container_name", kind)]
-        c = containers.setdefault(names[0], {"name": names[0], "serve": []})
+        c = {"name": names[0], "serve": []}
+        containers.append(c)
         c.setdefault("scripts", []).append({"kind": kind, "args": [x for x in a if isinstance(x, str | dict)],
                                             "kwargs": {k: x for k, x in kw.items() if isinstance(x, str | dict)}})  # fmt: skip
         return orig(*a, **kw)

@@ -116,7 +116,7 @@ EXECUTOR_CARRIED = {"shm_size", "volumes"}
 
 # Keys whose loss changes what runs (hooks, image contents, container options, env, replicas);
 # the rest of NOT_CARRIED is bookkeeping that changes nothing on the nodes.
-_MATTERS = ("pre_exec", "post_exec", "post_commands", "mods", "builder", "builder_config", "build_args",
+_MATTERS = ("pre_exec", "post_exec", "post_commands", "mods", "builder", "builder_config", "build_args", "model_path",
             "executor_config.", "env.", "defaults.data_parallel", "--host ")  # fmt: skip
 
 
@@ -563,6 +563,9 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun", sparkrun_versio
             notes.placeholders.append(Note("model_file", "sparkrun resolves repo:QUANT at download time"))
         if not model.startswith("/") and not revision:
             notes.placeholders.append(Note("revision", "sparkrun downloads the latest; pin the snapshot you have"))
+    if model.startswith("/") and engine != "llama-cpp" and not model.startswith(SPARKRUN_HF_MOUNT + "/"):
+        notes.not_carried.append(Note("model_path", f"= {model}: sparkrun mounts nothing for it (it must be in "
+                                      "the image); sparkfleet mounts the node's folder at that path"))  # fmt: skip
     tp = int(fields.get("tp") or defaults.get("tensor_parallel") or 1)
     pp = int(fields.get("pp") or defaults.get("pipeline_parallel") or 1)
     nodes = required_nodes(tp, pp, min_nodes) if engine != "llama-cpp" else min_nodes

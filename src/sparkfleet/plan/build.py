@@ -286,7 +286,8 @@ def _model_ref_and_mounts(
             if recipe.hf_mount:
                 # Asked for by name (sparkrun mounts the cache in every container): there too.
                 mounts.append(MountSpec(node.hf_cache, recipe.hf_mount, True))
-            mounts.append(MountSpec(recipe.model, recipe.model, True))
+            if not (recipe.hf_mount and recipe.model.startswith(recipe.hf_mount + "/")):
+                mounts.append(MountSpec(recipe.model, recipe.model, True))  # else: inside that mount
         return recipe.model, mounts
     if docker:
         mounts.append(MountSpec(node.hf_cache, container_hf_home(recipe), True))
