@@ -136,7 +136,8 @@ def command_shape(words: list[str], head: str, node: str) -> tuple[tuple[str, ..
     positional = None
     if program[:2] == ("vllm", "serve") and len(program) > 2:
         program, positional = program[:2], program[2]
-    if program in (("sglang", "serve"), ("python3", "-m", "sglang.launch_server"), ("python", "-m", "sglang.launch_server")):
+    if program in (("sglang", "serve"), ("python3", "-m", "sglang.launch_server"),
+                   ("python", "-m", "sglang.launch_server")):  # fmt: skip
         aliases = SGLANG_ALIASES
     elif program[:2] == ("vllm", "serve"):
         aliases = VLLM_ALIASES
@@ -150,8 +151,9 @@ def command_shape(words: list[str], head: str, node: str) -> tuple[tuple[str, ..
             flag, eq, value = word.partition("=")
             if not eq:
                 value = ""
-                if i + 1 < len(rest) and (not rest[i + 1].startswith("-") or re.fullmatch(r"-\d+(\.\d+)?", rest[i + 1])):
-                    value = rest[i + 1]
+                nxt = rest[i + 1] if i + 1 < len(rest) else None
+                if nxt is not None and (not nxt.startswith("-") or re.fullmatch(r"-\d+(\.\d+)?", nxt)):
+                    value = nxt
                     i += 1
             flag = aliases.get(flag, flag)
             if flag == "<model>":

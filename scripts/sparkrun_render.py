@@ -57,9 +57,7 @@ def main() -> None:
             continue
         try:
             out = render(path, v, get_runtime)
-        except BaseException as exc:  # noqa: BLE001 - a refusal is a result, reported by name
-            if isinstance(exc, KeyboardInterrupt):
-                raise
+        except (Exception, SystemExit) as exc:  # sparkrun refusing a recipe is a result, reported by name
             last = traceback.extract_tb(exc.__traceback__)[-1:]
             where = f" ({last[0].filename.rsplit('/', 1)[-1]}:{last[0].lineno})" if last else ""
             out = {"file": path, "ok": False, "error": f"{type(exc).__name__}: {exc}{where}"}
@@ -144,8 +142,9 @@ def _record(containers: list[dict], kind: str, orig):
         names = [x for x in a if isinstance(x, str) and x.startswith("sparkrun_")] or [kw.get("container_name", kind)]
         c = {"name": names[0], "serve": []}
         containers.append(c)
+        kept = {k: x for k, x in kw.items() if isinstance(x, str | dict)}
         c.setdefault("scripts", []).append({"kind": kind, "args": [x for x in a if isinstance(x, str | dict)],
-                                            "kwargs": {k: x for k, x in kw.items() if isinstance(x, str | dict)}})  # fmt: skip
+                                            "kwargs": kept})  # fmt: skip
         return orig(*a, **kw)
 
     return wrapped

@@ -450,7 +450,7 @@ def runtime_cache_key(model: str, revision: str | None) -> str:
     label = model.rstrip("/").rsplit("/", 1)[-1] if model.startswith("/") else model
     label = re.sub(r"-{2,}", "-", re.sub(r"[^A-Za-z0-9._-]+", "-", label.strip().replace("/", "__"))).strip("-._")
     label = label[:48].strip("-._") or "unknown"
-    identity = "%s@%s" % (model, revision or "")
+    identity = f"{model}@{revision or ''}"
     return f"{label}-{hashlib.sha256(identity.encode()).hexdigest()[:8]}"
 
 

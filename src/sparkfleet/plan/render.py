@@ -62,7 +62,7 @@ def _staging_json(step: StagingStep) -> dict[str, Any]:
 def plan_json(plan: Plan) -> dict[str, Any]:
     """The ``plan --json`` contract (stable: other tools and golden tests read it); an imported
     recipe's ``not_carried`` list is added only when it has entries."""
-    out = {
+    out: dict[str, Any] = {
         "name": plan.name,
         "title": plan.title,
         "engine": plan.engine,
