@@ -359,6 +359,11 @@ def _split(engine: str, words: list[str]) -> tuple[list[str], list[list[str]], s
     return head, groups, positional
 
 
+def _gguf_pick(repo: str, quant: str) -> str:
+    """What sparkrun opens for ``repo:QUANT`` (models/download.py resolve_gguf_path)."""
+    return f"GGUF file of {repo} for {quant}: sparkrun takes the first *{quant}*.gguf of the snapshot, sorted"
+
+
 def _hub_dir(repo: str) -> str:
     return "models--" + repo.replace("/", "--")
 
@@ -552,13 +557,13 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun", sparkrun_versio
         if "hf" in fields:
             repo, _, quant = fields["hf"].partition(":")
             model = repo
-            model_file = fields.get("file") or placeholder(f"GGUF file name in {repo} for quant {quant or '?'}")
+            model_file = fields.get("file") or placeholder(_gguf_pick(repo, quant or "?"))
         elif model.startswith("/") and model.endswith(".gguf"):
             model, model_file = str(PurePosixPath(model).parent), PurePosixPath(model).name
         elif ":" in model and not model.startswith("/"):
             repo, _, quant = model.partition(":")
             model = repo
-            model_file = fields.get("file") or placeholder(f"GGUF file name in {repo} for quant {quant}")
+            model_file = fields.get("file") or placeholder(_gguf_pick(repo, quant))
         if model_file and model_file.startswith("<SET ME"):
             notes.placeholders.append(Note("model_file", "sparkrun resolves repo:QUANT at download time"))
         if not model.startswith("/") and not revision:
