@@ -57,8 +57,10 @@ SGLANG_ALIASES = {"--tp": "--tp-size", "--tensor-parallel-size": "--tp-size", "-
 VLLM_ALIASES = {"--tensor-parallel-size": "-tp", "--pipeline-parallel-size": "-pp", "--model": "<model>"}
 
 
-def sparkrun_side(corpus: list[Path], src: Path, python: str) -> dict[str, dict]:
-    env = {**os.environ, "PYTHONPATH": str(src / "src")}
+def sparkrun_side(corpus: list[Path], src: Path, python: str, version: str | None = None) -> dict[str, dict]:
+    # SPARKRUN_SRC is a source tree (its src/ on the path) or, for a release installed in
+    # --sparkrun-python's venv (0.4.2 from PyPI), anything: the venv's copy is imported then.
+    env = {**os.environ, "PYTHONPATH": str(src / "src"), "SPARKRUN_RENDER_VERSION": version or ""}
     proc = subprocess.run(
         [python, str(HERE / "sparkrun_render.py")],
         input="".join(f"{p}\n" for p in corpus), capture_output=True, text=True, env=env, timeout=1800,
@@ -256,7 +258,7 @@ def main() -> None:
                     "and a headless rank's --host/--port count as differences")  # fmt: skip
     args = ap.parse_args()
     corpus = sorted(p for p in args.corpus.iterdir() if p.suffix in (".yaml", ".yml"))
-    sr_all = sparkrun_side(corpus, args.sparkrun_src, args.sparkrun_python)
+    sr_all = sparkrun_side(corpus, args.sparkrun_src, args.sparkrun_python, args.sparkrun_version)
     rows = []
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)

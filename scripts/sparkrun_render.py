@@ -32,7 +32,8 @@ def main() -> None:
     home = tempfile.mkdtemp(prefix="sparkrun-home-")
     os.environ["HOME"] = home  # no user config, registries or job files of this machine
     os.environ.setdefault("SPARKRUN_NO_TELEMETRY", "1")
-    os.environ.setdefault("SPARKRUN_NO_RUNTIME_CACHE", "1")
+    if os.environ.get("SPARKRUN_RENDER_VERSION", "").startswith("0.3"):
+        os.environ.setdefault("SPARKRUN_NO_RUNTIME_CACHE", "1")  # 0.3 has no runtime cache
     import logging
     import time
 
@@ -74,7 +75,7 @@ def render(path: str, v, get_runtime) -> dict:
 
     recipe = Recipe.load(path)
     runtime = get_runtime(recipe.runtime, v)
-    hosts, solo = _place(recipe, runtime)
+    hosts, solo, placement = _place(recipe, runtime)
     config = SparkrunConfig()
     executor = resolve_executor(recipe=recipe, runtime=runtime, config=config, v=v)
     # One entry per container started (Ray workers share one name across hosts, so a list).
@@ -108,12 +109,35 @@ def render(path: str, v, get_runtime) -> dict:
         recipe=recipe, overrides=overrides, is_cluster=not solo, num_nodes=len(hosts), head_ip=None
     )
     comm = ClusterCommEnv(shared={}, per_host={})
+    import inspect
+
+    run_params = inspect.signature(runtime.run).parameters
+    if "overrides" in inspect.signature(runtime.resolve_container).parameters:  # before 0.4
+        image = runtime.resolve_container(recipe, overrides)
+    else:
+        image = runtime.resolve_container(recipe)
+    extra: dict = {}
+    if "platform_env_by_host" in run_params:
+        # 0.4: what launcher.launch_inference adds before runtime.run (the runtime cache at
+        # /cache/runtime and the platform's env defaults per host), from sparkrun's own helpers.
+        from sparkrun.core.hardware import resolve_host_hardware
+        from sparkrun.core.launcher import resolve_launch_runtime_cache, resolve_platform_env_by_host
+
+        hardware = resolve_host_hardware(hosts, None, placement)
+        extra["runtime_cache"] = resolve_launch_runtime_cache(
+            runtime=runtime, recipe=recipe, overrides=overrides, config=config, cluster=None, host_list=hosts,
+            ssh_kwargs={}, image=image, probe_image=False, dry_run=True,
+        )  # fmt: skip
+        extra["platform_env_by_host"] = resolve_platform_env_by_host(runtime, hardware, dict(recipe.env or {}))
+        extra["placement"] = placement
+        backends = resolve_per_host_backends(hosts, host_hardware=hardware, placement=placement) or None
+    else:
+        backends = resolve_per_host_backends(hosts) or None
     rc = runtime.run(
-        hosts=hosts, image=runtime.resolve_container(recipe, overrides), serve_command=serve_command,
+        hosts=hosts, image=image, serve_command=serve_command,
         recipe=recipe, overrides=overrides, cluster_id="sparkrun_standin", env=recipe.env,
         cache_dir=HF_CACHE, config=config, dry_run=True, detached=True, comm_env=comm,
-        ib_ip_map={}, executor=executor, follow=False, trust=True,
-        backends=resolve_per_host_backends(hosts) or None,
+        ib_ip_map={}, executor=executor, follow=False, trust=True, backends=backends, **extra,
     )  # fmt: skip
     return {
         "file": path,
@@ -150,7 +174,7 @@ def _record(containers: list[dict], kind: str, orig):
     return wrapped
 
 
-def _place(recipe, runtime) -> tuple[list[str], bool]:
+def _place(recipe, runtime) -> tuple[list[str], bool, object]:
     """sparkrun's own placement of the recipe on the stand-in cluster (no occupancy: dry run)."""
     from sparkrun.api import _hosts
 
@@ -162,11 +186,8 @@ def _place(recipe, runtime) -> tuple[list[str], bool]:
         # trims only by tp x pp x dp and max_nodes): the cluster's size is the site's choice, so
         # the stand-in gives it the recipe's own minimum.
         given = given[: max(int(getattr(recipe, "min_nodes", 1) or 1), 1)]
-    try:
-        hosts, solo, _notes, _placement = _hosts.resolve_effective_hosts(given, recipe, {}, runtime=runtime)
-    except TypeError:
-        hosts, solo, _notes = _hosts.resolve_effective_hosts(given, recipe, {}, runtime=runtime)[:3]
-    return list(hosts), bool(solo)
+    got = _hosts.resolve_effective_hosts(given, recipe, {}, runtime=runtime)
+    return list(got[0]), bool(got[1]), (got[3] if len(got) > 3 else None)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,12 @@ SPARKRUN_RPC_PORT = 50052
 # Where sparkrun mounts the node's HF cache in every container (primitives.build_volumes), and
 # the HF_HOME every runtime sets there (RuntimePlugin.get_extra_env).
 SPARKRUN_HF_MOUNT = "/cache/huggingface"
+# sparkrun 0.4.2: the current release, whose rules a recipe without min_sparkrun_version gets
+# only with --sparkrun-version (see import_sparkrun).
+V042 = (0, 4, 2)
+# 0.4.2's DGX Spark platform (platforms/dgx_spark.py): container env defaults for the vLLM and
+# SGLang families, the lowest tier (the recipe's env wins).
+DGX_SPARK_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "CUTE_DSL_ARCH": "sm_121a"}
 
 # The image sparkrun runs when a recipe names none (resolve_container: default_image_prefix:latest).
 DEFAULT_IMAGES = {
@@ -309,6 +315,8 @@ def _command_words(
                              "starts the engine itself and appends the per-rank flags; do the script's steps "
                              "in the image or a staging step and keep only the engine command")  # fmt: skip
         served = values.get("served_model_name")
+        if served is None and _vllm_names_model(engine, min_version):
+            served = data["model"]
         flag = "--alias" if engine == "llama-cpp" else "--served-model-name"
         if served is not None and flag not in text:
             # sparkrun's _augment_served_model_name appends "FLAG VALUE" to the command text
@@ -332,11 +340,20 @@ def _command_words(
         if "max_model_len" in defaults and "ctx_size" not in defaults:
             defaults["ctx_size"] = defaults["max_model_len"]
     flags, dropped = flag_words(defaults, rules)
+    if engine == "vllm" and "served_model_name" not in defaults and _vllm_names_model(engine, min_version):
+        flags += ["--served-model-name", model]
     for key in dropped:
         if engine == "llama-cpp" and key == "max_model_len":
             continue  # carried as --ctx-size above
         notes.not_carried.append(Note(f"defaults.{key}", f"sparkrun {rules.version} has no flag for it: not passed"))
     return words + flags
+
+
+def _vllm_names_model(engine: str, min_version: tuple[int, ...] | None) -> bool:
+    """sparkrun 0.4.2's vLLM runtimes (_augment_vllm_served_model_name) append
+    ``--served-model-name <recipe model>`` when neither the defaults nor the command name one, so the
+    server answers to the model id even when it is given a local snapshot path."""
+    return engine == "vllm" and min_version is not None and min_version >= V042
 
 
 def _split(engine: str, words: list[str]) -> tuple[list[str], list[list[str]], str | None]:
@@ -459,10 +476,16 @@ def runtime_cache_key(model: str, revision: str | None) -> str:
     return f"{label}-{hashlib.sha256(identity.encode()).hexdigest()[:8]}"
 
 
-def runtime_cache(engine: str, model: str, revision: str | None) -> tuple[str, dict[str, str]]:
-    """(host folder, env) of sparkrun 0.4's runtime cache for this engine and model."""
+def runtime_cache(
+    engine: str, model: str, revision: str | None, version: tuple[int, ...] | None = None
+) -> tuple[str, dict[str, str]]:
+    """(host folder, env) of sparkrun 0.4's runtime cache for this engine and model (0.4.2's vLLM
+    runtime also points TORCH_HOME and TORCH_EXTENSIONS_DIR there)."""
     env = {"XDG_CACHE_HOME": RUNTIME_CACHE_MOUNT}
-    for var, sub in sorted(RUNTIME_CACHE_PATHS[engine].items()):
+    paths = dict(RUNTIME_CACHE_PATHS[engine])
+    if engine == "vllm" and version is not None and version >= V042:
+        paths.update(TORCH_HOME="torch", TORCH_EXTENSIONS_DIR="torch_extensions")
+    for var, sub in sorted(paths.items()):
         env[var] = f"{RUNTIME_CACHE_MOUNT}/{sub}"
     return f"{{{{state}}}}/runtime-cache/{engine}/{runtime_cache_key(model, revision)}", env
 
@@ -601,12 +624,17 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun", sparkrun_versio
     new_rules = min_version is not None and min_version >= TEMPLATES_VERSION
     cache_dir: str | None = None
     if new_rules and docker and engine in RUNTIME_CACHE_PATHS:
-        cache_dir, cache_env = runtime_cache(engine, model, revision)
+        cache_dir, cache_env = runtime_cache(engine, model, revision, min_version)
         launch["runtime_cache_dir"] = RUNTIME_CACHE_MOUNT
     env = _env(data, runtime, nodes, launch, values, min_version, check, notes)
     if cache_dir is not None:
         # Under the recipe's own env, as sparkrun layers it (recipe env wins).
         env = {**{k: (v, "sparkrun 0.4 runtime cache") for k, v in cache_env.items()}, **env}
+    if min_version is not None and min_version >= V042 and docker:
+        if engine in ("vllm", "sglang"):
+            env = {**{k: (v, "sparkrun 0.4.2 DGX Spark platform default") for k, v in DGX_SPARK_ENV.items()}, **env}
+        # RuntimePlugin.get_extra_env, merged over the recipe's env as HF_HOME is.
+        env["HF_HUB_CACHE"] = (f"{SPARKRUN_HF_MOUNT}/hub", "sparkrun 0.4.2 sets it beside HF_HOME")
     for key, (text, _) in env.items():
         if text.startswith("<SET ME") or "<SET ME" in text:
             notes.placeholders.append(Note(f"env.{key}", "a {launch.*} value sparkrun finds at launch"))
