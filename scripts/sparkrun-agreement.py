@@ -193,14 +193,14 @@ def env_shape(env: dict[str, str]) -> dict[str, str]:
 DEFAULT_FLAGS = {("-tp", "1"), ("-pp", "1"), ("--tp-size", "1"), ("--pp-size", "1")}
 
 
-def _equivalent(flags: Counter) -> Counter:
-    out = Counter({k: v for k, v in flags.items() if k not in DEFAULT_FLAGS})
-    if ("--headless", "") in out:
+def _equivalent(flags: Counter, sizes: bool = True, headless: bool = True) -> Counter:
+    out = Counter({k: v for k, v in flags.items() if not sizes or k not in DEFAULT_FLAGS})
+    if headless and ("--headless", "") in out:
         out = Counter({k: v for k, v in out.items() if k[0] not in ("--host", "--port")})
     return out
 
 
-def compare(sr: dict, sf: dict, strict: bool = False) -> list[str]:
+def compare(sr: dict, sf: dict, strict: bool | str = False) -> list[str]:
     """What differs between sparkrun's containers and sparkfleet's ranks (empty: they agree)."""
     diffs: list[str] = []
     containers = [c for c in sr["containers"] if c.get("serve") or c.get("scripts")]
@@ -225,7 +225,11 @@ def compare(sr: dict, sf: dict, strict: bool = False) -> list[str]:
             diffs.append(f"{where} program: {' '.join(a[0])} / {' '.join(b[0])}")
         if a[1] != b[1]:
             diffs.append(f"{where} model: {a[1]} / {b[1]}")
-        fa, fb = (a[2], b[2]) if strict else (_equivalent(a[2]), _equivalent(b[2]))
+        if strict is True:
+            fa, fb = a[2], b[2]
+        else:  # strict: False (both equivalences) or "sizes"/"headless" (that one kept strict)
+            sizes, headless = strict != "sizes", strict != "headless"
+            fa, fb = _equivalent(a[2], sizes, headless), _equivalent(b[2], sizes, headless)
         only_a, only_b = fa - fb, fb - fa
         if only_a or only_b:
             show = lambda c: " ".join(f"{f} {v}".strip() for f, v in sorted(c.elements()))  # noqa: E731
@@ -256,6 +260,9 @@ def main() -> None:
     ap.add_argument("-v", "--verbose", action="store_true", help="print every difference, not the first")
     ap.add_argument("--strict", action="store_true", help="no equivalences: default-valued parallel sizes "
                     "and a headless rank's --host/--port count as differences")  # fmt: skip
+    ap.add_argument("--strict-only", choices=("sizes", "headless"), default=None,
+                    help="keep one equivalence strict: 'sizes' (a parallel size of 1) or 'headless' "
+                    "(--host/--port on a --headless rank)")  # fmt: skip
     args = ap.parse_args()
     corpus = sorted(p for p in args.corpus.iterdir() if p.suffix in (".yaml", ".yml"))
     sr_all = sparkrun_side(corpus, args.sparkrun_src, args.sparkrun_python, args.sparkrun_version)
@@ -274,7 +281,7 @@ def main() -> None:
             elif "refused" in sf:
                 verdict, why = "refused", sf["refused"]
             else:
-                diffs = compare(sr, sf, args.strict)
+                diffs = compare(sr, sf, True if args.strict else (args.strict_only or False))
                 verdict = "agree" if not diffs else "differs"
                 why = "; ".join(diffs if args.verbose else diffs[:2])
                 if warned:

@@ -197,3 +197,32 @@ def test_import_flag_picks_the_version(tmp_path: Path, capsys: pytest.CaptureFix
     assert code == 0 and "--reasoning-parser" not in out  # 0.2/0.3 map has no such key
     code, out, _ = run_main(capsys, "import", "sparkrun", str(src), "--sparkrun-version", "0.4.2")
     assert code == 0 and '"--reasoning-parser", "qwen3"' in out
+
+
+# --- sparkrun 0.4.2 (the current release) ---------------------------------------------------------
+
+
+def test_0_4_2_vllm_serves_under_the_recipe_model_when_no_name_is_given(tmp_path: Path) -> None:
+    # _vllm_common._augment_vllm_served_model_name: fill, never override.
+    args = list(_import(tmp_path, VLLM_SOLO, "0.4.2").args)
+    assert args[args.index("--served-model-name") :][:2] == ["--served-model-name", "org/m"]
+    assert "--served-model-name" not in _import(tmp_path, VLLM_SOLO, "0.4.0").args
+    own = {**VLLM_SOLO, "command": "vllm serve {model} --served-model-name x"}
+    assert list(_import(tmp_path, own, "0.4.2").args).count("--served-model-name") == 1
+    commandless = {k: v for k, v in VLLM_SOLO.items() if k != "command"}
+    args = list(_import(tmp_path, commandless, "0.4.2").args)
+    assert args[args.index("--served-model-name") + 1] == "org/m"
+    sglang = _import(tmp_path, {**SGLANG, "min_nodes": 1}, "0.4.2")
+    assert "--served-model-name" not in sglang.args  # only the vLLM runtimes do this
+
+
+def test_0_4_2_env_hf_hub_cache_torch_cache_and_spark_platform_defaults(tmp_path: Path) -> None:
+    data = {**VLLM_SOLO, "env": {"HF_HUB_CACHE": "/elsewhere", "CUTE_DSL_ARCH": "sm_120"}}
+    env = plan(_import(tmp_path, data, "0.4.2"), _cluster(1), "d").ranks[0].env_dict()
+    # base.get_extra_env is merged over the recipe's env; the platform tier under it.
+    assert env["HF_HUB_CACHE"] == "/cache/huggingface/hub"
+    assert env["CUTE_DSL_ARCH"] == "sm_120" and env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert env["TORCH_HOME"] == "/cache/runtime/torch"
+    assert env["TORCH_EXTENSIONS_DIR"] == "/cache/runtime/torch_extensions"
+    old = plan(_import(tmp_path, VLLM_SOLO, "0.4.0"), _cluster(1), "d").ranks[0].env_dict()
+    assert not {"HF_HUB_CACHE", "TORCH_HOME", "PYTORCH_CUDA_ALLOC_CONF"} & set(old)
