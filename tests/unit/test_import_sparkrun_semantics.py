@@ -97,7 +97,7 @@ def test_two_node_sglang_gets_rendezvous_flags_and_cluster_env(tmp_path: Path) -
 
 def test_vllm_cluster_env_and_0_4_drops_omp_threads(tmp_path: Path) -> None:
     data = {**VLLM_SOLO, "defaults": {"tensor_parallel": 2}}
-    assert _import(tmp_path, data).env["OMP_NUM_THREADS"] == "4"
+    assert _import(tmp_path, data, "0.2.40").env["OMP_NUM_THREADS"] == "4"
     assert "OMP_NUM_THREADS" not in _import(tmp_path, data, "0.4.2").env
     assert "OMP_NUM_THREADS" not in _import(tmp_path, VLLM_SOLO).env  # one node: no cluster env
 
@@ -116,7 +116,7 @@ def test_rendering_before_0_4_is_vpds_and_0_4_collapses_escapes(tmp_path: Path) 
     command = ("vllm serve {model} --compilation-config '{{\"mode\":3}}' "
                "--speculative-config '{\"model\":\"{draft}\"}' --port {port}")  # fmt: skip
     data = {**VLLM_SOLO, "command": command, "defaults": {"port": 8001, "draft": "org/d"}}
-    old = list(_import(tmp_path, data).args)
+    old = list(_import(tmp_path, data, "0.3.0").args)
     # vpd: "{" to the next "}" is one key; {{...}} stays doubled and a key inside JSON is not reached.
     assert old[old.index("--compilation-config") + 1] == '{{"mode":3}}'
     assert old[old.index("--speculative-config") + 1] == '{"model":"{draft}"}'
@@ -146,7 +146,7 @@ def test_a_shell_script_command_is_refused_by_name(tmp_path: Path) -> None:
 
 def test_env_dollar_is_carried_literally_from_0_3(tmp_path: Path) -> None:
     data = {**VLLM_SOLO, "env": {"CACHE": "$HOME/x"}}
-    assert "CACHE" not in _import(tmp_path, data).env  # 0.2: expanded on the control machine
+    assert "CACHE" not in _import(tmp_path, data, "0.2.40").env  # 0.2: expanded on the control machine
     assert _import(tmp_path, data, "0.3.0").env["CACHE"] == "$HOME/x"
 
 
@@ -157,8 +157,8 @@ def test_0_4_runtime_cache_is_mounted_at_cache_runtime(tmp_path: Path) -> None:
     assert mount.host.startswith(rank.node.state_dir + "/runtime-cache/vllm/org__m-") and not mount.read_only
     env = rank.env_dict()
     assert env["XDG_CACHE_HOME"] == "/cache/runtime" and env["VLLM_CACHE_ROOT"] == "/cache/runtime/vllm"
-    assert not any(m.container == "/cache/runtime" for m in plan(_import(tmp_path, VLLM_SOLO), _cluster(1), "d")
-                   .ranks[0].mounts)  # fmt: skip
+    before = plan(_import(tmp_path, VLLM_SOLO, "0.3.0"), _cluster(1), "d").ranks[0]
+    assert not any(m.container == "/cache/runtime" for m in before.mounts)
 
 
 def test_sparkrun_version_must_be_a_version(tmp_path: Path) -> None:
@@ -193,10 +193,13 @@ def test_validate_and_plan_warn_and_strict_refuses(tmp_path: Path, capsys: pytes
 
 def test_import_flag_picks_the_version(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = _write(tmp_path, {**VLLM_SOLO, "command": None, "defaults": {"reasoning_parser": "qwen3"}})
-    code, out, _ = run_main(capsys, "import", "sparkrun", str(src))
+    code, out, _ = run_main(capsys, "import", "sparkrun", str(src), "--sparkrun-version", "0.3.0")
     assert code == 0 and "--reasoning-parser" not in out  # 0.2/0.3 map has no such key
     code, out, _ = run_main(capsys, "import", "sparkrun", str(src), "--sparkrun-version", "0.4.2")
     assert code == 0 and '"--reasoning-parser", "qwen3"' in out
+    # No min_sparkrun_version and no flag: the current release (0.4.2) runs it, with its rules.
+    code, default, _ = run_main(capsys, "import", "sparkrun", str(src))
+    assert code == 0 and default.replace("min_sparkrun_version: none", "--sparkrun-version 0.4.2") == out
 
 
 # --- sparkrun 0.4.2 (the current release) ---------------------------------------------------------

@@ -82,7 +82,8 @@ def sparkrun(
         str | None,
         typer.Option(
             "--sparkrun-version",
-            help="Follow this sparkrun release's rules (default: the recipe's min_sparkrun_version, else 0.2/0.3's).",
+            help="Follow this sparkrun release's rules "
+            "(default: the recipe's min_sparkrun_version, else the current release 0.4.2).",
         ),
     ] = None,
 ) -> None:

@@ -46,8 +46,7 @@ SPARKRUN_RPC_PORT = 50052
 # Where sparkrun mounts the node's HF cache in every container (primitives.build_volumes), and
 # the HF_HOME every runtime sets there (RuntimePlugin.get_extra_env).
 SPARKRUN_HF_MOUNT = "/cache/huggingface"
-# sparkrun 0.4.2: the current release, whose rules a recipe without min_sparkrun_version gets
-# only with --sparkrun-version (see import_sparkrun).
+# sparkrun 0.4.2: the current release, whose rules a recipe without min_sparkrun_version gets.
 V042 = (0, 4, 2)
 # 0.4.2's DGX Spark platform (platforms/dgx_spark.py): container env defaults for the vLLM and
 # SGLang families, the lowest tier (the recipe's env wins).
@@ -516,7 +515,7 @@ def _mounts(executor: dict[str, Any], check: _Checker) -> list[tuple[str, str, b
 def import_sparkrun(file: SparkrunFile, label: str = "sparkrun", sparkrun_version: str | None = None) -> ImportResult:
     """Map a sparkrun recipe to recipe TOML, listing what could not be carried over. The rules are
     those of ``sparkrun_version`` when given, else of the recipe's ``min_sparkrun_version``, else
-    of the 0.2/0.3 line (whose flag maps are the same)."""
+    of the current release (0.4.2), which is what runs a recipe that names no floor."""
     data, source = file.data, file.source
     check = _Checker(source)
     model_name = check.string(data, "model", required=True)
@@ -541,6 +540,10 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun", sparkrun_versio
             min_version = parse_version(sparkrun_version, "--sparkrun-version")
         except ValueError as exc:
             raise RecipeError(str(exc)) from None
+    if min_version is None:
+        # min_sparkrun_version is a floor, not a pin: the sparkrun that runs such a recipe today
+        # is the current release, which renders it with its own rules.
+        min_version = V042
     for key in ("build_args", "mods", "post_exec", "post_commands"):
         check.string_list(data, key)
     revision = check.string(data, "model_revision")
