@@ -71,7 +71,8 @@ def _flags(
 
 
 def _imported(path: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
-    result = import_sparkrun(read_sparkrun(path))
+    # The reference argv below models sparkrun 0.2.40's rendering (no served-name fill).
+    result = import_sparkrun(read_sparkrun(path), sparkrun_version="0.2.40")
     out = tmp_path / "recipe.toml"
     out.write_text(result.recipe_toml)
     return load_recipe(out), result

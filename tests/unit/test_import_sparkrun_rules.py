@@ -30,8 +30,8 @@ def _cluster(n: int):  # type: ignore[no-untyped-def]
     return parse_cluster({"name": "t", "nodes": nodes}, "t")
 
 
-def _imported(path: Path, tmp_path: Path) -> tuple[Recipe, object]:
-    result = import_sparkrun(read_sparkrun(path))
+def _imported(path: Path, tmp_path: Path, version: str | None = None) -> tuple[Recipe, object]:
+    result = import_sparkrun(read_sparkrun(path), sparkrun_version=version)
     out = tmp_path / "recipe.toml"
     out.write_text(result.recipe_toml)
     return load_recipe(out), result
@@ -52,7 +52,7 @@ def _pairs(args: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
 
 
 def test_commandless_sglang_0_2_maps_every_key_sparkrun_maps_and_drops_the_rest(tmp_path: Path) -> None:
-    recipe, result = _imported(DATA / "commandless-sglang-0.2.yaml", tmp_path)
+    recipe, result = _imported(DATA / "commandless-sglang-0.2.yaml", tmp_path, "0.2.40")
     assert list(recipe.args) == [
         "--mem-fraction-static", "0.8", "--context-length", "65536", "--max-running-requests", "32",
         "--served-model-name", "qwen3-30b", "--dtype", "bfloat16", "--quantization", "fp8",
@@ -85,7 +85,7 @@ def test_commandless_sglang_0_4_uses_the_larger_map_and_sglang_serve(tmp_path: P
 
 
 def test_commandless_vllm_booleans_follow_the_map_and_revision_reaches_the_engine(tmp_path: Path) -> None:
-    recipe, result = _imported(DATA / "commandless-vllm-0.2.yaml", tmp_path)
+    recipe, result = _imported(DATA / "commandless-vllm-0.2.yaml", tmp_path, "0.2.40")
     assert _pairs(recipe.args) == {
         "--gpu-memory-utilization": ("0.85",), "--max-model-len": ("131072",),
         "--max-num-batched-tokens": ("8192",), "--max-num-seqs": ("16",), "--enable-prefix-caching": (),
@@ -105,7 +105,7 @@ def test_env_templates_brace_escapes_and_volumes(tmp_path: Path) -> None:
     recipe, result = _imported(DATA / "dsv41-sglang-env-templates.yaml", tmp_path)
     sha = "fb2764a5cf321eaa5070ca8f9e892818f477c16d"
     assert recipe.env["TP_SIZE"] == "4"
-    hub = "/root/.cache/huggingface/hub/models--deepseek-ai--DeepSeek-V4.1-Flash"
+    hub = "/cache/huggingface/hub/models--deepseek-ai--DeepSeek-V4.1-Flash"  # sparkrun's mount point
     assert recipe.env["DSV41_SOURCE"] == f"{hub}/snapshots/{sha}"
     assert recipe.env["NNODES"] == "4"
     # An escaped token stays literal, with one pair of braces; plain JSON is untouched.
@@ -113,8 +113,11 @@ def test_env_templates_brace_escapes_and_volumes(tmp_path: Path) -> None:
     args = list(recipe.args)
     word = args[args.index("--json-model-override-args") + 1]
     assert json.loads(word) == {"engram_table_dir": "/engram/v1"}
-    assert [(m.host, m.container, m.read_only) for m in recipe.extra_mounts] == [
-        ("/srv/engram", "/engram", True), ("/var/tmp/dsv41", "/state", False)]  # fmt: skip
+    mounts = [(m.host, m.container, m.read_only) for m in recipe.extra_mounts]
+    assert mounts[:2] == [("/srv/engram", "/engram", True), ("/var/tmp/dsv41", "/state", False)]
+    # min_sparkrun_version 0.4.0: sparkrun's runtime cache, a node folder at /cache/runtime.
+    assert mounts[2][0].startswith("{{state}}/runtime-cache/sglang/") and mounts[2][1:] == ("/cache/runtime", False)
+    assert recipe.env["XDG_CACHE_HOME"] == "/cache/runtime"
     assert recipe.shm_size == "32gb" and recipe.revision == sha
     ranks = plan(recipe, _cluster(4), "d").ranks
     for r in ranks:

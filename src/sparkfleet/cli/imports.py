@@ -74,12 +74,24 @@ def mia_env(
 
 
 @import_app.command("sparkrun")
-def sparkrun(file: FileArg, out: OutOpt = None, force: ForceOpt = False) -> None:
+def sparkrun(
+    file: FileArg,
+    out: OutOpt = None,
+    force: ForceOpt = False,
+    sparkrun_version: Annotated[
+        str | None,
+        typer.Option(
+            "--sparkrun-version",
+            help="Follow this sparkrun release's rules "
+            "(default: the recipe's min_sparkrun_version, else the current release 0.4.2).",
+        ),
+    ] = None,
+) -> None:
     """Import a sparkrun YAML recipe: the same engine command, container and env."""
     # PyYAML is imported only here, to keep `sparkfleet` start-up fast.
     from sparkfleet.importers.sparkrun import import_sparkrun, read_sparkrun
 
-    _emit(import_sparkrun(read_sparkrun(file)), out, None, force)
+    _emit(import_sparkrun(read_sparkrun(file), sparkrun_version=sparkrun_version), out, None, force)
 
 
 @import_app.command("eugr")

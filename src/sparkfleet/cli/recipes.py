@@ -24,7 +24,12 @@ if TYPE_CHECKING:
     from sparkfleet.plan.model import Plan
 
 StrictOpt = Annotated[
-    bool, typer.Option("--strict", help="Refuse when a recipe/--env value overrides a per-node cluster value.")
+    bool,
+    typer.Option(
+        "--strict",
+        help="Refuse when a recipe/--env value overrides a per-node cluster value, or when an imported "
+        "recipe lists what its import could not carry over (not_carried).",
+    ),
 ]
 DiffOpt = Annotated[
     tuple[str, str] | None,
@@ -32,9 +37,10 @@ DiffOpt = Annotated[
 ]
 
 
-def validate(recipe: RecipeArg, set_: SetOpt = None, cluster: ClusterOpt = None) -> None:
+def validate(recipe: RecipeArg, set_: SetOpt = None, cluster: ClusterOpt = None, strict: StrictOpt = False) -> None:
     """Check a recipe and every variant it defines (and, with --cluster, the cluster file): exit 0
-    when all are valid, 2 with one line naming the problem otherwise."""
+    when all are valid, 2 with one line naming the problem otherwise. What an import could not
+    carry over is a warning per item (--strict refuses)."""
     from sparkfleet.config.cluster import load_cluster
     from sparkfleet.config.recipe import load_recipe, recipe_variants
     from sparkfleet.plan.build import check_plannable
@@ -48,6 +54,7 @@ def validate(recipe: RecipeArg, set_: SetOpt = None, cluster: ClusterOpt = None)
     from sparkfleet.cli.console import err_console
     from sparkfleet.plan.build import secret_arg_notes
 
+    report_not_carried(loaded.source, loaded.not_carried, strict)
     for note in secret_arg_notes(loaded):
         err_console.print(f"[yellow]warning:[/] {loaded.source}: {escape(note)}", soft_wrap=True, highlight=False)
     more = f", variants: {', '.join(variants)}" if variants else ""
@@ -99,12 +106,25 @@ def report_overrides(planned: Plan, strict: bool) -> None:
     from sparkfleet.cli.console import err_console
     from sparkfleet.errors import PlanError
 
+    report_not_carried(planned.recipe_source, planned.not_carried, strict)
     if strict and planned.warnings:
         raise PlanError(f"{planned.recipe_source}: --strict: " + "; ".join(w.message for w in planned.warnings))
     for w in planned.warnings:
         err_console.print(f"[yellow]warning:[/] {escape(w.message)}", soft_wrap=True, highlight=False)
     for note in planned.secret_args:
         err_console.print(f"[yellow]warning:[/] {planned.recipe_source}: {escape(note)}", soft_wrap=True,
+                          highlight=False)  # fmt: skip
+
+
+def report_not_carried(source: str, items: tuple[str, ...], strict: bool) -> None:
+    """One warning per item an import could not carry over, on stderr; --strict refuses them."""
+    from sparkfleet.cli.console import err_console
+    from sparkfleet.errors import RecipeError
+
+    if strict and items:
+        raise RecipeError(f"{source}: --strict: not carried over by the import: " + "; ".join(items))
+    for item in items:
+        err_console.print(f"[yellow]warning:[/] {source}: not carried over: {escape(item)}", soft_wrap=True,
                           highlight=False)  # fmt: skip
 
 

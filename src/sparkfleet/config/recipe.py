@@ -141,6 +141,9 @@ class Recipe(_Strict):
     pipeline_parallel_size: int = Field(default=1, ge=1, le=4096)
     distributed_backend: Literal["mp", "ray"] = "mp"
     shm_size: str | None = None
+    # Where a container sees the node's Hugging Face cache (HF_HOME); None: the engine's usual
+    # /root/.cache/huggingface. sparkrun mounts it at /cache/huggingface, so imports say so.
+    hf_mount: str | None = None
     entrypoint: tuple[str, ...] | None = None
     args: tuple[ArgWord, ...] = Field(default=(), max_length=4096)
     env: dict[str, str] = Field(default_factory=dict)
@@ -151,6 +154,9 @@ class Recipe(_Strict):
     memory: Memory = Field(default_factory=Memory)
     serve: Serve = Field(default_factory=Serve)
     variants: dict[str, Variant] = Field(default_factory=dict)
+    # What `sparkfleet import` could not carry over from the original ("key: why"): validate and
+    # plan warn about each, and --strict refuses.
+    not_carried: tuple[str, ...] = ()
     source: str = Field(default="", exclude=True)
     variant: str = Field(default=BASE, exclude=True)  # which overlay this recipe is (config/variants.py)
 
@@ -160,6 +166,13 @@ class Recipe(_Strict):
         if value is not None:
             parse_size(value)
         return value
+
+    @field_validator("hf_mount")
+    @classmethod
+    def _hf_mount(cls, value: str | None) -> str | None:
+        if value is not None and (not value.startswith("/") or value.rstrip("/") == ""):
+            raise ValueError("must be an absolute container path other than /")
+        return value.rstrip("/") if value is not None else None
 
     @field_validator("entrypoint")
     @classmethod

@@ -12,6 +12,7 @@ understood; malformed input is a RecipeError naming the file and the key.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 from collections.abc import Mapping
@@ -32,17 +33,42 @@ from sparkfleet.importers.sparkrun_rules import (
     flag_words,
     parse_version,
     render_template,
+    render_vpd,
     required_nodes,
 )
 from sparkfleet.importers.toml_text import TomlDoc, typed
 from sparkfleet.plan.flags import is_flag
-from sparkfleet.plan.model import CONTAINER_HF_HOME
 
 SPARKRUN_INIT_PORT = 25000
 SPARKRUN_RAY_PORT = 46379
+# llama.cpp's RPC: sparkrun's workers run `rpc-server --port 50052` (llama_cpp._DEFAULT_RPC_PORT).
+SPARKRUN_RPC_PORT = 50052
+# Where sparkrun mounts the node's HF cache in every container (primitives.build_volumes), and
+# the HF_HOME every runtime sets there (RuntimePlugin.get_extra_env).
+SPARKRUN_HF_MOUNT = "/cache/huggingface"
+# sparkrun 0.4.2: the current release, whose rules a recipe without min_sparkrun_version gets.
+V042 = (0, 4, 2)
+# 0.4.2's DGX Spark platform (platforms/dgx_spark.py): container env defaults for the vLLM and
+# SGLang families, the lowest tier (the recipe's env wins).
+DGX_SPARK_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "CUTE_DSL_ARCH": "sm_121a"}
 
-# Env each sparkrun runtime sets on every rank (get_cluster_env); recipe env wins over it.
-RUNTIME_ENV = {
+# The image sparkrun runs when a recipe names none (resolve_container: default_image_prefix:latest).
+DEFAULT_IMAGES = {
+    "vllm": "ghcr.io/spark-arena/dgx-vllm-eugr-nightly-tf5:latest",
+    "vllm-ray": "ghcr.io/spark-arena/dgx-vllm-eugr-nightly-tf5:latest",
+    "sglang": "scitrera/dgx-spark-sglang:latest",
+    "llama-cpp": "scitrera/dgx-spark-llama-cpp:latest",
+}
+# Env every rank of these runtimes gets, solo or cluster (get_common_env: default_env_hf_offline);
+# sparkfleet's plan sets HF_HUB_OFFLINE itself. llama.cpp's runtime sets none.
+COMMON_ENV = {
+    "sglang": {"TRANSFORMERS_OFFLINE": "1"},
+    "vllm": {"TRANSFORMERS_OFFLINE": "1"},
+    "vllm-ray": {"TRANSFORMERS_OFFLINE": "1"},
+    "llama-cpp": {},
+}
+# Env only a multi-node launch gets (get_cluster_env); recipe env wins over both.
+CLUSTER_ENV = {
     "sglang": {"NCCL_CUMEM_ENABLE": "0", "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "0"},
     "vllm": {"NCCL_CUMEM_ENABLE": "0", "OMP_NUM_THREADS": "4"},
     "vllm-ray": {"RAY_memory_monitor_refresh_ms": "0", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"},
@@ -93,6 +119,25 @@ KNOWN = {"model", "model_revision", "runtime", "container", "defaults", "env", "
 EXECUTOR_CARRIED = {"shm_size", "volumes"}
 
 
+# Keys whose loss changes what runs (hooks, image contents, container options, env, replicas);
+# the rest of NOT_CARRIED is bookkeeping that changes nothing on the nodes.
+_MATTERS = ("pre_exec", "post_exec", "post_commands", "mods", "builder", "builder_config", "build_args", "model_path",
+            "executor_config.", "env.", "defaults.data_parallel", "--host ")  # fmt: skip
+
+
+def _matters(key: str) -> bool:
+    """Whether a note's key names something sparkrun would run or set that the import drops: a
+    hook, image contents, a container option, an env value, replicas, a bind address, or a
+    placeholder left in the command. Defaults keys without a flag, per-rank flags sparkfleet
+    appends itself and unknown top-level keys (sparkrun keeps those in runtime_config, which no
+    command reads) change nothing on the nodes."""
+    if key == "env.HF_HOME":
+        return False  # sparkrun overrides it the same way
+    if key.startswith("{") or key in _MATTERS or key == "runtime_config.mods":
+        return True
+    return any(key.startswith(p) for p in _MATTERS if p.endswith((".", " ")))
+
+
 @dataclass(frozen=True)
 class SparkrunFile:
     """A sparkrun recipe as read from YAML."""
@@ -127,9 +172,14 @@ def read_sparkrun(path: Path | str) -> SparkrunFile:
     return read_yaml_mapping(path, "a sparkrun recipe")
 
 
-def substitute(template: str, values: dict[str, Any]) -> tuple[str, list[str]]:
-    """sparkrun's ``{key}`` rendering of a command template (see sparkrun_rules.render_template)."""
-    return render_template(template, values)
+def substitute(
+    template: str, values: dict[str, Any], version: tuple[int, ...] | None = (0, 4, 0), recipe_version: str = "2"
+) -> tuple[str, list[str]]:
+    """sparkrun's ``{key}`` rendering of a command template at that sparkrun version: the 0.4
+    line's render_template, or vpd's arg_substitute before it (sparkrun_rules)."""
+    if version is not None and version >= TEMPLATES_VERSION:
+        return render_template(template, values)
+    return render_vpd(template, values, collapse_escapes=recipe_version == "1")
 
 
 # --- checking the file's shape --------------------------------------------------------------
@@ -220,10 +270,14 @@ def _runtime(data: dict[str, Any], defaults: dict[str, Any], command: str, check
         elif re.match(r"^llama-server\b", cmd):
             runtime = "llama-cpp"
     if runtime in ("", "vllm", "vllm-distributed", "vllm-ray", "eugr-vllm"):
-        ray = (
-            runtime in ("vllm-ray", "eugr-vllm")
-            or str(defaults.get("distributed_executor_backend", "")).lower() == "ray"
-            or bool(re.search(r"--distributed-executor-backend\s+ray\b", cmd))
+        # _resolve_vllm_variant: only a bare "vllm" (or none) is decided by Ray hints; a recipe
+        # that names vllm-distributed stays native even with a Ray backend flag in its command.
+        ray = runtime in ("vllm-ray", "eugr-vllm") or (
+            runtime in ("", "vllm")
+            and (
+                str(defaults.get("distributed_executor_backend", "")).lower() == "ray"
+                or bool(re.search(r"--distributed-executor-backend\s+ray\b", cmd))
+            )
         )
         return "vllm", "vllm-ray" if ray else "vllm"
     if runtime == "sglang":
@@ -243,9 +297,9 @@ def _command_words(
     notes: _Notes,
 ) -> list[str]:
     template = check.string(data, "command")
-    defaults = {k: v for k, v in values.items() if k != "model"}
+    defaults = {k: v for k, v in values.items() if k not in ("model", "resolved_model_path")}
     if template:
-        text, unknown = substitute(template.strip(), values)
+        text, unknown = substitute(template.strip(), values, min_version, str(data.get("recipe_version") or "2"))
         for name in unknown:
             detail = "placeholder with no value in defaults; left in the command"
             notes.not_understood.append(Note(f"{{{name}}}", detail))
@@ -253,13 +307,23 @@ def _command_words(
             words = shlex.split(text.replace("\\\n", " "))
         except ValueError as exc:
             raise check.fail("command", f"not a complete shell command line: {exc}") from None
+        script = next((w for w in words if w in ("&&", "||", "|", ";") or w.endswith(";")), None)
+        if script or (words and re.match(r"[A-Za-z_][A-Za-z0-9_]*=", words[0])):
+            shown = script or words[0].split("=")[0] + "=…"
+            raise check.fail("command", f"a shell script ({shown!r}), not one engine command line: sparkfleet "
+                             "starts the engine itself and appends the per-rank flags; do the script's steps "
+                             "in the image or a staging step and keep only the engine command")  # fmt: skip
         served = values.get("served_model_name")
-        if served is not None and "--served-model-name" not in text and engine != "llama-cpp":
-            # sparkrun's _augment_served_model_name appends it when the template omits it.
-            words += ["--served-model-name", str(served)]
+        if served is None and _vllm_names_model(engine, min_version):
+            served = data["model"]
+        flag = "--alias" if engine == "llama-cpp" else "--served-model-name"
+        if served is not None and flag not in text:
+            # sparkrun's _augment_served_model_name appends "FLAG VALUE" to the command text
+            # when the flag is not in it (unquoted: the shell splits a value with spaces).
+            words += [flag, *shlex.split(str(served))]
         return words
     rules = flag_rules(engine, runtime == "vllm-ray", min_version)
-    model = str(values["model"])
+    model = str(data["model"])  # the command-less builders write recipe.model, not defaults.model
     if engine == "sglang":
         new = min_version is not None and min_version >= TEMPLATES_VERSION
         words = [*(SGLANG_SERVE if new else ENTRYPOINTS["sglang"]), "--model-path", model]
@@ -275,11 +339,20 @@ def _command_words(
         if "max_model_len" in defaults and "ctx_size" not in defaults:
             defaults["ctx_size"] = defaults["max_model_len"]
     flags, dropped = flag_words(defaults, rules)
+    if engine == "vllm" and "served_model_name" not in defaults and _vllm_names_model(engine, min_version):
+        flags += ["--served-model-name", model]
     for key in dropped:
         if engine == "llama-cpp" and key == "max_model_len":
             continue  # carried as --ctx-size above
         notes.not_carried.append(Note(f"defaults.{key}", f"sparkrun {rules.version} has no flag for it: not passed"))
     return words + flags
+
+
+def _vllm_names_model(engine: str, min_version: tuple[int, ...] | None) -> bool:
+    """sparkrun 0.4.2's vLLM runtimes (_augment_vllm_served_model_name) append
+    ``--served-model-name <recipe model>`` when neither the defaults nor the command name one, so the
+    server answers to the model id even when it is given a local snapshot path."""
+    return engine == "vllm" and min_version is not None and min_version >= V042
 
 
 def _split(engine: str, words: list[str]) -> tuple[list[str], list[list[str]], str | None]:
@@ -302,29 +375,53 @@ def _split(engine: str, words: list[str]) -> tuple[list[str], list[list[str]], s
     return head, groups, positional
 
 
+def _gguf_pick(repo: str, quant: str) -> str:
+    """What sparkrun opens for ``repo:QUANT`` (models/download.py resolve_gguf_path)."""
+    return f"GGUF file of {repo} for {quant}: sparkrun takes the first *{quant}*.gguf of the snapshot, sorted"
+
+
 def _hub_dir(repo: str) -> str:
     return "models--" + repo.replace("/", "--")
+
+
+def runtime_env(runtime: str, nodes: int, version: tuple[int, ...] | None) -> dict[str, tuple[str, str]]:
+    """What sparkrun's runtime itself puts in every rank's env (common, then cluster-only on more
+    than one node), each with where it came from."""
+    env = {k: (v, f"sparkrun {runtime} common env") for k, v in COMMON_ENV[runtime].items()}
+    if nodes > 1:
+        cluster = dict(CLUSTER_ENV[runtime])
+        if runtime == "vllm" and version is not None and version >= TEMPLATES_VERSION:
+            cluster.pop("OMP_NUM_THREADS")  # 0.4.0: "vLLM no longer supplies OMP_NUM_THREADS=4"
+        env.update({k: (v, f"sparkrun {runtime} cluster env") for k, v in cluster.items()})
+    return env
 
 
 def _env(
     data: dict[str, Any],
     runtime: str,
+    nodes: int,
     launch: dict[str, str],
     values: dict[str, Any],
     min_version: tuple[int, ...] | None,
     check: _Checker,
     notes: _Notes,
 ) -> dict[str, tuple[str, str | None]]:
-    """The recipe env: runtime defaults, then the recipe's own, templates resolved."""
-    env: dict[str, tuple[str, str | None]] = {k: (v, f"sparkrun {runtime} default")
-                                              for k, v in RUNTIME_ENV[runtime].items()}  # fmt: skip
-    expands_vars = min_version is None or min_version < TEMPLATES_VERSION
+    """The recipe env: the runtime's own, then the recipe's, templates resolved."""
+    env: dict[str, tuple[str, str | None]] = dict(runtime_env(runtime, nodes, min_version))
+    # Before 0.3.0 sparkrun expanded $VAR in env from the control machine's environment; 0.3.0
+    # stopped ("Recipe env no longer expanded"): the text reaches the container as written.
+    expands_vars = min_version is None or min_version < (0, 3, 0)
     for key, raw in check.scalar_map(data, "env").items():
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
             raise check.fail(f"env.{key}", "is not a valid environment variable name")
         text = "" if raw is None else str(raw)
         if is_secret(key):
             notes.not_carried.append(Note(f"env.{key}", f"a secret: pass it at launch with --env {key}"))
+            continue
+        if key == "HF_HOME":
+            # get_extra_env is merged after the recipe's env: sparkrun's HF_HOME wins.
+            notes.not_carried.append(Note("env.HF_HOME", f"= {text}: sparkrun sets HF_HOME={SPARKRUN_HF_MOUNT} "
+                                          "over it (hf_mount)"))  # fmt: skip
             continue
         if expands_vars and "$" in text:
             notes.not_carried.append(Note(f"env.{key}", "expanded from your environment by sparkrun: "
@@ -355,6 +452,43 @@ def _env(
     return env
 
 
+# sparkrun 0.4's persistent runtime cache (core/runtime_cache.py): a host folder per runtime family
+# and model mounted at /cache/runtime, XDG_CACHE_HOME pointed there, and the paths each runtime
+# declares (runtime_cache_paths) below it.
+RUNTIME_CACHE_MOUNT = "/cache/runtime"
+_FLASH = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton", "FLASHINFER_CACHE_DIR": "flashinfer",
+          "FLASHINFER_WORKSPACE_BASE": "flashinfer", "CUTE_DSL_CACHE_DIR": "cute_dsl",
+          "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": "flash_attn_cute_dsl"}  # fmt: skip
+RUNTIME_CACHE_PATHS = {
+    "vllm": {"VLLM_CACHE_ROOT": "vllm", **_FLASH},
+    "sglang": {**_FLASH, "SGLANG_CACHE_DIR": "sglang", "SGLANG_JIT_CACHE_DIR": "sglang/jit",
+               "TILELANG_CACHE_DIR": "tilelang", "TVM_FFI_CACHE_DIR": "tvm_ffi"},
+}  # fmt: skip
+
+
+def runtime_cache_key(model: str, revision: str | None) -> str:
+    """sparkrun's model key for the runtime cache folder: a readable label and a short hash."""
+    label = model.rstrip("/").rsplit("/", 1)[-1] if model.startswith("/") else model
+    label = re.sub(r"-{2,}", "-", re.sub(r"[^A-Za-z0-9._-]+", "-", label.strip().replace("/", "__"))).strip("-._")
+    label = label[:48].strip("-._") or "unknown"
+    identity = f"{model}@{revision or ''}"
+    return f"{label}-{hashlib.sha256(identity.encode()).hexdigest()[:8]}"
+
+
+def runtime_cache(
+    engine: str, model: str, revision: str | None, version: tuple[int, ...] | None = None
+) -> tuple[str, dict[str, str]]:
+    """(host folder, env) of sparkrun 0.4's runtime cache for this engine and model (0.4.2's vLLM
+    runtime also points TORCH_HOME and TORCH_EXTENSIONS_DIR there)."""
+    env = {"XDG_CACHE_HOME": RUNTIME_CACHE_MOUNT}
+    paths = dict(RUNTIME_CACHE_PATHS[engine])
+    if engine == "vllm" and version is not None and version >= V042:
+        paths.update(TORCH_HOME="torch", TORCH_EXTENSIONS_DIR="torch_extensions")
+    for var, sub in sorted(paths.items()):
+        env[var] = f"{RUNTIME_CACHE_MOUNT}/{sub}"
+    return f"{{{{state}}}}/runtime-cache/{engine}/{runtime_cache_key(model, revision)}", env
+
+
 def _mounts(executor: dict[str, Any], check: _Checker) -> list[tuple[str, str, bool]]:
     """executor_config.volumes: ``host:container[:ro]`` strings, or a host → container mapping."""
     raw = executor.get("volumes")
@@ -378,8 +512,10 @@ def _mounts(executor: dict[str, Any], check: _Checker) -> list[tuple[str, str, b
     return mounts
 
 
-def import_sparkrun(file: SparkrunFile, label: str = "sparkrun") -> ImportResult:
-    """Map a sparkrun recipe to recipe TOML, listing what could not be carried over."""
+def import_sparkrun(file: SparkrunFile, label: str = "sparkrun", sparkrun_version: str | None = None) -> ImportResult:
+    """Map a sparkrun recipe to recipe TOML, listing what could not be carried over. The rules are
+    those of ``sparkrun_version`` when given, else of the recipe's ``min_sparkrun_version``, else
+    of the current release (0.4.2), which is what runs a recipe that names no floor."""
     data, source = file.data, file.source
     check = _Checker(source)
     model_name = check.string(data, "model", required=True)
@@ -399,10 +535,21 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun") -> ImportResult
             min_version = parse_version(data["min_sparkrun_version"], "min_sparkrun_version")
         except ValueError as exc:
             raise RecipeError(f"{source}: {exc}") from None
+    if sparkrun_version is not None:
+        try:
+            min_version = parse_version(sparkrun_version, "--sparkrun-version")
+        except ValueError as exc:
+            raise RecipeError(str(exc)) from None
+    if min_version is None:
+        # min_sparkrun_version is a floor, not a pin: the sparkrun that runs such a recipe today
+        # is the current release, which renders it with its own rules.
+        min_version = V042
     for key in ("build_args", "mods", "post_exec", "post_commands"):
         check.string_list(data, key)
     revision = check.string(data, "model_revision")
-    values: dict[str, Any] = {**defaults, "model": model_name}
+    # sparkrun's config chain (Recipe.build_config_chain): the defaults, then model and
+    # resolved_model_path where the defaults have none.
+    values: dict[str, Any] = {"model": model_name, "resolved_model_path": model_name, **defaults}
     notes = _Notes()
     command = check.string(data, "command") or ""
     engine, runtime = _runtime(data, defaults, command, check)
@@ -436,17 +583,20 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun") -> ImportResult
         if "hf" in fields:
             repo, _, quant = fields["hf"].partition(":")
             model = repo
-            model_file = fields.get("file") or placeholder(f"GGUF file name in {repo} for quant {quant or '?'}")
+            model_file = fields.get("file") or placeholder(_gguf_pick(repo, quant or "?"))
         elif model.startswith("/") and model.endswith(".gguf"):
             model, model_file = str(PurePosixPath(model).parent), PurePosixPath(model).name
         elif ":" in model and not model.startswith("/"):
             repo, _, quant = model.partition(":")
             model = repo
-            model_file = fields.get("file") or placeholder(f"GGUF file name in {repo} for quant {quant}")
+            model_file = fields.get("file") or placeholder(_gguf_pick(repo, quant))
         if model_file and model_file.startswith("<SET ME"):
             notes.placeholders.append(Note("model_file", "sparkrun resolves repo:QUANT at download time"))
         if not model.startswith("/") and not revision:
             notes.placeholders.append(Note("revision", "sparkrun downloads the latest; pin the snapshot you have"))
+    if model.startswith("/") and engine != "llama-cpp" and not model.startswith(SPARKRUN_HF_MOUNT + "/"):
+        notes.not_carried.append(Note("model_path", f"= {model}: sparkrun mounts nothing for it (it must be in "
+                                      "the image); sparkfleet mounts the node's folder at that path"))  # fmt: skip
     tp = int(fields.get("tp") or defaults.get("tensor_parallel") or 1)
     pp = int(fields.get("pp") or defaults.get("pipeline_parallel") or 1)
     nodes = required_nodes(tp, pp, min_nodes) if engine != "llama-cpp" else min_nodes
@@ -454,8 +604,10 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun") -> ImportResult
         notes.not_carried.append(Note("defaults.data_parallel", "sparkfleet runs one replica per deployment: "
                                       "deploy one per replica"))  # fmt: skip
 
-    docker = bool(data.get("container"))
-    hf_root = CONTAINER_HF_HOME if docker else "{{hf}}"
+    # sparkrun always runs a container: the recipe's, else its runtime's default image.
+    image = check.string(data, "container") or DEFAULT_IMAGES[runtime]
+    docker = True
+    hf_root = SPARKRUN_HF_MOUNT if docker else "{{hf}}"
     model_path = (
         model
         if model.startswith("/")
@@ -472,7 +624,20 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun") -> ImportResult
         "cluster_id": "{{name}}",
         "runtime_cache_dir": placeholder("a host directory for compile caches (sparkrun's runtime cache)"),
     }
-    env = _env(data, runtime, launch, values, min_version, check, notes)
+    new_rules = min_version is not None and min_version >= TEMPLATES_VERSION
+    cache_dir: str | None = None
+    if new_rules and docker and engine in RUNTIME_CACHE_PATHS:
+        cache_dir, cache_env = runtime_cache(engine, model, revision, min_version)
+        launch["runtime_cache_dir"] = RUNTIME_CACHE_MOUNT
+    env = _env(data, runtime, nodes, launch, values, min_version, check, notes)
+    if cache_dir is not None:
+        # Under the recipe's own env, as sparkrun layers it (recipe env wins).
+        env = {**{k: (v, "sparkrun 0.4 runtime cache") for k, v in cache_env.items()}, **env}
+    if min_version is not None and min_version >= V042 and docker:
+        if engine in ("vllm", "sglang"):
+            env = {**{k: (v, "sparkrun 0.4.2 DGX Spark platform default") for k, v in DGX_SPARK_ENV.items()}, **env}
+        # RuntimePlugin.get_extra_env, merged over the recipe's env as HF_HOME is.
+        env["HF_HUB_CACHE"] = (f"{SPARKRUN_HF_MOUNT}/hub", "sparkrun 0.4.2 sets it beside HF_HOME")
     for key, (text, _) in env.items():
         if text.startswith("<SET ME") or "<SET ME" in text:
             notes.placeholders.append(Note(f"env.{key}", "a {launch.*} value sparkrun finds at launch"))
@@ -491,8 +656,10 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun") -> ImportResult
 
     doc = TomlDoc()
     doc.comment(f"Imported from {source} by `sparkfleet import {label}`")
-    rules = "sparkrun " + ("0.4.0" if min_version and min_version >= TEMPLATES_VERSION else "0.2.40")
-    doc.comment(f"following {rules}'s rules (min_sparkrun_version: {data.get('min_sparkrun_version') or 'none'}).")
+    rules = "sparkrun " + ("0.4 line" if new_rules else "0.2.40/0.3")
+    chosen = f"--sparkrun-version {sparkrun_version}" if sparkrun_version else (
+        f"min_sparkrun_version: {data.get('min_sparkrun_version') or 'none'}")  # fmt: skip
+    doc.comment(f"following {rules}'s rules ({chosen}).")
     doc.comment("sparkfleet appends the per-rank flags (node count and rank, rendezvous address, host, port)")
     doc.comment("as sparkrun did; the rendezvous port is sparkrun's init port.")
     if data.get("description"):
@@ -502,8 +669,8 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun") -> ImportResult
     doc.blank()
     doc.set("engine", engine)
     doc.set("name", Path(source).stem)
-    if data.get("container"):
-        doc.set("docker_image", str(data["container"]), "container")
+    doc.set("docker_image", image, "container" if data.get("container") else "sparkrun's default image for "
+            f"{runtime} (the recipe names none)")  # fmt: skip
     doc.set("model", model)
     if model_file:
         doc.set("model_file", model_file)
@@ -514,7 +681,8 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun") -> ImportResult
         doc.set("revision", placeholder(f"snapshot revision of {model} in the HF cache"))
     if fields.get("port"):
         doc.set("port", int(fields["port"]))
-    doc.set("rendezvous_port", SPARKRUN_RAY_PORT if runtime == "vllm-ray" else SPARKRUN_INIT_PORT)
+    rdv = {"vllm-ray": SPARKRUN_RAY_PORT, "llama-cpp": SPARKRUN_RPC_PORT}.get(runtime, SPARKRUN_INIT_PORT)
+    doc.set("rendezvous_port", rdv)
     doc.set("required_nodes", nodes, "max(min_nodes, tensor_parallel x pipeline_parallel) as sparkrun counts")
     if engine != "llama-cpp":
         doc.set("tensor_parallel_size", tp)
@@ -524,15 +692,24 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun") -> ImportResult
         doc.set("distributed_backend", "ray" if runtime == "vllm-ray" else "mp")
     if executor.get("shm_size"):
         doc.set("shm_size", str(executor["shm_size"]), "executor_config.shm_size")
+    if docker:
+        doc.set("hf_mount", SPARKRUN_HF_MOUNT, "where sparkrun mounts the node's HF cache (HF_HOME)")
     if tuple(entrypoint) != ENTRYPOINTS[engine]:
         doc.set("entrypoint", entrypoint)
     doc.blank()
     doc.words("args", args)
+    lost = [f"{n.key}: {n.detail}" for n in (*notes.not_carried, *notes.not_understood) if _matters(n.key)]
+    if lost:
+        doc.blank()
+        doc.words("not_carried", [([item], None) for item in lost],
+                  "what sparkrun would do that this recipe does not: validate/plan warn, --strict refuses")  # fmt: skip
     if env:
         doc.blank()
         doc.table("env")
         for key, (value, note) in env.items():
             doc.set(key, value, note)
+    if cache_dir is not None:
+        mounts.append((cache_dir, RUNTIME_CACHE_MOUNT, False))
     for host, container, read_only in mounts:
         doc.blank()
         doc.array_table("extra_mounts")

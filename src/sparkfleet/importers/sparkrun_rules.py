@@ -204,6 +204,33 @@ def render_template(template: str, values: Mapping[str, Any]) -> tuple[str, list
     return text.replace(_L, "{").replace(_R, "}"), left
 
 
+_VPD_ARG = re.compile(r"\{(.*?)\}")
+
+
+def render_vpd(template: str, values: Mapping[str, Any], collapse_escapes: bool = False) -> tuple[str, list[str]]:
+    """sparkrun 0.2/0.3's command rendering (``Recipe.render_command``): vpd's ``arg_substitute``
+    until nothing changes — each ``{`` up to the next ``}`` is a key once its outer braces are
+    stripped, replaced when the defaults have it and left as written otherwise (so a ``{key}``
+    inside a JSON object is not reached, and ``{{`` stays doubled); a ``recipe_version: "1"``
+    recipe then has ``{{``/``}}`` collapsed. Returns the text and the identifier-like
+    placeholders left unresolved."""
+
+    def one(m: re.Match[str]) -> str:
+        value = values.get(m.group().strip("}{"))
+        return m.group() if value is None else str(value)
+
+    text, last = template, None
+    for _ in range(50):
+        if text == last:
+            break
+        last, text = text, _VPD_ARG.sub(one, text)
+    if collapse_escapes:
+        text = text.replace("{{", "{").replace("}}", "}")
+    text = re.sub(r"\\ +\n", "\\\n", text)
+    left = sorted({m for m in _PLACEHOLDER.findall(text) if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", m)})
+    return text, left
+
+
 def _value(values: Mapping[str, Any], key: str, original: str) -> str:
     value = values.get(key)
     return original if value is None else str(value)

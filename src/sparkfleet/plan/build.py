@@ -111,6 +111,7 @@ def plan(recipe: Recipe, cluster: Cluster, deployment: str, overrides: Overrides
                         recipe.serve.gateway_route()),
         warnings=env_overrides(ranks, {n.name: cluster_env(n, adapter.host_ip_env) for n in nodes}),
         secret_args=secret_arg_notes(recipe),
+        not_carried=recipe.not_carried,
     )
 
 
@@ -222,6 +223,12 @@ def _image(recipe: Recipe) -> ImageSpec | None:
     )
 
 
+def container_hf_home(recipe: Recipe) -> str:
+    """Where a container sees the node's Hugging Face cache: the recipe's ``hf_mount`` or the
+    engines' usual path."""
+    return recipe.hf_mount or CONTAINER_HF_HOME
+
+
 def _model_ref_and_mounts(
     recipe: Recipe, node: Node, deployment: str, docker: bool
 ) -> tuple[str, list[MountSpec]]:
@@ -237,11 +244,15 @@ def _model_ref_and_mounts(
         return recipe.composed_model.mount, mounts
     if recipe.model.startswith("/"):
         if docker:
-            mounts.append(MountSpec(recipe.model, recipe.model, True))
+            if recipe.hf_mount:
+                # Asked for by name (sparkrun mounts the cache in every container): there too.
+                mounts.append(MountSpec(node.hf_cache, recipe.hf_mount, True))
+            if not (recipe.hf_mount and recipe.model.startswith(recipe.hf_mount + "/")):
+                mounts.append(MountSpec(recipe.model, recipe.model, True))  # else: inside that mount
         return recipe.model, mounts
     if docker:
-        mounts.append(MountSpec(node.hf_cache, CONTAINER_HF_HOME, True))
-    root = CONTAINER_HF_HOME if docker else node.hf_cache
+        mounts.append(MountSpec(node.hf_cache, container_hf_home(recipe), True))
+    root = container_hf_home(recipe) if docker else node.hf_cache
     return engine_for(recipe.engine).hub_model_ref(recipe.model, recipe.revision, root), mounts
 
 
@@ -264,7 +275,7 @@ def _env(
     adapter = engine_for(recipe.engine)
     values = node_values(node, rank, deployment)
     layers: list[tuple[EnvSource, dict[str, str]]] = []
-    engine_env = {"HF_HUB_OFFLINE": "1", "HF_HOME": CONTAINER_HF_HOME if docker else node.hf_cache}
+    engine_env = {"HF_HUB_OFFLINE": "1", "HF_HOME": container_hf_home(recipe) if docker else node.hf_cache}
     layers.append(("engine", engine_env))
     layers.append(("cluster", cluster_env(node, adapter.host_ip_env)))
     # Secrets taken out of the recipe's args: under the recipe's own env, which may name them.

@@ -222,6 +222,7 @@ class Plan:
     serve: ServeSpec = ServeSpec()
     warnings: tuple[EnvOverride, ...] = ()  # per-node cluster values replaced by one value for all
     secret_args: tuple[str, ...] = ()  # what was found in the recipe's args (plan/secret_args.py)
+    not_carried: tuple[str, ...] = ()  # what an import could not carry over (recipe `not_carried`)
 
     @property
     def head(self) -> RankPlan:

@@ -29,8 +29,9 @@ def masked_argv(words: tuple[str, ...] | None, rank: RankPlan) -> list[str] | No
 
 
 def plan_json(plan: Plan) -> dict[str, Any]:
-    """The ``plan --json`` contract (stable: other tools and golden tests read it)."""
-    return {
+    """The ``plan --json`` contract (stable: other tools and golden tests read it); an imported
+    recipe's ``not_carried`` list is added only when it has entries."""
+    out: dict[str, Any] = {
         "name": plan.name,
         "title": plan.title,
         "engine": plan.engine,
@@ -73,6 +74,9 @@ def plan_json(plan: Plan) -> dict[str, Any]:
             "smoke_expect": plan.verify.smoke_expect,
         },
     }
+    if plan.not_carried:
+        out["not_carried"] = list(plan.not_carried)
+    return out
 
 
 def print_plan(plan: Plan, console: Console) -> None:

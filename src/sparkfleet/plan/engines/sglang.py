@@ -63,15 +63,21 @@ class SGLang(AdapterDefaults):
         parallel: tuple[str, ...] = ("--tp", str(spec.tensor_parallel_size))
         if spec.pipeline_parallel_size > 1:
             parallel += ("--pp-size", str(spec.pipeline_parallel_size))
+        # One node has no rendezvous: SGLang's defaults (one node, rank 0) hold, as sparkrun's solo
+        # launch leaves them.
+        rendezvous: tuple[str, ...] = (
+            ("--nnodes", str(ctx.nnodes), "--node-rank", str(ctx.rank),
+             "--dist-init-addr", f"{ctx.head_fabric_ip}:{ctx.rendezvous_port}")
+            if ctx.nnodes > 1
+            else ()
+        )  # fmt: skip
         return (
             *entrypoint,
             *spec.args,
             "--model-path", ctx.model_ref,
             *revision_flags(spec, ctx.model_ref),
             *parallel,
-            "--nnodes", str(ctx.nnodes),
-            "--node-rank", str(ctx.rank),
-            "--dist-init-addr", f"{ctx.head_fabric_ip}:{ctx.rendezvous_port}",
+            *rendezvous,
             "--host", ctx.bind_ip,
             "--port", str(ctx.port),
         )  # fmt: skip
