@@ -50,6 +50,16 @@ def test_where_the_engine_reads_no_env_var_the_key_stays_but_is_masked_everywher
     assert any("ps" in note for note in planned.secret_args)
 
 
+def test_a_token_shaped_model_is_masked_in_every_shown_command_and_warned_about() -> None:
+    # Found by the fuzz of recipes (test_fuzz_inputs.py): a model named like a key reached argv as shown.
+    planned = plan(parse_recipe({"engine": "vllm", "model": KEY}, "r.toml"), load_cluster(SPARK4), "d")
+    rank = planned.ranks[0]
+    assert KEY in rank.argv  # the engine needs it
+    shown = [r["argv"] for r in plan_json(planned)["ranks"]], rank.handle.argv
+    assert KEY not in json.dumps(shown) and "***" in json.dumps(shown)
+    assert any(note.startswith("model: shaped like a token") for note in planned.secret_args)
+
+
 def test_the_slurm_export_never_writes_an_args_key(tmp_path: Path) -> None:
     recipe = parse_recipe({"engine": "sglang", "model": "org/m", "args": ["--api-key", KEY]}, "r.toml")
     assert KEY not in slurm_script(recipe, "d")

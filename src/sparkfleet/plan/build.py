@@ -13,6 +13,7 @@ from sparkfleet.config import names
 from sparkfleet.config.cluster import Cluster, Node
 from sparkfleet.config.placeholders import placeholder_keys
 from sparkfleet.config.recipe import Recipe
+from sparkfleet.config.secrets import SECRET_VALUE
 from sparkfleet.config.templates import node_values, render
 from sparkfleet.errors import PlanError
 from sparkfleet.nodes.runtime.docker import docker_run_argv
@@ -118,7 +119,12 @@ def plan(recipe: Recipe, cluster: Cluster, deployment: str, overrides: Overrides
 def secret_arg_notes(recipe: Recipe) -> tuple[str, ...]:
     """What validate and plan say about credentials in the recipe's args (as written)."""
     _, found = split_secret_args(recipe.engine, recipe.args)
-    return tuple(dict.fromkeys(a.describe() for a in found))
+    notes = [a.describe() for a in found]
+    for key in ("model", "served_model_name", "model_file", "docker_image"):
+        value = getattr(recipe, key, None)
+        if isinstance(value, str) and SECRET_VALUE.match(value):
+            notes.append(f"{key}: shaped like a token (is it one?): masked in the commands plans and records show")
+    return tuple(dict.fromkeys(notes))
 
 
 def cluster_env(node: Node, host_ip_env: tuple[str, ...]) -> dict[str, str]:
@@ -332,6 +338,7 @@ def _rank_plan(
                         argv) if recipe.docker_image else None
     )
     readiness = adapter.readiness(ctx)
+    shaped = _token_shaped((*argv, *(container_argv or ())))
     ports = (port, rdv_port) if rank == 0 else ((rdv_port,) if readiness.tcp_port else ())
     return RankPlan(
         rank=rank,
@@ -350,8 +357,14 @@ def _rank_plan(
         readiness=readiness,
         ports=ports,
         stop_wave=next(i for i, wave in enumerate(adapter.stop_waves(len(nodes))) if rank in wave),
-        secret_words=tuple(a.value for a in secret_args if not a.env),
+        secret_words=tuple(dict.fromkeys([*(a.value for a in secret_args if not a.env), *shaped])),
     )
+
+
+def _token_shaped(words: tuple[str, ...]) -> list[str]:
+    """Words of a rank's command shaped like a token wherever they came from (a model or served
+    name, an entrypoint): masked like a token found in args."""
+    return [part for word in words for part in (word, word.partition("=")[2]) if SECRET_VALUE.match(part)]
 
 
 def _staging(recipe: Recipe, at: Planning) -> tuple[StagingStep, ...]:
