@@ -8,7 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.doctor.pairs import PairResult, RdmaEnd, Thresholds, link_speed_check, rdma_check, rdma_end, verdicts
+from sparkfleet.doctor.pairs import (
+    FabricReport,
+    PairResult,
+    RdmaEnd,
+    Thresholds,
+    link_speed_check,
+    rdma_check,
+    rdma_end,
+    render_matrix,
+    verdicts,
+)
 from sparkfleet.doctor.probes import rdma
 from sparkfleet.nodes.linktest import (
     LAT_SECTION,
@@ -127,3 +137,17 @@ def test_a_node_with_an_hca_but_no_perftest_is_warned_about() -> None:
     tool = {c.node: c for c in checks if c.id == "fabric.rdma_tool"}
     assert tool["n0"].status == "warn" and "apt-get install perftest" in tool["n0"].fix
     assert tool["n1"].status == "pass"
+
+
+def test_both_matrices_mark_the_slow_cells_and_leave_unmeasured_ones_apart() -> None:
+    pairs = (
+        _pair(a="n0", b="n1", rdma_hcas=("h0", "h1"), rdma_gbps=111.7, rdma_expected_gbps=126.0),
+        _pair(a="n0", b="n2", forward_mbps=900.0, rdma_hcas=("h0", "h2"), rdma_gbps=11.2, rdma_expected_gbps=126.0),
+        _pair(a="n1", b="n2", forward_mbps=None),
+    )
+    lines = render_matrix(FabricReport(("n0", "n1", "n2"), (), pairs, (), 1.0, 2))
+    tcp = lines[: lines.index(next(x for x in lines if x.startswith("RDMA write")))]
+    rdma = lines[len(tcp) :]
+    assert tcp[2].split() == ["n0", "-", "9.40", "0.90*"] and tcp[3].split() == ["n1", "9.35", "-", "n/a"]
+    assert rdma[2].split() == ["n0", "-", "111.70", "11.20*"]  # a tenth of what the HCAs carry
+    assert rdma[3].split() == ["n1", "-"]  # n1 → n2 has no RDMA test: an empty cell, not "n/a"

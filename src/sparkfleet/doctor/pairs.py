@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from sparkfleet.doctor.probes import rdma as rdma_probe
@@ -374,22 +374,18 @@ def render_matrix(report: FabricReport) -> list[str]:
     median = median_mbps(report.pairs)
     gbit = median is not None and median >= 1000
     unit, scale = ("Gbit/s", 1e-3) if gbit else ("Mbit/s", 1.0)
-    width = max(8, *(len(n) for n in nodes)) + 1
-    lines = [f"bandwidth, {unit} (row sends to column; both directions at once, {report.seconds_per_test} s):",
-             " " * width + "".join(f"{n:>{width}}" for n in nodes)]  # fmt: skip
     floor = median * report.thresholds.fraction if median else None
-    for src in nodes:
-        cells = []
-        for dst in nodes:
-            rate = rates.get((src, dst))
-            if src == dst:
-                cells.append(f"{'-':>{width}}")
-            elif rate is None:
-                cells.append(f"{'n/a':>{width}}")
-            else:
-                mark = "*" if floor is not None and rate < floor else ""
-                cells.append(f"{f'{rate * scale:.{2 if gbit else 1}f}{mark}':>{width}}")
-        lines.append(f"{src:<{width}}" + "".join(cells))
+
+    def cell(src: str, dst: str) -> str:
+        rate = rates.get((src, dst))
+        if src == dst:
+            return "-"
+        if rate is None:
+            return "n/a"
+        return f"{rate * scale:.{2 if gbit else 1}f}" + ("*" if floor is not None and rate < floor else "")
+
+    lines = _grid(f"bandwidth, {unit} (row sends to column; both directions at once, {report.seconds_per_test} s):",
+                  nodes, cell)  # fmt: skip
     if floor is not None and median is not None:
         lines.append(f"(* below {report.thresholds.fraction:g} × the median {median * scale:.2f} {unit})")
     lines += render_rdma_matrix(report)
@@ -409,6 +405,15 @@ def render_matrix(report: FabricReport) -> list[str]:
     return lines
 
 
+def _grid(title: str, nodes: Sequence[str], cell: Callable[[str, str], str]) -> list[str]:
+    """A title, then a matrix of nodes (row to column) with cell(row, column) in each place."""
+    width = max(8, *(len(n) for n in nodes)) + 1
+    lines = [title, " " * width + "".join(f"{n:>{width}}" for n in nodes)]
+    for src in nodes:
+        lines.append(f"{src:<{width}}" + "".join(f"{cell(src, dst):>{width}}" for dst in nodes))
+    return lines
+
+
 def render_rdma_matrix(report: FabricReport) -> list[str]:
     """ib_write_bw's matrix, Gbit/s, row writes to column (one direction per pair), when any pair
     was measured over RDMA."""
@@ -418,25 +423,23 @@ def render_rdma_matrix(report: FabricReport) -> list[str]:
     nodes = report.nodes
     rates = {(p.a, p.b): p.rdma_gbps for p in measured}
     median = median_rdma_gbps(report.pairs)
-    width = max(8, *(len(n) for n in nodes)) + 1
-    lines = ["RDMA write bandwidth, Gbit/s (ib_write_bw, row writes to column):",
-             " " * width + "".join(f"{n:>{width}}" for n in nodes)]  # fmt: skip
     floor = median * report.thresholds.fraction if median else None
-    for src in nodes:
-        cells = []
-        for dst in nodes:
-            rate = rates.get((src, dst))
-            if src == dst or (src, dst) not in rates:
-                cells.append(f"{'-' if src == dst else '':>{width}}")
-            elif rate is None:
-                cells.append(f"{'n/a':>{width}}")
-            else:
-                p = next(x for x in measured if (x.a, x.b) == (src, dst))
-                low = (floor is not None and rate < floor) or (
-                    p.rdma_expected_gbps is not None and rate < report.thresholds.fraction * p.rdma_expected_gbps
-                )
-                cells.append(f"{f'{rate:.2f}' + ('*' if low else ''):>{width}}")
-        lines.append(f"{src:<{width}}" + "".join(cells))
+
+    def cell(src: str, dst: str) -> str:
+        if src == dst:
+            return "-"
+        if (src, dst) not in rates:
+            return ""
+        rate = rates[(src, dst)]
+        if rate is None:
+            return "n/a"
+        p = next(x for x in measured if (x.a, x.b) == (src, dst))
+        low = (floor is not None and rate < floor) or (
+            p.rdma_expected_gbps is not None and rate < report.thresholds.fraction * p.rdma_expected_gbps
+        )
+        return f"{rate:.2f}" + ("*" if low else "")
+
+    lines = _grid("RDMA write bandwidth, Gbit/s (ib_write_bw, row writes to column):", nodes, cell)
     if median is not None:
         lines.append(f"(* below {report.thresholds.fraction:g} × the RDMA median {median:.2f} Gbit/s or × what the "
                      "HCAs can carry)")  # fmt: skip
