@@ -1,12 +1,15 @@
 """What the gateway adds: the same client, in the same run, straight to a known-timing server, through
 `sparkfleet gateway serve`, and through `sglang-router` (PyPI, Rust) as the anchor.
 
-The server is tests/replay_server.py: a streamed answer of ``--tokens`` tokens, one SSE event per
-token, ``--itl`` apart (1 ms: 1,000 chunks/s per stream), first token after ``--ttft``. The client is
-aiohttp's, counting the events of each read and nothing more (the bench's httpx client parses
-every event in Python, and at c64 the server sends 64,000 chunks/s), ``--rounds`` requests per stream
+The server is tests/replay_server.py's ``--tick`` mode: a streamed answer of ``--tokens`` tokens,
+one SSE event per token, ``--itl`` apart (1 ms: 1,000 chunks/s per stream), first token after
+``--ttft``, every stream's events pre-rendered and written by one clock (the per-request mode's
+sleep and JSON per event could not hold 1 ms beyond c16 on two cores). The client is aiohttp's on
+uvloop, counting the events of each read and nothing more (the bench's httpx client parses every
+event in Python, and at c64 the server sends 64,000 chunks/s), ``--rounds`` requests per stream
 at concurrency 1, 16 and 64, the three paths taking turns level by level. Printed per path and
-level: TTFT and inter-chunk gaps (p50/p99) and what the gateway (and the router) add to direct.
+level: TTFT and inter-chunk gaps (p50/p99), the cores the proxy used meanwhile, and what the
+gateway (and the router) add to direct.
 
 Then the most streamed chunks per second each proxy carries on one core: the server pre-renders
 its answers and writes them as fast as the socket takes them (``--blast``), the proxy is pinned to
@@ -32,10 +35,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import aiohttp
 import httpx
@@ -45,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = "replay-model"
 LEVELS = (1, 16, 64)
 _TOKEN = re.compile(rb'"content": ?" t')  # the replay server's tokens are " t0", " t1", ...
+T = TypeVar("T")
 PROXY_CPU = 0  # the proxies' core; the server and the client share the other
 
 
@@ -97,7 +102,7 @@ def replay(args: argparse.Namespace, blast: bool) -> Iterator[tuple[subprocess.P
     """The server (on the client's CPU in the throughput run, anywhere in the latency runs)."""
     argv = [sys.executable, str(ROOT / "tests" / "replay_server.py"), "--port", "0", "--itl", str(args.itl),
             "--ttft", str(args.ttft), "--tokens", str(args.blast_tokens if blast else args.tokens)]  # fmt: skip
-    return started(argv + (["--blast"] if blast else []), r"PORT (\d+)", cpu=1 - PROXY_CPU if blast else None)
+    return started(argv + (["--blast"] if blast else ["--tick"]), r"PORT (\d+)", cpu=1 - PROXY_CPU if blast else None)
 
 
 def gateway(upstream: str, state: Path, cpu: int | None) -> Iterator[tuple[subprocess.Popen[str], re.Match[str]]]:
@@ -211,6 +216,24 @@ async def level(url: str, concurrency: int, requests: int, tokens: int) -> list[
     return records
 
 
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """The client's loop: uvloop where installed (the gateway's own loop), so the client reads
+    64,000 events/s at c64 with the least CPU taken from the server and the gateway."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def timed(url: str, pid: int | None, concurrency: int, requests: int, tokens: int) -> tuple[dict[str, float], str]:
+    """One path's figures at one level, and the cores its proxy used meanwhile (CPU s per wall s)."""
+    cpu0, t0 = process_tree_cpu(pid) if pid else 0.0, time.perf_counter()
+    f = figures(run(level(url, concurrency, requests, tokens)))
+    cores = (process_tree_cpu(pid) - cpu0) / (time.perf_counter() - t0) if pid else None
+    return f, "" if cores is None else f"{cores:.2f}"
+
+
 def figures(records: list[Record]) -> dict[str, float]:
     ttft = np.array([r.ttft for r in records]) * 1000
     gaps = np.array([g for r in records for g in r.gaps()]) * 1000
@@ -253,21 +276,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as state:
         with replay(args, blast=False) as (_, port):
             upstream = f"http://127.0.0.1:{port.group(1)}"
-            with gateway(upstream, Path(state), None) as (_, gw), (
+            with gateway(upstream, Path(state), None) as (gp, gw), (
                     router(args.router_python, upstream, None) if have_router else _none()) as rt:  # fmt: skip
-                paths = {"direct": upstream, "gateway": gw.group(1)}
+                paths = {"direct": (upstream, None), "gateway": (gw.group(1), gp.pid)}
                 if rt is not None:
-                    paths["sglang-router"] = rt[1].group(1)
+                    paths["sglang-router"] = (rt[1].group(1), rt[0].pid)
                 print(f"\n{'path':14} {'conc':>4} {'reqs':>5} {'TTFT p50':>9} {'p99':>8} {'gap p50':>8} {'p99':>7}"
-                      f"   added TTFT p50/p99, gap p50/p99 (ms)")  # fmt: skip
+                      f"  {'proxy CPU':>9}   added TTFT p50/p99, gap p50/p99 (ms)")  # fmt: skip
                 for c in LEVELS:
                     n = c * args.rounds
-                    got = {name: figures(asyncio.run(level(url, c, n, args.tokens))) for name, url in paths.items()}
-                    base = got["direct"]
-                    for name, f in got.items():
+                    got = {name: timed(url, pid, c, n, args.tokens) for name, (url, pid) in paths.items()}
+                    base = got["direct"][0]
+                    for name, (f, cpu) in got.items():
                         print(
                             f"{name:14} {c:>4} {n:>5} {f['ttft_p50']:>9.2f} {f['ttft_p99']:>8.2f}"
-                            f" {f['gap_p50']:>8.3f} {f['gap_p99']:>7.3f}{_added(f, base) if name != 'direct' else ''}"
+                            f" {f['gap_p50']:>8.3f} {f['gap_p99']:>7.3f}  {cpu:>9}"
+                            f"{_added(f, base) if name != 'direct' else ''}"
                         )
         print(f"\nthroughput: pre-rendered answers of {args.blast_tokens} chunks, 16 streams, the proxy pinned to CPU"
               f" {PROXY_CPU}, the server and the client to the other")  # fmt: skip
@@ -279,7 +303,7 @@ def main() -> None:
                 runs.append(("sglang-router", router(args.router_python, upstream, PROXY_CPU)))
             for name, ctx in runs:
                 with ctx as (proc, m):
-                    rate, cpu, per_cpu = asyncio.run(throughput(m.group(1), proc.pid, 16, 64, args.blast_tokens))
+                    rate, cpu, per_cpu = run(throughput(m.group(1), proc.pid, 16, 64, args.blast_tokens))
                     print(f"{name:14} {rate:>9,.0f} chunks/s wall   {per_cpu:>9,.0f} chunks per proxy CPU second"
                           f"   ({cpu:.2f} CPU s)")  # fmt: skip
     if not have_router:
