@@ -650,9 +650,11 @@ def test_tls_and_logged_bodies(tmp_path: Path) -> None:
                           f'[routes.m]\ntargets = ["{engine.url}"]\nupstream_model = "replay-model"\n')  # fmt: skip
         with gateway(tmp_path, "--config", str(config)) as gw:
             assert gw.url.startswith("https://")
-            c = openai.OpenAI(base_url=gw.url, api_key="unused", max_retries=0,
-                              http_client=httpx.Client(verify=str(cert)))  # fmt: skip
-            answer = c.chat.completions.create(model="m", messages=chat("remember this"), max_tokens=3)
+            # The client closes its connection before the gateway stops, as a finished client does: an
+            # idle TLS connection left open makes the stop wait for asyncio's 30 s TLS shutdown timeout.
+            with openai.OpenAI(base_url=gw.url, api_key="unused", max_retries=0,
+                               http_client=httpx.Client(verify=str(cert))) as c:  # fmt: skip
+                answer = c.chat.completions.create(model="m", messages=chat("remember this"), max_tokens=3)
             assert answer.choices[0].message.content == " t0 t1 t2"
             time.sleep(0.7)
             rows = json.loads(cli(tmp_path, "gateway", "log", "--json").stdout)
