@@ -53,6 +53,7 @@ def recipe(tmp_path: Path) -> Path:
 def _ab(recipe: Path, tmp_path: Path, pair: str, rounds: int) -> dict:
     name = f"test-e2e-ab-{pair.split(',')[1]}-{RUN}"
     port, rpc = free_ports(2)
+    tmp_path.mkdir(exist_ok=True)
     report = tmp_path / "report.json"
     out = subprocess.run(
         [sys.executable, "-m", "sparkfleet.cli.main", "ab", str(recipe), "--variants", pair, "--name", name,
@@ -90,8 +91,18 @@ def test_batched_prompt_evaluation_is_named_faster(recipe: Path, tmp_path: Path)
 def test_identical_variants_no_difference(recipe: Path, tmp_path: Path) -> None:
     # One thread each: the pair leaves a core to the rest of the machine, so what the rule sees
     # is the engine's own noise, the case where a false "better" would mislead a user.
-    report = _ab(recipe, tmp_path, "one-thread,one-thread-again", rounds=3)
-    assert _decode(report)["verdict"] is None, _decode(report)
-    assert [m["verdict"] for m in report["metrics"]] == [None] * len(report["metrics"]), report["metrics"]
-    quality = report["quality"]  # greedy decoding: the same answers, no flips
+    # The rule is a 95 % interval: on identical variants it names a "better" one at a rate of a few
+    # per cent wherever the noise is near the 5 % floor, as here (one round's B/A of identical
+    # variants measured 0.88 to 1.12 on this VM, sd of the log ratio 0.084; simulated, that is a
+    # false verdict in 3.7 % of 3-round experiments, and more rounds barely lower it). One CI run met
+    # one (0.94, 0.935, 0.93). A rule that holds its rate fails twice in a row in about 0.1 % of runs,
+    # so a second experiment is run after a verdict, and the test fails only if it has one too.
+    first = _ab(recipe, tmp_path / "first", "one-thread,one-thread-again", rounds=3)
+    report = first if _no_verdict(first) else _ab(recipe, tmp_path / "again", "one-thread,one-thread-again", rounds=3)
+    assert _no_verdict(report), (first["metrics"], report["metrics"])
+    quality = first["quality"]  # greedy decoding: the same answers, no flips
     assert (quality["broke"], quality["fixed"], quality["verdict"]) == (0, 0, None), quality
+
+
+def _no_verdict(report: dict) -> bool:
+    return all(m["verdict"] is None for m in report["metrics"])
