@@ -8,6 +8,7 @@ import functools
 import json
 import os
 import re
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -650,21 +651,25 @@ def test_tls_and_logged_bodies(tmp_path: Path) -> None:
                           f'[routes.m]\ntargets = ["{engine.url}"]\nupstream_model = "replay-model"\n')  # fmt: skip
         with gateway(tmp_path, "--config", str(config)) as gw:
             assert gw.url.startswith("https://")
-            # The client closes its connection before the gateway stops, as a finished client does: an
-            # idle TLS connection left open makes the stop wait for asyncio's 30 s TLS shutdown timeout.
-            with openai.OpenAI(base_url=gw.url, api_key="unused", max_retries=0,
-                               http_client=httpx.Client(verify=str(cert))) as c:  # fmt: skip
-                answer = c.chat.completions.create(model="m", messages=chat("remember this"), max_tokens=3)
+            c = openai.OpenAI(base_url=gw.url, api_key="unused", max_retries=0,
+                              http_client=httpx.Client(verify=str(cert)))  # fmt: skip
+            answer = c.chat.completions.create(model="m", messages=chat("remember this"), max_tokens=3)
             assert answer.choices[0].message.content == " t0 t1 t2"
             time.sleep(0.7)
             rows = json.loads(cli(tmp_path, "gateway", "log", "--json").stdout)
+            # Ctrl-C with the client's connection still pooled: it stops at once (a TLS close waited
+            # for the client's close_notify, 30 s, before the gateway cut idle connections).
+            started = time.monotonic()
+            gw.proc.send_signal(signal.SIGINT)
+            gw.proc.wait(30)
+            assert time.monotonic() - started < 5
+            c.close()
     assert rows[-1]["request_body"]["messages"] == chat("remember this")
     assert rows[-1]["response_text"] == " t0 t1 t2"
 
 
 def test_export_systemd_gateway_writes_a_unit_that_verifies_and_serves(tmp_path: Path) -> None:
     import shlex
-    import signal
 
     config = tmp_path / "gw.toml"
     config.write_text("port = 0\n")

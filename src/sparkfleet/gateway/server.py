@@ -69,9 +69,29 @@ def serve(config: GatewayConfig, state_db: Path, loopback: bool, bind: Callable[
         timeout_keep_alive=30,
     )
     try:
-        uvicorn.Server(uv).run(sockets=[sock, admin])
+        _server_class()(uv).run(sockets=[sock, admin])
     finally:
         admin_file.unlink(missing_ok=True)
+
+
+def _server_class() -> type:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, but at a stop an idle TLS connection is cut rather than closed: a TLS
+        close waits for the client's close_notify, up to the event loop's 30 s TLS shutdown timeout,
+        and a client that keeps its connections pooled (the openai client does) never sends it, so
+        every stop took 30 s. A connection in the middle of an answer still gets to finish it."""
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            if self.config.is_ssl:
+                for conn in list(self.server_state.connections):
+                    cycle, transport = getattr(conn, "cycle", None), getattr(conn, "transport", None)
+                    if transport is not None and (cycle is None or cycle.response_complete):
+                        transport.abort()
+            await super().shutdown(sockets)
+
+    return Server
 
 
 def admin_dir(state: Path) -> Path:
