@@ -284,6 +284,12 @@ class ReplayServer:
     async def _shutdown(self) -> None:
         if self._server is not None:
             self._server.close()
+        # Connections still open end here, while the loop runs: left to the garbage collector, their
+        # handlers closed their writers on a closed loop (pytest's unraisable-exception warnings).
+        handlers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in handlers:
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
 
 
 def _token(script: Script, i: int) -> str:

@@ -11,6 +11,7 @@ import re
 import signal
 import socket
 import sqlite3
+import ssl
 import subprocess
 import sys
 import threading
@@ -652,7 +653,7 @@ def test_tls_and_logged_bodies(tmp_path: Path) -> None:
         with gateway(tmp_path, "--config", str(config)) as gw:
             assert gw.url.startswith("https://")
             c = openai.OpenAI(base_url=gw.url, api_key="unused", max_retries=0,
-                              http_client=httpx.Client(verify=str(cert)))  # fmt: skip
+                              http_client=httpx.Client(verify=ssl.create_default_context(cafile=cert)))  # fmt: skip
             answer = c.chat.completions.create(model="m", messages=chat("remember this"), max_tokens=3)
             assert answer.choices[0].message.content == " t0 t1 t2"
             time.sleep(0.7)
