@@ -5,9 +5,12 @@ builds the engine command from its per-runtime flag map; it runs that on every n
 the per-rank flags itself (SGLang: ``--dist-init-addr head:25000 --nnodes N --node-rank r``;
 vLLM: ``--nnodes --node-rank --master-addr --master-port`` and ``--headless`` above rank 0).
 sparkfleet appends the same per-rank flags, so the import keeps the command's other flags as
-``args`` and moves the model, parallel sizes and port into recipe fields; the rendezvous port
-stays sparkrun's 25000. Every key of the file is carried, noted as not carried, or listed as not
-understood; malformed input is a RecipeError naming the file and the key.
+``args`` and moves the model into a recipe field. A vLLM/SGLang recipe gets ``command_style =
+"sparkrun"``: the parallel sizes and port also become fields, but their flags (and --host) stay in
+``args`` as the command spells them, and plan replaces only their values, so the planned command
+is sparkrun's flag for flag. The rendezvous port stays sparkrun's 25000. Every key of the file
+is carried, noted as not carried, or listed as not understood; malformed input is a RecipeError
+naming the file and the key.
 """
 
 from __future__ import annotations
@@ -84,6 +87,10 @@ FIELD_FLAGS = {
     "llama-cpp": {"-m": "model", "--model": "model", "-hf": "hf", "--hf-repo": "hf", "--hf-file": "file",
                   "-hff": "file", "--port": "port", "--host": "host"},
 }  # fmt: skip
+# Field flags a vLLM/SGLang import also keeps in args as the recipe spells them (-tp 2, --tp-size,
+# --host, --port): the recipe says command_style = "sparkrun", and plan writes these flags where
+# and as the recipe wrote them, with this plan's values, as sparkrun runs the rendered command.
+STYLE_KEPT = ("tp", "pp", "port", "host")
 PER_RANK = {"--nnodes", "--node-rank", "--dist-init-addr", "--master-addr", "--master-port", "--headless",
             "--rpc", "-n", "-r"}  # fmt: skip
 ENTRYPOINTS = {"sglang": ("python3", "-m", "sglang.launch_server"), "vllm": ("vllm", "serve"),
@@ -564,6 +571,8 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun", sparkrun_versio
         target = FIELD_FLAGS[engine].get(flag)
         if target and len(group) >= 2:
             fields[target] = group[1]
+            if engine != "llama-cpp" and target in STYLE_KEPT:
+                args.append((group, None))  # command_style "sparkrun": plan replaces the value in place
         elif flag in PER_RANK:
             notes.not_carried.append(Note(" ".join(group), "sparkfleet appends the per-rank flags itself"))
         elif flag == "--revision" and len(group) >= 2 and engine != "llama-cpp":
@@ -660,8 +669,13 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun", sparkrun_versio
     chosen = f"--sparkrun-version {sparkrun_version}" if sparkrun_version else (
         f"min_sparkrun_version: {data.get('min_sparkrun_version') or 'none'}")  # fmt: skip
     doc.comment(f"following {rules}'s rules ({chosen}).")
-    doc.comment("sparkfleet appends the per-rank flags (node count and rank, rendezvous address, host, port)")
-    doc.comment("as sparkrun did; the rendezvous port is sparkrun's init port.")
+    if engine == "llama-cpp":
+        doc.comment("sparkfleet appends the per-rank flags (node count and rank, rendezvous address, host, port)")
+        doc.comment("as sparkrun did; the rendezvous port is sparkrun's init port.")
+    else:
+        doc.comment("sparkfleet appends the per-rank flags (node count and rank, rendezvous address) as sparkrun")
+        doc.comment("did; the rendezvous port is sparkrun's init port. The command's own parallel-size, host and")
+        doc.comment("port flags stay in args as written; plan sets their values (command_style = \"sparkrun\").")
     if data.get("description"):
         doc.comment(f"description = {typed(data['description'])}")
     for key, value in metadata.items():
@@ -690,6 +704,8 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun", sparkrun_versio
             doc.set("pipeline_parallel_size", pp)
     if engine == "vllm":
         doc.set("distributed_backend", "ray" if runtime == "vllm-ray" else "mp")
+    if engine != "llama-cpp":
+        doc.set("command_style", "sparkrun", "args keep the command's own size/host/port flags; plan sets their values")
     if executor.get("shm_size"):
         doc.set("shm_size", str(executor["shm_size"]), "executor_config.shm_size")
     if docker:

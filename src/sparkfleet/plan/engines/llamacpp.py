@@ -66,6 +66,8 @@ class LlamaCpp(AdapterDefaults):
     served_name_flags: tuple[str, ...] = (*NATIVE_ALIAS_FLAGS, *PYTHON_ALIAS_FLAGS)
 
     def check_recipe(self, spec: LaunchSpec) -> str | None:
+        if spec.command_style != "sparkfleet":
+            return f"command_style: {spec.command_style!r} applies to vllm and sglang; llama-cpp has only 'sparkfleet'"
         problem = conflicting_flag(spec.args, RESERVED, self.name)
         if problem:
             return problem
