@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sparkfleet.config.cluster import parse_cluster
 from sparkfleet.config.recipe import Recipe, load_recipe
@@ -213,3 +214,16 @@ def test_eugr_recipe_and_env(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert [n.fabric_ip for n in cluster.nodes] == ["192.168.177.11", "192.168.177.12"]
     assert cluster.nodes[1].fabric_ifname == "enp1s0f1np1" and cluster.nodes[0].ib_hca == "rocep1s0f1,roceP2p1s0f1"
     assert len(plan(recipe, cluster, "glm").ranks) == 2
+
+
+@pytest.mark.parametrize("blank", [" ", "\t", "  \t "])
+def test_a_blank_after_a_line_continuation_is_repaired_as_sparkrun_repairs_it(tmp_path: Path, blank: str) -> None:
+    src = tmp_path / "r.yaml"
+    command = f"vllm serve {{model}} \\\n  --enable-prefix-caching \\{blank}\n  --max-model-len 4096\n"
+    src.write_text(yaml.safe_dump({"model": "org/m", "runtime": "vllm", "command": command}))
+    args = import_sparkrun(read_sparkrun(src), sparkrun_version="0.4.2").recipe_toml
+    recipe_path = tmp_path / "r.toml"
+    recipe_path.write_text(args)
+    assert load_recipe(recipe_path).args == (
+        "--enable-prefix-caching", "--max-model-len", "4096", "--served-model-name", "org/m",
+    )  # fmt: skip

@@ -49,6 +49,10 @@ SPARKRUN_RPC_PORT = 50052
 # Where sparkrun mounts the node's HF cache in every container (primitives.build_volumes), and
 # the HF_HOME every runtime sets there (RuntimePlugin.get_extra_env).
 SPARKRUN_HF_MOUNT = "/cache/huggingface"
+# sparkrun repairs a line continuation followed by blanks (spaces and, from 0.3.9, tabs: its
+# changelog); the first release with the spaces-only repair was not checked, so earlier rules keep
+# the text as the shell reads it.
+CONTINUATION_REPAIR_VERSION = (0, 3, 9)
 # sparkrun 0.4.2: the current release, whose rules a recipe without min_sparkrun_version gets.
 V042 = (0, 4, 2)
 # 0.4.2's DGX Spark platform (platforms/dgx_spark.py): container env defaults for the vLLM and
@@ -307,6 +311,10 @@ def _command_words(
     defaults = {k: v for k, v in values.items() if k not in ("model", "resolved_model_path")}
     if template:
         text, unknown = substitute(template.strip(), values, min_version, str(data.get("recipe_version") or "2"))
+        if min_version is not None and min_version >= CONTINUATION_REPAIR_VERSION:
+            # Recipe.render_command's sanitize_line_continuations: "\\<blank><newline>" (an escaped
+            # blank, which would end the shell command there) is read as a line continuation.
+            text = re.sub(r"\\[ \t]+\n", "\\\n", text)
         for name in unknown:
             detail = "placeholder with no value in defaults; left in the command"
             notes.not_understood.append(Note(f"{{{name}}}", detail))
