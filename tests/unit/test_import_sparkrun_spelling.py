@@ -169,9 +169,15 @@ def test_a_native_recipe_setting_a_per_rank_flag_is_still_an_error(tmp_path: Pat
         load_recipe(path)
 
 
-def test_llama_cpp_has_only_the_sparkfleet_style(tmp_path: Path) -> None:
+def test_llama_cpp_in_sparkrun_style_keeps_only_rpc_for_itself(tmp_path: Path) -> None:
     path = tmp_path / "r.toml"
-    path.write_text('engine = "llama-cpp"\nmodel = "/m.gguf"\ncommand_style = "sparkrun"\n')
-    with pytest.raises(RecipeError, match="command_style: 'sparkrun' applies to vllm and sglang"):
+    path.write_text('engine = "llama-cpp"\nmodel = "/m.gguf"\ncommand_style = "sparkrun"\n'
+                    'args = ["-m", "/m.gguf", "--port", "8000"]\n')  # fmt: skip
+    assert load_recipe(path).args == ("-m", "/m.gguf", "--port", "8000")
+    path.write_text('engine = "llama-cpp"\nmodel = "/m.gguf"\ncommand_style = "sparkrun"\nargs = ["--rpc", "h:1"]\n')
+    with pytest.raises(RecipeError, match="args: --rpc is set by sparkfleet for each rank"):
         load_recipe(path)
-
+    path.write_text('engine = "llama-cpp"\nmodel = "o/m-GGUF:Q4_K_M"\nmodel_file = "m.gguf"\nrevision = "r"\n'
+                    'command_style = "sparkrun"\n')  # fmt: skip
+    with pytest.raises(RecipeError, match="model: 'o/m-GGUF:Q4_K_M' is a repo:QUANT spec"):
+        load_recipe(path)

@@ -32,7 +32,8 @@ class LaunchSpec:
     distributed_backend: Literal["mp", "ray"] = "mp"
     # "sparkfleet": the adapter writes the parallel sizes, host and port itself (args may not set
     # them). "sparkrun" (imported sparkrun recipes): args keep them as the recipe spelled them and
-    # the adapter only replaces their values, adding none the recipe lacks (set_in_place).
+    # the adapter only replaces their values, adding none the recipe lacks (set_in_place); for
+    # llama.cpp also the model flag (-hf repo:QUANT, -m path).
     command_style: Literal["sparkfleet", "sparkrun"] = "sparkfleet"
 
 
@@ -131,6 +132,12 @@ class EngineAdapter(Protocol):
         index, configs, tokenizer, chat template) or ``("gguf", model_file)``."""
         ...
 
+    def fetches_at_start(self, spec: LaunchSpec) -> bool:
+        """True when the engine downloads the model itself as it starts (llama.cpp's ``-hf
+        repo:QUANT`` in an imported sparkrun recipe): nothing is staged for it, the rank is not
+        told to stay offline and its Hugging Face cache is mounted writable."""
+        ...
+
     def cuda_graphs(self, argv: Sequence[str]) -> tuple[int, str]:
         """The CUDA graph memory estimate from a planned argv, and how it was made."""
         ...
@@ -162,6 +169,9 @@ class AdapterDefaults:
 
     def hub_profile(self, spec: LaunchSpec) -> tuple[str, str | None]:
         return ("safetensors", None)
+
+    def fetches_at_start(self, spec: LaunchSpec) -> bool:
+        return False
 
     def cuda_graphs(self, argv: Sequence[str]) -> tuple[int, str]:
         return 0, "none for this engine"
