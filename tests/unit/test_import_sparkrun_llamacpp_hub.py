@@ -170,3 +170,17 @@ def test_a_native_llamacpp_recipe_is_unchanged(tmp_path: Path) -> None:
     path.write_text('engine = "llama-cpp"\nmodel = "org/m-GGUF:Q4_K_M"\n')
     with pytest.raises(Exception, match="model_file: required for llama-cpp"):
         load_recipe(path)
+
+
+def test_hf_file_and_equals_spellings_become_one_model_path(tmp_path: Path) -> None:
+    recipe = _import(tmp_path, SOLO)
+    args = ("--hf-repo=unsloth/gpt-oss-20b-GGUF:Q4_K_M", "--hf-file", "x.gguf", "--jinja")
+    pinned = recipe.model_copy(update={"model": "unsloth/gpt-oss-20b-GGUF", "model_file": "x.gguf",
+                                       "revision": "r", "args": args})  # fmt: skip
+    argv = list(plan(pinned, _cluster(1), "d").ranks[0].argv)
+    # The port (8000, not llama-server's 8080) is added where the args lack it.
+    assert argv == ["llama-server", "-m", "/cache/huggingface/hub/models--unsloth--gpt-oss-20b-GGUF/snapshots/r/x.gguf",
+                    "--jinja", "--port", "8000"]  # fmt: skip
+    fetch = recipe.model_copy(update={"args": ("-m", "whatever", "--jinja")})
+    assert list(plan(fetch, _cluster(1), "d").ranks[0].argv) == ["llama-server", "-hf", SPEC, "--jinja", "--port",
+                                                                  "8000"]  # fmt: skip

@@ -88,7 +88,7 @@ FIELD_FLAGS = {
                "--port": "port", "--host": "host"},
     "vllm": {"--model": "model", "-tp": "tp", "--tensor-parallel-size": "tp", "-pp": "pp",
              "--pipeline-parallel-size": "pp", "--port": "port", "--host": "host"},
-    "llama-cpp": {"-m": "model", "--model": "model", "-hf": "hf", "--hf-repo": "hf", "--hf-file": "file",
+    "llama-cpp": {"-m": "model", "--model": "model", "-hf": "hf", "-hfr": "hf", "--hf-repo": "hf", "--hf-file": "file",
                   "-hff": "file", "--port": "port", "--host": "host"},
 }  # fmt: skip
 # What validate/plan say (the recipe's not_carried) about an imported -hf repo[:QUANT] model.
