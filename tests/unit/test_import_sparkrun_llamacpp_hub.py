@@ -184,3 +184,11 @@ def test_hf_file_and_equals_spellings_become_one_model_path(tmp_path: Path) -> N
     fetch = recipe.model_copy(update={"args": ("-m", "whatever", "--jinja")})
     assert list(plan(fetch, _cluster(1), "d").ranks[0].argv) == ["llama-server", "-hf", SPEC, "--jinja", "--port",
                                                                   "8000"]  # fmt: skip
+
+
+def test_rpc_head_special_flags_as_0_4_2_writes_them(tmp_path: Path) -> None:
+    # _special_flags after the map: a boolean flash_attn is on/off, a false webui/mmap is --no-….
+    data = {**RPC, "defaults": {**RPC["defaults"], "flash_attn": True, "webui": False, "mmap": "false", "jinja": True}}
+    head = list(plan(_import(tmp_path, data), _cluster(2), "d").ranks[0].argv)
+    assert head[head.index("--split-mode") :] == ["--split-mode", "layer", "--jinja", "--flash-attn", "on",
+                                                  "--no-webui", "--no-mmap", "--rpc", "10.9.0.2:50052"]  # fmt: skip

@@ -34,6 +34,7 @@ from sparkfleet.importers.sparkrun_rules import (
     env_parts,
     flag_rules,
     flag_words,
+    parse_bool,
     parse_version,
     render_template,
     render_vpd,
@@ -358,7 +359,17 @@ def _command_words(
         defaults = {**LLAMA_CPP_DEFAULTS, **defaults}
         if "max_model_len" in defaults and "ctx_size" not in defaults:
             defaults["ctx_size"] = defaults["max_model_len"]
+    special: list[str] = []
+    if engine == "llama-cpp" and min_version is not None and min_version >= V042:
+        # 0.4.2's _special_flags, after the map: --flash-attn valued (a boolean as on/off),
+        # --no-webui / --no-mmap when webui / mmap are false.
+        fa, webui, mmap = (defaults.pop(k, None) for k in ("flash_attn", "webui", "mmap"))
+        if fa is not None:
+            special += ["--flash-attn", ("on" if fa else "off") if isinstance(fa, bool) else str(fa)]
+        special += [flag for flag, on in (("--no-webui", webui), ("--no-mmap", mmap)) if on is not None
+                    and not parse_bool(on)]  # fmt: skip
     flags, dropped = flag_words(defaults, rules)
+    flags += special
     if engine == "vllm" and "served_model_name" not in defaults and _vllm_names_model(engine, min_version):
         flags += ["--served-model-name", model]
     for key in dropped:
