@@ -192,3 +192,21 @@ def test_rpc_head_special_flags_as_0_4_2_writes_them(tmp_path: Path) -> None:
     head = list(plan(_import(tmp_path, data), _cluster(2), "d").ranks[0].argv)
     assert head[head.index("--split-mode") :] == ["--split-mode", "layer", "--jinja", "--flash-attn", "on",
                                                   "--no-webui", "--no-mmap", "--rpc", "10.9.0.2:50052"]  # fmt: skip
+
+
+def test_dash_m_repo_quant_plans_the_pinned_path_once_filled(tmp_path: Path) -> None:
+    # dgxguy-style `-m {model}` with repo:QUANT: sparkrun's launch passes the downloaded file's
+    # container path there; the import leaves the file and revision to pin, then plan does the same.
+    data = {**SOLO, "command": SOLO["command"].replace("-hf {model}", "-m {model}")}
+    result = import_sparkrun(read_sparkrun(_write(tmp_path, data)))
+    assert {n.key for n in result.placeholders} == {"model_file", "revision"}
+    text = result.recipe_toml
+    for key, value in (("model_file", "gpt-oss-20b-Q4_K_M.gguf"), ("revision", "abc")):
+        start = text.index(f"{key} = ")
+        text = text[:start] + f'{key} = "{value}"' + text[text.index("\n", start):]
+    (tmp_path / "r.toml").write_text(text)
+    recipe = load_recipe(tmp_path / "r.toml")
+    assert recipe.model == "unsloth/gpt-oss-20b-GGUF" and not recipe.not_carried
+    argv = list(plan(recipe, _cluster(1), "d").ranks[0].argv)
+    assert argv[:3] == ["llama-server", "-m",
+                        "/cache/huggingface/hub/models--unsloth--gpt-oss-20b-GGUF/snapshots/abc/gpt-oss-20b-Q4_K_M.gguf"]

@@ -5,12 +5,13 @@ builds the engine command from its per-runtime flag map; it runs that on every n
 the per-rank flags itself (SGLang: ``--dist-init-addr head:25000 --nnodes N --node-rank r``;
 vLLM: ``--nnodes --node-rank --master-addr --master-port`` and ``--headless`` above rank 0).
 sparkfleet appends the same per-rank flags, so the import keeps the command's other flags as
-``args`` and moves the model into a recipe field. A vLLM/SGLang recipe gets ``command_style =
-"sparkrun"``: the parallel sizes and port also become fields, but their flags (and --host) stay in
-``args`` as the command spells them, and plan replaces only their values, so the planned command
-is sparkrun's flag for flag. The rendezvous port stays sparkrun's 25000. Every key of the file
-is carried, noted as not carried, or listed as not understood; malformed input is a RecipeError
-naming the file and the key.
+``args`` and moves the model into a recipe field. An imported recipe gets ``command_style =
+"sparkrun"``: the parallel sizes and port also become fields, but their flags (and --host; for
+llama.cpp the -hf/-m model flag) stay in ``args`` as the command spells them, and plan replaces
+only their values, so the planned command is sparkrun's flag for flag. A llama.cpp ``-hf
+repo:QUANT`` stays for llama-server to download (warned about by ``model``). The rendezvous
+port stays sparkrun's 25000. Every key of the file is carried, noted as not carried, or listed as
+not understood; malformed input is a RecipeError naming the file and the key.
 """
 
 from __future__ import annotations
@@ -388,7 +389,8 @@ def _vllm_names_model(engine: str, min_version: tuple[int, ...] | None) -> bool:
 
 def _split(engine: str, words: list[str]) -> tuple[list[str], list[list[str]], str | None]:
     """(entrypoint, flag groups, positional model) of a command line."""
-    start = 3 if len(words) >= 3 and words[1] == "-m" else 0  # python3 -m module
+    python = len(words) >= 3 and words[1] == "-m" and PurePosixPath(words[0]).name.startswith("python")
+    start = 3 if python else 0  # python3 -m module (llama-server -m is its model flag)
     first_flag = next((i for i, w in enumerate(words) if i >= start and w.startswith("-")), len(words))
     head, rest = words[:first_flag], words[first_flag:]
     positional = None
