@@ -19,9 +19,13 @@ command as a program, a positional model and a multiset of (flag, value) (flag s
 are the same option are one; the bind address, rendezvous/head and node addresses become
 <BIND>/<HEAD>/<NODE>); the env without the site's network keys (NCCL/GLOO/UCX interfaces and
 HCAs, *_HOST_IP, NODE_IP) with the HF cache's host path as <HF>; the container paths mounted; the
-image. A recipe agrees when all of these are equal. A recipe sparkfleet refuses (import or plan
-error) or warns about (its `not_carried` list, which validate/plan print and --strict refuses)
-is listed with the reason. The last line is the share that agrees.
+image. A recipe agrees when all of these are equal. There are no equivalences: a parallel size
+of 1 written on one side only, or --host/--port on a vLLM --headless rank on one side only, is
+a difference (an imported recipe's command_style "sparkrun" keeps the command's own size, host
+and port flags, so sparkfleet writes what sparkrun writes; docs/import-export.md). A recipe
+sparkfleet refuses (import or plan error) or warns about (its `not_carried` list, which
+validate/plan print and --strict refuses) is listed with the reason. The last line is the share
+that agrees.
 """
 
 from __future__ import annotations
@@ -187,20 +191,7 @@ def env_shape(env: dict[str, str]) -> dict[str, str]:
 # --- comparing ---------------------------------------------------------------------------------
 
 
-# Flags equal to what the engine does without them: a parallel size of 1 (vLLM's -tp/-pp, SGLang's
-# --tp-size/--pp-size default to 1), and --host/--port on a vLLM --headless rank (it serves no
-# HTTP). Dropped from both sides unless --strict.
-DEFAULT_FLAGS = {("-tp", "1"), ("-pp", "1"), ("--tp-size", "1"), ("--pp-size", "1")}
-
-
-def _equivalent(flags: Counter, sizes: bool = True, headless: bool = True) -> Counter:
-    out = Counter({k: v for k, v in flags.items() if not sizes or k not in DEFAULT_FLAGS})
-    if headless and ("--headless", "") in out:
-        out = Counter({k: v for k, v in out.items() if k[0] not in ("--host", "--port")})
-    return out
-
-
-def compare(sr: dict, sf: dict, strict: bool | str = False) -> list[str]:
+def compare(sr: dict, sf: dict) -> list[str]:
     """What differs between sparkrun's containers and sparkfleet's ranks (empty: they agree)."""
     diffs: list[str] = []
     containers = [c for c in sr["containers"] if c.get("serve") or c.get("scripts")]
@@ -225,11 +216,7 @@ def compare(sr: dict, sf: dict, strict: bool | str = False) -> list[str]:
             diffs.append(f"{where} program: {' '.join(a[0])} / {' '.join(b[0])}")
         if a[1] != b[1]:
             diffs.append(f"{where} model: {a[1]} / {b[1]}")
-        if strict is True:
-            fa, fb = a[2], b[2]
-        else:  # strict: False (both equivalences) or "sizes"/"headless" (that one kept strict)
-            sizes, headless = strict != "sizes", strict != "headless"
-            fa, fb = _equivalent(a[2], sizes, headless), _equivalent(b[2], sizes, headless)
+        fa, fb = a[2], b[2]
         only_a, only_b = fa - fb, fb - fa
         if only_a or only_b:
             show = lambda c: " ".join(f"{f} {v}".strip() for f, v in sorted(c.elements()))  # noqa: E731
@@ -258,11 +245,8 @@ def main() -> None:
                     help="the rules sparkfleet's import follows: the version of SPARKRUN_SRC")
     ap.add_argument("--json", type=Path, default=None, help="write every row here")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every difference, not the first")
-    ap.add_argument("--strict", action="store_true", help="no equivalences: default-valued parallel sizes "
-                    "and a headless rank's --host/--port count as differences")  # fmt: skip
-    ap.add_argument("--strict-only", choices=("sizes", "headless"), default=None,
-                    help="keep one equivalence strict: 'sizes' (a parallel size of 1) or 'headless' "
-                    "(--host/--port on a --headless rank)")  # fmt: skip
+    # Every comparison is strict now; the flag stays accepted for older command lines.
+    ap.add_argument("--strict", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     corpus = sorted(p for p in args.corpus.iterdir() if p.suffix in (".yaml", ".yml"))
     sr_all = sparkrun_side(corpus, args.sparkrun_src, args.sparkrun_python, args.sparkrun_version)
@@ -281,7 +265,7 @@ def main() -> None:
             elif "refused" in sf:
                 verdict, why = "refused", sf["refused"]
             else:
-                diffs = compare(sr, sf, True if args.strict else (args.strict_only or False))
+                diffs = compare(sr, sf)
                 verdict = "agree" if not diffs else "differs"
                 why = "; ".join(diffs if args.verbose else diffs[:2])
                 if warned:

@@ -89,14 +89,8 @@ def test_imported_recipe_plans_sparkruns_command_on_every_rank(name: str, tmp_pa
         prog, want, want_pos = _flags(_sparkrun_argv(path, r, hosts))
         got_prog, got, got_pos = _flags(planned.ranks[r].argv)
         assert got_prog == prog and got_pos == want_pos
-        if recipe.engine == "vllm" and r > 0:
-            # sparkrun's template passes --port to headless ranks too; vLLM ignores it there.
-            want = {k: v for k, v in want.items() if k not in ("--port", "--host")}
-        assert got.pop("--host", ("0.0.0.0",)) == ("0.0.0.0",)
-        want.pop("--host", None)
-        # sparkfleet always states the parallel sizes; sparkrun's template leaves pp at its default.
-        if got.get("--pipeline-parallel-size") == ("1",) and "--pipeline-parallel-size" not in want:
-            got.pop("--pipeline-parallel-size")
+        # command_style "sparkrun": the same flags exactly, --host/--port on a headless rank and
+        # no parallel size the template leaves out included.
         assert got == want, (r, set(got.items()) ^ set(want.items()))
 
 
@@ -126,14 +120,28 @@ def test_ray_runtime_keeps_ray_and_lists_unfilled_placeholder(tmp_path: Path) ->
     assert {"pre_exec", "benchmark"} <= {n.key for n in result.not_carried}
 
 
-def test_gguf_repo_quant_becomes_a_placeholder_file(tmp_path: Path) -> None:
+def test_gguf_repo_quant_is_kept_for_llama_cpp_to_fetch(tmp_path: Path) -> None:
+    # sparkrun renders {model} as written: llama-server -hf repo:QUANT fetches the file at start.
     recipe, result = _imported(DATA / "gemma-llamacpp-1x.yaml", tmp_path)
-    assert recipe.engine == "llama-cpp" and recipe.model == "ggml-org/gemma-3-270m-it-GGUF"
+    assert recipe.engine == "llama-cpp" and recipe.model == "ggml-org/gemma-3-270m-it-GGUF:Q4_K_M"
+    assert recipe.model_file is None and recipe.revision is None and result.placeholders == ()
+    assert recipe.command_style == "sparkrun"
+    assert list(recipe.args) == ["-hf", "ggml-org/gemma-3-270m-it-GGUF:Q4_K_M", "--ctx-size", "4096",
+                                 "--host", "0.0.0.0", "--port", "8080", "-ngl", "0"]  # fmt: skip
+    assert recipe.port == 8080 and [n.key for n in result.not_understood] == ["cluster_tuning"]
+    assert [item.split(":")[0] for item in recipe.not_carried] == ["model"]
+
+
+def test_gguf_repo_quant_behind_dash_m_needs_the_pinned_file(tmp_path: Path) -> None:
+    # -m repo:QUANT: sparkrun's launch downloads the GGUF and passes -m <its cache path>; the
+    # import leaves that file and its revision to fill in.
+    src = tmp_path / "m.yaml"
+    src.write_text((DATA / "gemma-llamacpp-1x.yaml").read_text().replace("-hf {model}", "-m {model}"))
+    recipe, result = _imported(src, tmp_path)
+    assert recipe.model == "ggml-org/gemma-3-270m-it-GGUF"
     assert recipe.model_file is not None and recipe.model_file.startswith("<SET ME")
     assert recipe.revision is not None and recipe.revision.startswith("<SET ME")
     assert {n.key for n in result.placeholders} == {"model_file", "revision"}
-    assert list(recipe.args) == ["--ctx-size", "4096", "-ngl", "0"] and recipe.port == 8080
-    assert [n.key for n in result.not_understood] == ["cluster_tuning"]
 
 
 def test_without_command_the_flag_map_builds_the_line(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sparkfleet.config.cluster import parse_cluster
 from sparkfleet.config.recipe import Recipe, load_recipe
@@ -42,7 +43,7 @@ def _pairs(args: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     out: dict[str, tuple[str, ...]] = {}
     current = None
     for word in args:
-        if word.startswith("--"):
+        if word.startswith("-"):
             current = word
             out[current] = ()
         else:
@@ -53,7 +54,10 @@ def _pairs(args: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
 
 def test_commandless_sglang_0_2_maps_every_key_sparkrun_maps_and_drops_the_rest(tmp_path: Path) -> None:
     recipe, result = _imported(DATA / "commandless-sglang-0.2.yaml", tmp_path, "0.2.40")
+    # command_style "sparkrun": the size and port flags stay where sparkrun's builder writes them.
+    assert recipe.command_style == "sparkrun"
     assert list(recipe.args) == [
+        "--tp-size", "2", "--port", "30000",
         "--mem-fraction-static", "0.8", "--context-length", "65536", "--max-running-requests", "32",
         "--served-model-name", "qwen3-30b", "--dtype", "bfloat16", "--quantization", "fp8",
         "--trust-remote-code", "--chunked-prefill-size", "4096", "--kv-cache-dtype", "fp8_e5m2",
@@ -73,6 +77,7 @@ def test_commandless_sglang_0_4_uses_the_larger_map_and_sglang_serve(tmp_path: P
     recipe, result = _imported(DATA / "commandless-sglang-0.4.yaml", tmp_path)
     assert recipe.entrypoint == ("sglang", "serve")
     assert _pairs(recipe.args) == {
+        "--tp-size": ("2",), "--port": ("8000",), "--host": ("0.0.0.0",),
         "--mem-fraction-static": ("0.81",), "--context-length": ("32768",), "--trust-remote-code": (),
         "--kv-cache-dtype": ("auto",), "--load-format": ("instanttensor",), "--reasoning-parser": ("minimax-m3",),
         "--tool-call-parser": ("minimax-m3",), "--cuda-graph-bs": ("1 2 4 8 12 16",), "--cuda-graph-max-bs": ("16",),
@@ -87,6 +92,7 @@ def test_commandless_sglang_0_4_uses_the_larger_map_and_sglang_serve(tmp_path: P
 def test_commandless_vllm_booleans_follow_the_map_and_revision_reaches_the_engine(tmp_path: Path) -> None:
     recipe, result = _imported(DATA / "commandless-vllm-0.2.yaml", tmp_path, "0.2.40")
     assert _pairs(recipe.args) == {
+        "-tp": ("2",), "--port": ("8000",), "--host": ("0.0.0.0",),
         "--gpu-memory-utilization": ("0.85",), "--max-model-len": ("131072",),
         "--max-num-batched-tokens": ("8192",), "--max-num-seqs": ("16",), "--enable-prefix-caching": (),
         "--trust-remote-code": (), "--kv-cache-dtype": ("fp8",),
@@ -208,3 +214,16 @@ def test_eugr_recipe_and_env(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert [n.fabric_ip for n in cluster.nodes] == ["192.168.177.11", "192.168.177.12"]
     assert cluster.nodes[1].fabric_ifname == "enp1s0f1np1" and cluster.nodes[0].ib_hca == "rocep1s0f1,roceP2p1s0f1"
     assert len(plan(recipe, cluster, "glm").ranks) == 2
+
+
+@pytest.mark.parametrize("blank", [" ", "\t", "  \t "])
+def test_a_blank_after_a_line_continuation_is_repaired_as_sparkrun_repairs_it(tmp_path: Path, blank: str) -> None:
+    src = tmp_path / "r.yaml"
+    command = f"vllm serve {{model}} \\\n  --enable-prefix-caching \\{blank}\n  --max-model-len 4096\n"
+    src.write_text(yaml.safe_dump({"model": "org/m", "runtime": "vllm", "command": command}))
+    args = import_sparkrun(read_sparkrun(src), sparkrun_version="0.4.2").recipe_toml
+    recipe_path = tmp_path / "r.toml"
+    recipe_path.write_text(args)
+    assert load_recipe(recipe_path).args == (
+        "--enable-prefix-caching", "--max-model-len", "4096", "--served-model-name", "org/m",
+    )  # fmt: skip

@@ -140,6 +140,11 @@ class Recipe(_Strict):
     tensor_parallel_size: int = Field(default=1, ge=1, le=65536)
     pipeline_parallel_size: int = Field(default=1, ge=1, le=4096)
     distributed_backend: Literal["mp", "ray"] = "mp"
+    # "sparkrun" (set by `sparkfleet import sparkrun`): args keep the recipe's own parallel-size,
+    # host and port flags (llama.cpp: its model flag, host and port) and plan replaces their
+    # values; a llama.cpp model with no model_file is fetched by llama-server itself (-hf
+    # repo:QUANT). See docs/import-export.md.
+    command_style: Literal["sparkfleet", "sparkrun"] = "sparkfleet"
     shm_size: str | None = None
     # Where a container sees the node's Hugging Face cache (HF_HOME); None: the engine's usual
     # /root/.cache/huggingface. sparkrun mounts it at /cache/huggingface, so imports say so.
@@ -208,6 +213,7 @@ class Recipe(_Strict):
             tensor_parallel_size=self.tensor_parallel_size,
             pipeline_parallel_size=self.pipeline_parallel_size,
             distributed_backend=self.distributed_backend,
+            command_style=self.command_style,
         )
 
 

@@ -5,9 +5,13 @@ builds the engine command from its per-runtime flag map; it runs that on every n
 the per-rank flags itself (SGLang: ``--dist-init-addr head:25000 --nnodes N --node-rank r``;
 vLLM: ``--nnodes --node-rank --master-addr --master-port`` and ``--headless`` above rank 0).
 sparkfleet appends the same per-rank flags, so the import keeps the command's other flags as
-``args`` and moves the model, parallel sizes and port into recipe fields; the rendezvous port
-stays sparkrun's 25000. Every key of the file is carried, noted as not carried, or listed as not
-understood; malformed input is a RecipeError naming the file and the key.
+``args`` and moves the model into a recipe field. An imported recipe gets ``command_style =
+"sparkrun"``: the parallel sizes and port also become fields, but their flags (and --host; for
+llama.cpp the -hf/-m model flag) stay in ``args`` as the command spells them, and plan replaces
+only their values, so the planned command is sparkrun's flag for flag. A llama.cpp ``-hf
+repo:QUANT`` stays for llama-server to download (warned about by ``model``). The rendezvous
+port stays sparkrun's 25000. Every key of the file is carried, noted as not carried, or listed as
+not understood; malformed input is a RecipeError naming the file and the key.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from sparkfleet.importers.sparkrun_rules import (
     env_parts,
     flag_rules,
     flag_words,
+    parse_bool,
     parse_version,
     render_template,
     render_vpd,
@@ -46,6 +51,10 @@ SPARKRUN_RPC_PORT = 50052
 # Where sparkrun mounts the node's HF cache in every container (primitives.build_volumes), and
 # the HF_HOME every runtime sets there (RuntimePlugin.get_extra_env).
 SPARKRUN_HF_MOUNT = "/cache/huggingface"
+# sparkrun repairs a line continuation followed by blanks (spaces and, from 0.3.9, tabs: its
+# changelog); the first release with the spaces-only repair was not checked, so earlier rules keep
+# the text as the shell reads it.
+CONTINUATION_REPAIR_VERSION = (0, 3, 9)
 # sparkrun 0.4.2: the current release, whose rules a recipe without min_sparkrun_version gets.
 V042 = (0, 4, 2)
 # 0.4.2's DGX Spark platform (platforms/dgx_spark.py): container env defaults for the vLLM and
@@ -81,9 +90,16 @@ FIELD_FLAGS = {
                "--port": "port", "--host": "host"},
     "vllm": {"--model": "model", "-tp": "tp", "--tensor-parallel-size": "tp", "-pp": "pp",
              "--pipeline-parallel-size": "pp", "--port": "port", "--host": "host"},
-    "llama-cpp": {"-m": "model", "--model": "model", "-hf": "hf", "--hf-repo": "hf", "--hf-file": "file",
+    "llama-cpp": {"-m": "model", "--model": "model", "-hf": "hf", "-hfr": "hf", "--hf-repo": "hf", "--hf-file": "file",
                   "-hff": "file", "--port": "port", "--host": "host"},
 }  # fmt: skip
+# What validate/plan say (the recipe's not_carried) about an imported -hf repo[:QUANT] model.
+HUB_FETCH_WARNING = ("llama.cpp downloads {spec} on each node at start: not pinned to a revision, each node needs "
+                     "the Hub; set model to the repo, model_file and revision to stage one pinned file once")
+# Field flags a vLLM/SGLang import also keeps in args as the recipe spells them (-tp 2, --tp-size,
+# --host, --port): the recipe says command_style = "sparkrun", and plan writes these flags where
+# and as the recipe wrote them, with this plan's values, as sparkrun runs the rendered command.
+STYLE_KEPT = ("tp", "pp", "port", "host")
 PER_RANK = {"--nnodes", "--node-rank", "--dist-init-addr", "--master-addr", "--master-port", "--headless",
             "--rpc", "-n", "-r"}  # fmt: skip
 ENTRYPOINTS = {"sglang": ("python3", "-m", "sglang.launch_server"), "vllm": ("vllm", "serve"),
@@ -122,6 +138,7 @@ EXECUTOR_CARRIED = {"shm_size", "volumes"}
 # Keys whose loss changes what runs (hooks, image contents, container options, env, replicas);
 # the rest of NOT_CARRIED is bookkeeping that changes nothing on the nodes.
 _MATTERS = ("pre_exec", "post_exec", "post_commands", "mods", "builder", "builder_config", "build_args", "model_path",
+            "model",
             "executor_config.", "env.", "defaults.data_parallel", "--host ")  # fmt: skip
 
 
@@ -295,11 +312,16 @@ def _command_words(
     min_version: tuple[int, ...] | None,
     check: _Checker,
     notes: _Notes,
+    rpc_cluster: bool = False,
 ) -> list[str]:
     template = check.string(data, "command")
     defaults = {k: v for k, v in values.items() if k not in ("model", "resolved_model_path")}
-    if template:
+    if template and not rpc_cluster:
         text, unknown = substitute(template.strip(), values, min_version, str(data.get("recipe_version") or "2"))
+        if min_version is not None and min_version >= CONTINUATION_REPAIR_VERSION:
+            # Recipe.render_command's sanitize_line_continuations: "\\<blank><newline>" (an escaped
+            # blank, which would end the shell command there) is read as a line continuation.
+            text = re.sub(r"\\[ \t]+\n", "\\\n", text)
         for name in unknown:
             detail = "placeholder with no value in defaults; left in the command"
             notes.not_understood.append(Note(f"{{{name}}}", detail))
@@ -338,7 +360,17 @@ def _command_words(
         defaults = {**LLAMA_CPP_DEFAULTS, **defaults}
         if "max_model_len" in defaults and "ctx_size" not in defaults:
             defaults["ctx_size"] = defaults["max_model_len"]
+    special: list[str] = []
+    if engine == "llama-cpp" and min_version is not None and min_version >= V042:
+        # 0.4.2's _special_flags, after the map: --flash-attn valued (a boolean as on/off),
+        # --no-webui / --no-mmap when webui / mmap are false.
+        fa, webui, mmap = (defaults.pop(k, None) for k in ("flash_attn", "webui", "mmap"))
+        if fa is not None:
+            special += ["--flash-attn", ("on" if fa else "off") if isinstance(fa, bool) else str(fa)]
+        special += [flag for flag, on in (("--no-webui", webui), ("--no-mmap", mmap)) if on is not None
+                    and not parse_bool(on)]  # fmt: skip
     flags, dropped = flag_words(defaults, rules)
+    flags += special
     if engine == "vllm" and "served_model_name" not in defaults and _vllm_names_model(engine, min_version):
         flags += ["--served-model-name", model]
     for key in dropped:
@@ -357,7 +389,8 @@ def _vllm_names_model(engine: str, min_version: tuple[int, ...] | None) -> bool:
 
 def _split(engine: str, words: list[str]) -> tuple[list[str], list[list[str]], str | None]:
     """(entrypoint, flag groups, positional model) of a command line."""
-    start = 3 if len(words) >= 3 and words[1] == "-m" else 0  # python3 -m module
+    python = len(words) >= 3 and words[1] == "-m" and PurePosixPath(words[0]).name.startswith("python")
+    start = 3 if python else 0  # python3 -m module (llama-server -m is its model flag)
     first_flag = next((i for i, w in enumerate(words) if i >= start and w.startswith("-")), len(words))
     head, rest = words[:first_flag], words[first_flag:]
     positional = None
@@ -463,6 +496,7 @@ RUNTIME_CACHE_PATHS = {
     "vllm": {"VLLM_CACHE_ROOT": "vllm", **_FLASH},
     "sglang": {**_FLASH, "SGLANG_CACHE_DIR": "sglang", "SGLANG_JIT_CACHE_DIR": "sglang/jit",
                "TILELANG_CACHE_DIR": "tilelang", "TVM_FFI_CACHE_DIR": "tvm_ffi"},
+    "llama-cpp": {},  # 0.4.2 (read from its dry run): XDG_CACHE_HOME only
 }  # fmt: skip
 
 
@@ -553,7 +587,10 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun", sparkrun_versio
     notes = _Notes()
     command = check.string(data, "command") or ""
     engine, runtime = _runtime(data, defaults, command, check)
-    words = _command_words(engine, runtime, data, values, min_version, check, notes)
+    # sparkrun's llama.cpp RPC head runs the command built from the defaults, never the recipe's
+    # command (LlamaCppRuntime._build_rpc_head_command); solo, it runs the rendered command.
+    rpc_cluster = engine == "llama-cpp" and min_nodes > 1
+    words = _command_words(engine, runtime, data, values, min_version, check, notes, rpc_cluster)
     entrypoint, groups, positional = _split(engine, words)
     fields: dict[str, str] = {}
     if positional:
@@ -564,6 +601,8 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun", sparkrun_versio
         target = FIELD_FLAGS[engine].get(flag)
         if target and len(group) >= 2:
             fields[target] = group[1]
+            if target in STYLE_KEPT or engine == "llama-cpp":
+                args.append((group, None))  # command_style "sparkrun": plan replaces the value in place
         elif flag in PER_RANK:
             notes.not_carried.append(Note(" ".join(group), "sparkfleet appends the per-rank flags itself"))
         elif flag == "--revision" and len(group) >= 2 and engine != "llama-cpp":
@@ -579,20 +618,24 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun", sparkrun_versio
             raise check.fail("command", f"{flag} value {fields[name]!r} is not a number")
     model = fields.get("model", model_name)
     model_file: str | None = None
+    hub_fetch = False  # llama.cpp downloads -hf repo[:QUANT] itself at start, as sparkrun's dry run has it
     if engine == "llama-cpp":
         if "hf" in fields:
-            repo, _, quant = fields["hf"].partition(":")
-            model = repo
-            model_file = fields.get("file") or placeholder(_gguf_pick(repo, quant or "?"))
+            model, hub_fetch = fields["hf"], True
+            notes.not_carried.append(Note("model", HUB_FETCH_WARNING.format(spec=model)))
+            if revision:
+                notes.not_carried.append(Note("model_revision", f"= {revision}: llama.cpp's -hf takes no revision"))
+                revision = None
         elif model.startswith("/") and model.endswith(".gguf"):
             model, model_file = str(PurePosixPath(model).parent), PurePosixPath(model).name
-        elif ":" in model and not model.startswith("/"):
-            repo, _, quant = model.partition(":")
+        elif not model.startswith("/"):
+            # -m repo:QUANT: sparkrun's launch downloads the GGUF and passes -m <its path>.
+            repo, _, quant = model.rpartition(":") if ":" in model else (model, "", "")
             model = repo
-            model_file = fields.get("file") or placeholder(_gguf_pick(repo, quant))
+            model_file = fields.get("file") or placeholder(_gguf_pick(repo, quant or "?"))
         if model_file and model_file.startswith("<SET ME"):
             notes.placeholders.append(Note("model_file", "sparkrun resolves repo:QUANT at download time"))
-        if not model.startswith("/") and not revision:
+        if not model.startswith("/") and not revision and not hub_fetch:
             notes.placeholders.append(Note("revision", "sparkrun downloads the latest; pin the snapshot you have"))
     if model.startswith("/") and engine != "llama-cpp" and not model.startswith(SPARKRUN_HF_MOUNT + "/"):
         notes.not_carried.append(Note("model_path", f"= {model}: sparkrun mounts nothing for it (it must be in "
@@ -626,8 +669,10 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun", sparkrun_versio
     }
     new_rules = min_version is not None and min_version >= TEMPLATES_VERSION
     cache_dir: str | None = None
-    if new_rules and docker and engine in RUNTIME_CACHE_PATHS:
-        cache_dir, cache_env = runtime_cache(engine, model, revision, min_version)
+    if new_rules and docker and engine in RUNTIME_CACHE_PATHS and (engine != "llama-cpp" or min_version >= V042):
+        # sparkrun keys it by the recipe's model as written (a GGUF repo:QUANT included).
+        key_model = str(data["model"]) if engine == "llama-cpp" else model
+        cache_dir, cache_env = runtime_cache(engine, key_model, revision, min_version)
         launch["runtime_cache_dir"] = RUNTIME_CACHE_MOUNT
     env = _env(data, runtime, nodes, launch, values, min_version, check, notes)
     if cache_dir is not None:
@@ -660,8 +705,17 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun", sparkrun_versio
     chosen = f"--sparkrun-version {sparkrun_version}" if sparkrun_version else (
         f"min_sparkrun_version: {data.get('min_sparkrun_version') or 'none'}")  # fmt: skip
     doc.comment(f"following {rules}'s rules ({chosen}).")
-    doc.comment("sparkfleet appends the per-rank flags (node count and rank, rendezvous address, host, port)")
-    doc.comment("as sparkrun did; the rendezvous port is sparkrun's init port.")
+    if engine == "llama-cpp":
+        doc.comment("sparkfleet appends --rpc with the workers (rpc-server on the rendezvous port) as sparkrun did;")
+        doc.comment("the command's model, host and port flags stay in args as written and plan sets their values")
+        doc.comment("(command_style = \"sparkrun\").")
+        if rpc_cluster and command:
+            doc.comment("On more than one node sparkrun's head runs the command built from defaults, not the")
+            doc.comment("recipe's command (its _build_rpc_head_command): so do these args.")
+    else:
+        doc.comment("sparkfleet appends the per-rank flags (node count and rank, rendezvous address) as sparkrun")
+        doc.comment("did; the rendezvous port is sparkrun's init port. The command's own parallel-size, host and")
+        doc.comment("port flags stay in args as written; plan sets their values (command_style = \"sparkrun\").")
     if data.get("description"):
         doc.comment(f"description = {typed(data['description'])}")
     for key, value in metadata.items():
@@ -676,7 +730,7 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun", sparkrun_versio
         doc.set("model_file", model_file)
     if revision:
         doc.set("revision", revision, "model_revision (passed to the engine as --revision)")
-    elif engine == "llama-cpp" and not model.startswith("/"):
+    elif engine == "llama-cpp" and not model.startswith("/") and not hub_fetch:
         # llama.cpp opens the GGUF by path inside the pinned snapshot of the node's HF cache.
         doc.set("revision", placeholder(f"snapshot revision of {model} in the HF cache"))
     if fields.get("port"):
@@ -690,6 +744,7 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun", sparkrun_versio
             doc.set("pipeline_parallel_size", pp)
     if engine == "vllm":
         doc.set("distributed_backend", "ray" if runtime == "vllm-ray" else "mp")
+    doc.set("command_style", "sparkrun", "args keep the command's size/model/host/port flags; plan sets their values")
     if executor.get("shm_size"):
         doc.set("shm_size", str(executor["shm_size"]), "executor_config.shm_size")
     if docker:

@@ -167,6 +167,8 @@ def _model_repo(recipe: Recipe) -> str | None:
     or None when the model is a path."""
     if recipe.composed_model is not None:
         return recipe.composed_model.sources[0].repo
+    if engine_for(recipe.engine).fetches_at_start(recipe.launch_spec()):
+        return None  # not from the node's cache: the engine downloads it as it starts
     return recipe.model if _REPO_ID.match(recipe.model) else None
 
 
@@ -257,7 +259,9 @@ def _model_ref_and_mounts(
                 mounts.append(MountSpec(recipe.model, recipe.model, True))  # else: inside that mount
         return recipe.model, mounts
     if docker:
-        mounts.append(MountSpec(node.hf_cache, container_hf_home(recipe), True))
+        # Writable where the engine downloads the model into it at start (llama.cpp's -hf).
+        fetches = engine_for(recipe.engine).fetches_at_start(recipe.launch_spec())
+        mounts.append(MountSpec(node.hf_cache, container_hf_home(recipe), not fetches))
     root = container_hf_home(recipe) if docker else node.hf_cache
     return engine_for(recipe.engine).hub_model_ref(recipe.model, recipe.revision, root), mounts
 
@@ -282,6 +286,8 @@ def _env(
     values = node_values(node, rank, deployment)
     layers: list[tuple[EnvSource, dict[str, str]]] = []
     engine_env = {"HF_HUB_OFFLINE": "1", "HF_HOME": container_hf_home(recipe) if docker else node.hf_cache}
+    if adapter.fetches_at_start(recipe.launch_spec()):
+        del engine_env["HF_HUB_OFFLINE"]  # the engine downloads the model itself as it starts
     layers.append(("engine", engine_env))
     layers.append(("cluster", cluster_env(node, adapter.host_ip_env)))
     # Secrets taken out of the recipe's args: under the recipe's own env, which may name them.
@@ -377,8 +383,11 @@ def _staging(recipe: Recipe, at: Planning) -> tuple[StagingStep, ...]:
                 raise PlanError(f"{recipe.source}: staging {entry.id!r}: {key} = {named!r} is not one of the "
                                 f"planned nodes ({', '.join(names)})")  # fmt: skip
     steps: list[StagingStep] = []
-    if recipe.composed_model is None and _REPO_ID.match(recipe.model):
-        profile = engine_for(recipe.engine).hub_profile(recipe.launch_spec())
+    adapter = engine_for(recipe.engine)
+    if recipe.composed_model is None and _REPO_ID.match(recipe.model) and not adapter.fetches_at_start(
+        recipe.launch_spec()
+    ):
+        profile = adapter.hub_profile(recipe.launch_spec())
         steps += hub.steps(recipe.model, profile, recipe.staging, at)
     for entry in recipe.staging:
         steps += entry.steps(at)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from sparkfleet.plan.flags import first_present, flag_value, has_flag
+from sparkfleet.plan.flags import first_present, flag_name, flag_value, has_flag, is_flag, normal
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,11 @@ class LaunchSpec:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     distributed_backend: Literal["mp", "ray"] = "mp"
+    # "sparkfleet": the adapter writes the parallel sizes, host and port itself (args may not set
+    # them). "sparkrun" (imported sparkrun recipes): args keep them as the recipe spelled them and
+    # the adapter only replaces their values, adding none the recipe lacks (set_in_place); for
+    # llama.cpp also the model flag (-hf repo:QUANT, -m path).
+    command_style: Literal["sparkfleet", "sparkrun"] = "sparkfleet"
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,12 @@ class EngineAdapter(Protocol):
         index, configs, tokenizer, chat template) or ``("gguf", model_file)``."""
         ...
 
+    def fetches_at_start(self, spec: LaunchSpec) -> bool:
+        """True when the engine downloads the model itself as it starts (llama.cpp's ``-hf
+        repo:QUANT`` in an imported sparkrun recipe): nothing is staged for it, the rank is not
+        told to stay offline and its Hugging Face cache is mounted writable."""
+        ...
+
     def cuda_graphs(self, argv: Sequence[str]) -> tuple[int, str]:
         """The CUDA graph memory estimate from a planned argv, and how it was made."""
         ...
@@ -159,6 +170,9 @@ class AdapterDefaults:
     def hub_profile(self, spec: LaunchSpec) -> tuple[str, str | None]:
         return ("safetensors", None)
 
+    def fetches_at_start(self, spec: LaunchSpec) -> bool:
+        return False
+
     def cuda_graphs(self, argv: Sequence[str]) -> tuple[int, str]:
         return 0, "none for this engine"
 
@@ -184,6 +198,56 @@ def conflicting_flag(args: Sequence[str], reserved: Iterable[str], engine: str) 
         f"args: {flag} is set by sparkfleet for each rank ({engine}); "
         "remove it from args (the recipe's tensor_parallel_size/port fields set these)"
     )
+
+
+def set_in_place(args: Sequence[str], names: Iterable[str], value: str) -> tuple[tuple[str, ...], bool]:
+    """args with the value of every occurrence of any of names (aliases of one option, as
+    written: ``-tp 2``, ``--tp-size=2``) replaced by value, spelling and position kept; and
+    whether any occurred. A flag written without a value gets one after it."""
+    wanted = {normal(n) for n in names}
+    out: list[str] = []
+    found = False
+    i = 0
+    while i < len(args):
+        word = args[i]
+        i += 1
+        if not (is_flag(word) and normal(flag_name(word)) in wanted):
+            out.append(word)
+            continue
+        found = True
+        name, eq, _ = word.partition("=")
+        if eq:
+            out.append(f"{name}={value}")
+            continue
+        out += [word, value]
+        if i < len(args) and not is_flag(args[i]):
+            i += 1  # the old value
+    return tuple(out), found
+
+
+def sparkrun_style_args(
+    args: Sequence[str],
+    sizes: Iterable[tuple[Iterable[str], int]],
+    host: Iterable[str],
+    port: Iterable[str],
+    ctx: RankContext,
+    default_port: int,
+) -> tuple[str, ...]:
+    """A sparkrun-style recipe's args for one rank: the parallel-size, host and port flags keep the
+    recipe's spelling and place, their values this plan's (sizes, the rank's bind address and
+    port). No flag is added for a size the recipe does not write (sparkrun passes none); a bind
+    address or port the recipe does not write is added only where the site's differs from what
+    the engine does without it (all addresses, its default port)."""
+    out = tuple(args)
+    for names, size in sizes:
+        out, _ = set_in_place(out, names, str(size))
+    out, has_host = set_in_place(out, host, ctx.bind_ip)
+    out, has_port = set_in_place(out, port, str(ctx.port))
+    if not has_host and ctx.bind_ip != "0.0.0.0":
+        out += ("--host", ctx.bind_ip)
+    if not has_port and ctx.port != default_port:
+        out += ("--port", str(ctx.port))
+    return out
 
 
 def revision_flags(spec: LaunchSpec, model_ref: str) -> tuple[str, ...]:

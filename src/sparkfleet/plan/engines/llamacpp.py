@@ -30,10 +30,17 @@ from sparkfleet.plan.engines.base import (
     Readiness,
     conflicting_flag,
     head_first,
+    set_in_place,
+    sparkrun_style_args,
 )
-from sparkfleet.plan.flags import first_present
+from sparkfleet.plan.flags import first_present, flag_name, is_flag, normal
 
 RESERVED = ("-m", "--model", "--host", "--port", "--rpc", "--rpc_servers")
+# In sparkrun style args keep the model, host and port flags (plan sets their values); only the
+# worker list stays the launcher's.
+SPARKRUN_RESERVED = ("--rpc", "--rpc_servers")
+HF_FLAGS = ("-hf", "-hfr", "--hf-repo")
+MODEL_FLAGS = ("-m", "--model")
 NATIVE_ALIAS_FLAGS = ("--alias", "-a")
 PYTHON_ALIAS_FLAGS = ("--model_alias",)
 # What the native server's log prints once it serves (after "main: model loaded").
@@ -66,9 +73,17 @@ class LlamaCpp(AdapterDefaults):
     served_name_flags: tuple[str, ...] = (*NATIVE_ALIAS_FLAGS, *PYTHON_ALIAS_FLAGS)
 
     def check_recipe(self, spec: LaunchSpec) -> str | None:
-        problem = conflicting_flag(spec.args, RESERVED, self.name)
+        sparkrun = spec.command_style == "sparkrun"
+        problem = conflicting_flag(spec.args, SPARKRUN_RESERVED if sparkrun else RESERVED, self.name)
         if problem:
             return problem
+        if sparkrun and not spec.model.startswith("/") and not spec.composed:
+            if spec.model_file is None:
+                # llama.cpp downloads the model itself at start (-hf repo[:QUANT]).
+                return None
+            if ":" in spec.model:
+                return (f"model: {spec.model!r} is a repo:QUANT spec, which llama.cpp downloads itself; "
+                        "with model_file set, write the repo alone")  # fmt: skip
         if not spec.model.startswith("/") and not spec.composed:
             if not spec.model_file:
                 return "model_file: required for llama-cpp when model is a Hugging Face repo (the GGUF file name)"
@@ -92,10 +107,18 @@ class LlamaCpp(AdapterDefaults):
         # llama.cpp opens one GGUF file: the chosen quant, never the repo's other quants.
         return ("gguf", spec.model_file)
 
+    def fetches_at_start(self, spec: LaunchSpec) -> bool:
+        # An imported sparkrun recipe whose model is -hf repo[:QUANT] with no pinned file:
+        # llama-server fetches the GGUF itself on each start, as sparkrun's dry run renders it.
+        return (spec.command_style == "sparkrun" and not spec.composed and not spec.model.startswith("/")
+                and spec.model_file is None)  # fmt: skip
+
     def rank_argv(self, spec: LaunchSpec, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
         if ctx.rank > 0:
             # Its own fabric address, not 0.0.0.0: the RPC protocol has no authentication.
             return (rpc_server_for(entrypoint), "--host", ctx.fabric_ip, "--port", str(ctx.rendezvous_port))
+        if spec.command_style == "sparkrun":
+            return self._sparkrun_argv(spec, entrypoint, ctx)
         python = is_python_server(entrypoint)
         path = str(PurePosixPath(ctx.model_ref) / ctx.model_file) if ctx.model_file else ctx.model_ref
         argv = (*entrypoint, "--model", path, *spec.args)
@@ -107,6 +130,30 @@ class LlamaCpp(AdapterDefaults):
         if workers:
             argv += ("--rpc_servers" if python else "--rpc", ",".join(workers))
         return argv
+
+    def _sparkrun_argv(self, spec: LaunchSpec, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
+        """An imported sparkrun recipe's llama-server: the command as sparkrun renders it, the
+        model, host and port flags where the recipe wrote them with this plan's values, no
+        --alias added (sparkrun appends it only for a served_model_name, which the import keeps),
+        and ``--rpc`` with the workers. With a pinned file, ``-hf`` becomes ``-m <path>``, as
+        sparkrun's launch does once the GGUF is in the cache."""
+        python = is_python_server(entrypoint)
+        args = tuple(spec.args)
+        if self.fetches_at_start(spec):
+            args, found = set_in_place(args, HF_FLAGS, spec.model)
+            if not found:
+                args = ("-hf", spec.model, *_without(args, MODEL_FLAGS))
+        else:
+            path = str(PurePosixPath(ctx.model_ref) / ctx.model_file) if ctx.model_file else ctx.model_ref
+            args = _hf_to_model(args)
+            args, found = set_in_place(args, MODEL_FLAGS, path)
+            if not found:
+                args = ("--model", path, *args)
+        args = sparkrun_style_args(args, (), ("--host",), ("--port",), ctx, self.default_port)
+        workers = [f"{ip}:{ctx.rendezvous_port}" for ip in ctx.peer_fabric_ips[1:]]
+        if workers:
+            args += ("--rpc_servers" if python else "--rpc", ",".join(workers))
+        return (*entrypoint, *args)
 
     def stop_waves(self, nnodes: int) -> tuple[tuple[int, ...], ...]:
         # llama-server aborts (GGML_ABORT) when an rpc-server it holds goes away mid-request:
@@ -122,3 +169,33 @@ class LlamaCpp(AdapterDefaults):
             return Readiness(True, "/v1/models", None)
         # llama-server answers /health 503 "Loading model" while loading, 200 once it serves.
         return Readiness(True, "/health", NATIVE_READY_LOG)
+
+
+def _without(args: tuple[str, ...], names: tuple[str, ...]) -> tuple[str, ...]:
+    """args without any of the flags names and the value each carries."""
+    wanted = {normal(f) for f in names}
+    out: list[str] = []
+    skip = False
+    for word in args:
+        if skip:
+            skip = False
+            if not is_flag(word):
+                continue
+        if is_flag(word) and normal(flag_name(word)) in wanted:
+            skip = "=" not in word
+            continue
+        out.append(word)
+    return tuple(out)
+
+
+def _hf_to_model(args: tuple[str, ...]) -> tuple[str, ...]:
+    """args with the first ``-hf``/``--hf-repo`` flag spelled ``-m`` and any ``--hf-file`` dropped
+    (sparkrun's ``rendered.replace("-hf ", "-m ", 1)`` once the file is resolved)."""
+    hf = {normal(f) for f in HF_FLAGS}
+    out = list(_without(args, ("-hff", "--hf-file")))
+    for i, word in enumerate(out):
+        if is_flag(word) and normal(flag_name(word)) in hf:
+            value = word.partition("=")[2]
+            out[i : i + 1] = ["-m", value] if value else ["-m"]
+            break
+    return tuple(out)

@@ -15,13 +15,15 @@ from sparkfleet.plan.engines.base import (
     gpu_ranks_cover_nodes,
     head_first,
     revision_flags,
+    sparkrun_style_args,
 )
 from sparkfleet.plan.flags import flag_value
 
-RESERVED = (
-    "--model-path", "--model", "--nnodes", "--node-rank", "--dist-init-addr", "--host", "--port",
-    "--tp", "--tp-size", "--tensor-parallel-size", "--pp-size", "--pipeline-parallel-size",
-)
+TP_FLAGS = ("--tp", "--tp-size", "--tensor-parallel-size")
+PP_FLAGS = ("--pp-size", "--pipeline-parallel-size")
+# The flags a sparkrun-style recipe keeps in args (values replaced per rank, sparkrun_style_args).
+SPARKRUN_STYLE_OWN = (*TP_FLAGS, *PP_FLAGS, "--host", "--port")
+RESERVED = ("--model-path", "--model", "--nnodes", "--node-rank", "--dist-init-addr", *SPARKRUN_STYLE_OWN)
 # CUDA graphs: knapcio measured ~5.6 GB for SGLang decode graphs up to batch 16.
 SGLANG_GRAPH_BYTES_PER_BS = 5.6e9 / 16
 # SGLang's DeepSeek-V4 indexer scores each prefill chunk against the whole compressed prefix:
@@ -54,12 +56,21 @@ class SGLang(AdapterDefaults):
     abort_route: AbortRoute | None = AbortRoute("/abort_request", (("abort_all", True),))
 
     def check_recipe(self, spec: LaunchSpec) -> str | None:
-        return conflicting_flag(spec.args, RESERVED, self.name)
+        reserved = RESERVED if spec.command_style == "sparkfleet" else [
+            f for f in RESERVED if f not in SPARKRUN_STYLE_OWN]  # fmt: skip
+        return conflicting_flag(spec.args, reserved, self.name)
 
     def check_layout(self, spec: LaunchSpec) -> str | None:
         return gpu_ranks_cover_nodes(spec)
 
     def rank_argv(self, spec: LaunchSpec, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
+        args = spec.args
+        if spec.command_style == "sparkrun":
+            # The recipe's own --tp-size/--pp-size/--host/--port, values this plan's.
+            args = sparkrun_style_args(
+                args, ((TP_FLAGS, spec.tensor_parallel_size), (PP_FLAGS, spec.pipeline_parallel_size)),
+                ("--host",), ("--port",), ctx, self.default_port,
+            )  # fmt: skip
         parallel: tuple[str, ...] = ("--tp", str(spec.tensor_parallel_size))
         if spec.pipeline_parallel_size > 1:
             parallel += ("--pp-size", str(spec.pipeline_parallel_size))
@@ -71,9 +82,12 @@ class SGLang(AdapterDefaults):
             if ctx.nnodes > 1
             else ()
         )  # fmt: skip
+        if spec.command_style == "sparkrun":
+            return (*entrypoint, *args, "--model-path", ctx.model_ref, *revision_flags(spec, ctx.model_ref),
+                    *rendezvous)  # fmt: skip
         return (
             *entrypoint,
-            *spec.args,
+            *args,
             "--model-path", ctx.model_ref,
             *revision_flags(spec, ctx.model_ref),
             *parallel,

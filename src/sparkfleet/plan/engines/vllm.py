@@ -16,12 +16,17 @@ from sparkfleet.plan.engines.base import (
     conflicting_flag,
     gpu_ranks_cover_nodes,
     revision_flags,
+    sparkrun_style_args,
 )
 from sparkfleet.plan.flags import flag_value, has_flag
 
+TP_FLAGS = ("--tensor-parallel-size", "-tp")
+PP_FLAGS = ("--pipeline-parallel-size", "-pp")
+# The flags a sparkrun-style recipe keeps in args (values replaced per rank, sparkrun_style_args).
+SPARKRUN_STYLE_OWN = (*TP_FLAGS, *PP_FLAGS, "--host", "--port")
 RESERVED = (
     "--model", "--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port", "--headless",
-    "--host", "--port", "--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp",
+    *SPARKRUN_STYLE_OWN,
 )
 RAY_PORT_OFFSET = 0
 VLLM_GRAPH_DEFAULT = 2 * 1024**3
@@ -48,7 +53,9 @@ class VLLM(AdapterDefaults):
     aborts_on_disconnect = True
 
     def check_recipe(self, spec: LaunchSpec) -> str | None:
-        problem = conflicting_flag(spec.args, RESERVED, self.name)
+        reserved = RESERVED if spec.command_style == "sparkfleet" else [
+            f for f in RESERVED if f not in SPARKRUN_STYLE_OWN]  # fmt: skip
+        problem = conflicting_flag(spec.args, reserved, self.name)
         if problem:
             return problem
         ray = spec.distributed_backend == "ray"
@@ -57,6 +64,13 @@ class VLLM(AdapterDefaults):
         return None
 
     def _serve(self, spec: LaunchSpec, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
+        if spec.command_style == "sparkrun":
+            # The recipe's own -tp/-pp/--host/--port, values this plan's; nothing added for them.
+            args = sparkrun_style_args(
+                spec.args, ((TP_FLAGS, spec.tensor_parallel_size), (PP_FLAGS, spec.pipeline_parallel_size)),
+                ("--host",), ("--port",), ctx, self.default_port,
+            )  # fmt: skip
+            return (*entrypoint, ctx.model_ref, *revision_flags(spec, ctx.model_ref), *args)
         return (
             *entrypoint,
             ctx.model_ref,
@@ -81,7 +95,10 @@ class VLLM(AdapterDefaults):
                 "--master-port", str(ctx.rendezvous_port),
             )  # fmt: skip
         if ctx.rank > 0:
+            # A sparkrun-style rank keeps the recipe's --host/--port here too, as sparkrun does.
             return (*argv, "--headless")
+        if spec.command_style == "sparkrun":
+            return argv
         return (*argv, "--host", ctx.bind_ip, "--port", str(ctx.port))
 
     def _ray_argv(self, spec: LaunchSpec, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
@@ -97,7 +114,8 @@ class VLLM(AdapterDefaults):
         serve = self._serve(spec, entrypoint, ctx)
         if not has_flag(spec.args, EXECUTOR):
             serve += (EXECUTOR, "ray")
-        serve += ("--host", ctx.bind_ip, "--port", str(ctx.port))
+        if spec.command_style == "sparkfleet":
+            serve += ("--host", ctx.bind_ip, "--port", str(ctx.port))
         wait_nodes = (
             "import ray,sys; ray.init(address='auto', logging_level='ERROR'); "
             f"sys.exit(0 if sum(n['Alive'] for n in ray.nodes()) >= {ctx.nnodes} else 1)"
