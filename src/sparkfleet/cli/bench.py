@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.markup import escape
 
 from sparkfleet.bench.auth import api_key_for
 from sparkfleet.bench.corpus import PREFILL_LENGTHS, PROMPT_TYPES, prompt_types
 from sparkfleet.cli.app import group
-from sparkfleet.cli.console import console, err_console
+from sparkfleet.cli.console import console, err_console, warn
 from sparkfleet.cli.extras import require_extra
 from sparkfleet.cli.int_lists import parse_int_list
 from sparkfleet.cli.options import ApiKeyOpt, JsonOpt
@@ -29,9 +28,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
     from sparkfleet.bench.client import RequestRecord
-    from sparkfleet.bench.decode import DecodeTierRun, ExactLength
     from sparkfleet.bench.endpoint import Endpoint
-    from sparkfleet.bench.prefill import PrefillPlan, PrefillRun
     from sparkfleet.bench.report import TierSummary
     from sparkfleet.bench.store import BenchStore
 
@@ -101,16 +98,14 @@ def _progress_bar() -> Progress:
     )
 
 
-def _execute(bench: BenchStore, run_id: int, work: Callable[[RichProgress], Coroutine[Any, Any, Any]]) -> None:
-    """Run ``work`` as the stored run (``bench.runs``), with a progress bar; say what was kept
-    when it is cut short."""
-    import asyncio
-
-    from sparkfleet.bench.runs import run_stored
+def _execute(bench: BenchStore, run_id: int, endpoint: Endpoint, config: Any) -> None:
+    """Measure config as the stored run (``bench.runs.measure``), with a progress bar; say what
+    was kept when it is cut short."""
+    from sparkfleet.bench.runs import measure
 
     with _progress_bar() as bar:
         try:
-            run_stored(bench, run_id, lambda: asyncio.run(work(RichProgress(bar))))
+            measure(bench, run_id, endpoint, config, RichProgress(bar), warn=warn, note=err_console.print)
         except KeyboardInterrupt:
             kept = f"partial results kept as run {run_id}" if bench.has_run(run_id) else "nothing was measured"
             err_console.print(f"[yellow]interrupted: {kept}[/]")
@@ -234,7 +229,7 @@ def decode_cmd(
     from the server's usage, never from counting chunks. Warm-up waves are discarded; a tier
     whose repeats spread more than 10 % is flagged.
     """
-    from sparkfleet.bench.decode import DecodeConfig, run_decode
+    from sparkfleet.bench.decode import DecodeConfig
     from sparkfleet.bench.endpoint import resolve_endpoint
     from sparkfleet.bench.store import BenchStore
 
@@ -255,17 +250,8 @@ def decode_cmd(
     warn_chat(endpoint, api)
     bench = BenchStore()
     run_id = _create(bench, "decode", endpoint, config, label)
-
-    def store_run(run: DecodeTierRun) -> None:
-        bench.add_sample(run_id, run.tier, run.repeat, run.stats, run.records)
-
-    def store_exact(exact: ExactLength) -> None:
-        bench.update_meta(run_id, exact_length={"enforced": exact.enforced, "params": exact.params, "note": exact.note})
-        if not exact.enforced:
-            err_console.print(f"[yellow]warning:[/] {exact.note}")
-
     with _results(bench, run_id, as_json, formats):
-        _execute(bench, run_id, lambda p: run_decode(endpoint, config, p, store_run, store_exact))
+        _execute(bench, run_id, endpoint, config)
 
 
 @bench_app.command("prefill")
@@ -293,7 +279,7 @@ def prefill_cmd(
     a request that reports cached prompt tokens is flagged.
     """
     from sparkfleet.bench.endpoint import resolve_endpoint
-    from sparkfleet.bench.prefill import PrefillConfig, run_prefill
+    from sparkfleet.bench.prefill import PrefillConfig
     from sparkfleet.bench.store import BenchStore
 
     formats = out_formats(out)
@@ -307,31 +293,8 @@ def prefill_cmd(
     endpoint = resolve_endpoint(target, model, max_model_len=max_context, api_key=api_key_for(api_key))
     bench = BenchStore()
     run_id = _create(bench, "prefill", endpoint, config, label)
-
-    def store_run(run: PrefillRun) -> None:
-        bench.add_sample(run_id, run.tier, run.repeat, run.sample, (run.record,))
-        if run.sample.cached_tokens:
-            err_console.print(
-                f"[yellow]warning:[/] {run.sample.cached_tokens} of {run.sample.prompt_tokens} prompt tokens "
-                f"came from a cache at {run.length}: that rate is not a cold prefill"
-            )
-
-    def store_overhead(overhead: float, plan: PrefillPlan) -> None:
-        bench.update_meta(
-            run_id,
-            overhead_ms=overhead * 1000,
-            lengths=plan.lengths,
-            context=plan.context,
-            dropped=plan.dropped,
-        )
-        if plan.dropped:
-            err_console.print(
-                f"lengths {', '.join(map(str, plan.dropped))} exceed the context of {plan.context} tokens; "
-                f"measuring up to {plan.lengths[-1]}"
-            )
-
     with _results(bench, run_id, as_json, formats):
-        _execute(bench, run_id, lambda p: run_prefill(endpoint, config, p, store_run, store_overhead))
+        _execute(bench, run_id, endpoint, config)
 
 
 def warn_chat(endpoint: Endpoint, api: str) -> None:
@@ -340,8 +303,7 @@ def warn_chat(endpoint: Endpoint, api: str) -> None:
     if api == "chat" and endpoint.chat_template is False:
         from sparkfleet.bench.chat_api import no_template_line
 
-        line = escape(no_template_line(endpoint.model, endpoint.engine))
-        err_console.print(f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
+        warn(no_template_line(endpoint.model, endpoint.engine))
 
 
 def _create(bench: BenchStore, kind: str, endpoint: Endpoint, config: Any, label: str | None) -> int:

@@ -15,7 +15,6 @@ from sparkfleet.cli.bench import (
     LabelOpt,
     ModelOpt,
     OutOpt,
-    RichProgress,
     Target,
     _create,
     _execute,
@@ -26,14 +25,12 @@ from sparkfleet.cli.bench import (
     parse_extra,
     warn_chat,
 )
-from sparkfleet.cli.console import console, err_console
+from sparkfleet.cli.console import console
 from sparkfleet.cli.options import ApiKeyOpt, JsonOpt
 from sparkfleet.errors import BenchError
 
 if TYPE_CHECKING:
-    from sparkfleet.bench.decode import ExactLength
     from sparkfleet.bench.report import TierSummary
-    from sparkfleet.bench.serve import ServeTierRun
     from sparkfleet.bench.stats import Spread
     from sparkfleet.bench.store import StoredRun
 
@@ -98,7 +95,7 @@ def serve_cmd(
     """
     from sparkfleet.bench.arrivals import parse_burstiness, parse_rates
     from sparkfleet.bench.endpoint import resolve_endpoint
-    from sparkfleet.bench.serve import ServeBench, ServeConfig
+    from sparkfleet.bench.serve import ServeConfig
     from sparkfleet.bench.stats import SLO
     from sparkfleet.bench.store import BenchStore
     from sparkfleet.bench.workload import Lengths, WorkloadConfig
@@ -123,31 +120,8 @@ def serve_cmd(
     warn_chat(endpoint, api)
     bench = BenchStore()
     run_id = _create(bench, "serve", endpoint, config, label)
-    flagged: list[str] = []
-
-    def store_run(run: ServeTierRun) -> None:
-        bench.add_sample(run_id, run.tier, run.repeat, run.stats, run.records)
-        if run.foreign_requests:
-            flagged.append(run.tier)
-            err_console.print(
-                f"[yellow]warning:[/] tier {run.tier}: the engine ran {run.foreign_requests} requests beyond the "
-                "bench's own (foreign traffic in the window); its figures are not clean"
-            )
-
-    def store_setup(exact: ExactLength, chars_per_token: float) -> None:
-        bench.update_meta(
-            run_id,
-            exact_length={"enforced": exact.enforced, "params": exact.params, "note": exact.note},
-            chars_per_token=chars_per_token,
-        )
-        if not exact.enforced:
-            err_console.print(f"[yellow]warning:[/] {exact.note}")
-
-    async def work(progress: RichProgress) -> list[ServeTierRun]:
-        return await ServeBench(endpoint, config, progress).run(store_run, store_setup)
-
     with _results(bench, run_id, as_json, formats):
-        _execute(bench, run_id, work)
+        _execute(bench, run_id, endpoint, config)
 
 
 def _dataset(name: str | None, path: Path | None) -> str:
