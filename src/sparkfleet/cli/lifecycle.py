@@ -22,7 +22,7 @@ from sparkfleet.cli.options import (
     VariantOpt,
     parse_env,
 )
-from sparkfleet.errors import LeftoverError, NotFoundError, StateError, UsageError
+from sparkfleet.errors import LeftoverError, StateError, UsageError
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -125,15 +125,6 @@ def rollback(name: Annotated[str, typer.Argument(help="Deployment name.")]) -> N
                   f"(variant {target.variant}) at [bold]{result.endpoint}[/] in {result.seconds:.1f}s")  # fmt: skip
 
 
-def _record(name: str):  # type: ignore[no-untyped-def]
-    from sparkfleet.state.deployments import Deployments
-
-    found = Deployments().get(name)
-    if found is None:
-        raise NotFoundError(f"no deployment named {name!r} (see `sparkfleet status`)")
-    return found
-
-
 def down(
     name: Annotated[str, typer.Argument(help="Deployment name.")],
     cluster: Annotated[
@@ -170,12 +161,8 @@ def down(
         sweep(load_cluster(cluster), found)
         console.print(f"[green]stopped[/] {name}: {len(found)} rank(s) swept")
         return
-    record = Deployments().get(name)
-    if record is None:
-        raise NotFoundError(
-            f"no local record of {name!r} in this state dir; if its ranks are still running somewhere, "
-            f"`sparkfleet down {name} --sweep --cluster FILE` lists them with their owner and stops them"
-        )
+    record = Deployments().require(name, f"if its ranks still run somewhere, `sparkfleet down {name} --sweep "
+                                         "--cluster FILE` lists them with their owner and stops them")  # fmt: skip
     if record.unreadable:
         Deployments().set_status(name, "stopped")  # the name is free again; the record stays for history
         raise StateError(
@@ -225,7 +212,7 @@ def status(name: Annotated[str | None, typer.Argument(help="Deployment name (all
     from sparkfleet.apply.switch import changes
     from sparkfleet.state.deployments import Deployments, controller_gone
 
-    out = [current(rec) for rec in ([_record(name)] if name else Deployments().all())]
+    out = [current(rec) for rec in ([Deployments().require(name)] if name else Deployments().all())]
     if as_json:
         typer.echo(json.dumps([
             {"name": rec.name, "status": rec.status, "engine": rec.engine, "endpoint": rec.endpoint,
@@ -267,8 +254,9 @@ def logs(
     """Every rank's log, each line prefixed by rank and node."""
     from sparkfleet.apply.observe import follow as follow_logs
     from sparkfleet.apply.observe import logs as read_logs
+    from sparkfleet.state.deployments import Deployments
 
-    record = _record(name)
+    record = Deployments().require(name)
     if rank is not None and not 0 <= rank < len(record.ranks):
         raise UsageError(f"{name} has ranks 0..{len(record.ranks) - 1}, not {rank}")
     nodes = {r.rank: r.node.name for r in record.ranks}
