@@ -9,21 +9,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from sparkfleet.bench.auth import api_key_for
 from sparkfleet.cli.bench import (
     ExtraOpt,
     LabelOpt,
     ModelOpt,
     OutOpt,
     Target,
-    _create,
-    _execute,
-    _results,
     bench_app,
     flag_cell,
-    out_formats,
     parse_extra,
-    warn_chat,
+    run_bench,
 )
 from sparkfleet.cli.console import console
 from sparkfleet.cli.options import ApiKeyOpt, JsonOpt
@@ -94,13 +89,10 @@ def serve_cmd(
     the most requests the engine reported running beyond the bench's own (flagged; --strict aborts).
     """
     from sparkfleet.bench.arrivals import parse_burstiness, parse_rates
-    from sparkfleet.bench.endpoint import resolve_endpoint
     from sparkfleet.bench.serve import ServeConfig
     from sparkfleet.bench.stats import SLO
-    from sparkfleet.bench.store import BenchStore
     from sparkfleet.bench.workload import Lengths, WorkloadConfig
 
-    formats = out_formats(out)
     if num_prompts is not None and duration is not None:
         raise BenchError("give --num-prompts or --duration, not both")
     workload = WorkloadConfig(dataset=_dataset(dataset_name, dataset_path),
@@ -116,12 +108,7 @@ def serve_cmd(
         timeout=timeout, watch_metrics=not no_metrics, engine_log=str(engine_log) if engine_log else None,
         extra_body=parse_extra(extra_body),
     )  # fmt: skip
-    endpoint = resolve_endpoint(target, model, api_key=api_key_for(api_key))
-    warn_chat(endpoint, api)
-    bench = BenchStore()
-    run_id = _create(bench, "serve", endpoint, config, label)
-    with _results(bench, run_id, as_json, formats):
-        _execute(bench, run_id, endpoint, config)
+    run_bench("serve", config, target, model, api_key, label, as_json, out)
 
 
 def _dataset(name: str | None, path: Path | None) -> str:
