@@ -19,7 +19,7 @@ from sparkfleet.cli.app import group
 from sparkfleet.cli.console import console, err_console, warn
 from sparkfleet.cli.extras import require_extra
 from sparkfleet.cli.int_lists import parse_int_list
-from sparkfleet.cli.options import ApiKeyOpt, JsonOpt
+from sparkfleet.cli.options import ApiKeyOpt, JsonOpt, LabelOpt, ModelOpt, TargetArg
 from sparkfleet.errors import BenchError
 
 if TYPE_CHECKING:
@@ -180,9 +180,6 @@ def _write_run(bench: BenchStore, run_id: int, fmt: str, path: Path) -> None:
 
 # ---------------------------------------------------------------- decode / prefill
 
-Target = Annotated[str, typer.Argument(help="Deployment name, or the server's URL (http://host:port).")]
-ModelOpt = Annotated[str | None, typer.Option("--model", help="Model id (default: the first of GET /v1/models).")]
-LabelOpt = Annotated[str | None, typer.Option("--label", help="A label stored with the run.")]
 ExtraOpt = Annotated[
     str | None,
     typer.Option("--extra-body", help="JSON merged into every request body, e.g. thinking switches."),
@@ -197,7 +194,7 @@ OutOpt = Annotated[
 
 @bench_app.command("decode")
 def decode_cmd(
-    target: Target,
+    target: TargetArg,
     model: ModelOpt = None,
     api_key: ApiKeyOpt = None,
     concurrency: Annotated[str, typer.Option(help="Concurrency tiers.")] = "1,2,4,8,16",
@@ -243,7 +240,7 @@ def decode_cmd(
 
 @bench_app.command("prefill")
 def prefill_cmd(
-    target: Target,
+    target: TargetArg,
     model: ModelOpt = None,
     api_key: ApiKeyOpt = None,
     input_len: Annotated[str, typer.Option("--input-len", help="Prompt lengths in tokens (k = 1024).")] = ",".join(

@@ -11,17 +11,14 @@ import typer
 
 from sparkfleet.cli.bench import (
     ExtraOpt,
-    LabelOpt,
-    ModelOpt,
     OutOpt,
-    Target,
     bench_app,
     flag_cell,
     parse_extra,
     run_bench,
 )
 from sparkfleet.cli.console import console
-from sparkfleet.cli.options import ApiKeyOpt, JsonOpt
+from sparkfleet.cli.options import ApiKeyOpt, JsonOpt, LabelOpt, ModelOpt, TargetArg
 from sparkfleet.errors import BenchError
 
 if TYPE_CHECKING:
@@ -31,7 +28,7 @@ if TYPE_CHECKING:
 
 @bench_app.command("serve")
 def serve_cmd(
-    target: Target,
+    target: TargetArg,
     model: ModelOpt = None,
     api_key: ApiKeyOpt = None,
     request_rate: Annotated[

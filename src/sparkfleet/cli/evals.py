@@ -13,7 +13,7 @@ from sparkfleet.cli.app import group
 from sparkfleet.cli.console import console, err_console
 from sparkfleet.cli.extras import require_extra
 from sparkfleet.cli.int_lists import parse_int_list
-from sparkfleet.cli.options import ApiKeyOpt, JsonOpt
+from sparkfleet.cli.options import ApiKeyOpt, JsonOpt, LabelOpt, ModelOpt, TargetArg
 from sparkfleet.errors import EvalError
 from sparkfleet.evals.checks import CATEGORIES
 from sparkfleet.evals.needle import DEFAULT_DEPTHS, DEFAULT_LENGTHS
@@ -27,9 +27,6 @@ if TYPE_CHECKING:
 
 eval_app = group("Quality gate, paired comparison and long-context needle checks.")
 
-TargetArg = Annotated[str, typer.Argument(help="Deployment name or server URL (http://host:port).")]
-ModelOpt = Annotated[str | None, typer.Option(help="Model id, when the server serves several.")]
-LabelOpt = Annotated[str | None, typer.Option(help="A name for this run (default: the run id).")]
 OutOpt = Annotated[
     list[Path] | None,
     typer.Option("--out", "-o", metavar="FILE", help="Also write the full result (JSON) to this file (repeatable)."),
