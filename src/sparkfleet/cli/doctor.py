@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 
-from sparkfleet.cli.console import console
+from sparkfleet.cli.console import console, plain
 from sparkfleet.cli.options import AcceptNewOpt, ClusterOpt, EnvOpt, JsonOpt, NameOpt, SetOpt
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ def doctor(
         if report.memory:
             console.print("\n[bold]memory per rank[/] (device memory from each node's facts):")
             for line in render_memory_plans(report.memory):
-                console.print(line, markup=False, highlight=False, soft_wrap=True)
+                plain(line)
         counts = report.counts()
         console.print(
             f"{counts['fail']} failed, {counts['warn']} warnings, {counts['pass']} passed "
@@ -150,7 +150,7 @@ def _print_checks(checks: list[Check]) -> None:
         head = f"[{style}]{check.status.upper():4}[/] {check.id:<20} {check.node:<{width}}"
         console.print(f"{head} {escape(check.evidence)}", markup=True, highlight=False, soft_wrap=True)
         if check.fix and check.status != "pass":
-            console.print(f"{'':{width + 26}} fix: {check.fix}", markup=False, highlight=False, soft_wrap=True)
+            plain(f"{'':{width + 26}} fix: {check.fix}")
 
 
 def _fabric(
@@ -177,7 +177,7 @@ def _fabric(
             typer.echo(json.dumps(report.to_json(), indent=2))
     else:
         for line in render_matrix(report):
-            console.print(line, markup=False, highlight=False, soft_wrap=True)
+            plain(line)
         console.print()
         _print_checks(sort_for_display(report.checks))
         failed = len(report.failed)
@@ -201,7 +201,7 @@ def _collective(ranks: Sequence[SweepRank], transports: Mapping[str, Transport],
     else:
         console.print()
         for line in render_collective(report):
-            console.print(line, markup=False, highlight=False, soft_wrap=True)
+            plain(line)
         _print_checks(list(report.checks))
     if report.failed or not pairs["ok"]:
         raise SystemExit(1)

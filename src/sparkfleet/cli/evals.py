@@ -10,7 +10,7 @@ import typer
 
 from sparkfleet.bench.auth import api_key_for
 from sparkfleet.cli.app import group
-from sparkfleet.cli.console import console, err_console
+from sparkfleet.cli.console import console, err_console, plain
 from sparkfleet.cli.extras import require_extra
 from sparkfleet.cli.int_lists import parse_int_list
 from sparkfleet.cli.options import ApiKeyOpt, JsonOpt, LabelOpt, ModelOpt, TargetArg
@@ -143,7 +143,7 @@ def quality(
 
         line = quality_gate(Store(), endpoint.deployment, run.passed, run.total, run.id, gate)
         if line:  # with --json, stdout holds the JSON alone
-            (err_console if as_json else console).print(line, markup=False, highlight=False, soft_wrap=True)
+            plain(line, err=as_json)
 
 
 def _print_comparison(cmp: Comparison) -> None:

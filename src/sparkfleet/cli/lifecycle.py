@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from sparkfleet.cli.console import console, err_console
+from sparkfleet.cli.console import console, err_console, plain
 from sparkfleet.cli.options import (
     AcceptNewOpt,
     ClusterOpt,
@@ -119,8 +119,7 @@ def rollback(name: Annotated[str, typer.Argument(help="Deployment name.")]) -> N
     (ready, smoke-tested, and its quality run if one was made); refuses, saying why, when none did."""
     from sparkfleet.apply.configurations import rollback as run_rollback
 
-    target, result = run_rollback(name, report=lambda line: console.print(line, markup=False, highlight=False,
-                                                                          soft_wrap=True))  # fmt: skip
+    target, result = run_rollback(name, report=plain)
     console.print(f"[green]rolled back[/] {result.name} to configuration #{target.id} "
                   f"(variant {target.variant}) at [bold]{result.endpoint}[/] in {result.seconds:.1f}s")  # fmt: skip
 
@@ -189,7 +188,7 @@ def down(
         console.print(f"[green]stopped[/] {name}: {len(orphans)} rank(s) of earlier instance(s)")
     pids = {f.ident for f in report.leftovers if f.kind == "process"}
     for memory in report.memory:
-        console.print(f"  {memory.describe(pids)}", markup=False, highlight=False, soft_wrap=True)
+        plain(f"  {memory.describe(pids)}")
     if report.problem():
         raise LeftoverError(report)
     console.print(f"{name}: checked every node: nothing of the instance is left")
@@ -242,7 +241,7 @@ def status(name: Annotated[str | None, typer.Argument(help="Deployment name (all
             console.print(f"[red]degraded:[/] {why}", highlight=False, soft_wrap=True)
         for e in changes(rec.name, Deployments()):  # drained, held, released, switched: behind the gateway
             stamp = time.strftime("%H:%M:%S", time.localtime(e["time"]))
-            console.print(f"  {stamp} {e['kind']}: {e['message']}", markup=False, highlight=False, soft_wrap=True)
+            plain(f"  {stamp} {e['kind']}: {e['message']}")
 
 
 def logs(

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from sparkfleet.cli.console import console, warn
+from sparkfleet.cli.console import console, plain, warn
 from sparkfleet.cli.options import (
     ClusterOpt,
     EnvOpt,
@@ -83,7 +83,7 @@ def plan_cmd(
             typer.echo(json.dumps(diff_json(a, b), indent=2))
         else:
             for line in diff_lines(a, b):
-                console.print(line, markup=False, highlight=False, soft_wrap=True)
+                plain(line)
         return
     planned = build_plan(recipe, cluster, set_, env, name, variant)
     report_overrides(planned, strict)
