@@ -27,8 +27,7 @@ def switch(
     from sparkfleet.apply.switch import switch as run
 
     spec = ConfigSpec(recipe, variant, tuple(set_ or ()), parse_env(env), cluster, name)
-    done = run(old, spec, say=lambda line: plain(line, err=True),
-               timeout=timeout)  # fmt: skip
+    done = run(old, spec, say=lambda line: plain(line, err=True), timeout=timeout)
     console.print(f"[green]switched[/] {old} -> {done.result.name} ({done.way}) at [bold]{done.result.endpoint}[/]",
                   soft_wrap=True)  # fmt: skip
 
