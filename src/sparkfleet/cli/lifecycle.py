@@ -22,7 +22,7 @@ from sparkfleet.cli.options import (
     VariantOpt,
     parse_env,
 )
-from sparkfleet.errors import LeftoverError, StateError, UsageError
+from sparkfleet.errors import LeftoverError, UsageError
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -162,12 +162,6 @@ def down(
         return
     record = Deployments().require(name, f"if its ranks still run somewhere, `sparkfleet down {name} --sweep "
                                          "--cluster FILE` lists them with their owner and stops them")  # fmt: skip
-    if record.unreadable:
-        Deployments().set_status(name, "stopped")  # the name is free again; the record stays for history
-        raise StateError(
-            f"{name}: its record cannot be read by this version ({record.unreadable}); marked stopped. If its "
-            f"ranks still run, `sparkfleet down {name} --sweep --cluster FILE` finds and stops them"
-        )
     if controller_gone(record):
         console.print(f"{name}: the controller of this starting instance is gone "
                       f"(pid {record.owner_pid} on {record.owner_host}); stopping what it started",
