@@ -81,7 +81,7 @@ def doctor(
     from sparkfleet.config.cluster import load_cluster
     from sparkfleet.doctor.history import record_doctor
     from sparkfleet.doctor.run import memory_for, run_doctor, sort_for_display, spec_for
-    from sparkfleet.nodes.transport import transport_for
+    from sparkfleet.nodes.transport import connected
     from sparkfleet.plan.memory import render_memory_plans
     from sparkfleet.state.store import Store
 
@@ -98,12 +98,11 @@ def doctor(
     else:
         inventory = load_cluster(cluster)
         nodes, spec, memory = list(inventory.nodes), spec_for(inventory), None
-    transports = {n.name: transport_for(n, accept_new_host_keys=accept_new) for n in nodes}
-    if fabric:
-        from sparkfleet.doctor.pairs import Thresholds
+    with connected(nodes, accept_new_host_keys=accept_new) as transports:
+        if fabric:
+            from sparkfleet.doctor.pairs import Thresholds
 
-        thresholds = Thresholds(fraction=fabric_fraction, max_loss_pct=fabric_max_loss)
-        try:
+            thresholds = Thresholds(fraction=fabric_fraction, max_loss_pct=fabric_max_loss)
             pairs = _fabric(spec, transports, recipe, as_json, fabric_seconds, thresholds, timeout, alone=not nccl,
                             tool=fabric_tool)  # fmt: skip
             if nccl:
@@ -113,15 +112,8 @@ def doctor(
                 _collective(ranks, transports, pairs, as_json, nccl_max_mib << 20, nccl_port, nccl_backend)
             elif not pairs["ok"]:
                 raise SystemExit(1)
-        finally:
-            for t in transports.values():
-                t.close()
-        return
-    try:
+            return
         report = run_doctor(spec, transports, memory, timeout=timeout)
-    finally:
-        for t in transports.values():
-            t.close()
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))
     else:
