@@ -30,7 +30,6 @@ from sparkfleet.config.cluster import Cluster
 from sparkfleet.config.cluster import load_cluster as _load_cluster
 from sparkfleet.config.recipe import Recipe, deployment_name
 from sparkfleet.config.recipe import load_recipe as _load_recipe
-from sparkfleet.errors import NotFoundError
 from sparkfleet.plan.build import plan as _plan
 from sparkfleet.plan.model import Overrides, Plan
 from sparkfleet.state.deployments import Deployment, Deployments
@@ -76,21 +75,14 @@ def up(plan: Plan, cluster: Cluster, *, timeout: float | None = None) -> UpResul
     return _up(plan, cluster, timeout=timeout)
 
 
-def _record(name: str) -> Deployment:
-    found = Deployments().get(name)
-    if found is None:
-        raise NotFoundError(f"no deployment named {name!r} in this state dir")
-    return found
-
-
 def down(name: str) -> list[str]:
     """Stop every rank of the deployment this state dir started; returns what was stopped."""
-    return _down(_record(name))
+    return _down(Deployments().require(name))
 
 
 def status(name: str) -> list[RankStatus]:
     """Every rank's live state, read from its node."""
-    return _status(_record(name))
+    return _status(Deployments().require(name))
 
 
 def bench_decode(target: str, *, concurrency: Sequence[int] = (1, 2, 4), new_tokens: int = 256,

@@ -25,7 +25,7 @@ from sparkfleet.bench.decode import DecodeConfig, run_decode
 from sparkfleet.bench.endpoint import resolve_endpoint
 from sparkfleet.bench.prefill import PrefillConfig, run_prefill
 from sparkfleet.bench.store import BenchStore
-from sparkfleet.errors import BenchError
+from sparkfleet.errors import BenchError, NotFoundError
 from sparkfleet.nodes.identity import Instance
 from tests.replay_server import ReplayServer, Script
 
@@ -294,5 +294,5 @@ def test_a_deployment_name_resolves_to_its_endpoint_model_and_facts(tmp_path: Pa
     assert endpoint.meta["nodes"] == ["dgx1", "dgx2", "dgx3", "dgx4"]
     assert endpoint.meta["parallelism"]["tp"] == "4"
     assert "--speculative-config" in endpoint.meta["flags"]
-    with pytest.raises(BenchError, match="no deployment named 'nope'"):
+    with pytest.raises(NotFoundError, match="no deployment named 'nope'"):
         resolve_endpoint("nope", store=store)

@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sparkfleet.apply.readiness import BootLog, health_answer
+from sparkfleet.apply.observe import health_answer
+from sparkfleet.apply.readiness import BootLog
 from sparkfleet.bench.client import RequestRecord, _StreamParser
 from sparkfleet.bench.endpoint import _context_length, detect_engine
 from sparkfleet.bench.stats import per_stream_tps, server_agreement, server_decode_tps

@@ -390,3 +390,18 @@ def test_an_image_streams_from_one_node_to_the_others_through_transport_streams(
     errors = stream_image(MockTransport("src", source), "img:1", targets)
     assert errors == {"bad": "docker load failed: no space"}
     assert bytes(sinks["good"].written) == b"IMAGE-TAR-BYTES" * 1000  # type: ignore[attr-defined]
+
+
+def test_an_unknown_deployment_is_one_error_with_the_closest_name(tmp_path: Path) -> None:
+    from sparkfleet.errors import NotFoundError
+    from sparkfleet.nodes.identity import Instance
+    from tests.fake_node import fake_fleet
+
+    fleet = fake_fleet(tmp_path, port=18778, image="fake:1")
+    records = Deployments(Store(tmp_path / "state.db"))
+    records.acquire(fleet.plan, fleet.cluster.source, Instance.new(fleet.plan.name))
+    assert records.require(fleet.plan.name).name == fleet.plan.name
+    with pytest.raises(NotFoundError) as err:
+        records.require(fleet.plan.name + "x")
+    assert err.value.message == (f"no deployment named {fleet.plan.name + 'x'!r} (did you mean {fleet.plan.name!r}?); "
+                                 "`sparkfleet status` lists them")  # fmt: skip

@@ -13,7 +13,7 @@ from sparkfleet.apply.stopping import stop_ranks
 from sparkfleet.config.cluster import Cluster
 from sparkfleet.config.sizes import format_size
 from sparkfleet.doctor.probes.gpu import APPS_COMMAND, GpuProcess, parse_apps
-from sparkfleet.errors import LeftoverError, StopIncomplete
+from sparkfleet.errors import LeftoverError, StateError, StopIncomplete
 from sparkfleet.nodes.fanout import fan_out, raise_first
 from sparkfleet.nodes.files import remove
 from sparkfleet.nodes.identity import FoundRank
@@ -96,6 +96,11 @@ def take_down(deployment: Deployment, *, deployments: Deployments | None = None,
     Behind a gateway, it is drained first (apply/switch.py); ``hold``: it is being replaced, and
     requests for its models wait for the replacement."""
     records = deployments or Deployments()
+    if deployment.unreadable:  # an older version's record: nothing in it can be trusted to reach a node
+        records.set_status(deployment.name, "stopped")  # the name is free again; the record stays for history
+        raise StateError(f"{deployment.name}: its record cannot be read by this version ({deployment.unreadable}); "
+                         f"marked stopped. If its ranks still run, `sparkfleet down {deployment.name} --sweep "
+                         "--cluster FILE` finds and stops them")  # fmt: skip
     if deployment.status in ("ready", "degraded", "draining"):
         from sparkfleet.apply.switch import drain
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -15,6 +19,7 @@ from sparkfleet.nodes.runtime import runtime_for
 from sparkfleet.nodes.runtime.base import RankState
 from sparkfleet.nodes.transport import Connector, transport_for
 from sparkfleet.nodes.transport.base import Stream, Transport
+from sparkfleet.plan.engines.base import Readiness
 from sparkfleet.plan.model import RankHandle
 from sparkfleet.state.deployments import Deployment
 
@@ -34,25 +39,60 @@ class RankStatus:
     exited_at: float | None = None  # when an exited rank ended, where its runtime knows
 
 
-def rank0_health(deployment: Deployment, timeout: float = 2.0) -> tuple[str, bool]:
-    """Rank 0's health endpoint as ``status`` and ``watch`` show it ("healthy", "HTTP 503",
-    "unreachable (…)"; "-" where the engine has none), and whether it is healthy."""
-    head = deployment.ranks[0]
-    path = head.readiness.health_path
-    if not head.readiness.serves_http or not path:
-        return "-", True
-    # urllib, not httpx: one GET does not justify the 0.1-0.2 s httpx adds to `sparkfleet status`.
-    import urllib.error
-    import urllib.request
-
+def health_answer(status: int, body: str) -> tuple[bool, str]:
+    """(healthy, the answer in a few words) for one HTTP answer of a health path: 200 is healthy;
+    anything else is named with the server's own message when its body has one (llama-server:
+    503 ``{"error": {"code": 503, "message": "Loading model", ...}}`` while it loads)."""
+    if status == 200:
+        return True, "HTTP 200"
     try:
-        with urllib.request.urlopen(deployment.endpoint + path, timeout=timeout) as answer:
-            code = answer.status
+        obj = json.loads(body)
+    except ValueError:
+        obj = None
+    err = obj.get("error", obj) if isinstance(obj, dict) else None
+    found = (err.get("message") or err.get("detail")) if isinstance(err, dict) else err
+    message = " ".join(found.split())[:80] if isinstance(found, str) else ""
+    return False, f"HTTP {status}" + (f" {message}" if message else "")
+
+
+def unreachable(exc: BaseException) -> str:
+    """Why a server could not be asked, in a few words: refused, timed out, a name DNS does not
+    know, or the error's type."""
+    cause = exc.reason if isinstance(exc, urllib.error.URLError) and isinstance(exc.reason, BaseException) else exc
+    if isinstance(cause, ConnectionRefusedError):
+        return "connection refused"  # normal before the server listens
+    if isinstance(cause, TimeoutError):
+        return "timed out"
+    if isinstance(cause, socket.gaierror):
+        return "DNS: name not resolved"
+    if isinstance(cause, ConnectionResetError):
+        return "connection reset"
+    return type(cause).__name__
+
+
+def get_health(endpoint: str, readiness: Readiness, timeout: float = 5.0) -> tuple[bool, str]:
+    """Rank 0's health, one GET of its health path, as readiness, ``status`` and ``watch`` read
+    it: (healthy, the answer: "HTTP 200", "HTTP 503 Loading model", "connection refused", "timed
+    out", …); (True, "-") where the engine has no health endpoint."""
+    if not readiness.serves_http or not readiness.health_path:
+        return True, "-"
+    # urllib, not httpx: one GET does not justify the 0.1-0.2 s httpx adds to `sparkfleet status`.
+    try:
+        with urllib.request.urlopen(endpoint + readiness.health_path, timeout=timeout) as answer:
+            return health_answer(answer.status, "")
     except urllib.error.HTTPError as exc:
-        code = exc.code
+        return health_answer(exc.code, exc.read(4096).decode(errors="replace"))
     except (OSError, ValueError) as exc:
-        return f"unreachable ({type(exc).__name__})", False
-    return ("healthy", True) if code == 200 else (f"HTTP {code}", False)
+        return False, unreachable(exc)
+
+
+def rank0_health(deployment: Deployment, timeout: float = 2.0) -> tuple[str, bool]:
+    """Rank 0's health as ``status`` and ``watch`` show it ("healthy", "HTTP 503 Loading model",
+    "unreachable (connection refused)"; "-" where the engine has none), and whether it is healthy."""
+    healthy, answer = get_health(deployment.endpoint, deployment.ranks[0].readiness, timeout)
+    if healthy:
+        return ("healthy" if answer != "-" else "-"), True
+    return (answer if answer.startswith("HTTP") else f"unreachable ({answer})"), False
 
 
 def current(deployment: Deployment, connect: Connector = transport_for) -> tuple[Deployment, list[RankStatus]]:

@@ -4,7 +4,6 @@ lines that must (and must not) appear, and a smoke completion with a checked ans
 from __future__ import annotations
 
 import functools
-import json
 import re
 import socket
 import time
@@ -13,6 +12,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from sparkfleet.apply.observe import get_health
 from sparkfleet.config.secrets import ENGINE_KEY_ENV, auth_headers
 from sparkfleet.errors import RankExited, ReadinessError
 from sparkfleet.nodes.fanout import fan_out, raise_first
@@ -106,32 +106,6 @@ def rank_exited(rank: RankPlan, state: RankState, log: str, reread: Callable[[],
         return exited_message(rank, state, again if again.strip() else log)
 
     return RankExited(exited_message(rank, state, log), redo)
-
-
-def health_answer(status: int, body: str) -> tuple[bool, str]:
-    """(healthy, the answer in a few words) for one HTTP answer of a health path: 200 is healthy;
-    anything else is named with the server's own message when its body has one (llama-server:
-    503 ``{"error": {"code": 503, "message": "Loading model", ...}}`` while it loads)."""
-    if status == 200:
-        return True, "HTTP 200"
-    try:
-        obj = json.loads(body)
-    except ValueError:
-        obj = None
-    err = obj.get("error", obj) if isinstance(obj, dict) else None
-    found = (err.get("message") or err.get("detail")) if isinstance(err, dict) else err
-    message = " ".join(found.split())[:80] if isinstance(found, str) else ""
-    return False, f"HTTP {status}" + (f" {message}" if message else "")
-
-
-def _health(url: str) -> tuple[bool, str]:
-    try:
-        response = httpx.get(url, timeout=5.0)
-    except httpx.ConnectError:
-        return False, "connection refused"  # normal before the server listens
-    except httpx.HTTPError as exc:
-        return False, type(exc).__name__  # reset or timed out while loading is normal too
-    return health_answer(response.status_code, response.text)
 
 
 def _tcp_ok(host: str, port: int) -> bool:
@@ -231,14 +205,11 @@ def wait_ready(
             next_logs = now + LOG_POLL_S
         head = plan.head
         was_healthy = healthy
-        answer = ""
-        if head.readiness.serves_http and head.readiness.health_path:
-            healthy, answer = _health(plan.endpoint + head.readiness.health_path)
+        healthy, answer = get_health(plan.endpoint, head.readiness)
+        if answer != "-":
             boot.saw_health(time.monotonic() - began, answer)
             if healthy and not was_healthy:
                 check_answered_by(plan, transport(0), instance)
-        else:
-            healthy = True
         # A worker's port is probed until it has answered once: llama.cpp's rpc-server serves one
         # client at a time, so once rank 0 holds its connection a probe would wait in its backlog.
         # Whether it is still alive after that is the rank's process state, which look() watches.

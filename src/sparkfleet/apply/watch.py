@@ -43,7 +43,7 @@ from sparkfleet.bench.store import BenchStore
 from sparkfleet.config.cluster import Node
 from sparkfleet.config.secrets import redact
 from sparkfleet.config.sizes import format_size
-from sparkfleet.errors import NotFoundError, SparkfleetError
+from sparkfleet.errors import SparkfleetError
 from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.inspection import NodeWatch, watch_node
 from sparkfleet.nodes.runtime import runtime_for
@@ -176,10 +176,7 @@ class Watcher:
         return self._transports[node.name]
 
     def _record(self) -> Deployment:
-        record = self.records.get(self.name)
-        if record is None:
-            raise NotFoundError(f"no deployment named {self.name!r} (see `sparkfleet status`)")
-        return record
+        return self.records.require(self.name)
 
     def _event(self, events: list[Event], kind: str, message: str, node: str | None = None) -> None:
         event = Event(time.time(), kind, message, node)

@@ -107,9 +107,7 @@ def masked_flags(argv: tuple[str, ...] | list[str]) -> list[str]:
 def deployment_endpoint(name: str, store: Store | None = None) -> tuple[str, str, dict[str, Any]]:
     """The URL, served model and metadata of a deployment recorded by ``sparkfleet up``."""
     store = store or Store()
-    record = Deployments(store).get(name)
-    if record is None:
-        raise BenchError(f"no deployment named {name!r} (`sparkfleet status` lists them); or give a URL")
+    record = Deployments(store).require(name, "`sparkfleet status` lists them; or give a URL")
     if record.status != "ready":
         raise BenchError(f"deployment {name!r} is {record.status}, not ready; bench it once `sparkfleet up` is done")
     head = next((r for r in record.ranks if r.rank == 0), None)

@@ -187,7 +187,6 @@ class ServeBench:
         self.endpoint = endpoint
         self.config = config
         self.progress = progress or NullProgress()
-        self.tier_index = 0
 
     def _offsets(self, rate: float, seed: int, limit: int | None = None) -> list[float]:
         arrivals = Arrivals(rate, self.config.burstiness)

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from sparkfleet.cli.console import console, err_console
+from sparkfleet.cli.console import err_console, plain
 from sparkfleet.cli.int_lists import parse_int_list
 from sparkfleet.cli.options import ClusterOpt, EnvOpt, JsonOpt, NameOpt, RecipeArg, SetOpt, parse_env
 from sparkfleet.errors import BenchError, SparkfleetError, UsageError
@@ -72,7 +72,7 @@ def ab(
         quality_ids=tuple(c.strip() for c in only.split(",")) if only else None,
         min_effect=min_effect / 100.0, timeout=timeout,
     )  # fmt: skip
-    report = run_ab(config, say=lambda line: err_console.print(line, markup=False, highlight=False))
+    report = run_ab(config, say=lambda line: plain(line, err=True))
     text = markdown(report)
     for path in out or []:
         is_md = path.suffix.lower() in (".md", ".markdown")
@@ -81,7 +81,7 @@ def ab(
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:
-        console.print(text, markup=False, highlight=False, soft_wrap=True)
+        plain(text)
     if report["status"] == "interrupted":
         err_console.print(f"[yellow]interrupted: {report['rounds']} finished round(s) kept as experiment "
                           f"{report['experiment']}[/]")  # fmt: skip

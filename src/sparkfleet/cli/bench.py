@@ -8,30 +8,24 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Coroutine, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.markup import escape
 
 from sparkfleet.bench.auth import api_key_for
 from sparkfleet.bench.corpus import PREFILL_LENGTHS, PROMPT_TYPES, prompt_types
 from sparkfleet.cli.app import group
-from sparkfleet.cli.console import console, err_console
+from sparkfleet.cli.console import console, err_console, warn
 from sparkfleet.cli.extras import require_extra
 from sparkfleet.cli.int_lists import parse_int_list
-from sparkfleet.cli.options import ApiKeyOpt, JsonOpt
+from sparkfleet.cli.options import ApiKeyOpt, JsonOpt, LabelOpt, ModelOpt, TargetArg
 from sparkfleet.errors import BenchError
 
 if TYPE_CHECKING:
     from rich.progress import Progress
 
     from sparkfleet.bench.client import RequestRecord
-    from sparkfleet.bench.decode import DecodeTierRun, ExactLength
-    from sparkfleet.bench.endpoint import Endpoint
-    from sparkfleet.bench.prefill import PrefillPlan, PrefillRun
     from sparkfleet.bench.report import TierSummary
     from sparkfleet.bench.store import BenchStore
 
@@ -88,39 +82,53 @@ class RichProgress:
             self.progress.console.print(message, highlight=False)
 
 
-def _progress_bar() -> Progress:
+def run_bench(kind: str, config: Any, target: str, model: str | None, api_key: str | None, label: str | None,
+              as_json: bool, out: list[Path] | None, max_model_len: int | None = None) -> None:  # fmt: skip
+    """One stored bench run of ``sparkfleet bench KIND``: resolve the target, measure config
+    (``bench.runs.measure``) with progress bars, then (also when it stopped part way with
+    something kept) write the --out files and print the run: as JSON (--json) or, when it
+    finished, as a table."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-    )
+    from sparkfleet.bench.endpoint import resolve_endpoint
+    from sparkfleet.bench.runs import create_run, measure
+    from sparkfleet.bench.store import BenchStore
 
+    formats = out_formats(out)  # checked before any request
+    endpoint = resolve_endpoint(target, model, max_model_len=max_model_len, api_key=api_key_for(api_key))
+    if getattr(config, "api", None) == "chat" and endpoint.chat_template is False:
+        # llama-server's ChatML fallback; vLLM and SGLang refuse such a request, and the probe says so
+        from sparkfleet.bench.chat_api import no_template_line
 
-def _execute(bench: BenchStore, run_id: int, work: Callable[[RichProgress], Coroutine[Any, Any, Any]]) -> None:
-    """Run ``work`` as the stored run (``bench.runs``), with a progress bar; say what was kept
-    when it is cut short."""
-    import asyncio
-
-    from sparkfleet.bench.runs import run_stored
-
-    with _progress_bar() as bar:
-        try:
-            run_stored(bench, run_id, lambda: asyncio.run(work(RichProgress(bar))))
-        except KeyboardInterrupt:
-            kept = f"partial results kept as run {run_id}" if bench.has_run(run_id) else "nothing was measured"
-            err_console.print(f"[yellow]interrupted: {kept}[/]")
-            # typer turns KeyboardInterrupt into a return value that the entry point drops, so
-            # the conventional exit code is set here.
-            sys.exit(130)
-        except BenchError:
-            if bench.has_run(run_id):
-                err_console.print(f"[yellow]results measured so far kept as run {run_id} (partial)[/]")
-            raise
+        warn(no_template_line(endpoint.model, endpoint.engine))
+    bench = BenchStore()
+    run_id = create_run(bench, kind, endpoint, config, label)
+    version = f" {endpoint.engine_version}" if endpoint.engine_version else ""
+    err_console.print(f"bench {kind} run {run_id}: {endpoint.model} at {endpoint.base_url} "
+                      f"({endpoint.engine}{version})")  # fmt: skip
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=err_console, transient=True)  # fmt: skip
+    try:
+        with bar:
+            measure(bench, run_id, endpoint, config, RichProgress(bar), warn=warn, note=err_console.print)
+    except KeyboardInterrupt:
+        kept = f"partial results kept as run {run_id}" if bench.has_run(run_id) else "nothing was measured"
+        err_console.print(f"[yellow]interrupted: {kept}[/]")
+        # typer turns KeyboardInterrupt into a return value that the entry point drops, so the
+        # conventional exit code is set here (the finally below still writes what was kept).
+        sys.exit(130)
+    except BenchError:
+        if bench.has_run(run_id):
+            err_console.print(f"[yellow]results measured so far kept as run {run_id} (partial)[/]")
+        raise
+    finally:
+        if bench.has_run(run_id):
+            for path, fmt in formats:
+                _write_run(bench, run_id, fmt, path)
+            if as_json:
+                typer.echo(_render(bench, run_id, "json"), nl=False)
+    if not as_json:
+        _show(bench, run_id)
 
 
 def out_formats(out: list[Path] | None) -> list[tuple[Path, str]]:
@@ -129,24 +137,6 @@ def out_formats(out: list[Path] | None) -> list[tuple[Path, str]]:
     if any(fmt == "png" for _, fmt in formats):
         require_extra("plots", ("matplotlib",), "--out FILE.png")
     return formats
-
-
-@contextmanager
-def _results(bench: BenchStore, run_id: int, as_json: bool, formats: list[tuple[Path, str]]) -> Iterator[None]:
-    """Around a run: afterwards (also when it stops part way with something kept) the --out
-    files, then the run as JSON on stdout (--json) or, after a finished run, its table."""
-    finished = False
-    try:
-        yield
-        finished = True
-    finally:
-        if bench.has_run(run_id):
-            for path, fmt in formats:
-                _write_run(bench, run_id, fmt, path)
-            if as_json:
-                typer.echo(_render(bench, run_id, "json"), nl=False)
-    if finished and not as_json:
-        _show(bench, run_id)
 
 
 OUT_FORMATS = {".json": "json", ".csv": "csv", ".md": "md", ".markdown": "md", ".png": "png"}
@@ -190,9 +180,6 @@ def _write_run(bench: BenchStore, run_id: int, fmt: str, path: Path) -> None:
 
 # ---------------------------------------------------------------- decode / prefill
 
-Target = Annotated[str, typer.Argument(help="Deployment name, or the server's URL (http://host:port).")]
-ModelOpt = Annotated[str | None, typer.Option("--model", help="Model id (default: the first of GET /v1/models).")]
-LabelOpt = Annotated[str | None, typer.Option("--label", help="A label stored with the run.")]
 ExtraOpt = Annotated[
     str | None,
     typer.Option("--extra-body", help="JSON merged into every request body, e.g. thinking switches."),
@@ -207,7 +194,7 @@ OutOpt = Annotated[
 
 @bench_app.command("decode")
 def decode_cmd(
-    target: Target,
+    target: TargetArg,
     model: ModelOpt = None,
     api_key: ApiKeyOpt = None,
     concurrency: Annotated[str, typer.Option(help="Concurrency tiers.")] = "1,2,4,8,16",
@@ -234,11 +221,8 @@ def decode_cmd(
     from the server's usage, never from counting chunks. Warm-up waves are discarded; a tier
     whose repeats spread more than 10 % is flagged.
     """
-    from sparkfleet.bench.decode import DecodeConfig, run_decode
-    from sparkfleet.bench.endpoint import resolve_endpoint
-    from sparkfleet.bench.store import BenchStore
+    from sparkfleet.bench.decode import DecodeConfig
 
-    formats = out_formats(out)
     config = DecodeConfig(
         concurrency=parse_ints(concurrency, "concurrency"),
         prompt_types=prompt_types(types),
@@ -251,26 +235,12 @@ def decode_cmd(
         timeout=timeout,
         extra_body=parse_extra(extra_body),
     )
-    endpoint = resolve_endpoint(target, model, api_key=api_key_for(api_key))
-    warn_chat(endpoint, api)
-    bench = BenchStore()
-    run_id = _create(bench, "decode", endpoint, config, label)
-
-    def store_run(run: DecodeTierRun) -> None:
-        bench.add_sample(run_id, run.tier, run.repeat, run.stats, run.records)
-
-    def store_exact(exact: ExactLength) -> None:
-        bench.update_meta(run_id, exact_length={"enforced": exact.enforced, "params": exact.params, "note": exact.note})
-        if not exact.enforced:
-            err_console.print(f"[yellow]warning:[/] {exact.note}")
-
-    with _results(bench, run_id, as_json, formats):
-        _execute(bench, run_id, lambda p: run_decode(endpoint, config, p, store_run, store_exact))
+    run_bench("decode", config, target, model, api_key, label, as_json, out)
 
 
 @bench_app.command("prefill")
 def prefill_cmd(
-    target: Target,
+    target: TargetArg,
     model: ModelOpt = None,
     api_key: ApiKeyOpt = None,
     input_len: Annotated[str, typer.Option("--input-len", help="Prompt lengths in tokens (k = 1024).")] = ",".join(
@@ -292,11 +262,8 @@ def prefill_cmd(
     TTFT of tiny requests; lengths above the model's context are replaced by the context limit;
     a request that reports cached prompt tokens is flagged.
     """
-    from sparkfleet.bench.endpoint import resolve_endpoint
-    from sparkfleet.bench.prefill import PrefillConfig, run_prefill
-    from sparkfleet.bench.store import BenchStore
+    from sparkfleet.bench.prefill import PrefillConfig
 
-    formats = out_formats(out)
     config = PrefillConfig(
         lengths=parse_ints(input_len, "prompt length"),
         repeats=repeats,
@@ -304,55 +271,7 @@ def prefill_cmd(
         overhead_samples=overhead_samples,
         extra_body=parse_extra(extra_body),
     )
-    endpoint = resolve_endpoint(target, model, max_model_len=max_context, api_key=api_key_for(api_key))
-    bench = BenchStore()
-    run_id = _create(bench, "prefill", endpoint, config, label)
-
-    def store_run(run: PrefillRun) -> None:
-        bench.add_sample(run_id, run.tier, run.repeat, run.sample, (run.record,))
-        if run.sample.cached_tokens:
-            err_console.print(
-                f"[yellow]warning:[/] {run.sample.cached_tokens} of {run.sample.prompt_tokens} prompt tokens "
-                f"came from a cache at {run.length}: that rate is not a cold prefill"
-            )
-
-    def store_overhead(overhead: float, plan: PrefillPlan) -> None:
-        bench.update_meta(
-            run_id,
-            overhead_ms=overhead * 1000,
-            lengths=plan.lengths,
-            context=plan.context,
-            dropped=plan.dropped,
-        )
-        if plan.dropped:
-            err_console.print(
-                f"lengths {', '.join(map(str, plan.dropped))} exceed the context of {plan.context} tokens; "
-                f"measuring up to {plan.lengths[-1]}"
-            )
-
-    with _results(bench, run_id, as_json, formats):
-        _execute(bench, run_id, lambda p: run_prefill(endpoint, config, p, store_run, store_overhead))
-
-
-def warn_chat(endpoint: Endpoint, api: str) -> None:
-    """One line when chat reaches a model through a template it does not carry (llama-server's
-    ChatML fallback); vLLM and SGLang refuse such a request, and the probe says so."""
-    if api == "chat" and endpoint.chat_template is False:
-        from sparkfleet.bench.chat_api import no_template_line
-
-        line = escape(no_template_line(endpoint.model, endpoint.engine))
-        err_console.print(f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
-
-
-def _create(bench: BenchStore, kind: str, endpoint: Endpoint, config: Any, label: str | None) -> int:
-    from sparkfleet.bench.runs import create_run
-
-    run_id = create_run(bench, kind, endpoint, config, label)
-    err_console.print(
-        f"bench {kind} run {run_id}: {endpoint.model} at {endpoint.base_url} "
-        f"({endpoint.engine}{' ' + endpoint.engine_version if endpoint.engine_version else ''})"
-    )
-    return run_id
+    run_bench("prefill", config, target, model, api_key, label, as_json, out, max_model_len=max_context)
 
 
 # ---------------------------------------------------------------- show / compare / export

@@ -9,37 +9,26 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from sparkfleet.bench.auth import api_key_for
 from sparkfleet.cli.bench import (
     ExtraOpt,
-    LabelOpt,
-    ModelOpt,
     OutOpt,
-    RichProgress,
-    Target,
-    _create,
-    _execute,
-    _results,
     bench_app,
     flag_cell,
-    out_formats,
     parse_extra,
-    warn_chat,
+    run_bench,
 )
-from sparkfleet.cli.console import console, err_console
-from sparkfleet.cli.options import ApiKeyOpt, JsonOpt
+from sparkfleet.cli.console import console
+from sparkfleet.cli.options import ApiKeyOpt, JsonOpt, LabelOpt, ModelOpt, TargetArg
 from sparkfleet.errors import BenchError
 
 if TYPE_CHECKING:
-    from sparkfleet.bench.decode import ExactLength
     from sparkfleet.bench.report import TierSummary
-    from sparkfleet.bench.serve import ServeTierRun
     from sparkfleet.bench.stats import Spread
     from sparkfleet.bench.store import StoredRun
 
 @bench_app.command("serve")
 def serve_cmd(
-    target: Target,
+    target: TargetArg,
     model: ModelOpt = None,
     api_key: ApiKeyOpt = None,
     request_rate: Annotated[
@@ -97,13 +86,10 @@ def serve_cmd(
     the most requests the engine reported running beyond the bench's own (flagged; --strict aborts).
     """
     from sparkfleet.bench.arrivals import parse_burstiness, parse_rates
-    from sparkfleet.bench.endpoint import resolve_endpoint
-    from sparkfleet.bench.serve import ServeBench, ServeConfig
+    from sparkfleet.bench.serve import ServeConfig
     from sparkfleet.bench.stats import SLO
-    from sparkfleet.bench.store import BenchStore
     from sparkfleet.bench.workload import Lengths, WorkloadConfig
 
-    formats = out_formats(out)
     if num_prompts is not None and duration is not None:
         raise BenchError("give --num-prompts or --duration, not both")
     workload = WorkloadConfig(dataset=_dataset(dataset_name, dataset_path),
@@ -119,35 +105,7 @@ def serve_cmd(
         timeout=timeout, watch_metrics=not no_metrics, engine_log=str(engine_log) if engine_log else None,
         extra_body=parse_extra(extra_body),
     )  # fmt: skip
-    endpoint = resolve_endpoint(target, model, api_key=api_key_for(api_key))
-    warn_chat(endpoint, api)
-    bench = BenchStore()
-    run_id = _create(bench, "serve", endpoint, config, label)
-    flagged: list[str] = []
-
-    def store_run(run: ServeTierRun) -> None:
-        bench.add_sample(run_id, run.tier, run.repeat, run.stats, run.records)
-        if run.foreign_requests:
-            flagged.append(run.tier)
-            err_console.print(
-                f"[yellow]warning:[/] tier {run.tier}: the engine ran {run.foreign_requests} requests beyond the "
-                "bench's own (foreign traffic in the window); its figures are not clean"
-            )
-
-    def store_setup(exact: ExactLength, chars_per_token: float) -> None:
-        bench.update_meta(
-            run_id,
-            exact_length={"enforced": exact.enforced, "params": exact.params, "note": exact.note},
-            chars_per_token=chars_per_token,
-        )
-        if not exact.enforced:
-            err_console.print(f"[yellow]warning:[/] {exact.note}")
-
-    async def work(progress: RichProgress) -> list[ServeTierRun]:
-        return await ServeBench(endpoint, config, progress).run(store_run, store_setup)
-
-    with _results(bench, run_id, as_json, formats):
-        _execute(bench, run_id, work)
+    run_bench("serve", config, target, model, api_key, label, as_json, out)
 
 
 def _dataset(name: str | None, path: Path | None) -> str:

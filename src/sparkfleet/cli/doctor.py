@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 
-from sparkfleet.cli.console import console
+from sparkfleet.cli.console import console, plain
 from sparkfleet.cli.options import AcceptNewOpt, ClusterOpt, EnvOpt, JsonOpt, NameOpt, SetOpt
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ def doctor(
     from sparkfleet.config.cluster import load_cluster
     from sparkfleet.doctor.history import record_doctor
     from sparkfleet.doctor.run import memory_for, run_doctor, sort_for_display, spec_for
-    from sparkfleet.nodes.transport import transport_for
+    from sparkfleet.nodes.transport import connected
     from sparkfleet.plan.memory import render_memory_plans
     from sparkfleet.state.store import Store
 
@@ -98,12 +98,11 @@ def doctor(
     else:
         inventory = load_cluster(cluster)
         nodes, spec, memory = list(inventory.nodes), spec_for(inventory), None
-    transports = {n.name: transport_for(n, accept_new_host_keys=accept_new) for n in nodes}
-    if fabric:
-        from sparkfleet.doctor.pairs import Thresholds
+    with connected(nodes, accept_new_host_keys=accept_new) as transports:
+        if fabric:
+            from sparkfleet.doctor.pairs import Thresholds
 
-        thresholds = Thresholds(fraction=fabric_fraction, max_loss_pct=fabric_max_loss)
-        try:
+            thresholds = Thresholds(fraction=fabric_fraction, max_loss_pct=fabric_max_loss)
             pairs = _fabric(spec, transports, recipe, as_json, fabric_seconds, thresholds, timeout, alone=not nccl,
                             tool=fabric_tool)  # fmt: skip
             if nccl:
@@ -113,15 +112,8 @@ def doctor(
                 _collective(ranks, transports, pairs, as_json, nccl_max_mib << 20, nccl_port, nccl_backend)
             elif not pairs["ok"]:
                 raise SystemExit(1)
-        finally:
-            for t in transports.values():
-                t.close()
-        return
-    try:
+            return
         report = run_doctor(spec, transports, memory, timeout=timeout)
-    finally:
-        for t in transports.values():
-            t.close()
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))
     else:
@@ -129,7 +121,7 @@ def doctor(
         if report.memory:
             console.print("\n[bold]memory per rank[/] (device memory from each node's facts):")
             for line in render_memory_plans(report.memory):
-                console.print(line, markup=False, highlight=False, soft_wrap=True)
+                plain(line)
         counts = report.counts()
         console.print(
             f"{counts['fail']} failed, {counts['warn']} warnings, {counts['pass']} passed "
@@ -150,7 +142,7 @@ def _print_checks(checks: list[Check]) -> None:
         head = f"[{style}]{check.status.upper():4}[/] {check.id:<20} {check.node:<{width}}"
         console.print(f"{head} {escape(check.evidence)}", markup=True, highlight=False, soft_wrap=True)
         if check.fix and check.status != "pass":
-            console.print(f"{'':{width + 26}} fix: {check.fix}", markup=False, highlight=False, soft_wrap=True)
+            plain(f"{'':{width + 26}} fix: {check.fix}")
 
 
 def _fabric(
@@ -177,7 +169,7 @@ def _fabric(
             typer.echo(json.dumps(report.to_json(), indent=2))
     else:
         for line in render_matrix(report):
-            console.print(line, markup=False, highlight=False, soft_wrap=True)
+            plain(line)
         console.print()
         _print_checks(sort_for_display(report.checks))
         failed = len(report.failed)
@@ -201,7 +193,7 @@ def _collective(ranks: Sequence[SweepRank], transports: Mapping[str, Transport],
     else:
         console.print()
         for line in render_collective(report):
-            console.print(line, markup=False, highlight=False, soft_wrap=True)
+            plain(line)
         _print_checks(list(report.checks))
     if report.failed or not pairs["ok"]:
         raise SystemExit(1)

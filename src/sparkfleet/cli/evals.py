@@ -10,10 +10,10 @@ import typer
 
 from sparkfleet.bench.auth import api_key_for
 from sparkfleet.cli.app import group
-from sparkfleet.cli.console import console, err_console
+from sparkfleet.cli.console import console, err_console, plain
 from sparkfleet.cli.extras import require_extra
 from sparkfleet.cli.int_lists import parse_int_list
-from sparkfleet.cli.options import ApiKeyOpt, JsonOpt
+from sparkfleet.cli.options import ApiKeyOpt, JsonOpt, LabelOpt, ModelOpt, TargetArg
 from sparkfleet.errors import EvalError
 from sparkfleet.evals.checks import CATEGORIES
 from sparkfleet.evals.needle import DEFAULT_DEPTHS, DEFAULT_LENGTHS
@@ -24,13 +24,9 @@ if TYPE_CHECKING:
     from sparkfleet.evals.compare import Comparison
     from sparkfleet.evals.needle import NeedleRun
     from sparkfleet.evals.results import QualityRun, TaskResult
-    from sparkfleet.evals.runner import ApiChoice
 
 eval_app = group("Quality gate, paired comparison and long-context needle checks.")
 
-TargetArg = Annotated[str, typer.Argument(help="Deployment name or server URL (http://host:port).")]
-ModelOpt = Annotated[str | None, typer.Option(help="Model id, when the server serves several.")]
-LabelOpt = Annotated[str | None, typer.Option(help="A name for this run (default: the run id).")]
 OutOpt = Annotated[
     list[Path] | None,
     typer.Option("--out", "-o", metavar="FILE", help="Also write the full result (JSON) to this file (repeatable)."),
@@ -125,10 +121,8 @@ def quality(
     """Run the auto-scored quality tasks (temperature 0, one request at a time) and store the result.
     Against a deployment name, the result joins that configuration's gate (see `sparkfleet rollback`)."""
     from sparkfleet.bench.endpoint import resolve_endpoint
-    from sparkfleet.evals.client import EvalClient
-    from sparkfleet.evals.runner import run_quality
+    from sparkfleet.evals.runner import run_stored
     from sparkfleet.evals.sandbox import SandboxLimits
-    from sparkfleet.evals.store import RunRow, save_run
     from sparkfleet.evals.tasks import load_tasks
     from sparkfleet.state.store import Store
 
@@ -136,26 +130,9 @@ def quality(
         raise EvalError(f"--api must be auto, chat or completions, not {api!r}")
     tasks = load_tasks(tasks_dir, categories=_csv(categories), ids=_csv(only))
     endpoint = resolve_endpoint(target, model, api_key=api_key_for(api_key))
-    client = EvalClient(endpoint.base_url, endpoint.model, api_key=endpoint.api_key, timeout=timeout)
-    api_choice: ApiChoice = api  # type: ignore[assignment]
-    try:
-        run = run_quality(
-            client,
-            tasks,
-            label=label or "",
-            engine=endpoint.engine,
-            api_choice=api_choice,
-            thinking_budget=thinking_budget,
-            limits=SandboxLimits(unconfined_ok=unsafe_unconfined_code),
-            on_result=lambda i, r: _print_result_line(i, len(tasks), r),
-        )
-    finally:
-        client.close()
-    save_run(
-        Store(),
-        RunRow(run.id, "quality", run.label, run.endpoint, run.model, run.started_utc, run.passed, run.total),
-        run.to_json(),
-    )
+    run = run_stored(endpoint, tasks, label=label or "", timeout=timeout, api_choice=api,  # type: ignore[arg-type]
+                     thinking_budget=thinking_budget, limits=SandboxLimits(unconfined_ok=unsafe_unconfined_code),
+                     on_result=lambda i, r: _print_result_line(i, len(tasks), r))  # fmt: skip
     _write_json(run.to_json(), out)
     if as_json:
         typer.echo(json.dumps(run.to_json(), indent=2))
@@ -166,7 +143,7 @@ def quality(
 
         line = quality_gate(Store(), endpoint.deployment, run.passed, run.total, run.id, gate)
         if line:  # with --json, stdout holds the JSON alone
-            (err_console if as_json else console).print(line, markup=False, highlight=False, soft_wrap=True)
+            plain(line, err=as_json)
 
 
 def _print_comparison(cmp: Comparison) -> None:

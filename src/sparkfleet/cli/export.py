@@ -11,7 +11,7 @@ import typer
 from sparkfleet.cli.app import group
 from sparkfleet.cli.console import err_console
 from sparkfleet.cli.options import NameOpt, RecipeArg, SetOpt
-from sparkfleet.errors import NotFoundError, UsageError
+from sparkfleet.errors import UsageError
 
 if TYPE_CHECKING:
     from sparkfleet.config.cluster import Node
@@ -149,9 +149,7 @@ def systemd(
         return
     if config is not None:
         raise UsageError("--config is the gateway's: `sparkfleet export systemd gateway --config gateway.toml`")
-    if Deployments().get(name) is None:
-        raise NotFoundError(f"no deployment named {name!r} in {state_dir()} (bring it up first; "
-                              "see `sparkfleet status`)")  # fmt: skip
+    Deployments().require(name, f"none is recorded in {state_dir()}: bring it up first")
     _emit(systemd_unit(name, opts), out)
 
 

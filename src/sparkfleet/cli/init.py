@@ -59,7 +59,7 @@ def init(
     candidates when the choice is not clear."""
     from sparkfleet.config.cluster import load_cluster, parse_cluster
     from sparkfleet.doctor.discovery import choose, cluster_toml, discover, hca_list
-    from sparkfleet.nodes.transport import transport_for
+    from sparkfleet.nodes.transport import connected
 
     if len(set(hosts)) != len(hosts):
         raise ClusterError(f"init: a host is given twice ({', '.join(hosts)})")
@@ -72,12 +72,8 @@ def init(
         {"name": "init", "defaults": defaults, "nodes": [{"name": f"h{i}", "host": h} for i, h in enumerate(hosts)]},
         "(init)",
     )
-    transports = {n.host: transport_for(n, accept_new_host_keys=accept_new) for n in reach.nodes}
-    try:
+    with connected(reach.nodes, accept_new_host_keys=accept_new, key=lambda n: n.host) as transports:
         found = discover(hosts, transports, timeout=timeout)
-    finally:
-        for t in transports.values():
-            t.close()
     choices = choose(found, fabric_subnet, ifnames)
     text = cluster_toml(name or out.stem, choices, hosts, ssh)
     out.parent.mkdir(parents=True, exist_ok=True)

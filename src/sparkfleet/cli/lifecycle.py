@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from sparkfleet.cli.console import console, err_console
+from sparkfleet.cli.console import console, err_console, plain
 from sparkfleet.cli.options import (
     AcceptNewOpt,
     ClusterOpt,
@@ -22,7 +22,7 @@ from sparkfleet.cli.options import (
     VariantOpt,
     parse_env,
 )
-from sparkfleet.errors import LeftoverError, NotFoundError, StateError, UsageError
+from sparkfleet.errors import LeftoverError, UsageError
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -119,19 +119,9 @@ def rollback(name: Annotated[str, typer.Argument(help="Deployment name.")]) -> N
     (ready, smoke-tested, and its quality run if one was made); refuses, saying why, when none did."""
     from sparkfleet.apply.configurations import rollback as run_rollback
 
-    target, result = run_rollback(name, report=lambda line: console.print(line, markup=False, highlight=False,
-                                                                          soft_wrap=True))  # fmt: skip
+    target, result = run_rollback(name, report=plain)
     console.print(f"[green]rolled back[/] {result.name} to configuration #{target.id} "
                   f"(variant {target.variant}) at [bold]{result.endpoint}[/] in {result.seconds:.1f}s")  # fmt: skip
-
-
-def _record(name: str):  # type: ignore[no-untyped-def]
-    from sparkfleet.state.deployments import Deployments
-
-    found = Deployments().get(name)
-    if found is None:
-        raise NotFoundError(f"no deployment named {name!r} (see `sparkfleet status`)")
-    return found
 
 
 def down(
@@ -170,18 +160,8 @@ def down(
         sweep(load_cluster(cluster), found)
         console.print(f"[green]stopped[/] {name}: {len(found)} rank(s) swept")
         return
-    record = Deployments().get(name)
-    if record is None:
-        raise NotFoundError(
-            f"no local record of {name!r} in this state dir; if its ranks are still running somewhere, "
-            f"`sparkfleet down {name} --sweep --cluster FILE` lists them with their owner and stops them"
-        )
-    if record.unreadable:
-        Deployments().set_status(name, "stopped")  # the name is free again; the record stays for history
-        raise StateError(
-            f"{name}: its record cannot be read by this version ({record.unreadable}); marked stopped. If its "
-            f"ranks still run, `sparkfleet down {name} --sweep --cluster FILE` finds and stops them"
-        )
+    record = Deployments().require(name, f"if its ranks still run somewhere, `sparkfleet down {name} --sweep "
+                                         "--cluster FILE` lists them with their owner and stops them")  # fmt: skip
     if controller_gone(record):
         console.print(f"{name}: the controller of this starting instance is gone "
                       f"(pid {record.owner_pid} on {record.owner_host}); stopping what it started",
@@ -202,7 +182,7 @@ def down(
         console.print(f"[green]stopped[/] {name}: {len(orphans)} rank(s) of earlier instance(s)")
     pids = {f.ident for f in report.leftovers if f.kind == "process"}
     for memory in report.memory:
-        console.print(f"  {memory.describe(pids)}", markup=False, highlight=False, soft_wrap=True)
+        plain(f"  {memory.describe(pids)}")
     if report.problem():
         raise LeftoverError(report)
     console.print(f"{name}: checked every node: nothing of the instance is left")
@@ -225,7 +205,7 @@ def status(name: Annotated[str | None, typer.Argument(help="Deployment name (all
     from sparkfleet.apply.switch import changes
     from sparkfleet.state.deployments import Deployments, controller_gone
 
-    out = [current(rec) for rec in ([_record(name)] if name else Deployments().all())]
+    out = [current(rec) for rec in ([Deployments().require(name)] if name else Deployments().all())]
     if as_json:
         typer.echo(json.dumps([
             {"name": rec.name, "status": rec.status, "engine": rec.engine, "endpoint": rec.endpoint,
@@ -255,7 +235,7 @@ def status(name: Annotated[str | None, typer.Argument(help="Deployment name (all
             console.print(f"[red]degraded:[/] {why}", highlight=False, soft_wrap=True)
         for e in changes(rec.name, Deployments()):  # drained, held, released, switched: behind the gateway
             stamp = time.strftime("%H:%M:%S", time.localtime(e["time"]))
-            console.print(f"  {stamp} {e['kind']}: {e['message']}", markup=False, highlight=False, soft_wrap=True)
+            plain(f"  {stamp} {e['kind']}: {e['message']}")
 
 
 def logs(
@@ -267,8 +247,9 @@ def logs(
     """Every rank's log, each line prefixed by rank and node."""
     from sparkfleet.apply.observe import follow as follow_logs
     from sparkfleet.apply.observe import logs as read_logs
+    from sparkfleet.state.deployments import Deployments
 
-    record = _record(name)
+    record = Deployments().require(name)
     if rank is not None and not 0 <= rank < len(record.ranks):
         raise UsageError(f"{name} has ranks 0..{len(record.ranks) - 1}, not {rank}")
     nodes = {r.rank: r.node.name for r in record.ranks}

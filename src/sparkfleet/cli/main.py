@@ -142,10 +142,10 @@ def _renamed(args: list[str]) -> list[str]:
 
         raise UsageError(refusal)
     if notes:
-        from sparkfleet.cli.console import err_console
+        from sparkfleet.cli.console import warn
 
         for note in notes:
-            err_console.print(f"[yellow]warning:[/] {escape(note)}", soft_wrap=True, highlight=False)
+            warn(note)
     return new
 
 

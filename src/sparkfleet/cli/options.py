@@ -32,6 +32,10 @@ ApiKeyOpt = Annotated[
     typer.Option("--api-key", help="Where the server's API key is: env:NAME, file:PATH or - (stdin); never the key "
                  "itself. Default: OPENAI_API_KEY, then a deployment's own key."),
 ]  # fmt: skip
+# What bench and eval commands measure: a deployment or any OpenAI-compatible server.
+TargetArg = Annotated[str, typer.Argument(help="Deployment name, or the server's URL (http://host:port).")]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Model id (default: the first of GET /v1/models).")]
+LabelOpt = Annotated[str | None, typer.Option("--label", help="A label stored with the run.")]
 VariantOpt = Annotated[str, typer.Option("--variant", help="Which [variants.NAME] overlay of the recipe (base: none).")]
 
 

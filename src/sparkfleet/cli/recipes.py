@@ -6,9 +6,8 @@ import json
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
 
-from sparkfleet.cli.console import console
+from sparkfleet.cli.console import console, plain, warn
 from sparkfleet.cli.options import (
     ClusterOpt,
     EnvOpt,
@@ -51,12 +50,11 @@ def validate(recipe: RecipeArg, set_: SetOpt = None, cluster: ClusterOpt = None,
     variants = recipe_variants(recipe)[1:]
     for name in variants:
         check_plannable(load_recipe(recipe, tuple(set_ or ()), name))
-    from sparkfleet.cli.console import err_console
     from sparkfleet.plan.build import secret_arg_notes
 
     report_not_carried(loaded.source, loaded.not_carried, strict)
     for note in secret_arg_notes(loaded):
-        err_console.print(f"[yellow]warning:[/] {loaded.source}: {escape(note)}", soft_wrap=True, highlight=False)
+        warn(f"{loaded.source}: {note}")
     more = f", variants: {', '.join(variants)}" if variants else ""
     console.print(f"[green]ok[/] {loaded.source}: {loaded.engine}, {loaded.required_nodes} node(s), "
                   f"tp={loaded.tensor_parallel_size} pp={loaded.pipeline_parallel_size}{more}",
@@ -85,7 +83,7 @@ def plan_cmd(
             typer.echo(json.dumps(diff_json(a, b), indent=2))
         else:
             for line in diff_lines(a, b):
-                console.print(line, markup=False, highlight=False, soft_wrap=True)
+                plain(line)
         return
     planned = build_plan(recipe, cluster, set_, env, name, variant)
     report_overrides(planned, strict)
@@ -103,29 +101,25 @@ def plan_cmd(
 
 def report_overrides(planned: Plan, strict: bool) -> None:
     """The plan's per-node overrides on stderr (the JSON on stdout stays clean); --strict refuses."""
-    from sparkfleet.cli.console import err_console
     from sparkfleet.errors import PlanError
 
     report_not_carried(planned.recipe_source, planned.not_carried, strict)
     if strict and planned.warnings:
         raise PlanError(f"{planned.recipe_source}: --strict: " + "; ".join(w.message for w in planned.warnings))
     for w in planned.warnings:
-        err_console.print(f"[yellow]warning:[/] {escape(w.message)}", soft_wrap=True, highlight=False)
+        warn(w.message)
     for note in planned.secret_args:
-        err_console.print(f"[yellow]warning:[/] {planned.recipe_source}: {escape(note)}", soft_wrap=True,
-                          highlight=False)  # fmt: skip
+        warn(f"{planned.recipe_source}: {note}")
 
 
 def report_not_carried(source: str, items: tuple[str, ...], strict: bool) -> None:
     """One warning per item an import could not carry over, on stderr; --strict refuses them."""
-    from sparkfleet.cli.console import err_console
     from sparkfleet.errors import RecipeError
 
     if strict and items:
         raise RecipeError(f"{source}: --strict: not carried over by the import: " + "; ".join(items))
     for item in items:
-        err_console.print(f"[yellow]warning:[/] {source}: not carried over: {escape(item)}", soft_wrap=True,
-                          highlight=False)  # fmt: skip
+        warn(f"{source}: not carried over: {item}")
 
 
 def register(app: typer.Typer) -> None:

@@ -43,7 +43,7 @@ def stage(
     from sparkfleet.apply.staging.phase import rich_progress
     from sparkfleet.apply.staging.phase import stage as run_stage
     from sparkfleet.errors import UsageError
-    from sparkfleet.nodes.transport import transport_for
+    from sparkfleet.nodes.transport import connected
 
     if method not in ("pipeline", "push"):
         raise UsageError(f"--method {method!r}: choose pipeline or push")
@@ -55,14 +55,10 @@ def stage(
         else:
             console.print(f"{planned.recipe_source}: nothing to stage")
         return
-    transports = {r.node.name: transport_for(r.node, accept_new_host_keys=accept_new) for r in planned.ranks}
-    try:
-        with rich_progress(err_console) as progress:
-            phase = run_stage(planned, transports, verify=verify, progress=progress,
-                              fanout="push" if method == "push" else "pipeline")  # fmt: skip
-    finally:
-        for transport in transports.values():
-            transport.close()
+    nodes = (r.node for r in planned.ranks)
+    with connected(nodes, accept_new_host_keys=accept_new) as transports, rich_progress(err_console) as progress:
+        phase = run_stage(planned, transports, verify=verify, progress=progress,
+                          fanout="push" if method == "push" else "pipeline")  # fmt: skip
     rows = phase.rows()
     for f in [] if as_json else phase.of(HubReport):
         console.print(

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from sparkfleet.cli.console import console, err_console
+from sparkfleet.cli.console import console, plain
 from sparkfleet.cli.options import ClusterOpt, EnvOpt, NameOpt, RecipeArg, SetOpt, VariantOpt, parse_env
 
 
@@ -27,8 +27,7 @@ def switch(
     from sparkfleet.apply.switch import switch as run
 
     spec = ConfigSpec(recipe, variant, tuple(set_ or ()), parse_env(env), cluster, name)
-    done = run(old, spec, say=lambda line: err_console.print(line, markup=False, highlight=False, soft_wrap=True),
-               timeout=timeout)  # fmt: skip
+    done = run(old, spec, say=lambda line: plain(line, err=True), timeout=timeout)
     console.print(f"[green]switched[/] {old} -> {done.result.name} ({done.way}) at [bold]{done.result.endpoint}[/]",
                   soft_wrap=True)  # fmt: skip
 

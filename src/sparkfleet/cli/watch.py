@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from sparkfleet.cli.console import console
+from sparkfleet.cli.console import console, plain
 
 
 def watch(
@@ -33,7 +33,7 @@ def watch(
 
     def show_poll(poll: Poll) -> None:
         if not quiet:
-            console.print(poll.line(), markup=False, highlight=False, soft_wrap=True)
+            plain(poll.line())
 
     watcher = Watcher(name, interval=interval, on_event=show_event)
 

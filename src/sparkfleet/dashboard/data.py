@@ -101,22 +101,17 @@ def _ranks(d: Deployment) -> list[dict[str, Any]]:
     ]
 
 
-def _record(store: Store, name: str) -> Deployment:
-    found = Deployments(store).get(name)
-    if found is None:
-        raise NotFound(f"no deployment named {name!r} in {store.path}")
-    return found
-
-
 def down_deployment(store: Store, name: str) -> list[str]:
     """Stop every rank of a recorded deployment, like ``sparkfleet down NAME``."""
-    return down(_record(store, name), deployments=Deployments(store))
+    records = Deployments(store)
+    return down(records.require(name), deployments=records)
 
 
 def restart_deployment(store: Store, name: str, connect: Connector = transport_for) -> str:
     """Stop the deployment and bring its stored Plan up again (``apply.restart.restart``, as a
     watch restart does); returns the endpoint once it serves again."""
-    return restart(_record(store, name), records=Deployments(store), connect=connect).endpoint
+    records = Deployments(store)
+    return restart(records.require(name), records=records, connect=connect).endpoint
 
 
 # ---------------------------------------------------------------- bench

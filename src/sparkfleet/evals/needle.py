@@ -332,7 +332,7 @@ def run_stored(target: str, model: str | None = None, *, lengths: Sequence[int] 
     from sparkfleet.config.cluster import load_cluster
     from sparkfleet.evals.client import EvalClient
     from sparkfleet.evals.memguard import MemGuard, abort_action_for
-    from sparkfleet.evals.store import RunRow, save_run
+    from sparkfleet.evals.store import save
     from sparkfleet.nodes.transport import transport_for
     from sparkfleet.state.store import Store
 
@@ -348,6 +348,5 @@ def run_stored(target: str, model: str | None = None, *, lengths: Sequence[int] 
                          seed=seed, guard=guard, on_cell=on_cell)  # fmt: skip
     finally:
         client.close()
-    row = RunRow(run.id, "needle", run.label, run.endpoint, run.model, run.started_utc, run.passed, run.total)
-    save_run(Store(), row, run.to_json())
+    save(Store(), "needle", run)
     return run

@@ -6,7 +6,7 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from sparkfleet.bench.chat_api import HINT
 from sparkfleet.errors import EvalError
@@ -15,6 +15,10 @@ from sparkfleet.evals.client import COMPLETION_FRAME, Api, EvalClient
 from sparkfleet.evals.results import CONTENT_KEEP, QualityRun, TaskResult
 from sparkfleet.evals.sandbox import SandboxLimits, run_python
 from sparkfleet.evals.tasks import Task
+
+if TYPE_CHECKING:
+    from sparkfleet.bench.endpoint import Endpoint
+    from sparkfleet.state.store import Store
 
 ApiChoice = Literal["auto", "chat", "completions"]
 # Consecutive failed requests after which the server is taken to be gone.
@@ -152,3 +156,30 @@ def run_quality(
         wall_s=round(time.monotonic() - t0, 1),
         results=tuple(results),
     )
+
+
+def run_stored(
+    endpoint: Endpoint,
+    tasks: Sequence[Task],
+    *,
+    label: str,
+    store: Store | None = None,
+    timeout: float = 600.0,
+    api_choice: ApiChoice = "auto",
+    thinking_budget: int = 0,
+    limits: SandboxLimits | None = None,
+    on_result: Callable[[int, TaskResult], None] | None = None,
+) -> QualityRun:
+    """``run_quality`` against endpoint, then the run saved to the store (``sparkfleet eval
+    quality`` and ``ab`` both run quality this way)."""
+    from sparkfleet.evals.store import save
+    from sparkfleet.state.store import Store
+
+    client = EvalClient(endpoint.base_url, endpoint.model, api_key=endpoint.api_key, timeout=timeout)
+    try:
+        run = run_quality(client, tasks, label=label, engine=endpoint.engine, api_choice=api_choice,
+                          thinking_budget=thinking_budget, limits=limits, on_result=on_result)  # fmt: skip
+    finally:
+        client.close()
+    save(store or Store(), "quality", run)
+    return run

@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkfleet.errors import EvalError
 from sparkfleet.state.store import Store
+
+if TYPE_CHECKING:
+    from sparkfleet.evals.needle import NeedleRun
+    from sparkfleet.evals.results import QualityRun
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS eval_runs (
@@ -58,6 +62,12 @@ def save_run(store: Store, row: RunRow, result: dict[str, Any]) -> None:
                 json.dumps(result),
             ),
         )
+
+
+def save(store: Store, kind: str, run: QualityRun | NeedleRun) -> None:
+    """Store a finished quality or needle run under its id."""
+    row = RunRow(run.id, kind, run.label, run.endpoint, run.model, run.started_utc, run.passed, run.total)
+    save_run(store, row, run.to_json())
 
 
 def list_runs(store: Store, kind: str | None = None, limit: int = 30) -> list[RunRow]:

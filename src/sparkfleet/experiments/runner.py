@@ -8,7 +8,6 @@ down, marks the experiment interrupted and reports the rounds that finished.
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -20,10 +19,10 @@ from sparkfleet.apply.down import down
 from sparkfleet.apply.observe import logs
 from sparkfleet.apply.switch import release
 from sparkfleet.apply.up import _shielded, _signals_interrupt, up  # up's SIGTERM-as-Ctrl-C and shield
-from sparkfleet.bench.decode import DecodeConfig, DecodeTierRun, run_decode
+from sparkfleet.bench.decode import DecodeConfig, DecodeTierRun
 from sparkfleet.bench.endpoint import Endpoint, resolve_endpoint
-from sparkfleet.bench.prefill import PrefillConfig, PrefillRun, run_prefill
-from sparkfleet.bench.runs import create_run, run_stored
+from sparkfleet.bench.prefill import PrefillConfig, PrefillRun
+from sparkfleet.bench.runs import Measured, create_run, measure
 from sparkfleet.bench.store import BenchStore
 from sparkfleet.errors import SparkfleetError, UsageError
 from sparkfleet.evals.results import QualityRun
@@ -89,60 +88,30 @@ def engine_figures(text: str) -> dict[str, float]:
     return out
 
 
-def _decode_metrics(part: VariantRound, runs: list[DecodeTierRun]) -> None:
+def _bench_metrics(part: VariantRound, runs: Measured) -> None:
     for run in runs:
-        for metric, value, unit, higher in (
-            (f"decode {run.tier} tok/s", run.stats.steady_tps, "tok/s", True),
-            (f"decode {run.tier} TTFT p50", run.stats.ttft.p50, "ms", False),
-        ):
+        if isinstance(run, DecodeTierRun):
+            figures: tuple[tuple[str, float | None, str, bool], ...] = (
+                (f"decode {run.tier} tok/s", run.stats.steady_tps, "tok/s", True),
+                (f"decode {run.tier} TTFT p50", run.stats.ttft.p50, "ms", False))  # fmt: skip
+        elif isinstance(run, PrefillRun):
+            figures = ((f"prefill {run.length} tok/s", run.sample.rate, "tok/s", True),)
+        else:
+            continue
+        for metric, value, unit, higher in figures:
             if value is not None:
                 part.metrics.setdefault(metric, []).append(value)
                 part.units[metric], part.higher_is_better[metric] = unit, higher
 
 
-def _prefill_metrics(part: VariantRound, runs: list[PrefillRun]) -> None:
-    for run in runs:
-        if run.sample.rate is not None:
-            metric = f"prefill {run.length} tok/s"
-            part.metrics.setdefault(metric, []).append(run.sample.rate)
-            part.units[metric], part.higher_is_better[metric] = "tok/s", True
-
-
-def _bench(kind: str, bench: BenchStore, endpoint: Endpoint, config: Any, label: str,
-           work: Callable[[int], Any]) -> int:  # fmt: skip
-    """Run work (given the stored run's id) as one stored bench run (``bench.runs``)."""
-    run_id = create_run(bench, kind, endpoint, config, label)
-    run_stored(bench, run_id, lambda: work(run_id))
-    return run_id
-
-
 def _measure(cfg: ABConfig, part: VariantRound, name: str, store: Store, label: str) -> None:
     endpoint = resolve_endpoint(name, store=store)
     bench = BenchStore(store)
-    if cfg.decode is not None:
-        decode = cfg.decode
-        got: list[DecodeTierRun] = []
-
-        def run_d(run_id: int) -> None:
-            def keep(run: DecodeTierRun) -> None:
-                bench.add_sample(run_id, run.tier, run.repeat, run.stats, run.records)
-
-            got.extend(asyncio.run(run_decode(endpoint, decode, None, keep)))
-
-        part.bench_runs.append(_bench("decode", bench, endpoint, decode, label, run_d))
-        _decode_metrics(part, got)
-    if cfg.prefill is not None:
-        prefill = cfg.prefill
-        pre: list[PrefillRun] = []
-
-        def run_p(run_id: int) -> None:
-            def keep(run: PrefillRun) -> None:
-                bench.add_sample(run_id, run.tier, run.repeat, run.sample, (run.record,))
-
-            pre.extend(asyncio.run(run_prefill(endpoint, prefill, None, keep)))
-
-        part.bench_runs.append(_bench("prefill", bench, endpoint, prefill, label, run_p))
-        _prefill_metrics(part, pre)
+    for kind, config in (("decode", cfg.decode), ("prefill", cfg.prefill)):
+        if config is not None:
+            run_id = create_run(bench, kind, endpoint, config, label)
+            part.bench_runs.append(run_id)
+            _bench_metrics(part, measure(bench, run_id, endpoint, config))
     if cfg.quality:
         run = _quality(cfg, endpoint, label, store)
         part.quality, part.quality_run = {r.id: r.passed for r in run.results}, run.id
@@ -155,22 +124,12 @@ def _measure(cfg: ABConfig, part: VariantRound, name: str, store: Store, label: 
 
 
 def _quality(cfg: ABConfig, endpoint: Endpoint, label: str, store: Store) -> QualityRun:
-    from sparkfleet.evals.client import EvalClient
-    from sparkfleet.evals.runner import run_quality
+    from sparkfleet.evals.runner import run_stored
     from sparkfleet.evals.sandbox import SandboxLimits
-    from sparkfleet.evals.store import RunRow, save_run
     from sparkfleet.evals.tasks import load_tasks
 
     tasks = load_tasks(None, categories=cfg.quality_categories, ids=cfg.quality_ids)
-    client = EvalClient(endpoint.base_url, endpoint.model, api_key=endpoint.api_key)
-    try:
-        run = run_quality(client, tasks, label=label, engine=endpoint.engine, api_choice="auto",
-                          thinking_budget=0, limits=SandboxLimits())  # fmt: skip
-    finally:
-        client.close()
-    save_run(store, RunRow(run.id, "quality", run.label, run.endpoint, run.model, run.started_utc, run.passed,
-                           run.total), run.to_json())  # fmt: skip
-    return run
+    return run_stored(endpoint, tasks, label=label, store=store, limits=SandboxLimits())
 
 
 def _variant_round(cfg: ABConfig, experiment: int, variant: str, rnd: int, position: int, store: Store,

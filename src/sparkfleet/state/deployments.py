@@ -13,7 +13,8 @@ from typing import Any
 
 from sparkfleet.config.cluster import Node, NodeSpec, parse_cluster
 from sparkfleet.config.secrets import redact
-from sparkfleet.errors import SparkfleetError, StateError
+from sparkfleet.config.validation import did_you_mean
+from sparkfleet.errors import NotFoundError, SparkfleetError, StateError
 from sparkfleet.nodes.identity import Instance, when
 from sparkfleet.plan.engines import Readiness
 from sparkfleet.plan.model import MountSpec, Plan, RankHandle
@@ -243,6 +244,15 @@ class Deployments:
         with self.store.connect(write=False) as conn:
             row = conn.execute("SELECT * FROM deployments WHERE name = ?", (name,)).fetchone()
         return _from_row(row) if row else None
+
+    def require(self, name: str, hint: str = "`sparkfleet status` lists them") -> Deployment:
+        """The recorded deployment; NotFoundError naming the closest recorded name otherwise."""
+        found = self.get(name)
+        if found is None:
+            with self.store.connect(write=False) as conn:
+                names = [r["name"] for r in conn.execute("SELECT name FROM deployments")]
+            raise NotFoundError(f"no deployment named {name!r}{did_you_mean(name, names)}; {hint}")
+        return found
 
     def all(self) -> list[Deployment]:
         """Every recorded deployment, newest first."""

@@ -69,10 +69,6 @@ class Snapshot:
     def by_path(self) -> dict[str, FileFact]:
         return {f.path: f for f in self.files}
 
-    @property
-    def total_bytes(self) -> int:
-        return sum(max(f.size, 0) for f in self.files)
-
 
 def parse_scan(node: str, root: str, data: Mapping[str, object]) -> Snapshot:
     """A Snapshot from the scanner's JSON; a scanner error becomes a StagingError naming node."""

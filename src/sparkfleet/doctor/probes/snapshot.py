@@ -28,10 +28,6 @@ class Snapshot:
     revision: str
     files: tuple[tuple[str, int], ...]
 
-    @property
-    def total_bytes(self) -> int:
-        return sum(size for _, size in self.files)
-
 
 def parse(stdout: str) -> tuple[Snapshot, ...]:
     """Parse the output of `command` (no revisions: an empty tuple)."""

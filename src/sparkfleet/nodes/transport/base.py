@@ -13,6 +13,7 @@ import os
 import shlex
 import subprocess
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,11 +101,38 @@ class Result:
         text = self.stderr.strip() or self.stdout.strip()
         return "\n".join(text.splitlines()[-lines:])
 
+    @classmethod
+    def of(cls, node: str, argv: Sequence[str], proc: subprocess.CompletedProcess[bytes], seconds: float) -> Result:
+        """The Result of a finished process."""
+        return cls(node, tuple(argv), proc.returncode, proc.stdout.decode(errors="replace"),
+                   proc.stderr.decode(errors="replace"), seconds)  # fmt: skip
+
     def check(self, what: str | None = None) -> Result:
         """Return self, or raise CommandError naming the command and its output tail."""
         if not self.ok:
             raise CommandError(self, what)
         return self
+
+
+def run_here(node: str, command: Sequence[str], stdin: bytes | None, timeout: float | None, *, shown: str,
+             missing: str, env: dict[str, str] | None = None, where: str | None = None,
+             ) -> tuple[subprocess.CompletedProcess[bytes], float]:  # fmt: skip
+    """Run command on this machine (a local command, or ssh carrying one to the node); what it
+    did and its seconds. A timeout names the command as shown; missing is the error when the
+    command's program is not installed here."""
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(
+            list(command), input=stdin if stdin is not None else b"", capture_output=True,
+            # Ctrl-C at the terminal goes to sparkfleet only: a command in flight finishes (or
+            # times out) instead of dying half-way, and up's rollback decides what stops.
+            start_new_session=True, timeout=timeout, env=env, check=False,
+        )  # fmt: skip
+    except FileNotFoundError as exc:
+        raise TransportError(node, missing) from exc
+    except subprocess.TimeoutExpired as exc:
+        raise TransportTimeout(node, shown, timeout or 0, where) from exc
+    return proc, time.monotonic() - start
 
 
 class Stream(Protocol):

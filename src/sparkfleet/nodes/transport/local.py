@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from sparkfleet.errors import TransportError, TransportTimeout
-from sparkfleet.nodes.transport.base import Capabilities, ProcessStream, Result
+from sparkfleet.errors import TransportError
+from sparkfleet.nodes.transport.base import Capabilities, ProcessStream, Result, run_here
 
 LOCAL = Capabilities(local=True)
 
@@ -34,32 +32,10 @@ class LocalTransport:
         env: dict[str, str] | None = None,
     ) -> Result:
         words = tuple(argv)
-        full_env = {**os.environ, **env} if env else None
-        start = time.monotonic()
-        try:
-            proc = subprocess.run(
-                words,
-                input=stdin if stdin is not None else b"",
-                capture_output=True,
-                # Ctrl-C at the terminal goes to sparkfleet only: a command in flight finishes
-                # (or times out) instead of dying half-way, and up's rollback decides what stops.
-                start_new_session=True,
-                timeout=timeout,
-                env=full_env,
-                check=False,
-            )
-        except FileNotFoundError as exc:
-            raise TransportError(self.node, f"{words[0]}: command not found") from exc
-        except subprocess.TimeoutExpired as exc:
-            raise TransportTimeout(self.node, words[0], timeout or 0) from exc
-        result = Result(
-            node=self.node,
-            argv=words,
-            exit_code=proc.returncode,
-            stdout=proc.stdout.decode(errors="replace"),
-            stderr=proc.stderr.decode(errors="replace"),
-            duration=time.monotonic() - start,
-        )
+        proc, seconds = run_here(self.node, words, stdin, timeout, shown=words[0],
+                                 missing=f"{words[0]}: command not found",
+                                 env={**os.environ, **env} if env else None)  # fmt: skip
+        result = Result.of(self.node, words, proc, seconds)
         return result.check() if check else result
 
     def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:

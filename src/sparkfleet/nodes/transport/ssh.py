@@ -19,9 +19,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sparkfleet.config.cluster import Node
-from sparkfleet.errors import TransportError, TransportTimeout
+from sparkfleet.errors import TransportError
 from sparkfleet.nodes.private import private_dir
-from sparkfleet.nodes.transport.base import Capabilities, ProcessStream, Result, Stream, display_command, trace
+from sparkfleet.nodes.transport.base import (
+    Capabilities,
+    ProcessStream,
+    Result,
+    Stream,
+    display_command,
+    run_here,
+    trace,
+)
 
 SSH_FAILED = 255
 # Lines ssh itself prints when it could not get a session (as opposed to the remote command's).
@@ -109,33 +117,19 @@ class SshTransport:
             remote = shlex.join(["env", *(f"{k}={v}" for k, v in env.items())]) + " " + remote
         return [*self.ssh_argv(), remote]
 
-    def _exec(
-        self, argv: Sequence[str], stdin: bytes | None, timeout: float | None, env: dict[str, str] | None
-    ) -> tuple[int, bytes, bytes, float]:
+    def _exec(self, argv: Sequence[str], stdin: bytes | None, timeout: float | None,
+              env: dict[str, str] | None) -> tuple[subprocess.CompletedProcess[bytes], float]:  # fmt: skip
         if not argv:
             raise ValueError("empty command")
-        start = time.monotonic()
         wall = time.time()
-        try:
-            proc = subprocess.run(
-                self._command(argv, env),
-                input=stdin if stdin is not None else b"",
-                capture_output=True,
-                # Ctrl-C at the terminal goes to sparkfleet only: a command in flight finishes
-                # (or times out) instead of dying half-way, and up's rollback decides what stops.
-                start_new_session=True,
-                timeout=timeout,
-                check=False,
-            )
-        except FileNotFoundError as exc:
-            raise TransportError(self.node, "the ssh client is not installed on this machine") from exc
-        except subprocess.TimeoutExpired as exc:
-            raise TransportTimeout(self.node, display_command(argv, 120), timeout or 0, self.destination) from exc
+        proc, seconds = run_here(self.node, self._command(argv, env), stdin, timeout,
+                                 shown=display_command(argv, 120), where=self.destination,
+                                 missing="the ssh client is not installed on this machine")  # fmt: skip
         trace("ssh", self.node, wall, time.time(), shlex.join(argv))
         if proc.returncode == SSH_FAILED and _SSH_ERROR.search(proc.stderr.decode(errors="replace")):
             last = proc.stderr.decode(errors="replace").strip().splitlines()[-1]
             raise TransportError(self.node, f"cannot reach {self.destination} over SSH: {last}")
-        return proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start
+        return proc, seconds
 
     def run(
         self,
@@ -146,15 +140,7 @@ class SshTransport:
         check: bool = True,
         env: dict[str, str] | None = None,
     ) -> Result:
-        code, out, err, duration = self._exec(argv, stdin, timeout, env)
-        result = Result(
-            node=self.node,
-            argv=tuple(argv),
-            exit_code=code,
-            stdout=out.decode(errors="replace"),
-            stderr=err.decode(errors="replace"),
-            duration=duration,
-        )
+        result = Result.of(self.node, argv, *self._exec(argv, stdin, timeout, env))
         return result.check() if check else result
 
     def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
@@ -170,10 +156,10 @@ class SshTransport:
         self.run(["sh", "-c", script, "sh", remote], stdin=data)
 
     def get(self, remote: str, local: Path) -> None:
-        code, out, err, _ = self._exec(["cat", remote], None, None, None)
-        if code != 0:
-            raise TransportError(self.node, f"cannot read {remote}: {err.decode(errors='replace').strip()}")
-        Path(local).write_bytes(out)
+        proc, _ = self._exec(["cat", remote], None, None, None)
+        if proc.returncode != 0:
+            raise TransportError(self.node, f"cannot read {remote}: {proc.stderr.decode(errors='replace').strip()}")
+        Path(local).write_bytes(proc.stdout)
 
     def stream(self, argv: Sequence[str], *, stdin: bool = False, merge_stderr: bool = True) -> Stream:
         """Start argv on the node over the master connection (an ssh client opens it where none
