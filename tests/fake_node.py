@@ -108,20 +108,38 @@ class FakeNode:
             self._next_pid += 1
             port = int(payload["argv"][payload["argv"].index("--port") + 1]) if payload["rank"] == 0 else None
             files = {payload["log_path"]: self.boot_log, payload["env_file"]: stdin.decode()}
-            self.ranks.append(Rank(payload["rank"], payload["markers"][ENV_INSTANCE], self._next_pid, "process",
-                                   log=self.boot_log, port=port, files=files))
+            self.ranks.append(
+                Rank(
+                    payload["rank"],
+                    payload["markers"][ENV_INSTANCE],
+                    self._next_pid,
+                    "process",
+                    log=self.boot_log,
+                    port=port,
+                    files=files,
+                )
+            )
             return {"state": "running", "pid": self._next_pid, "exit_code": None, "started_at": 1.0}
         if command == "probe":
             rank = self._rank_of(payload)
             if rank is None:
                 return {"state": "absent", "pid": None, "exit_code": None, "started_at": None, "log": ""}
-            return {"state": "running" if rank.running else "exited", "pid": rank.pid, "exit_code": rank.exit_code,
-                    "started_at": 1.0, "log": rank.log}
+            return {
+                "state": "running" if rank.running else "exited",
+                "pid": rank.pid,
+                "exit_code": rank.exit_code,
+                "started_at": 1.0,
+                "log": rank.log,
+            }
         if command == "stop":
             stopped = []
             for rank in self.ranks:
-                if (rank.kind == "process" and rank.running and rank.rank == payload["rank"]
-                        and payload.get("instance") in (None, rank.instance)):
+                if (
+                    rank.kind == "process"
+                    and rank.running
+                    and rank.rank == payload["rank"]
+                    and payload.get("instance") in (None, rank.instance)
+                ):
                     rank.running = False
                     stopped.append(rank.pid)
             return {"stopped": stopped}
@@ -135,8 +153,12 @@ class FakeNode:
                                     "exited_at": None if rank.running else 1700000100.0})  # fmt: skip
             return {"ranks": states, "mem_available": self.mem_available, "cpu_s": 0.01}
         if command == "leftovers":
-            return {"found": self.leftovers, "mem_available": self.mem_available, "gpu_apps": self.gpu_apps,
-                    "gpu_error": None if self.gpu_apps is not None else "no nvidia-smi"}
+            return {
+                "found": self.leftovers,
+                "mem_available": self.mem_available,
+                "gpu_apps": self.gpu_apps,
+                "gpu_error": None if self.gpu_apps is not None else "no nvidia-smi",
+            }
         raise AssertionError(f"fake node: agent command {command!r}")
 
     def _found(self) -> list[dict[str, Any]]:
@@ -149,8 +171,17 @@ class FakeNode:
         out = [self.foreign_ports[p] for p in ports if p in self.foreign_ports]
         for rank in self.running():
             if rank.port in ports:
-                out.append({"port": rank.port, "uid": 0, "pid": rank.pid, "command": "engine", "deployment": "x",
-                            "instance": rank.instance, "owner": "me"})
+                out.append(
+                    {
+                        "port": rank.port,
+                        "uid": 0,
+                        "pid": rank.pid,
+                        "command": "engine",
+                        "deployment": "x",
+                        "instance": rank.instance,
+                        "owner": "me",
+                    }
+                )
         return out
 
     def _docker(self, argv: tuple[str, ...]) -> Answer:
@@ -160,15 +191,28 @@ class FakeNode:
             labels = dict(argv[i + 1].split("=", 1) for i, w in enumerate(argv) if w == "--label")
             name = argv[argv.index("--name") + 1]
             self._next_pid += 1
-            self.ranks.append(Rank(int(labels["sparkfleet.rank"]), labels["sparkfleet.instance"], self._next_pid,
-                                   "container", name=name, log=self.boot_log))
+            self.ranks.append(
+                Rank(
+                    int(labels["sparkfleet.rank"]),
+                    labels["sparkfleet.instance"],
+                    self._next_pid,
+                    "container",
+                    name=name,
+                    log=self.boot_log,
+                )
+            )
             return f"{self._next_pid:064x}\n"
         if argv[1] == "inspect":
             rank = next((r for r in reversed(self.ranks) if r.name == argv[-1]), None)
             if rank is None:
                 return 1, "", f"Error: No such object: {argv[-1]}"
-            return json.dumps({"Running": rank.running, "ExitCode": rank.exit_code or 0,
-                               "StartedAt": "2026-12-01T08:00:00.000000000Z"})
+            return json.dumps(
+                {
+                    "Running": rank.running,
+                    "ExitCode": rank.exit_code or 0,
+                    "StartedAt": "2026-12-01T08:00:00.000000000Z",
+                }
+            )
         if argv[1] == "ps":
             rows = [(r.name, "running", str(r.rank), r.instance, "me", "1", self.name)
                     for r in self.ranks if r.kind == "container" and r.running]  # fmt: skip
@@ -194,8 +238,15 @@ class FakeFleet:
 def fake_fleet(tmp: Path, *, nodes: int = 2, port: int, image: str | None = None, extra: str = "",
                name: str = "fake") -> FakeFleet:  # fmt: skip
     """A recipe of the SGLang adapter over fake nodes whose rank 0 is served at 127.0.0.1:port."""
-    lines = ['engine = "sglang"', 'model = "org/fake"', f"port = {port}", f"rendezvous_port = {port + 1}",
-             f"required_nodes = {nodes}", f"tensor_parallel_size = {nodes}", 'entrypoint = ["engine"]']
+    lines = [
+        'engine = "sglang"',
+        'model = "org/fake"',
+        f"port = {port}",
+        f"rendezvous_port = {port + 1}",
+        f"required_nodes = {nodes}",
+        f"tensor_parallel_size = {nodes}",
+        'entrypoint = ["engine"]',
+    ]
     if image:
         lines.append(f'docker_image = "{image}"')
     (tmp / "recipe.toml").write_text("\n".join(lines) + "\n" + extra)

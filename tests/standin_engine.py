@@ -78,10 +78,21 @@ def _handler() -> Any:
             for i in range(tokens):
                 time.sleep(max(0.0, start + i * itl - time.monotonic()))
                 piece = {"delta": {"content": f" t{i}"}} if chat else {"text": f" t{i}"}
-                send({"object": kind, "model": "standin",
-                      "choices": [{"index": 0, **piece, "finish_reason": "length" if i == tokens - 1 else None}]})
-            send({"object": kind, "model": "standin", "choices": [],
-                  "usage": {"prompt_tokens": 5, "completion_tokens": tokens, "total_tokens": 5 + tokens}})
+                send(
+                    {
+                        "object": kind,
+                        "model": "standin",
+                        "choices": [{"index": 0, **piece, "finish_reason": "length" if i == tokens - 1 else None}],
+                    }
+                )
+            send(
+                {
+                    "object": kind,
+                    "model": "standin",
+                    "choices": [],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": tokens, "total_tokens": 5 + tokens},
+                }
+            )
             self.wfile.write(b"data: [DONE]\n\n")
 
         def do_POST(self) -> None:
@@ -91,9 +102,15 @@ def _handler() -> Any:
                 self._stream(body, chat=self.path.endswith("/chat/completions"))
                 return
             answer = os.environ.get("STANDIN_ANSWER", "42")
-            self._send(200, {"object": "text_completion", "model": "standin",
-                             "choices": [{"index": 0, "text": f" {answer}", "finish_reason": "stop"}],
-                             "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}})
+            self._send(
+                200,
+                {
+                    "object": "text_completion",
+                    "model": "standin",
+                    "choices": [{"index": 0, "text": f" {answer}", "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+                },
+            )
 
         def log_message(self, fmt: str, *args: object) -> None:
             return None

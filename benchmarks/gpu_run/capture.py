@@ -75,12 +75,15 @@ def streams(url: str, model: str, out: Path) -> None:
     common = {"model": model, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
     usage = {"stream": True, "stream_options": {"include_usage": True}}
     (out / "completions-stream.sse").write_bytes(
-        _raw_stream(f"{base}/v1/completions", {**common, **usage, "prompt": SMOKE_PROMPT}))
+        _raw_stream(f"{base}/v1/completions", {**common, **usage, "prompt": SMOKE_PROMPT})
+    )
     chat = [{"role": "user", "content": SMOKE_PROMPT}]
-    (out / "chat-stream.sse").write_bytes(_raw_stream(f"{base}/v1/chat/completions", {**common, **usage,
-                                                                                      "messages": chat}))
+    (out / "chat-stream.sse").write_bytes(
+        _raw_stream(f"{base}/v1/chat/completions", {**common, **usage, "messages": chat})
+    )
     (out / "completions.json").write_bytes(
-        httpx.post(f"{base}/v1/completions", json={**common, "prompt": SMOKE_PROMPT}, timeout=60.0).content)
+        httpx.post(f"{base}/v1/completions", json={**common, "prompt": SMOKE_PROMPT}, timeout=60.0).content
+    )
     for name, path in (("models.json", "/v1/models"), ("props.json", "/props"), ("health-ok.json", "/health"),
                        ("metrics.txt", "/metrics")):  # fmt: skip
         (out / name).write_bytes(httpx.get(base + path, timeout=30.0).content)
@@ -315,9 +318,11 @@ def markdown(doc: dict[str, Any]) -> str:
         for conc, v in decode["by_concurrency"].items():
             agg = v.get("aggregate_ratios") or []
             if agg:
-                lines.append(f"\n{conc}: each run's aggregate tok/s / the sum of the server's per-request rates: "
-                             f"median {_f(statistics.median(agg), 4)} ({_f(min(agg), 4)}–{_f(max(agg), 4)}), "
-                             f"{len(agg)} runs")
+                lines.append(
+                    f"\n{conc}: each run's aggregate tok/s / the sum of the server's per-request rates: "
+                    f"median {_f(statistics.median(agg), 4)} ({_f(min(agg), 4)}–{_f(max(agg), 4)}), "
+                    f"{len(agg)} runs"
+                )
         same_tokens = decode["usage_equals_server_predicted_n"]
         lines += ["", f"Within 5 %: **{decode['agreement_within_5pct']}**; usage.completion_tokens == "
                       f"timings.predicted_n for every request: {same_tokens}"]  # fmt: skip

@@ -35,9 +35,11 @@ def test_watch_page_plots_each_nodes_series_and_the_events(page: Any, tmp_path: 
             page.locator("#watch-events tr[data-kind='rank-exited']").wait_for()
             row = page.locator("#watch-events tr[data-kind='rank-exited']").inner_text()
             assert "rank 0 on local exited: exit code -9" in row
-            drawn = page.evaluate("() => ({mem: charts['watch-mem'].data.datasets.map((d) => [d.label, d.data]),"
-                                  " labels: charts['watch-mem'].data.labels.length,"
-                                  " running: charts['watch-running'].data.datasets.map((d) => d.label)})")
+            drawn = page.evaluate(
+                "() => ({mem: charts['watch-mem'].data.datasets.map((d) => [d.label, d.data]),"
+                " labels: charts['watch-mem'].data.labels.length,"
+                " running: charts['watch-running'].data.datasets.map((d) => d.label)})"
+            )
             assert drawn["labels"] == 4 and [label for label, _ in drawn["mem"]] == ["local"]
             expected = [s["mem_available"] / 2**30 for s in samples]
             assert [round(v, 6) for v in drawn["mem"][0][1]] == [round(v, 6) for v in expected]

@@ -27,7 +27,6 @@ from tests.e2e.conftest import VLLM_HEADERS, VLLM_KEY, VLLM_KEY_ENV
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-
 def sparkfleet(*args: str, state: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **(env or {}), "SPARKFLEET_STATE_DIR": str(state), "COLUMNS": "200"}
     return subprocess.run(
@@ -42,8 +41,12 @@ def sparkfleet(*args: str, state: Path, env: dict[str, str] | None = None) -> su
 def test_a_base_model_without_a_chat_template_is_one_line_naming_api_completions(vllm_url: str,
                                                                                  tmp_path: Path) -> None:  # fmt: skip
     # Gemma 3 270M's HF conversion carries no chat template: vLLM refuses chat with HTTP 400 ...
-    raw = httpx.post(f"{vllm_url}/v1/chat/completions", headers=VLLM_HEADERS, timeout=120,
-                     json={"model": "gemma3-270m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+    raw = httpx.post(
+        f"{vllm_url}/v1/chat/completions",
+        headers=VLLM_HEADERS,
+        timeout=120,
+        json={"model": "gemma3-270m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+    )
     assert raw.status_code == 400 and refuses_chat(f"HTTP 400: {raw.text}"), raw.text
     # ... and bench (default --api chat) stops in one line that names the way out.
     key = ("--api-key", f"env:{VLLM_KEY_ENV}")

@@ -39,4 +39,3 @@ def test_vllm_two_node_example_serves_with_a_headless_rank(vllm_server: Served) 
     assert [(r["node"], r["state"]) for r in status["ranks"]] == [("node0", "running"), ("node1", "running")], status
     logs = vllm_server.cli("logs", vllm_server.name, "--rank", "1", "--tail", "400").stdout
     assert "headless" in logs  # rank 1 really joined as a headless TP worker
-

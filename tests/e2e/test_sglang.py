@@ -110,8 +110,10 @@ def test_sglang_two_nodes_serve_show_a_dead_worker_and_leave_nothing(tmp_path: P
                           "--set", f"port={port}", "--set", f"rendezvous_port={rdv}"))  # fmt: skip
             assert f"ready {name}" in up and "Berlin" in up
             ranks = json.loads(ok(cli_at(state, "status", name, "--json")))[0]["ranks"]
-            assert [(r["rank"], r["node"], r["state"]) for r in ranks] == [(0, "node0", "running"),
-                                                                          (1, "node1", "running")]
+            assert [(r["rank"], r["node"], r["state"]) for r in ranks] == [
+                (0, "node0", "running"),
+                (1, "node1", "running"),
+            ]
             assert ranks[0]["health"] == "healthy"
             logs = ok(cli_at(state, "logs", name))
             assert "r0 node0" in logs and "r1 node1" in logs

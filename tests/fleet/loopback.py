@@ -54,8 +54,11 @@ from pathlib import Path
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 SFTP_SERVER = next(
-    (p for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server",
-                 "/usr/libexec/sftp-server") if os.path.exists(p)),
+    (
+        p
+        for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server", "/usr/libexec/sftp-server")
+        if os.path.exists(p)
+    ),
     "internal-sftp",
 )
 
@@ -197,11 +200,20 @@ def _toml_str(s: object) -> str:
 class LoopbackFleet:
     """N loopback sshd nodes; see the module docstring."""
 
-    def __init__(self, n: int, workdir: str | os.PathLike, *, port: int | None = None,
-                 user: str | None = None, name: str = "loopback",
-                 shared_hf_cache: str | os.PathLike | None = None,
-                 gpus: str = "none", memlock: str | None = None,
-                 first_octet: int = 10, start: bool = True) -> None:
+    def __init__(
+        self,
+        n: int,
+        workdir: str | os.PathLike,
+        *,
+        port: int | None = None,
+        user: str | None = None,
+        name: str = "loopback",
+        shared_hf_cache: str | os.PathLike | None = None,
+        gpus: str = "none",
+        memlock: str | None = None,
+        first_octet: int = 10,
+        start: bool = True,
+    ) -> None:
         if not 1 <= n <= 200:
             raise ValueError("n must be 1..200")
         self.n, self.name = n, name
@@ -239,8 +251,7 @@ class LoopbackFleet:
 
     def _keygen(self, path: Path, comment: str) -> None:
         if not path.exists():
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment,
-                            "-f", str(path)], check=True)
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)], check=True)
 
     def _setup(self, first: int) -> None:
         if os.geteuid() == 0:
@@ -248,18 +259,29 @@ class LoopbackFleet:
         self._keygen(self.client_key, "sparkfleet-loopback-client")
         self.authorized_keys.write_text(Path(f"{self.client_key}.pub").read_text())
         self.authorized_keys.chmod(0o600)
-        kh, cfg = [], [
-            "# written by tests/fleet/loopback.py\n",
-        ]
+        kh, cfg = (
+            [],
+            [
+                "# written by tests/fleet/loopback.py\n",
+            ],
+        )
         for i in range(self.n):
             name, host = f"node{i}", f"{self.subnet}.{first + i}"
             d = self.workdir / name
             d.mkdir(exist_ok=True)
-            node = Node(index=i, name=name, host=host, port=self.port, dir=d,
-                        state_dir=d / "state",
-                        hf_cache=self._shared_hf or d / "hf",
-                        host_key=d / "ssh_host_ed25519_key", sshd_config=d / "sshd_config",
-                        pid_file=d / "sshd.pid", log_file=d / "sshd.log")
+            node = Node(
+                index=i,
+                name=name,
+                host=host,
+                port=self.port,
+                dir=d,
+                state_dir=d / "state",
+                hf_cache=self._shared_hf or d / "hf",
+                host_key=d / "ssh_host_ed25519_key",
+                sshd_config=d / "sshd_config",
+                pid_file=d / "sshd.pid",
+                log_file=d / "sshd.log",
+            )
             node.state_dir.mkdir(exist_ok=True)
             node.hf_cache.mkdir(parents=True, exist_ok=True)
             self._keygen(node.host_key, f"sparkfleet-{name}")
@@ -297,7 +319,8 @@ class LoopbackFleet:
         path = Path(path) if path else self.cluster_file
         lines = [
             f"# loopback fleet of {self.n} sshd nodes (tests/fleet); ssh_config: {self.ssh_config}",
-            f"name = {_toml_str(self.name)}", "",
+            f"name = {_toml_str(self.name)}",
+            "",
             "[defaults]",
             f"user = {_toml_str(self.user)}",
             f"ssh_port = {self.port}",
@@ -309,13 +332,19 @@ class LoopbackFleet:
             f"memlock = {_toml_str(self.memlock)}",
             "rdma = false",
             "# the nodes share this machine: each rank's servers listen on its node's own address",
-            'bind_address = "fabric"', "",
+            'bind_address = "fabric"',
+            "",
         ]
         for node in self.nodes:
-            lines += ["[[nodes]]", f"name = {_toml_str(node.name)}",
-                      f"host = {_toml_str(node.host)}", f"fabric_ip = {_toml_str(node.host)}",
-                      f"state_dir = {_toml_str(node.state_dir)}",
-                      f"hf_cache = {_toml_str(node.hf_cache)}", ""]
+            lines += [
+                "[[nodes]]",
+                f"name = {_toml_str(node.name)}",
+                f"host = {_toml_str(node.host)}",
+                f"fabric_ip = {_toml_str(node.host)}",
+                f"state_dir = {_toml_str(node.state_dir)}",
+                f"hf_cache = {_toml_str(node.hf_cache)}",
+                "",
+            ]
         path.write_text("\n".join(lines))
         return path
 
@@ -325,21 +354,28 @@ class LoopbackFleet:
         if node.running:
             return node
         with open(node.log_file, "ab") as log:  # sshd keeps its own copy of the descriptor
-            node.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(node.sshd_config)],
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         start_new_session=True)
+            node.proc = subprocess.Popen(
+                [SSHD, "-D", "-e", "-f", str(node.sshd_config)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if node.proc.poll() is not None:
-                raise RuntimeError(f"sshd for {node.name} exited {node.proc.returncode}: "
-                                   + node.log_file.read_text()[-2000:])
+                raise RuntimeError(
+                    f"sshd for {node.name} exited {node.proc.returncode}: " + node.log_file.read_text()[-2000:]
+                )
             with socket.socket() as s:
                 s.settimeout(0.5)
                 if s.connect_ex((node.host, node.port)) == 0:
                     return node
             time.sleep(0.05)
-        raise RuntimeError(f"sshd for {node.name} not listening on {node.host}:{node.port} "
-                           f"after {timeout}s: " + node.log_file.read_text()[-2000:])
+        raise RuntimeError(
+            f"sshd for {node.name} not listening on {node.host}:{node.port} "
+            f"after {timeout}s: " + node.log_file.read_text()[-2000:]
+        )
 
     def start_all(self) -> None:
         for i in range(self.n):
@@ -375,8 +411,12 @@ class LoopbackFleet:
             os.kill(self.nodes[i].proc.pid, signal.SIGCONT)
 
     def _exit_master(self, node: Node) -> None:
-        subprocess.run(["ssh", "-F", str(self.ssh_config), "-O", "exit", node.name],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
+        subprocess.run(
+            ["ssh", "-F", str(self.ssh_config), "-O", "exit", node.name],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=10,
+        )
 
     def close(self) -> None:
         for node in self.nodes:
@@ -389,11 +429,18 @@ class LoopbackFleet:
         cmd = [command] if isinstance(command, str) else list(command)
         return ["ssh", "-F", str(self.ssh_config), self.nodes[i].name, *cmd]
 
-    def run(self, i: int, command: str, *, timeout: float = 60, check: bool = False,
-            input: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run(self.ssh_argv(i, command), capture_output=True, text=True,
-                              timeout=timeout, check=check, input=input,
-                              stdin=None if input is not None else subprocess.DEVNULL)
+    def run(
+        self, i: int, command: str, *, timeout: float = 60, check: bool = False, input: str | None = None
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            self.ssh_argv(i, command),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=check,
+            input=input,
+            stdin=None if input is not None else subprocess.DEVNULL,
+        )
 
     def fan_out(self, command: str, *, timeout: float = 60) -> list[subprocess.CompletedProcess]:
         with ThreadPoolExecutor(max_workers=self.n) as ex:

@@ -164,7 +164,7 @@ class NetnsFleet:
     def _sshd(self, node: NsNode) -> str:
         key = node.dir / "ssh_host_ed25519_key"
         if not key.exists():
-                subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
         (node.dir / "sshd_config").write_text(
             f"HostKey {key}\nAuthorizedKeysFile {self.client_key}.pub\n"
             "StrictModes no\nUsePAM no\nPubkeyAuthentication yes\nPasswordAuthentication no\n"
@@ -298,8 +298,11 @@ class NetnsFleet:
             kind, blob = Path(f"{node.dir / 'ssh_host_ed25519_key'}.pub").read_text().split()[:2]
             known.append(f"{node.fabric_ip} {kind} {blob}\n")
         # No multiplexing master: a copy's ssh ends with it, nothing stays in the namespace.
-        cfg.append(client_options(self.client_key, self.known_hosts, self._cm_dir, 30).replace(
-            "  ControlMaster auto\n", "  ControlMaster no\n"))
+        cfg.append(
+            client_options(self.client_key, self.known_hosts, self._cm_dir, 30).replace(
+                "  ControlMaster auto\n", "  ControlMaster no\n"
+            )
+        )
         with self.known_hosts.open("a") as f:
             f.write("".join(known))
         with self.ssh_config.open("a") as f:

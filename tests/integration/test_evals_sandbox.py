@@ -206,7 +206,6 @@ def _quality_without_namespaces(url: str, tmp_path: Path, *extra: str) -> subpro
     return subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
 
 
-
 def test_without_namespaces_eval_quality_runs_no_model_code_and_exits_2(tmp_path: Path, sticky_tmp: Path) -> None:
     """Namespaces refused for real (tests/no_namespaces.py: user.max_user_namespaces=0 in the
     test's own user namespace, no CAP_SYS_ADMIN): the code tasks are refused, none runs."""

@@ -82,9 +82,7 @@ def test_build_once_streams_to_the_other_daemon_and_skips_it_next_time(
     first = _cli("image", "build", str(recipe), "--cluster", str(fleet.cluster_file))
     assert first.returncode == 0, first.stdout + first.stderr
     lines = {
-        line.split()[1]: line.split()[0]
-        for line in first.stdout.splitlines()
-        if line.startswith(("built", "loaded"))
+        line.split()[1]: line.split()[0] for line in first.stdout.splitlines() if line.startswith(("built", "loaded"))
     }
     assert lines == {"node0": "built", "node1": "loaded"}
     ids = verify_same_id(ts, tag)

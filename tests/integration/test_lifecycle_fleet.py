@@ -36,7 +36,11 @@ def test_up_status_logs_down(fleet4: LoopbackFleet, tmp_path: Path) -> None:
     assert status.returncode == 0, status.stderr
     ranks = json.loads(status.stdout)[0]["ranks"]
     assert [(r["rank"], r["node"], r["state"]) for r in ranks] == [
-        (0, "node0", "running"), (1, "node1", "running"), (2, "node2", "running"), (3, "node3", "running")]
+        (0, "node0", "running"),
+        (1, "node1", "running"),
+        (2, "node2", "running"),
+        (3, "node3", "running"),
+    ]
     assert ranks[0]["health"] == "healthy"
     logs = sparkfleet("logs", "four")
     for r in range(4):
@@ -53,8 +57,12 @@ def test_up_status_logs_down(fleet4: LoopbackFleet, tmp_path: Path) -> None:
 
 
 def test_rank_exit_during_up_rolls_back_everywhere(fleet4: LoopbackFleet, tmp_path: Path) -> None:
-    recipe = standin_recipe(tmp_path / "crash", nodes=4, port=free_port(),
-                            env={"STANDIN_FAULT_RANK": "2", "STANDIN_EXIT": "3", "STANDIN_HEAD_DELAY": "5"})
+    recipe = standin_recipe(
+        tmp_path / "crash",
+        nodes=4,
+        port=free_port(),
+        env={"STANDIN_FAULT_RANK": "2", "STANDIN_EXIT": "3", "STANDIN_HEAD_DELAY": "5"},
+    )
     out = sparkfleet("up", str(recipe), "--cluster", str(fleet4.cluster_file))
     assert out.returncode == 2
     assert "rank 2 on node2 exited with code 3" in out.stderr
@@ -64,10 +72,15 @@ def test_rank_exit_during_up_rolls_back_everywhere(fleet4: LoopbackFleet, tmp_pa
 
 
 def test_rank_killed_during_up_rolls_back(fleet4: LoopbackFleet, tmp_path: Path) -> None:
-    recipe = standin_recipe(tmp_path / "killed", nodes=4, port=free_port(),
-                            env={"STANDIN_FAULT_RANK": "0", "STANDIN_DELAY": "120"})
-    proc = subprocess.Popen([sys.executable, "-m", "sparkfleet.cli.main", "up", str(recipe), "--cluster",
-                             str(fleet4.cluster_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    recipe = standin_recipe(
+        tmp_path / "killed", nodes=4, port=free_port(), env={"STANDIN_FAULT_RANK": "0", "STANDIN_DELAY": "120"}
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sparkfleet.cli.main", "up", str(recipe), "--cluster", str(fleet4.cluster_file)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     victim = None
     deadline = time.monotonic() + 90
     while victim is None and time.monotonic() < deadline:
@@ -95,8 +108,9 @@ def test_unreachable_node_is_named_and_nothing_starts(fleet4: LoopbackFleet, tmp
 
 
 def test_readiness_timeout_rolls_back(fleet4: LoopbackFleet, tmp_path: Path) -> None:
-    recipe = standin_recipe(tmp_path / "slow", nodes=4, port=free_port(),
-                            env={"STANDIN_FAULT_RANK": "0", "STANDIN_DELAY": "60"})
+    recipe = standin_recipe(
+        tmp_path / "slow", nodes=4, port=free_port(), env={"STANDIN_FAULT_RANK": "0", "STANDIN_DELAY": "60"}
+    )
     out = sparkfleet("up", str(recipe), "--cluster", str(fleet4.cluster_file), "--timeout", "3")
     assert out.returncode == 2
     assert "slow not ready after 3s: still waiting for rank 0 health" in out.stderr
@@ -124,8 +138,9 @@ def test_missing_expected_line_is_named(fleet4: LoopbackFleet, tmp_path: Path) -
 
 @pytest.mark.parametrize("how", ["ctrl-c-to-the-terminal-group", "sigterm"])
 def test_interrupt_during_up_rolls_back(fleet4: LoopbackFleet, tmp_path: Path, how: str) -> None:
-    recipe = standin_recipe(tmp_path / "intr", nodes=4, port=free_port(),
-                            env={"STANDIN_FAULT_RANK": "0", "STANDIN_DELAY": "300"})
+    recipe = standin_recipe(
+        tmp_path / "intr", nodes=4, port=free_port(), env={"STANDIN_FAULT_RANK": "0", "STANDIN_DELAY": "300"}
+    )
     # Its own process group, like a shell job: Ctrl-C at a terminal reaches the whole group
     # (sparkfleet and every ssh it runs), SIGTERM only sparkfleet.
     proc = subprocess.Popen([sys.executable, "-m", "sparkfleet.cli.main", "up", str(recipe), "--cluster",
@@ -180,14 +195,12 @@ def test_status_and_logs_reach_every_node_in_parallel(fleet4: LoopbackFleet, tmp
     assert leftover_processes("par") == []
 
 
-
-
 def test_up_pushes_copy_files_to_every_node_and_a_failed_push_stops_the_launch(
     fleet4: LoopbackFleet, tmp_path: Path
 ) -> None:
     table = tmp_path / "dspark-tables.json"
     table.write_text('{"k7": [1, 2, 3]}\n')
-    staging = (f'\n[[staging]]\nkind = "copy"\nid = "tables"\nfiles = ["{table}"]\ndst = "{{{{state}}}}/tables"\n')
+    staging = f'\n[[staging]]\nkind = "copy"\nid = "tables"\nfiles = ["{table}"]\ndst = "{{{{state}}}}/tables"\n'
     recipe = standin_recipe(tmp_path / "tables", nodes=4, port=free_port())
     (recipe / "recipe.toml").write_text((recipe / "recipe.toml").read_text() + staging)
     out = sparkfleet("up", str(recipe), "--cluster", str(fleet4.cluster_file))

@@ -89,7 +89,8 @@ def test_a_missing_hca_fails_on_its_node(fleet: NetnsFleet, tmp_path: Path) -> N
         fleet.write_rdma(fleet.nodes[2])
     assert rc == 1 and set(fails) == {("rdma.hca", "node2")}, fails
     assert fails[("rdma.hca", "node2")].startswith(
-        "NCCL_IB_HCA=rocep1s0f0,roceP2p1s0f0 (cluster): roceP2p1s0f0 not on this node (has: ")
+        "NCCL_IB_HCA=rocep1s0f0,roceP2p1s0f0 (cluster): roceP2p1s0f0 not on this node (has: "
+    )
 
 
 def test_an_unreachable_pair_fails_on_both_ends(fleet: NetnsFleet, tmp_path: Path) -> None:

@@ -21,7 +21,6 @@ pytestmark = pytest.mark.integration
 TOKEN = "hf_SharedControllerSecret0123456789abcd"
 
 
-
 def _as(user: pwd.struct_passwd, *argv: str) -> None:
     subprocess.run(list(argv), check=True, user=user.pw_uid, group=user.pw_gid, extra_groups=[])
 

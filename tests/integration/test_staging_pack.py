@@ -223,9 +223,7 @@ def test_a_node_without_numpy_or_xxhash_packs_the_same_bytes(pristine: Path, tmp
     report = stage(step, python=str(bare))
     assert report.hash == "blake2b-64"
     for layer in ROWS:
-        assert (tmp_path / "out" / f"engram-l{layer}-r2of4.bin").read_bytes() == expected_packed(
-            pristine, layer, 2, 4
-        )
+        assert (tmp_path / "out" / f"engram-l{layer}-r2of4.bin").read_bytes() == expected_packed(pristine, layer, 2, 4)
     # A later stage with numpy/xxhash available still trusts the ledger's BLAKE2b hashes.
     assert stage(step).up_to_date
 
@@ -251,15 +249,11 @@ def test_min_free_is_enforced_before_anything_is_written(pristine: Path, tmp_pat
 def test_a_full_disk_is_refused_up_front(pristine: Path, tmp_path: Path) -> None:
     small = tmp_path / "small"
     small.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(small)], capture_output=True
-    )
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(small)], capture_output=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
     try:
-        with pytest.raises(
-            StagingError, match=r"not enough free space at .*small/engram: .* free, .* needed"
-        ):
+        with pytest.raises(StagingError, match=r"not enough free space at .*small/engram: .* free, .* needed"):
             stage(make_step(pristine, small / "engram", 0))
         assert list(small.iterdir()) == []
     finally:
@@ -275,14 +269,10 @@ def test_stage_all_runs_every_node_and_names_the_one_that_failed(pristine: Path,
         stage_all(steps, transports, chunk_bytes=CHUNK)
     for rank, node in enumerate(nodes):
         if node != "node2":
-            assert (tmp_path / node / f"engram-l1-r{rank}of4.bin").read_bytes() == expected_packed(
-                pristine, 1, rank, 4
-            )
+            assert (tmp_path / node / f"engram-l1-r{rank}of4.bin").read_bytes() == expected_packed(pristine, 1, rank, 4)
     good = [s for s in steps if s.node != "node2"]
     reports = stage_all(good, transports, chunk_bytes=CHUNK)
-    assert sorted(r.node for r in reports) == ["node0", "node1", "node3"] and all(
-        r.up_to_date for r in reports
-    )
+    assert sorted(r.node for r in reports) == ["node0", "node1", "node3"] and all(r.up_to_date for r in reports)
 
 
 def _worker(step: StagingStep) -> subprocess.Popen[bytes]:

@@ -142,11 +142,13 @@ def test_on_failure_brings_the_deployment_back_then_gives_up(fleet2: LoopbackFle
             for db in Path(os.environ["SPARKFLEET_STATE_DIR"]).glob("state.db*"):
                 assert token.encode() not in db.read_bytes(), db
             kinds = [e["kind"] for e in Deployments().events(name, limit=100)]
-            steps = kinds[kinds.index("rank-exited"):]
+            steps = kinds[kinds.index("rank-exited") :]
             # Each step of the restart is on the timeline, up's own events of the new instance between.
-            assert [k for k in steps if k in ("rank-exited", "health-lost", "restart", "restart-down", "up", "ready",
-                                              "restarted")] == ["rank-exited", "health-lost", "restart",
-                                                                "restart-down", "up", "ready", "restarted"], steps
+            assert [
+                k
+                for k in steps
+                if k in ("rank-exited", "health-lost", "restart", "restart-down", "up", "ready", "restarted")
+            ] == ["rank-exited", "health-lost", "restart", "restart-down", "up", "ready", "restarted"], steps
 
             # The second death is one more than max_restarts = 1 allows: it gives up, saying so.
             _wait_polled(out, polls=len(re.findall(r"^\d\d:\d\d:\d\d ", out.read_text(), re.M)) + 1)
@@ -162,8 +164,10 @@ def test_on_failure_brings_the_deployment_back_then_gives_up(fleet2: LoopbackFle
     assert leftover_processes(name) == []
 
 
-EATER = ("import os, sys, time; b = bytearray(int(sys.argv[1]) << 20); b[::4096] = b'x' * len(b[::4096]); "
-         "print(os.getpid(), flush=True); time.sleep(120)")
+EATER = (
+    "import os, sys, time; b = bytearray(int(sys.argv[1]) << 20); b[::4096] = b'x' * len(b[::4096]); "
+    "print(os.getpid(), flush=True); time.sleep(120)"
+)
 
 
 def _mem_available() -> int:

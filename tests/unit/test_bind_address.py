@@ -29,7 +29,7 @@ def _cluster(**defaults: object) -> dict[str, object]:
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm", "llama-cpp"])
 def test_a_real_fleet_listens_on_every_address(tmp_path: Path, engine: str) -> None:
-    extra = "model_file = \"m.gguf\"\nrevision = \"abc\"\n" if engine == "llama-cpp" else ""
+    extra = 'model_file = "m.gguf"\nrevision = "abc"\n' if engine == "llama-cpp" else ""
     (tmp_path / "r.toml").write_text(RECIPE.format(engine=engine) + extra)
     planned = plan(load_recipe(tmp_path / "r.toml"), parse_cluster(_cluster(), "c.toml"), "t")
     assert flag_value(planned.head.argv, "--host") == "0.0.0.0"

@@ -138,8 +138,9 @@ def test_a_node_without_iperf3_is_measured_by_the_stream_test_and_warned_about()
     links = {"a": LocalLink("eth0", 1500, True), "b": LocalLink("eth0", 1500, False)}
     assert pair_tool(links["a"], links["b"]) == "stdlib" and pair_tool(links["a"], links["a"]) == "iperf3"
     assert pair_tool(links["a"], links["a"], "stdlib") == "stdlib"
-    pair = PairResult("a", "b", "eth0", "eth0", 1500, 940.0, 930.0, loss_pct=0.0, pings=50, path_mtu=1500,
-                      tool="stdlib")
+    pair = PairResult(
+        "a", "b", "eth0", "eth0", 1500, 940.0, 930.0, loss_pct=0.0, pings=50, path_mtu=1500, tool="stdlib"
+    )
     checks = verdicts([pair], links)
     tool = [c for c in checks if c.id == "fabric.tool" and c.status == "warn"]
     assert [c.node for c in tool] == ["b"] and "apt-get install iperf3" in tool[0].fix

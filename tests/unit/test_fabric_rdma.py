@@ -91,7 +91,20 @@ def test_perftest_client_output_parsed_from_the_captures() -> None:
 
 def test_perftest_argv_names_the_hca_its_gid_and_its_port() -> None:
     assert perftest_argv("ib_write_bw", "rocep1s0f0", 3, 18515) == [
-        "ib_write_bw", "-d", "rocep1s0f0", "-x", "3", "-F", "-p", "18515", "--report_gbits", "-q", "4", "-n", "5000"]
+        "ib_write_bw",
+        "-d",
+        "rocep1s0f0",
+        "-x",
+        "3",
+        "-F",
+        "-p",
+        "18515",
+        "--report_gbits",
+        "-q",
+        "4",
+        "-n",
+        "5000",
+    ]
     assert perftest_argv("ib_write_lat", "rocep1s0f0", 3, 18516)[-2:] == ["-n", "1000"]  # fmt: skip
 
 
@@ -108,8 +121,10 @@ def test_link_speed_judges_tcp_on_links_up_to_25_gbit_only() -> None:
     assert ok is not None and ok.status == "pass"
     slow = link_speed_check(_pair(forward_mbps=2500.0), th)
     assert slow is not None and slow.status == "fail"
-    assert "n0 enp1s0f0np0 → n1 enp1s0f0np0 2500.0 Mbit/s, expected ≥ 7000.0 Mbit/s (0.7 × the link's own speed " \
-           "10000 Mbit/s)" in slow.evidence
+    assert (
+        "n0 enp1s0f0np0 → n1 enp1s0f0np0 2500.0 Mbit/s, expected ≥ 7000.0 Mbit/s (0.7 × the link's own speed "
+        "10000 Mbit/s)" in slow.evidence
+    )
     assert link_speed_check(_pair(link_mbps=200_000.0, forward_mbps=30_000.0), th) is None  # one stream, 200G
     assert link_speed_check(_pair(link_mbps=None), th) is None  # speed -1 / unknown
 
@@ -122,8 +137,10 @@ def test_rdma_verdict_against_what_the_hcas_carry_and_the_fleet_median() -> None
     assert good is not None and good.status == "pass"
     slow = rdma_check(_pair(rdma_gbps=11.17, **rd), th, 111.71)
     assert slow is not None and slow.status == "fail"
-    assert slow.evidence.startswith("n0 rocep1s0f0 (GID 3, enp1s0f0np0) → n1 rocep1s0f1 (GID 3, enp1s0f0np0): "
-                                    "ib_write_bw 11.17 Gbit/s, expected ≥ 88.22 Gbit/s (0.7 × 126.0 Gbit/s")
+    assert slow.evidence.startswith(
+        "n0 rocep1s0f0 (GID 3, enp1s0f0np0) → n1 rocep1s0f1 (GID 3, enp1s0f0np0): "
+        "ib_write_bw 11.17 Gbit/s, expected ≥ 88.22 Gbit/s (0.7 × 126.0 Gbit/s"
+    )
     gone = rdma_check(_pair(rdma_gbps=None, rdma_errors=("ib_write_bw: Couldn't connect",), **rd), th, None)
     assert gone is not None and gone.status == "fail" and "Couldn't connect" in gone.evidence
     assert rdma_check(_pair(), th, None) is None  # no RDMA test on this pair

@@ -129,7 +129,9 @@ def test_pinning_the_file_stages_it_and_passes_its_path(tmp_path: Path) -> None:
     rank = plan(pinned, _cluster(1), "d").ranks[0]
     argv = list(rank.argv)
     assert "-hf" not in argv and argv[1:3] == [
-        "-m", "/cache/huggingface/hub/models--unsloth--gpt-oss-20b-GGUF/snapshots/abc123/gpt-oss-20b-Q4_K_M.gguf"]
+        "-m",
+        "/cache/huggingface/hub/models--unsloth--gpt-oss-20b-GGUF/snapshots/abc123/gpt-oss-20b-Q4_K_M.gguf",
+    ]
     assert rank.env_dict()["HF_HUB_OFFLINE"] == "1"
 
 
@@ -203,10 +205,13 @@ def test_dash_m_repo_quant_plans_the_pinned_path_once_filled(tmp_path: Path) -> 
     text = result.recipe_toml
     for key, value in (("model_file", "gpt-oss-20b-Q4_K_M.gguf"), ("revision", "abc")):
         start = text.index(f"{key} = ")
-        text = text[:start] + f'{key} = "{value}"' + text[text.index("\n", start):]
+        text = text[:start] + f'{key} = "{value}"' + text[text.index("\n", start) :]
     (tmp_path / "r.toml").write_text(text)
     recipe = load_recipe(tmp_path / "r.toml")
     assert recipe.model == "unsloth/gpt-oss-20b-GGUF" and not recipe.not_carried
     argv = list(plan(recipe, _cluster(1), "d").ranks[0].argv)
-    assert argv[:3] == ["llama-server", "-m",
-                        "/cache/huggingface/hub/models--unsloth--gpt-oss-20b-GGUF/snapshots/abc/gpt-oss-20b-Q4_K_M.gguf"]
+    assert argv[:3] == [
+        "llama-server",
+        "-m",
+        "/cache/huggingface/hub/models--unsloth--gpt-oss-20b-GGUF/snapshots/abc/gpt-oss-20b-Q4_K_M.gguf",
+    ]

@@ -148,4 +148,3 @@ def test_no_common_network_names_every_node_address(tmp_path: Path) -> None:
     b = replace(_found(tmp_path, "b", "192.168.201.12"), net=_net(("eth0", "172.16.5.5", 1500)))
     with pytest.raises(ClusterError, match=r"no IPv4 network holds an address of every node .*b: eth0 172.16.5.5/24"):
         choose([a, b])
-

@@ -16,9 +16,7 @@ def test_version_with_the_daemon_up() -> None:
 
 def test_version_with_the_daemon_down_names_the_reason() -> None:
     rc = int(vm("docker-version-daemon-down.rc"))
-    facts = docker.parse_version(
-        vm("docker-version-daemon-down.stdout"), rc, vm("docker-version-daemon-down.stderr")
-    )
+    facts = docker.parse_version(vm("docker-version-daemon-down.stdout"), rc, vm("docker-version-daemon-down.stderr"))
     assert rc == 1 and facts.installed and not facts.reachable
     assert facts.client == "28.2.2"
     assert "Cannot connect to the Docker daemon" in facts.error
@@ -48,7 +46,5 @@ def test_snapshot_probe_lists_files_through_symlinks(tmp_path: Path) -> None:
     (snap / "sub" / "config.json").symlink_to(repo / "blobs" / "bbb")
     out = LocalTransport().run(snapshot.command(str(hf), "org/tiny")).stdout
     snaps = snapshot.parse(out)
-    assert [(s.revision, s.files) for s in snaps] == [
-        ("rev1", (("model.safetensors", 10), ("sub/config.json", 2)))
-    ]
+    assert [(s.revision, s.files) for s in snaps] == [("rev1", (("model.safetensors", 10), ("sub/config.json", 2)))]
     assert snapshot.parse(LocalTransport().run(snapshot.command(str(hf), "org/absent")).stdout) == ()

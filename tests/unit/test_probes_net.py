@@ -42,8 +42,12 @@ def test_rdma_probe_reads_port_state_and_the_roce_v2_ipv4_gid(tmp_path: Path) ->
     assert port.roce_v2_index() == 3 and port.roce_v2_index("192.168.200.11") == 3
     assert [g.index for g in port.gids] == [0, 1, 2, 3]
     assert facts.netdevs == {"rocep1s0f0": ("enp1s0f0np0",)}
-    assert [(g.type, g.ipv4) for g in port.gids] == [("IB/RoCE v1", None), ("RoCE v2", None),
-                                                     ("IB/RoCE v1", "192.168.200.11"), ("RoCE v2", "192.168.200.11")]
+    assert [(g.type, g.ipv4) for g in port.gids] == [
+        ("IB/RoCE v1", None),
+        ("RoCE v2", None),
+        ("IB/RoCE v1", "192.168.200.11"),
+        ("RoCE v2", "192.168.200.11"),
+    ]
 
 
 def test_fake_tree_gids_have_the_kernel_forms() -> None:

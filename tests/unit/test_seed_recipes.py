@@ -106,9 +106,7 @@ def test_secrets_are_masked_in_plan_json() -> None:
     from sparkfleet.plan.build import Overrides
 
     recipe = load_recipe(EUGR)
-    out = plan_json(
-        plan(recipe, load_cluster(SPARK4), "x", Overrides(env=(("HF_TOKEN", "hf_supersecretvalue"),)))
-    )
+    out = plan_json(plan(recipe, load_cluster(SPARK4), "x", Overrides(env=(("HF_TOKEN", "hf_supersecretvalue"),))))
     text = json.dumps(out)
     assert "hf_supersecretvalue" not in text
     assert out["ranks"][0]["env"]["HF_TOKEN"] == "***"

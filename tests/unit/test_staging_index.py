@@ -89,11 +89,7 @@ def test_the_shipped_worker_is_self_contained() -> None:
     tree = ast.parse(source)
     # Unconditional top-level imports are standard library only; numpy/xxhash are optional.
     plain = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
-    names = {
-        (a.name if isinstance(n, ast.Import) else n.module or "").split(".")[0]
-        for n in plain
-        for a in n.names
-    }
+    names = {(a.name if isinstance(n, ast.Import) else n.module or "").split(".")[0] for n in plain for a in n.names}
     assert names <= sys.stdlib_module_names | {"__future__"}, names - sys.stdlib_module_names
 
 

@@ -117,7 +117,7 @@ def test_signal_in_image_and_staging_phases_rolls_back(tmp_path: Path, phase: st
             time.sleep(0.3)
 
     # Distribution runs before node staging: the staging phase's recipe has only a sparse-rows step.
-    extra = STAGED if phase != "staging" else STAGED[STAGED.index("[[staging]]\nkind = \"sparse-rows\""):]
+    extra = STAGED if phase != "staging" else STAGED[STAGED.index('[[staging]]\nkind = "sparse-rows"') :]
     fleet = fake_fleet(tmp_path, port=18999, image="fake:1", extra=extra)
     assert "sparse-rows" in {s.kind for s in fleet.plan.staging}
     with pytest.raises(KeyboardInterrupt, match="every started rank was stopped"):
@@ -186,8 +186,15 @@ def test_a_rollback_that_cannot_reach_a_node_names_it_and_what_failed(tmp_path: 
 def test_a_name_running_under_another_instance_is_refused_before_anything_starts(tmp_path: Path) -> None:
     with head_server() as port:
         fleet = fake_fleet(tmp_path, port=port)
-        fleet.nodes["node1"].foreign = [{"pid": 4242, "rank": 1, "instance": "0123456789ab",
-                                         "owner": "alice@lab:/home/alice/.local/state/sparkfleet", "started": 1.7e9}]
+        fleet.nodes["node1"].foreign = [
+            {
+                "pid": 4242,
+                "rank": 1,
+                "instance": "0123456789ab",
+                "owner": "alice@lab:/home/alice/.local/state/sparkfleet",
+                "started": 1.7e9,
+            }
+        ]
         with pytest.raises(StateError) as err:
             _run(fleet)
     message = str(err.value)
@@ -199,8 +206,15 @@ def test_a_name_running_under_another_instance_is_refused_before_anything_starts
 def test_a_taken_port_is_refused_naming_the_port_and_its_holder(tmp_path: Path) -> None:
     with head_server() as port:
         fleet = fake_fleet(tmp_path, port=port)
-        fleet.nodes["node0"].foreign_ports[port] = {"port": port, "uid": 0, "pid": 777, "command": "nginx -g daemon",
-                                                    "deployment": None, "instance": None, "owner": None}
+        fleet.nodes["node0"].foreign_ports[port] = {
+            "port": port,
+            "uid": 0,
+            "pid": 777,
+            "command": "nginx -g daemon",
+            "deployment": None,
+            "instance": None,
+            "owner": None,
+        }
         with pytest.raises(StateError) as err:
             _run(fleet)
     assert f"node0: port {port} (rank 0 HTTP) is held by pid 777 (nginx -g daemon)" in str(err.value)
@@ -216,13 +230,25 @@ def test_health_answered_by_another_server_is_not_ready(tmp_path: Path) -> None:
 
         def other_holds(ports: list[int]) -> list[dict[str, object]]:
             if port in ports and node0.ranks:  # only after our rank started (preflight saw it free)
-                return [{"port": port, "uid": 0, "pid": 99, "command": "llama", "deployment": "gemma",
-                         "instance": "feedfacecafe", "owner": "bob@lab:/s"}]
+                return [
+                    {
+                        "port": port,
+                        "uid": 0,
+                        "pid": 99,
+                        "command": "llama",
+                        "deployment": "gemma",
+                        "instance": "feedfacecafe",
+                        "owner": "bob@lab:/s",
+                    }
+                ]
             return original(ports)
 
         node0._holders = other_holds  # type: ignore[method-assign]
-        with pytest.raises(ReadinessError, match=r"port \d+ on node0 answers, but it is held by sparkfleet "
-                                                 r"deployment 'gemma' \(instance feedfacecafe"):
+        with pytest.raises(
+            ReadinessError,
+            match=r"port \d+ on node0 answers, but it is held by sparkfleet "
+            r"deployment 'gemma' \(instance feedfacecafe",
+        ):
             _run(fleet)
     assert fleet.left_running() == []
 
@@ -251,7 +277,9 @@ def test_status_and_logs_read_every_rank_through_its_transport(tmp_path: Path) -
         assert record is not None
         ranks = status(record, connect=fleet.connect)
         assert [(r.rank, r.node, r.state, r.health) for r in ranks] == [
-            (0, "node0", "running", "healthy"), (1, "node1", "running", "alive")]
+            (0, "node0", "running", "healthy"),
+            (1, "node1", "running", "alive"),
+        ]
         shown = logs(record, connect=fleet.connect)
         assert "fired up" in shown[0] and "loading with key ***" in shown[1]
         assert "sekrit-value-99" not in "".join(shown.values())  # hidden with the rank's own env file

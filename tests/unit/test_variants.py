@@ -71,8 +71,9 @@ def test_set_overrides_apply_on_top_of_the_variant(recipe: Path) -> None:
     assert load_recipe(recipe, ("port=9100",), variant="fast").port == 9100
 
 
-def test_diff_names_exactly_the_changed_words_env_keys_and_image(recipe: Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_diff_names_exactly_the_changed_words_env_keys_and_image(
+    recipe: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out, err = run_main(capsys, "plan", str(recipe), "--cluster", str(SPARK4), "--diff", "base", "fast", "--json")
     assert code == 0, err
     doc = json.loads(out)

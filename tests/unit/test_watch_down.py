@@ -61,8 +61,12 @@ def test_on_failure_restarts_from_the_stored_plan_with_the_secret_from_the_env_f
     with head_server() as port:
         policy = '[serve]\nrestart = "on-failure"\nmax_restarts = 1\nbackoff = 0\n'
         fleet = fake_fleet(tmp_path, port=port, extra=policy)
-        fleet = dataclasses.replace(fleet, plan=dataclasses.replace(
-            fleet.plan, ranks=tuple(dataclasses.replace(r, env=(*r.env, *_token(r))) for r in fleet.plan.ranks)))
+        fleet = dataclasses.replace(
+            fleet,
+            plan=dataclasses.replace(
+                fleet.plan, ranks=tuple(dataclasses.replace(r, env=(*r.env, *_token(r))) for r in fleet.plan.ranks)
+            ),
+        )
         _up(fleet)
         watcher = Watcher("fake", connect=fleet.connect, interval=1)
         watcher.poll()
@@ -110,7 +114,7 @@ def _token(_rank: RankPlan) -> tuple[EnvVar, ...]:
 
 def test_memory_under_the_floor_is_an_event_once_and_its_recovery_another(tmp_path: Path) -> None:
     with head_server() as port:
-        fleet = fake_fleet(tmp_path, port=port, extra="[serve]\nmem_floor = \"4 GiB\"\n")
+        fleet = fake_fleet(tmp_path, port=port, extra='[serve]\nmem_floor = "4 GiB"\n')
         _up(fleet)
         watcher = Watcher("fake", connect=fleet.connect, interval=1)
         assert watcher.poll().events == []

@@ -74,7 +74,7 @@ class DownReport:
         parts += [f"{node}: not checked ({why})" for node, why in self.unchecked.items()]
         if not parts:
             return None
-        return (f"{self.name}: stopped, but not everything of the instance is gone:\n  " + "\n  ".join(parts))
+        return f"{self.name}: stopped, but not everything of the instance is gone:\n  " + "\n  ".join(parts)
 
 
 def down(deployment: Deployment, *, deployments: Deployments | None = None,

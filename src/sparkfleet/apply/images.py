@@ -64,9 +64,7 @@ def image_ids(transports: Mapping[str, Transport], ref: str) -> dict[str, str | 
     return fan_out(transports, lambda n: image_id(transports[n], ref)).raise_first()
 
 
-def verify_same_id(
-    transports: Mapping[str, Transport], ref: str, *, allow_mismatch: bool = False
-) -> dict[str, str]:
+def verify_same_id(transports: Mapping[str, Transport], ref: str, *, allow_mismatch: bool = False) -> dict[str, str]:
     """The image ID of every node; NodeError naming the nodes that lack the image or differ
     from the first node (unless allow_mismatch, for a deliberate mixed fleet)."""
     ids = image_ids(transports, ref)
@@ -136,9 +134,7 @@ def distribute(
     have = image_ids({n: t for n, t in transports.items() if n != source}, ref)
     actions = [ImageAction(source, "skipped", want, "source", 0.0)]
     todo = {n: transports[n] for n, i in have.items() if i != want}
-    actions += [
-        ImageAction(n, "skipped", i, "same image ID already", 0.0) for n, i in have.items() if i == want
-    ]
+    actions += [ImageAction(n, "skipped", i, "same image ID already", 0.0) for n, i in have.items() if i == want]
     if not todo:
         return actions
     if is_pinned(ref):
@@ -185,9 +181,7 @@ def build(
     differs from the new build (or build it on every node). Docker's layer cache makes an
     unchanged context rebuild to the same ID, so unchanged nodes are skipped."""
     if is_pinned(ref):
-        raise RecipeError(
-            f"docker_image = {ref!r} is pinned to a registry digest: it can be pulled, not built"
-        )
+        raise RecipeError(f"docker_image = {ref!r} is pinned to a registry digest: it can be pulled, not built")
     say = progress or (lambda _n, _m: None)
     tar = context_tar(context)
     if on_each_node:
@@ -217,9 +211,7 @@ def build(
     return [built] + [a for a in rest if a.node != head]
 
 
-def ensure_same_image(
-    plan: Plan, transports: Mapping[str, Transport], *, allow_mismatch: bool = False
-) -> None:
+def ensure_same_image(plan: Plan, transports: Mapping[str, Transport], *, allow_mismatch: bool = False) -> None:
     """For `up`: every docker rank's node must hold the same image ID (NodeError otherwise,
     unless allow_mismatch)."""
     for ref in sorted({r.image for r in plan.ranks if r.runtime == "docker" and r.image}):

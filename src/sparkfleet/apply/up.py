@@ -37,7 +37,6 @@ from sparkfleet.state.deployments import Deployments
 Reporter = Callable[[str | None, int | None, str], None]
 
 
-
 @dataclass(frozen=True)
 class UpResult:
     """A ready deployment."""
@@ -83,7 +82,9 @@ def _preflight(plan: Plan, transports: dict[str, Transport], instance: Instance)
         owners = sorted({f.owner or "an older sparkfleet" for f in others})
         raise StateError(
             f"deployment {plan.name!r} is already on its nodes under another instance (owner "
-            + ", ".join(owners) + "):\n  " + "\n  ".join(f.describe() for f in others)
+            + ", ".join(owners)
+            + "):\n  "
+            + "\n  ".join(f.describe() for f in others)
             + f"\nstop it from where it was started (`sparkfleet down {plan.name}`), pick another name "
             f"(`up --name`), or, if it is abandoned, `sparkfleet down {plan.name} --sweep --cluster FILE`"
         )
@@ -187,8 +188,16 @@ def up(
     secrets = secrets_of((v.key, v.value) for r in plan.ranks for v in r.env)
     try:
         with _signals_interrupt():
-            answer = _run_up(plan, instance, records, report, timeout, allow_image_mismatch, transports,
-                             connect or (lambda n: transport_for(n, accept_new_host_keys=accept_new_host_keys)))
+            answer = _run_up(
+                plan,
+                instance,
+                records,
+                report,
+                timeout,
+                allow_image_mismatch,
+                transports,
+                connect or (lambda n: transport_for(n, accept_new_host_keys=accept_new_host_keys)),
+            )
     except BaseException as exc:
         with _shielded():
             report(None, None, "rolling back")

@@ -48,6 +48,7 @@ def has_own_template(props: Mapping[str, Any] | None) -> bool | None:
     eos = props.get("eos_token")
     return None if eos is None else str(eos) == "<|im_end|>"
 
+
 def no_template_line(model: str, engine: str) -> str:
     """The warning for a server that answers chat for a model without a template of its own."""
     return (f"{model} has no chat template of its own ({engine} frames chat messages in its ChatML fallback): "

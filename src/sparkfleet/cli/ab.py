@@ -39,8 +39,12 @@ def ab(
     as_json: JsonOpt = False,
     out: Annotated[
         list[Path] | None,
-        typer.Option("--out", "-o", metavar="FILE",
-                     help="Also write the report to this file: Markdown for .md, else JSON (repeatable)."),
+        typer.Option(
+            "--out",
+            "-o",
+            metavar="FILE",
+            help="Also write the report to this file: Markdown for .md, else JSON (repeatable).",
+        ),
     ] = None,
 ) -> None:
     """A/B two variants of a recipe: every round brings each one up (verify + smoke), runs the

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from sparkfleet.bench.stats import Spread
     from sparkfleet.bench.store import StoredRun
 
+
 @bench_app.command("serve")
 def serve_cmd(
     target: TargetArg,
@@ -49,8 +50,11 @@ def serve_cmd(
     ] = "128",
     dataset_name: Annotated[
         str | None,
-        typer.Option("--dataset-name", help="random (default), prefix (shared system prompt), multiturn, or custom "
-                     "(a .jsonl file: --dataset-path)."),
+        typer.Option(
+            "--dataset-name",
+            help="random (default), prefix (shared system prompt), multiturn, or custom "
+            "(a .jsonl file: --dataset-path).",
+        ),
     ] = None,
     dataset_path: Annotated[
         Path | None, typer.Option("--dataset-path", help="A .jsonl file of requests (the custom dataset).")
@@ -59,8 +63,10 @@ def serve_cmd(
     turns: Annotated[int, typer.Option(help="Turns per conversation (--dataset-name multiturn).")] = 3,
     goodput: Annotated[
         str | None,
-        typer.Option("--goodput", help="SLO targets a good request meets, e.g. ttft=1s,tpot=50ms,e2e=20s, or "
-                     "vLLM's ttft:1000 tpot:50 (ms)."),
+        typer.Option(
+            "--goodput",
+            help="SLO targets a good request meets, e.g. ttft=1s,tpot=50ms,e2e=20s, or vLLM's ttft:1000 tpot:50 (ms).",
+        ),
     ] = None,
     repeats: Annotated[int, typer.Option(help="Measured runs per rate.")] = 1,
     discard_runs: Annotated[int, typer.Option(help="Runs thrown away before the first tier (cold caches).")] = 2,

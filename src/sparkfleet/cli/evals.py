@@ -106,8 +106,10 @@ def quality(
     out: OutOpt = None,
     gate: Annotated[
         float | None,
-        typer.Option(help="Pass fraction the deployment's gate needs (default: no fewer than its last passing "
-                     "configuration's quality run)."),
+        typer.Option(
+            help="Pass fraction the deployment's gate needs (default: no fewer than its last passing "
+            "configuration's quality run)."
+        ),
     ] = None,
     unsafe_unconfined_code: Annotated[
         bool,
@@ -217,8 +219,9 @@ def needle(
     label: LabelOpt = None,
     input_len: Annotated[
         str,
-        typer.Option("--input-len", help="Prompt lengths in tokens, comma-separated (k = 1024); capped at the "
-                     "context."),
+        typer.Option(
+            "--input-len", help="Prompt lengths in tokens, comma-separated (k = 1024); capped at the context."
+        ),
     ] = ",".join(str(x) for x in DEFAULT_LENGTHS),
     depths: Annotated[str, typer.Option(help="Needle depths in percent, comma-separated.")] = ",".join(
         f"{d:g}" for d in DEFAULT_DEPTHS
@@ -231,15 +234,19 @@ def needle(
     ] = 0.0,
     cluster: Annotated[
         Path | None,
-        typer.Option("--cluster", "-c", help="Cluster file whose nodes the memory guard watches (default: this "
-                     "machine)."),
+        typer.Option(
+            "--cluster", "-c", help="Cluster file whose nodes the memory guard watches (default: this machine)."
+        ),
     ] = None,
     as_json: JsonOpt = False,
     out: Annotated[
         list[Path] | None,
-        typer.Option("--out", "-o", metavar="FILE",
-                     help="Also write the result to this file: the heatmap for .png (needs matplotlib), else JSON "
-                     "(repeatable)."),
+        typer.Option(
+            "--out",
+            "-o",
+            metavar="FILE",
+            help="Also write the result to this file: the heatmap for .png (needs matplotlib), else JSON (repeatable).",
+        ),
     ] = None,
 ) -> None:
     """Needle-in-a-haystack over a length x depth grid; exact-match scoring; effective length."""

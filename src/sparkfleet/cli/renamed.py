@@ -31,8 +31,9 @@ def _suffix(suffix: str, old: str) -> Callable[[str], tuple[str | None, str]]:
     def rule(value: str) -> tuple[str | None, str]:
         if value.lower().endswith(suffix):
             return "--out", ""
-        return None, (f"{old} {value}: files are written with --out now, the format following the suffix: "
-                      f"--out FILE{suffix}")
+        return None, (
+            f"{old} {value}: files are written with --out now, the format following the suffix: --out FILE{suffix}"
+        )
 
     return rule
 

@@ -13,8 +13,12 @@ from sparkfleet.cli.console import console, plain
 
 def watch(
     name: Annotated[str, typer.Argument(help="Deployment name.")],
-    interval: Annotated[float, typer.Option(help="Seconds between polls (at least 1; 10 keeps the cost "
-                                                 "to the engine negligible, see docs/watch.md).")] = 10.0,
+    interval: Annotated[
+        float,
+        typer.Option(
+            help="Seconds between polls (at least 1; 10 keeps the cost to the engine negligible, see docs/watch.md)."
+        ),
+    ] = 10.0,
     count: Annotated[int | None, typer.Option(help="Stop after this many polls (default: until Ctrl-C).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print events only, not a line per poll.")] = False,
 ) -> None:

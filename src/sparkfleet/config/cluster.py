@@ -223,9 +223,7 @@ def parse_cluster(data: dict[str, object], source: str) -> Cluster:
         raw = ClusterFile.model_validate(data)
     except ValidationError as exc:
         raise ClusterError(f"{source}: {describe(exc, ClusterFile)}") from None
-    return Cluster(
-        name=raw.name, nodes=tuple(_resolve(n, raw.defaults) for n in raw.nodes), source=source
-    )
+    return Cluster(name=raw.name, nodes=tuple(_resolve(n, raw.defaults) for n in raw.nodes), source=source)
 
 
 def load_cluster(path: Path | str | None) -> Cluster:

@@ -71,14 +71,12 @@ def chain(data: Mapping[str, Any], name: str, source: str) -> list[str]:
     table: dict[str, Any] = data.get("variants") or {}
     known = variant_names(data)
     if name not in known:
-        raise RecipeError(
-            f"{source}: no variant {name!r}{did_you_mean(name, known)}; it has: {', '.join(known)}"
-        )
+        raise RecipeError(f"{source}: no variant {name!r}{did_you_mean(name, known)}; it has: {', '.join(known)}")
     order: list[str] = []
     current = name
     while current != BASE:
         if current in order:
-            loop = " → ".join([*order[order.index(current):], current])
+            loop = " → ".join([*order[order.index(current) :], current])
             raise RecipeError(f"{source}: variants.{order[-1]}.extends: the chain is a loop ({loop})")
         order.append(current)
         parent = table[current].get("extends", BASE)

@@ -85,9 +85,7 @@ def _check_docker_settings(spec: DoctorSpec, t: NodeTarget, f: NodeFacts) -> lis
             )
         )
     elif lim is not None and t.memlock not in (None, "", "none"):
-        out.append(
-            Check("docker.memlock", t.name, "pass", f"memlock {t.memlock} within {lim.source}'s limit")
-        )
+        out.append(Check("docker.memlock", t.name, "pass", f"memlock {t.memlock} within {lim.source}'s limit"))
     return out
 
 
@@ -97,9 +95,7 @@ def _check_gpu(t: NodeTarget, f: NodeFacts) -> list[Check]:
         return [Check("gpu.present", t.name, "warn", "GPU probe gave no answer")]
     if not g.available or not g.gpus:
         if t.gpus == "none":
-            return [
-                Check("gpu.present", t.name, "pass", f'no GPU, and none wanted (gpus = "none"): {g.error}')
-            ]
+            return [Check("gpu.present", t.name, "pass", f'no GPU, and none wanted (gpus = "none"): {g.error}')]
         return [
             Check(
                 "gpu.present",
@@ -114,8 +110,7 @@ def _check_gpu(t: NodeTarget, f: NodeFacts) -> list[Check]:
     out = [Check("gpu.present", t.name, "pass", f"{g.count} × {first.name} ({mem}), driver {first.driver}")]
     if g.processes:
         holders = ", ".join(
-            f"{p.pid} {p.name}" + (f" {p.used_mib} MiB" if p.used_mib is not None else "")
-            for p in g.processes
+            f"{p.pid} {p.name}" + (f" {p.used_mib} MiB" if p.used_mib is not None else "") for p in g.processes
         )
         out.append(
             Check(
@@ -137,9 +132,7 @@ def _check_rdma(t: NodeTarget, f: NodeFacts) -> Check | None:
         if not (t.rdma or t.rdma_required):
             return None
         seen = ", ".join(r.dev_nodes) or "nothing"
-        ports = (
-            ", ".join(f"{p.hca}/{p.port} {p.state}" for p in r.ports) or "no device in /sys/class/infiniband"
-        )
+        ports = ", ".join(f"{p.hca}/{p.port} {p.state}" for p in r.ports) or "no device in /sys/class/infiniband"
         status: Status = "fail" if t.rdma_required else "warn"
         return Check(
             "rdma.devices",
@@ -160,9 +153,7 @@ def _check_rdma(t: NodeTarget, f: NodeFacts) -> Check | None:
         )
     index = port.roce_v2_index(t.fabric_ip)
     # Whether NCCL_IB_GID_INDEX (from the cluster's ib_gid_index or the recipe) names it is rdma.gid_index's.
-    evidence = (
-        f"{port.hca}/{port.port} {port.state} {port.link_layer}, RoCE v2 GID index {index} for {t.fabric_ip}"
-    )
+    evidence = f"{port.hca}/{port.port} {port.state} {port.link_layer}, RoCE v2 GID index {index} for {t.fabric_ip}"
     return Check("rdma.devices", t.name, "pass", evidence)
 
 
@@ -213,9 +204,7 @@ def _check_memory(t: NodeTarget, f: NodeFacts, mp: MemoryPlan | None) -> list[Ch
                 )
             )
         else:
-            out.append(
-                Check("mem.available", t.name, "pass", ev + (f"; plan needs {gb(need)}" if need else ""))
-            )
+            out.append(Check("mem.available", t.name, "pass", ev + (f"; plan needs {gb(need)}" if need else "")))
     gpus = f.gpu.gpus if f.gpu else ()
     if mp is not None and mp.static_pool and gpus and gpus[0].memory_free_mib is not None:
         # Discrete GPUs: the engine refuses to start when less than its pool is free.
@@ -223,11 +212,7 @@ def _check_memory(t: NodeTarget, f: NodeFacts, mp: MemoryPlan | None) -> list[Ch
         ev = f"{gpus[0].name}: {gb(free)} free, the static pool needs {gb(mp.static_pool)}"
         if free < mp.static_pool:
             used = ", ".join(f"{p.pid} {p.name}" for p in f.gpu.processes) if f.gpu else ""
-            fix = (
-                f"stop what holds GPU memory ({used})"
-                if used
-                else "free GPU memory or lower the memory fraction"
-            )
+            fix = f"stop what holds GPU memory ({used})" if used else "free GPU memory or lower the memory fraction"
             out.append(Check("mem.gpu_free", t.name, "fail", ev, fix))
         else:
             out.append(Check("mem.gpu_free", t.name, "pass", ev))

@@ -108,9 +108,7 @@ def addresses(found: Found) -> list[Address]:
         if iface.loopback or iface.operstate == "DOWN":
             continue
         for ip, prefix in zip(iface.ipv4, iface.prefixes, strict=False):
-            ports = tuple(
-                p for p in found.rdma.ports if p.active and p.roce_v2_index(ip) is not None
-            )
+            ports = tuple(p for p in found.rdma.ports if p.active and p.roce_v2_index(ip) is not None)
             out.append(Address(iface, ip, ipaddress.IPv4Network(f"{ip}/{prefix}", strict=False), ports))
     return out
 

@@ -32,6 +32,7 @@ __all__ = [
     "spec_for",
 ]
 
+
 @dataclass(frozen=True)
 class Report:
     """Every check, in a stable order, and how long the run took."""

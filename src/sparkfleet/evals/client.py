@@ -79,8 +79,11 @@ class EvalClient:
 
     def _json(self, response: httpx.Response, path: str) -> dict[str, Any]:
         if response.status_code != 200:
-            hint = f" ({HINT})" if path == "/v1/chat/completions" and refuses_chat(f"HTTP {response.status_code}: "
-                                                                                    f"{response.text}") else ""
+            hint = (
+                f" ({HINT})"
+                if path == "/v1/chat/completions" and refuses_chat(f"HTTP {response.status_code}: {response.text}")
+                else ""
+            )
             raise EvalError(f"{self.base_url}{path} returned HTTP {response.status_code}: {response.text[:300]}{hint}")
         try:
             body = response.json()

@@ -88,7 +88,12 @@ def markdown(report: dict[str, Any]) -> str:
                   f"**{q['verdict_text']}**."]  # fmt: skip
     figures = {v: [f for f in report["figures"][v] if f] for v in (a, b)}
     if any(figures.values()):
-        lines += ["", "Engine figures (first round): " + "; ".join(
-            f"{v}: " + ", ".join(f"{k} {_num(x)}" for k, x in fs[0].items()) for v, fs in figures.items() if fs)]
+        lines += [
+            "",
+            "Engine figures (first round): "
+            + "; ".join(
+                f"{v}: " + ", ".join(f"{k} {_num(x)}" for k, x in fs[0].items()) for v, fs in figures.items() if fs
+            ),
+        ]
     lines += ["", f"Rule: {report['rule']}.", ""]
     return "\n".join(lines)

@@ -606,17 +606,34 @@ class Gateway:
             waited = await self.hold.wait(model, queue, left)
         except QueueFull:
             self.metrics.hold_outcomes.labels(model, "full").inc()
-            raise _Reject(503, f"model {model!r} has no ready replica and {queue} request(s) wait for it already "
-                          "(hold_queue); retry later", "server_error", "unavailable", retry_after=retry) from None
+            raise _Reject(
+                503,
+                f"model {model!r} has no ready replica and {queue} request(s) wait for it already "
+                "(hold_queue); retry later",
+                "server_error",
+                "unavailable",
+                retry_after=retry,
+            ) from None
         except TimeoutError:
             self.metrics.hold_outcomes.labels(model, "timeout").inc()
             ex.row.held = (ex.row.held or 0.0) + max(0.0, left)
-            raise _Reject(503, f"model {model!r} is not available now (no replica was ready within {wait:g} s, "
-                          "hold_wait); retry later", "server_error", "unavailable", retry_after=retry) from None
+            raise _Reject(
+                503,
+                f"model {model!r} is not available now (no replica was ready within {wait:g} s, "
+                "hold_wait); retry later",
+                "server_error",
+                "unavailable",
+                retry_after=retry,
+            ) from None
         except RouteGone:
             self.metrics.hold_outcomes.labels(model, "dropped").inc()
-            raise _Reject(503, f"model {model!r} was taken off the gateway while the request waited; retry later",
-                          "server_error", "unavailable", retry_after=retry) from None
+            raise _Reject(
+                503,
+                f"model {model!r} was taken off the gateway while the request waited; retry later",
+                "server_error",
+                "unavailable",
+                retry_after=retry,
+            ) from None
         finally:
             self.metrics.held.labels(model).dec()
         self.metrics.hold_outcomes.labels(model, "released").inc()

@@ -94,8 +94,10 @@ FIELD_FLAGS = {
                   "-hff": "file", "--port": "port", "--host": "host"},
 }  # fmt: skip
 # What validate/plan say (the recipe's not_carried) about an imported -hf repo[:QUANT] model.
-HUB_FETCH_WARNING = ("llama.cpp downloads {spec} on each node at start: not pinned to a revision, each node needs "
-                     "the Hub; set model to the repo, model_file and revision to stage one pinned file once")
+HUB_FETCH_WARNING = (
+    "llama.cpp downloads {spec} on each node at start: not pinned to a revision, each node needs "
+    "the Hub; set model to the repo, model_file and revision to stage one pinned file once"
+)
 # Field flags a vLLM/SGLang import also keeps in args as the recipe spells them (-tp 2, --tp-size,
 # --host, --port): the recipe says command_style = "sparkrun", and plan writes these flags where
 # and as the recipe wrote them, with this plan's values, as sparkrun runs the rendered command.
@@ -708,14 +710,14 @@ def import_sparkrun(file: SparkrunFile, label: str = "sparkrun", sparkrun_versio
     if engine == "llama-cpp":
         doc.comment("sparkfleet appends --rpc with the workers (rpc-server on the rendezvous port) as sparkrun did;")
         doc.comment("the command's model, host and port flags stay in args as written and plan sets their values")
-        doc.comment("(command_style = \"sparkrun\").")
+        doc.comment('(command_style = "sparkrun").')
         if rpc_cluster and command:
             doc.comment("On more than one node sparkrun's head runs the command built from defaults, not the")
             doc.comment("recipe's command (its _build_rpc_head_command): so do these args.")
     else:
         doc.comment("sparkfleet appends the per-rank flags (node count and rank, rendezvous address) as sparkrun")
         doc.comment("did; the rendezvous port is sparkrun's init port. The command's own parallel-size, host and")
-        doc.comment("port flags stay in args as written; plan sets their values (command_style = \"sparkrun\").")
+        doc.comment('port flags stay in args as written; plan sets their values (command_style = "sparkrun").')
     if data.get("description"):
         doc.comment(f"description = {typed(data['description'])}")
     for key, value in metadata.items():

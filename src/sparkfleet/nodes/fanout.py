@@ -46,7 +46,6 @@ def _interrupts_deferred() -> Iterator[None]:
             signal.raise_signal(signum)
 
 
-
 @dataclass(frozen=True)
 class Outcome(Generic[T]):
     """What one node's call returned, or the error it raised."""

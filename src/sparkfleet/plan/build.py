@@ -85,9 +85,7 @@ def plan(recipe: Recipe, cluster: Cluster, deployment: str, overrides: Overrides
     port = recipe.port or adapter.default_port
     rdv_port = recipe.rendezvous_port or adapter.default_rendezvous_port
     head = nodes[0]
-    ranks = tuple(
-        _rank_plan(recipe, name, r, node, nodes, port, rdv_port, overrides) for r, node in enumerate(nodes)
-    )
+    ranks = tuple(_rank_plan(recipe, name, r, node, nodes, port, rdv_port, overrides) for r, node in enumerate(nodes))
     endpoint_host = "127.0.0.1" if head.host in ("localhost", "local") else head.host
     return Plan(
         name=name,
@@ -108,8 +106,13 @@ def plan(recipe: Recipe, cluster: Cluster, deployment: str, overrides: Overrides
         revision=recipe.revision,
         model_repo=_model_repo(recipe),
         variant=recipe.variant,
-        serve=ServeSpec(recipe.serve.restart, recipe.serve.max_restarts, recipe.serve.backoff, recipe.serve.mem_floor,
-                        recipe.serve.gateway_route()),
+        serve=ServeSpec(
+            recipe.serve.restart,
+            recipe.serve.max_restarts,
+            recipe.serve.backoff,
+            recipe.serve.mem_floor,
+            recipe.serve.gateway_route(),
+        ),
         warnings=env_overrides(ranks, {n.name: cluster_env(n, adapter.host_ip_env) for n in nodes}),
         secret_args=secret_arg_notes(recipe),
         not_carried=recipe.not_carried,
@@ -237,9 +240,7 @@ def container_hf_home(recipe: Recipe) -> str:
     return recipe.hf_mount or CONTAINER_HF_HOME
 
 
-def _model_ref_and_mounts(
-    recipe: Recipe, node: Node, deployment: str, docker: bool
-) -> tuple[str, list[MountSpec]]:
+def _model_ref_and_mounts(recipe: Recipe, node: Node, deployment: str, docker: bool) -> tuple[str, list[MountSpec]]:
     mounts: list[MountSpec] = []
     if recipe.composed_model is not None:
         # The composer links `<dir>/model` to the first source's snapshot folder inside it.
@@ -279,7 +280,12 @@ def _staging_mounts(recipe: Recipe, deployment: str, node: Node, nodes: tuple[No
 
 
 def _env(
-    recipe: Recipe, node: Node, rank: int, deployment: str, docker: bool, overrides: Overrides,
+    recipe: Recipe,
+    node: Node,
+    rank: int,
+    deployment: str,
+    docker: bool,
+    overrides: Overrides,
     from_args: dict[str, str] | None = None,
 ) -> tuple[EnvVar, ...]:
     adapter = engine_for(recipe.engine)
@@ -340,8 +346,11 @@ def _rank_plan(
     env = _env(recipe, node, rank, deployment, docker, overrides, {var: a.value for a in secret_args for var in a.env})
     env_file = f"{workdir}/r{rank}.env"
     container_argv = (
-        docker_run_argv(recipe.docker_image, recipe.shm_size, node, deployment, rank, name, env_file, tuple(mounts),
-                        argv) if recipe.docker_image else None
+        docker_run_argv(
+            recipe.docker_image, recipe.shm_size, node, deployment, rank, name, env_file, tuple(mounts), argv
+        )
+        if recipe.docker_image
+        else None
     )
     readiness = adapter.readiness(ctx)
     shaped = _token_shaped((*argv, *(container_argv or ())))
@@ -384,8 +393,10 @@ def _staging(recipe: Recipe, at: Planning) -> tuple[StagingStep, ...]:
                                 f"planned nodes ({', '.join(names)})")  # fmt: skip
     steps: list[StagingStep] = []
     adapter = engine_for(recipe.engine)
-    if recipe.composed_model is None and _REPO_ID.match(recipe.model) and not adapter.fetches_at_start(
-        recipe.launch_spec()
+    if (
+        recipe.composed_model is None
+        and _REPO_ID.match(recipe.model)
+        and not adapter.fetches_at_start(recipe.launch_spec())
     ):
         profile = adapter.hub_profile(recipe.launch_spec())
         steps += hub.steps(recipe.model, profile, recipe.staging, at)

@@ -64,7 +64,7 @@ def diff_plans(a: Plan, b: Plan) -> list[RankDiff]:
     """Per rank (in rank order), what B changes relative to A. Plans with different rank counts
     differ in ranks too: the extra ranks are compared with nothing."""
     out = [_rank_diff(ra, rb) for ra, rb in zip(a.ranks, b.ranks, strict=False)]
-    for extra in (*a.ranks[len(b.ranks):], *b.ranks[len(a.ranks):]):
+    for extra in (*a.ranks[len(b.ranks) :], *b.ranks[len(a.ranks) :]):
         in_a = extra in a.ranks
         out.append(RankDiff(
             rank=extra.rank, node=extra.node.name,

@@ -238,4 +238,3 @@ _DOCKER_NAME = re.compile(r"[^a-zA-Z0-9_.-]+")
 def container_name(deployment: str, rank: int) -> str:
     """The deterministic container name of a rank (Docker's allowed characters only)."""
     return f"sparkfleet-{_DOCKER_NAME.sub('-', deployment).strip('-.') or 'deployment'}-r{rank}"
-

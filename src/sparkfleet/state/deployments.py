@@ -107,6 +107,7 @@ def _node_from_json(data: dict[str, Any]) -> Node:
     resolved = parse_cluster({"name": "record", "nodes": [spec]}, "the state store").nodes[0]
     return Node.model_validate({**resolved.model_dump(), **{k: v for k, v in data.items() if k in Node.model_fields}})
 
+
 _MOUNT_KEYS = {f.name for f in fields(MountSpec)}
 
 

@@ -117,4 +117,3 @@ def with_secrets(plan: Plan, env_files: Mapping[int, Mapping[str, str] | None]) 
         env = tuple(dataclasses.replace(v, value=found[v.key]) if v.key in missing else v for v in rank.env)
         ranks.append(dataclasses.replace(rank, env=env))
     return dataclasses.replace(plan, ranks=tuple(ranks))
-

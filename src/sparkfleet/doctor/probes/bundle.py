@@ -22,9 +22,9 @@ _END = "@@SF-END"
 _PRELUDE = (
     't=$(mktemp -d 2>/dev/null || { mkdir -p "/tmp/sfprobe.$$" && echo "/tmp/sfprobe.$$"; })\n'
     'sfp() { n=$1; shift; "$@" >"$t/$n.o" 2>"$t/$n.e" </dev/null; rc=$?; '
-    f"printf '\\n{_BEGIN} %s %s\\n' \"$n\" \"$rc\" >\"$t/$n.1\"; "
-    f"printf '\\n{_ERR} %s\\n' \"$n\" >\"$t/$n.2\"; "
-    f"printf '\\n{_END} %s\\n' \"$n\" >\"$t/$n.3\"; }}\n"
+    f'printf \'\\n{_BEGIN} %s %s\\n\' "$n" "$rc" >"$t/$n.1"; '
+    f'printf \'\\n{_ERR} %s\\n\' "$n" >"$t/$n.2"; '
+    f'printf \'\\n{_END} %s\\n\' "$n" >"$t/$n.3"; }}\n'
 )
 
 

@@ -17,10 +17,7 @@ FIELDS = "source,fstype,size,avail,target"
 
 def command(path: str) -> list[str]:
     """The argv that prints df's line for the filesystem that holds (or will hold) path."""
-    script = (
-        'p="$1"; while [ ! -e "$p" ] && [ "$p" != / ]; do p=$(dirname "$p"); done; '
-        f'df -B1 --output={FIELDS} "$p"'
-    )
+    script = f'p="$1"; while [ ! -e "$p" ] && [ "$p" != / ]; do p=$(dirname "$p"); done; df -B1 --output={FIELDS} "$p"'
     return ["sh", "-c", script, "df", path]
 
 

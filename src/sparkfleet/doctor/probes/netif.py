@@ -93,9 +93,7 @@ def parse_sysfs(text: str) -> tuple[Interface, ...]:
         if len(parts) == 2:
             found.setdefault(parts[0], {})[parts[1]] = value.strip()
     return tuple(
-        Interface(
-            name=name, mtu=int(v.get("mtu", 0)), operstate=v.get("operstate", "unknown").upper(), ipv4=()
-        )
+        Interface(name=name, mtu=int(v.get("mtu", 0)), operstate=v.get("operstate", "unknown").upper(), ipv4=())
         for name, v in sorted(found.items())
     )
 

@@ -20,9 +20,10 @@ from sparkfleet.plan.model import LABEL_DEPLOYMENT, LABEL_RANK, MountSpec, RankH
 
 # Loopback fleets put several nodes on one dockerd: the node label keeps their ranks apart.
 LABEL_NODE = "sparkfleet.node"
-_FIND_FORMAT = "\t".join(["{{.Names}}", "{{.State}}"] + [
-    f'{{{{.Label "{label}"}}}}' for label in (LABEL_RANK, LABEL_INSTANCE, LABEL_OWNER, LABEL_STARTED, LABEL_NODE)
-])
+_FIND_FORMAT = "\t".join(
+    ["{{.Names}}", "{{.State}}"]
+    + [f'{{{{.Label "{label}"}}}}' for label in (LABEL_RANK, LABEL_INSTANCE, LABEL_OWNER, LABEL_STARTED, LABEL_NODE)]
+)
 
 
 def device_words(node: Node, shm_size: str | None = None) -> list[str]:
@@ -40,8 +41,17 @@ def device_words(node: Node, shm_size: str | None = None) -> list[str]:
     return words
 
 
-def docker_run_argv(image: str, shm_size: str | None, node: Node, deployment: str, rank: int, name: str,
-                    env_file: str, mounts: tuple[MountSpec, ...], argv: tuple[str, ...]) -> tuple[str, ...]:
+def docker_run_argv(
+    image: str,
+    shm_size: str | None,
+    node: Node,
+    deployment: str,
+    rank: int,
+    name: str,
+    env_file: str,
+    mounts: tuple[MountSpec, ...],
+    argv: tuple[str, ...],
+) -> tuple[str, ...]:
     """The ``docker run`` of one rank, as the Plan shows it (pure: plan() calls it). ``start``
     adds the instance's labels; GPUs, memlock and /dev/infiniband follow the node's settings."""
     words = [

@@ -88,4 +88,3 @@ class ProcessRuntime:
         for item in (f for f in found if f.kind == "process"):
             payload = {"deployment": item.deployment, "node": item.node, "pids": list(item.pids), "grace": grace}
             node_agent(transport, node.python, "kill", payload, timeout=grace + 30)
-

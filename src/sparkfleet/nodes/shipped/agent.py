@@ -286,8 +286,11 @@ def _belongs(pid: str, deployment: str, rank: int | None, node: str | None, inst
 
 def _members(deployment: str, rank: int | None, node: str | None, instance: str | None = None) -> list[int]:
     me = os.getpid()
-    return [int(p) for p in os.listdir("/proc")
-            if p.isdigit() and int(p) != me and _belongs(p, deployment, rank, node, instance)]
+    return [
+        int(p)
+        for p in os.listdir("/proc")
+        if p.isdigit() and int(p) != me and _belongs(p, deployment, rank, node, instance)
+    ]
 
 
 def stop(spec: dict) -> dict:
@@ -295,8 +298,10 @@ def stop(spec: dict) -> dict:
     groups = set()
     instance = spec.get("instance")
     # The pid file sits in a folder two controllers may share: trust it only for our instance.
-    if found and _starttime(found[1]) == found[2] and (
-        instance is None or (_environ(found[1]) or {}).get("SPARKFLEET_INSTANCE") == instance
+    if (
+        found
+        and _starttime(found[1]) == found[2]
+        and (instance is None or (_environ(found[1]) or {}).get("SPARKFLEET_INSTANCE") == instance)
     ):
         groups.add(found[0])
     members = _members(spec["deployment"], spec.get("rank"), spec.get("node"), instance)
@@ -353,9 +358,15 @@ def find(spec: dict) -> list[dict]:
             continue
         rank = env.get("SPARKFLEET_RANK", "")
         started = env.get("SPARKFLEET_STARTED", "")
-        out.append({"pid": pid, "rank": int(rank) if rank.isdigit() else None,
-                    "instance": env.get("SPARKFLEET_INSTANCE"), "owner": env.get("SPARKFLEET_OWNER"),
-                    "started": float(started) if started.isdigit() else None})
+        out.append(
+            {
+                "pid": pid,
+                "rank": int(rank) if rank.isdigit() else None,
+                "instance": env.get("SPARKFLEET_INSTANCE"),
+                "owner": env.get("SPARKFLEET_OWNER"),
+                "started": float(started) if started.isdigit() else None,
+            }
+        )
     return out
 
 
@@ -429,8 +440,15 @@ def holders(spec: dict) -> list[dict]:
     out = []
     for inode, (port, uid) in sockets.items():
         holder = seen.get(inode)
-        entry: dict = {"port": port, "uid": uid, "pid": holder, "command": "", "deployment": None,
-                       "instance": None, "owner": None}
+        entry: dict = {
+            "port": port,
+            "uid": uid,
+            "pid": holder,
+            "command": "",
+            "deployment": None,
+            "instance": None,
+            "owner": None,
+        }
         if holder is not None:
             try:
                 with open(f"/proc/{holder}/cmdline", "rb") as fh:
@@ -588,8 +606,15 @@ def leftovers(spec: dict) -> list[dict]:
         except OSError:
             command = ""
         rank = env.get("SPARKFLEET_RANK", "")
-        out.append({"pid": int(pid), "command": command, "why": why, "started": started,
-                    "rank": int(rank) if rank.isdigit() else None})
+        out.append(
+            {
+                "pid": int(pid),
+                "command": command,
+                "why": why,
+                "started": started,
+                "rank": int(rank) if rank.isdigit() else None,
+            }
+        )
     return out
 
 

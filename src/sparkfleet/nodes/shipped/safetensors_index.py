@@ -27,6 +27,8 @@ _DTYPE_BYTES = {
     "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
     "F32": 4, "I32": 4, "U32": 4, "F64": 8, "I64": 8, "U64": 8,
 }  # fmt: skip
+
+
 # Named tuples, not dataclasses: importing dataclasses (inspect, ast, dis, ...) is a measurable
 # part of a re-stage, which is mostly the worker's start-up.
 class ShardHeader(NamedTuple):

@@ -735,8 +735,9 @@ class _Job:
         try:
             self.checked = _together(
                 [
-                    functools.partial(assess, o, i, self.fds, random.Random(seed), self.sample_rows, p,
-                                      self.mode == "verify")
+                    functools.partial(
+                        assess, o, i, self.fds, random.Random(seed), self.sample_rows, p, self.mode == "verify"
+                    )
                     for o, i, seed, p in zip(self.outs, self.idents, seeds, picks, strict=True)
                 ]
             )
@@ -751,9 +752,7 @@ class _Job:
         the outputs' finish, which ``stager.close()`` waits for."""
         try:
             t0 = time.monotonic()
-            result = _run_outputs(
-                self.outs, self.checked, self.idents, self.args, self.dst, self.mode, stager, job
-            )
+            result = _run_outputs(self.outs, self.checked, self.idents, self.args, self.dst, self.mode, stager, job)
             return {**result, "seconds": self.seconds + time.monotonic() - t0}
         finally:
             self.close()
@@ -868,8 +867,7 @@ def _node_picks(jobs: list[_Job], rng: random.Random) -> list[list[list[int]]]:
     """``chunk_picks`` for each job, the re-staged jobs' outputs sampled together."""
     shared = iter(chunk_picks([o for job in jobs if job.mode != "verify" for o in job.outs], rng, False))
     return [
-        chunk_picks(job.outs, rng, True) if job.mode == "verify" else [next(shared) for _ in job.outs]
-        for job in jobs
+        chunk_picks(job.outs, rng, True) if job.mode == "verify" else [next(shared) for _ in job.outs] for job in jobs
     ]
 
 

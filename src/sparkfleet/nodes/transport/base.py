@@ -306,4 +306,3 @@ class Transport(Protocol):
     def close(self) -> None:
         """Release connections (a no-op for local)."""
         ...
-

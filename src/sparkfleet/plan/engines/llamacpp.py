@@ -89,8 +89,10 @@ class LlamaCpp(AdapterDefaults):
                 return "model_file: required for llama-cpp when model is a Hugging Face repo (the GGUF file name)"
             if not spec.revision:
                 # llama.cpp takes a file path: the snapshot folder must be known without asking the hub.
-                return ("revision: required for llama-cpp when model is a Hugging Face repo (the snapshot "
-                        "folder name under {{hf}}/hub/models--ORG--NAME/snapshots/)")
+                return (
+                    "revision: required for llama-cpp when model is a Hugging Face repo (the snapshot "
+                    "folder name under {{hf}}/hub/models--ORG--NAME/snapshots/)"
+                )
         return None
 
     def check_layout(self, spec: LaunchSpec) -> str | None:

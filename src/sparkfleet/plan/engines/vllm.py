@@ -25,7 +25,14 @@ PP_FLAGS = ("--pipeline-parallel-size", "-pp")
 # The flags a sparkrun-style recipe keeps in args (values replaced per rank, sparkrun_style_args).
 SPARKRUN_STYLE_OWN = (*TP_FLAGS, *PP_FLAGS, "--host", "--port")
 RESERVED = (
-    "--model", "--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port", "--headless",
+    "--model",
+    "--nnodes",
+    "-n",
+    "--node-rank",
+    "-r",
+    "--master-addr",
+    "--master-port",
+    "--headless",
     *SPARKRUN_STYLE_OWN,
 )
 RAY_PORT_OFFSET = 0
@@ -60,7 +67,7 @@ class VLLM(AdapterDefaults):
             return problem
         ray = spec.distributed_backend == "ray"
         if ray and has_flag(spec.args, EXECUTOR) and flag_value(spec.args, EXECUTOR) != "ray":
-            return "args: --distributed-executor-backend contradicts distributed_backend = \"ray\""
+            return 'args: --distributed-executor-backend contradicts distributed_backend = "ray"'
         return None
 
     def _serve(self, spec: LaunchSpec, entrypoint: tuple[str, ...], ctx: RankContext) -> tuple[str, ...]:
