@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sparkfleet.config.validation import did_you_mean
 from sparkfleet.errors import RecipeError
-from sparkfleet.plan.flags import flag_groups, group_flag, is_flag, normal
+from sparkfleet.plan.flags import flag_groups, group_flag, is_flag, normal, without
 
 BASE = "base"
 # Top-level recipe fields a variant may replace outright. Their types and limits are the
@@ -115,7 +115,7 @@ def _overlay_args(args: list[str], spec: Mapping[str, Any], where: str) -> list[
             raise RecipeError(
                 f"{where}.args_remove: {flag} is not in the args it overlays{did_you_mean(flag, present)}"
             )
-        args = [w for g in flag_groups(args) if group_flag(g) != normal(flag) for w in g]
+        args = without(args, (flag,))
     for key in ("args_set", "args_add"):
         words = list(spec.get(key, ()))
         if words and not is_flag(words[0]):

@@ -91,3 +91,9 @@ def flag_groups(args: Sequence[str]) -> list[list[str]]:
 def group_flag(group: Sequence[str]) -> str | None:
     """The normal option name a group from flag_groups starts with (None for leading words)."""
     return normal(flag_name(group[0])) if group and is_flag(group[0]) else None
+
+
+def without(args: Sequence[str], names: Iterable[str]) -> list[str]:
+    """args without any of the flags names, each with the values that follow it."""
+    wanted = {normal(n) for n in names}
+    return [w for g in flag_groups(args) if group_flag(g) not in wanted for w in g]

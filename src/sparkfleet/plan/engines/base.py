@@ -200,6 +200,14 @@ def conflicting_flag(args: Sequence[str], reserved: Iterable[str], engine: str) 
     )
 
 
+def reserved_flags(spec: LaunchSpec, reserved: Sequence[str], sparkrun_own: Sequence[str]) -> tuple[str, ...]:
+    """The flags args may not set: in sparkrun style the recipe keeps sparkrun_own (plan sets
+    their values in place)."""
+    if spec.command_style == "sparkfleet":
+        return tuple(reserved)
+    return tuple(f for f in reserved if f not in sparkrun_own)
+
+
 def set_in_place(args: Sequence[str], names: Iterable[str], value: str) -> tuple[tuple[str, ...], bool]:
     """args with the value of every occurrence of any of names (aliases of one option, as
     written: ``-tp 2``, ``--tp-size=2``) replaced by value, spelling and position kept; and

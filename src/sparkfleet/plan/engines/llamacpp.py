@@ -33,7 +33,7 @@ from sparkfleet.plan.engines.base import (
     set_in_place,
     sparkrun_style_args,
 )
-from sparkfleet.plan.flags import first_present, flag_name, is_flag, normal
+from sparkfleet.plan.flags import first_present, flag_name, is_flag, normal, without
 
 RESERVED = ("-m", "--model", "--host", "--port", "--rpc", "--rpc_servers")
 # In sparkrun style args keep the model, host and port flags (plan sets their values); only the
@@ -144,7 +144,7 @@ class LlamaCpp(AdapterDefaults):
         if self.fetches_at_start(spec):
             args, found = set_in_place(args, HF_FLAGS, spec.model)
             if not found:
-                args = ("-hf", spec.model, *_without(args, MODEL_FLAGS))
+                args = ("-hf", spec.model, *without(args, MODEL_FLAGS))
         else:
             path = str(PurePosixPath(ctx.model_ref) / ctx.model_file) if ctx.model_file else ctx.model_ref
             args = _hf_to_model(args)
@@ -173,28 +173,11 @@ class LlamaCpp(AdapterDefaults):
         return Readiness(True, "/health", NATIVE_READY_LOG)
 
 
-def _without(args: tuple[str, ...], names: tuple[str, ...]) -> tuple[str, ...]:
-    """args without any of the flags names and the value each carries."""
-    wanted = {normal(f) for f in names}
-    out: list[str] = []
-    skip = False
-    for word in args:
-        if skip:
-            skip = False
-            if not is_flag(word):
-                continue
-        if is_flag(word) and normal(flag_name(word)) in wanted:
-            skip = "=" not in word
-            continue
-        out.append(word)
-    return tuple(out)
-
-
 def _hf_to_model(args: tuple[str, ...]) -> tuple[str, ...]:
     """args with the first ``-hf``/``--hf-repo`` flag spelled ``-m`` and any ``--hf-file`` dropped
     (sparkrun's ``rendered.replace("-hf ", "-m ", 1)`` once the file is resolved)."""
     hf = {normal(f) for f in HF_FLAGS}
-    out = list(_without(args, ("-hff", "--hf-file")))
+    out = without(args, ("-hff", "--hf-file"))
     for i, word in enumerate(out):
         if is_flag(word) and normal(flag_name(word)) in hf:
             value = word.partition("=")[2]

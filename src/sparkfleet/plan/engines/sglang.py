@@ -14,6 +14,7 @@ from sparkfleet.plan.engines.base import (
     conflicting_flag,
     gpu_ranks_cover_nodes,
     head_first,
+    reserved_flags,
     revision_flags,
     sparkrun_style_args,
 )
@@ -56,9 +57,7 @@ class SGLang(AdapterDefaults):
     abort_route: AbortRoute | None = AbortRoute("/abort_request", (("abort_all", True),))
 
     def check_recipe(self, spec: LaunchSpec) -> str | None:
-        reserved = RESERVED if spec.command_style == "sparkfleet" else [
-            f for f in RESERVED if f not in SPARKRUN_STYLE_OWN]  # fmt: skip
-        return conflicting_flag(spec.args, reserved, self.name)
+        return conflicting_flag(spec.args, reserved_flags(spec, RESERVED, SPARKRUN_STYLE_OWN), self.name)
 
     def check_layout(self, spec: LaunchSpec) -> str | None:
         return gpu_ranks_cover_nodes(spec)

@@ -15,6 +15,7 @@ from sparkfleet.plan.engines.base import (
     Readiness,
     conflicting_flag,
     gpu_ranks_cover_nodes,
+    reserved_flags,
     revision_flags,
     sparkrun_style_args,
 )
@@ -60,9 +61,7 @@ class VLLM(AdapterDefaults):
     aborts_on_disconnect = True
 
     def check_recipe(self, spec: LaunchSpec) -> str | None:
-        reserved = RESERVED if spec.command_style == "sparkfleet" else [
-            f for f in RESERVED if f not in SPARKRUN_STYLE_OWN]  # fmt: skip
-        problem = conflicting_flag(spec.args, reserved, self.name)
+        problem = conflicting_flag(spec.args, reserved_flags(spec, RESERVED, SPARKRUN_STYLE_OWN), self.name)
         if problem:
             return problem
         ray = spec.distributed_backend == "ray"
