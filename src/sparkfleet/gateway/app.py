@@ -113,6 +113,8 @@ class _Exchange:
     redo: bool = False  # taken off a drained replica before its answer began: sent again elsewhere
     sent: float = 0.0  # monotonic: when it went to its current replica
     hold_until: float | None = None  # monotonic deadline of its waiting, all waits together
+    sending: float = 0.0  # monotonic: when the send under way began (0: none); see _stalls
+    stalled: bool = False  # cancelled by _stalls: the client took nothing for client_timeout
 
 
 def error_body(message: str, kind: str, code: str | None = None) -> bytes:
@@ -135,6 +137,7 @@ class Gateway:
         self.limiter = Limiter()
         self.client: aiohttp.ClientSession | None = None
         self._maintainer: asyncio.Task[None] | None = None
+        self._stall_watch: asyncio.Task[None] | None = None
         self.hold = HoldQueue()
         self.in_flight: set[_Exchange] = set()
         # The admin endpoint (drain, release, state): only on the loopback socket of this port,
@@ -155,10 +158,12 @@ class Gateway:
         self.router.refresh()
         self.log.start()
         self._maintainer = asyncio.ensure_future(self._maintain())
+        self._stall_watch = asyncio.ensure_future(self._stalls())
 
     async def shutdown(self) -> None:
-        if self._maintainer:
-            self._maintainer.cancel()
+        for task in (self._maintainer, self._stall_watch):
+            if task:
+                task.cancel()
         if self.client:
             await self.client.close()
         self.log.close()
@@ -181,6 +186,21 @@ class Gateway:
                         self.metrics.replica_up.labels(model, r.name).set(1 if r.healthy and not r.draining else 0)
             except Exception:  # the loop must outlive any one bad round
                 log.exception("gateway maintenance round failed")
+
+    async def _stalls(self) -> None:
+        """Drop a streaming client that has taken no bytes for client_timeout seconds (the socket's
+        buffers full), and with it the engine's request. One watcher for all requests: a timeout
+        around each chunk's send cost more CPU than the rest of the chunk's way (a timer set and
+        cancelled per chunk), and at 64 streams the gateway's one core is the limit."""
+        limit = self.config.client_timeout
+        while True:
+            await asyncio.sleep(min(1.0, limit / 4))
+            now = time.monotonic()
+            for ex in list(self.in_flight):
+                if ex.sending and now - ex.sending >= limit and ex.task is not None and not ex.stalled:
+                    ex.stalled = True
+                    ex.row.error = f"the client read nothing for {limit:g} s"
+                    ex.task.cancel()
 
     async def refresh(self) -> None:
         deployments = await asyncio.to_thread(read_deployments, self.router.state_db)
@@ -668,17 +688,12 @@ class Gateway:
                     await send({"type": "http.response.start", "status": 200, "headers": headers})
                     ex.started = started = True
                     self._first_byte(ex)
-                try:
-                    # A client that takes nothing for client_timeout seconds (the socket's buffers
-                    # full) is dropped, and with it the engine's request.
-                    if watch.done:  # [DONE] goes out now: a client that reads it and goes is no 499
-                        self._finish(ex, route, watch, 200)
-                        ex.finished = True
-                    async with asyncio.timeout(self.config.client_timeout):
-                        await send({"type": "http.response.body", "body": out, "more_body": True})
-                except TimeoutError:
-                    ex.row.error = f"the client read nothing for {self.config.client_timeout:g} s"
-                    raise _ClientGone from None
+                if watch.done:  # [DONE] goes out now: a client that reads it and goes is no 499
+                    self._finish(ex, route, watch, 200)
+                    ex.finished = True
+                ex.sending = time.monotonic()  # a send that takes client_timeout: _stalls drops it
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+                ex.sending = 0.0
         except _UPSTREAM_ERRORS as exc:
             # The engine went away mid-answer: tell the client in the stream (the openai client
             # raises on an error event) and take the replica out until it answers again.

@@ -16,7 +16,18 @@ _MAX_LINE = 16384  # a "line" longer than this is not compared whole (bounded me
 class LoopDetector:
     """One answer's state. ``feed(piece)`` costs a tuple hash and a few dict lookups per piece."""
 
-    __slots__ = ("_line", "_line_same", "_prev_line", "_prev_piece", "_same", "_seen", "_tail", "_windows", "rules")
+    __slots__ = (
+        "_line",
+        "_line_len",
+        "_line_same",
+        "_prev_line",
+        "_prev_piece",
+        "_same",
+        "_seen",
+        "_tail",
+        "_windows",
+        "rules",
+    )
 
     def __init__(self, rules: LoopAbort) -> None:
         self.rules = rules
@@ -25,7 +36,8 @@ class LoopDetector:
         self._seen: dict[int, int] = {}  # window hash -> where it last ended
         self._prev_piece: str | None = None
         self._same = 0
-        self._line = ""
+        self._line: list[str] = []  # the current line's pieces (joined only at its end)
+        self._line_len = 0
         self._prev_line: str | None = None
         self._line_same = 0
 
@@ -83,11 +95,13 @@ class LoopDetector:
 
     def _lines(self, piece: str) -> str | None:
         if "\n" not in piece:
-            if len(self._line) < _MAX_LINE:
-                self._line += piece
+            if self._line_len < _MAX_LINE:
+                self._line.append(piece)
+                self._line_len += len(piece)
             return None
-        *done, rest = (self._line + piece).split("\n")
-        self._line = rest[:_MAX_LINE]
+        *done, rest = ("".join(self._line) + piece).split("\n")
+        rest = rest[:_MAX_LINE]
+        self._line, self._line_len = [rest], len(rest)
         for line in done:
             if not line.strip():
                 continue  # blank lines neither count nor break a run

@@ -61,6 +61,7 @@ def serve(config: GatewayConfig, state_db: Path, loopback: bool, bind: Callable[
         app,
         log_level="warning",
         access_log=False,  # the request log is the gateway's own; an access log would only duplicate it
+        proxy_headers=False,  # nothing here reads the client's address: trust no X-Forwarded-* header
         lifespan="on",
         loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
         http="httptools" if importlib.util.find_spec("httptools") else "h11",
