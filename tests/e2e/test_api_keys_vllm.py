@@ -94,12 +94,15 @@ def test_ab_of_a_keyed_vllm_recipe_benches_each_variant_with_its_key(tmp_path: P
     variant = '\n[variants.short-context]\nargs_set = ["--max-model-len", "1024"]\n'
     (recipe / "recipe.toml").write_text((recipe / "recipe.toml").read_text() + variant)
     name = f"test-e2e-ab-keyed-{RUN}"
-    with loopback_fleet(2, tmp_path / "fleet", shared_hf_cache=caches.local_hf_cache()) as fleet:
+    # One node, TP1: the key reaching a headless rank is the session deployment's (two nodes, TP2);
+    # here it is ab's passing it to each variant's up and bench, and two 2-rank starts cost a minute.
+    with loopback_fleet(1, tmp_path / "fleet", shared_hf_cache=caches.local_hf_cache()) as fleet:
         port, rendezvous = free_ports(2)
         report_file = tmp_path / "report.json"
         out = _cli(tmp_path / "state", "ab", str(recipe), "--variants", "base,short-context", "--rounds", "1",
                    "--bench", "decode", "--concurrency", "1", "--output-len", "8", "--repeats", "1", "--warmups", "0",
                    "--api", "completions", "--cluster", str(fleet.cluster_file), "--name", name,
+                   "--set", "required_nodes=1", "--set", "tensor_parallel_size=1",
                    "--set", f"port={port}", "--set", f"rendezvous_port={rendezvous}", "--env", "VLLM_API_KEY",
                    "--out", str(report_file), env={"VLLM_API_KEY": VLLM_KEY})  # fmt: skip
         assert out.returncode == 0, out.stderr[-3000:]
