@@ -6,6 +6,7 @@ here the way docs/setup.md says. Skipped, with the reason, when a venv or the mo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -146,7 +147,10 @@ def test_llamacpp_and_vllm_agree_greedily(llama_url: str, vllm_url: str) -> None
         print(f"{prompt!r}: {n} words agree\n  llama.cpp {a!r}\n  vLLM      {b!r}")
     assert min(common) >= 1, common
     assert sum(n >= 3 for n in common) > len(PROMPTS) / 2, common
-    tasks = load_tasks(ids=SUBSET.split(","))
+    # Answers held to 64 tokens but prose's (its degeneration guard reads a whole answer): a base
+    # model writes to max_tokens, and vLLM on this CPU took a minute for the shipped lengths.
+    tasks = [t if t.category == "prose" else dataclasses.replace(t, max_tokens=min(t.max_tokens, 64))
+             for t in load_tasks(ids=SUBSET.split(","))]  # fmt: skip
     runs = []
     for url in (llama_url, vllm_url):
         client = EvalClient(url, "gemma3-270m", api_key=keys[url])
