@@ -194,7 +194,7 @@ class Gateway:
         cancelled per chunk), and at 64 streams the gateway's one core is the limit."""
         limit = self.config.client_timeout
         while True:
-            await asyncio.sleep(min(1.0, limit / 4))
+            await asyncio.sleep(max(0.05, min(1.0, limit / 4)))  # 0 s: any send that blocks
             now = time.monotonic()
             for ex in list(self.in_flight):
                 if ex.sending and now - ex.sending >= limit and ex.task is not None and not ex.stalled:
