@@ -2,24 +2,20 @@
 the value from up's environment): each command that talks to it sends the key from where the user
 keeps it, fails in one line naming the missing key without it, and never shows or stores it.
 (bench decode/prefill/serve and the greedy comparison send it in test_bench_engines.py,
-test_bench_serve_engines.py and test_evals_engines.py; up's own smoke test needed it to pass.)"""
+test_bench_serve_engines.py and test_evals_engines.py; up's own smoke test needed it to pass; `ab` passing a
+key to each variant's up and bench is test_llamacpp_native.py's keyed A/B.)"""
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from sparkfleet.config import caches
-from tests.e2e.conftest import ROOT, RUN, VLLM_KEY, VLLM_KEY_ENV, Served, free_ports
-from tests.fleet import loopback_fleet
-from tests.integration.conftest import leftover_processes
+from tests.e2e.conftest import VLLM_KEY, VLLM_KEY_ENV, Served
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 SUBSET = "format_one_word,format_python_list"
@@ -84,34 +80,3 @@ def test_eval_quality_reads_the_key_from_stdin(vllm_url: str, tmp_path: Path) ->
     assert out.returncode == 0, out.stderr
     assert re.search(r"\b[0-2]/2\b", out.stdout), out.stdout  # both tasks answered (the base model may fail them)
     assert VLLM_KEY not in out.stdout + out.stderr
-
-
-def test_ab_of_a_keyed_vllm_recipe_benches_each_variant_with_its_key(tmp_path: Path) -> None:
-    # Each round's up starts the ranks with the key (`--env VLLM_API_KEY`, from ab's environment),
-    # smoke-tests with it, and the decode bench reaches the deployment with its own key.
-    recipe = tmp_path / "gemma-vllm-ab"
-    shutil.copytree(ROOT / "examples" / "gemma-vllm-2node", recipe)
-    variant = '\n[variants.short-context]\nargs_set = ["--max-model-len", "1024"]\n'
-    (recipe / "recipe.toml").write_text((recipe / "recipe.toml").read_text() + variant)
-    name = f"test-e2e-ab-keyed-{RUN}"
-    # One node, TP1: the key reaching a headless rank is the session deployment's (two nodes, TP2);
-    # here it is ab's passing it to each variant's up and bench, and two 2-rank starts cost a minute.
-    with loopback_fleet(1, tmp_path / "fleet", shared_hf_cache=caches.local_hf_cache()) as fleet:
-        port, rendezvous = free_ports(2)
-        report_file = tmp_path / "report.json"
-        out = _cli(tmp_path / "state", "ab", str(recipe), "--variants", "base,short-context", "--rounds", "1",
-                   "--bench", "decode", "--concurrency", "1", "--output-len", "8", "--repeats", "1", "--warmups", "0",
-                   "--api", "completions", "--cluster", str(fleet.cluster_file), "--name", name,
-                   "--set", "required_nodes=1", "--set", "tensor_parallel_size=1",
-                   "--set", f"port={port}", "--set", f"rendezvous_port={rendezvous}", "--env", "VLLM_API_KEY",
-                   "--out", str(report_file), env={"VLLM_API_KEY": VLLM_KEY})  # fmt: skip
-        assert out.returncode == 0, out.stderr[-3000:]
-        assert leftover_processes(name) == []
-    report = json.loads(report_file.read_text())
-    decode = next(m for m in report["metrics"] if m["name"] == "decode prose/c1 tok/s")
-    assert decode["a"] and decode["b"], decode  # both variants were benched through the key
-    for text in (out.stdout, out.stderr, report_file.read_text()):
-        assert VLLM_KEY not in text
-    for stored in (tmp_path / "state").rglob("*"):
-        if stored.is_file():
-            assert VLLM_KEY.encode() not in stored.read_bytes(), stored

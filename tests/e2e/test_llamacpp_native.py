@@ -17,8 +17,13 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import shutil
 import signal
 import sqlite3
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -132,6 +137,58 @@ def test_native_llama_server_serves_benches_evals_and_goes_down(tmp_path: Path) 
         down = cli_at(state, "down", name)
     assert down.returncode == 0, down.stderr
     assert _ours(name) == [] and leftover_processes(name) == []
+
+
+def test_ab_of_a_keyed_recipe_benches_each_variant_with_its_key(tmp_path: Path) -> None:
+    # Each round's up starts llama-server with the key (`--env LLAMA_API_KEY`, from ab's environment),
+    # smoke-tests with it, and the decode bench reaches the deployment with its own key. A prober
+    # asks the port without a key the whole time: every variant must refuse it (401) and answer
+    # nothing without it, so a key that never reached the engine fails here too.
+    _needs_native()
+    recipe = tmp_path / "gemma-ab"
+    shutil.copytree(ONE, recipe)
+    (recipe / "recipe.toml").write_text((recipe / "recipe.toml").read_text()
+                                        + '\n[variants.two-slots]\nargs_set = ["-np", "2"]\n')  # fmt: skip
+    name, key, state = f"test-e2e-ab-keyed-{RUN}", "sk-ab-" + secrets.token_hex(16), tmp_path / "state"
+    port, rdv = free_ports(2)
+    report_file = tmp_path / "report.json"
+    refused: list[int] = []
+    stop = threading.Event()
+
+    def probe() -> None:
+        while not stop.wait(0.3):
+            try:
+                r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=5,
+                               json={"model": "gemma3-270m", "prompt": "Hi", "max_tokens": 1})  # fmt: skip
+            except httpx.HTTPError:
+                continue  # between the variants: nothing listens
+            refused.append(r.status_code)
+
+    prober = threading.Thread(target=probe, daemon=True)
+    prober.start()
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "sparkfleet.cli.main", "ab", str(recipe), "--variants", "base,two-slots",
+             "--rounds", "1", "--bench", "decode", "--concurrency", "1", "--output-len", "8", "--repeats", "1",
+             "--warmups", "0", "--api", "completions", "--name", name, "--set", f"port={port}",
+             "--set", f"rendezvous_port={rdv}", "--env", "LLAMA_API_KEY", "--out", str(report_file)],
+            capture_output=True, text=True, timeout=600,
+            env={**os.environ, "SPARKFLEET_STATE_DIR": str(state), "LLAMA_API_KEY": key},
+        )  # fmt: skip
+    finally:
+        stop.set()
+        prober.join()
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert _ours(name) == [] and leftover_processes(name) == []
+    assert 401 in refused and set(refused) <= {401, 503}, refused  # 503: a variant still loading
+    report = json.loads(report_file.read_text())
+    decode = next(m for m in report["metrics"] if m["name"] == "decode prose/c1 tok/s")
+    assert decode["a"] and decode["b"], decode  # both variants were benched through the key
+    for text in (out.stdout, out.stderr, report_file.read_text()):
+        assert key not in text
+    for stored in state.rglob("*"):
+        if stored.is_file():
+            assert key.encode() not in stored.read_bytes(), stored
 
 
 def test_rpc_two_nodes_serve_bench_show_a_dead_worker_and_leave_nothing(tmp_path: Path) -> None:
