@@ -11,6 +11,12 @@ at concurrency 1, 16 and 64, the three paths taking turns level by level. Printe
 level: TTFT and inter-chunk gaps (p50/p99), the cores the proxy used meanwhile, and what the
 gateway (and the router) add to direct.
 
+Then the same three paths in front of a real engine: llama.cpp's ``llama-server`` (Gemma 3 270M, the
+README's example, built by scripts/setup.sh) with 8 slots, ``--llama-tokens`` tokens per answer,
+ignoring EOS, at concurrency 1, 4 and 8: beyond its slots a request's TTFT is its wait in the
+engine's queue (a c64 run measured 65 s direct on two cores), which swamps what a proxy adds.
+Skipped, with a line saying why, when the server or the model is missing.
+
 Then the most streamed chunks per second each proxy carries on one core: the server pre-renders
 its answers and writes them as fast as the socket takes them (``--blast``), the proxy is pinned to
 one CPU, and chunks received by the clients are counted against the proxy's own CPU time.
@@ -20,6 +26,7 @@ decides the length). sglang-router needs a venv of its own (its FastAPI wants a 
 than the dashboard's): ``python -m venv .venv-router && .venv-router/bin/pip install sglang-router``.
 
     python benchmarks/gateway_overhead.py [--tokens 256] [--rounds 4] [--router-python .venv-router/bin/python]
+        [--llama-server PATH] [--gguf PATH] [--llama-tokens 32] [--llama-rounds 2]
 
 Bar (issue 33): added TTFT p50 <= 2 ms and p99 <= 10 ms at c64; added inter-chunk p50 <= 0.2 ms at
 c16; >= 10,000 streamed chunks/s through the gateway on one core.
@@ -45,10 +52,20 @@ import aiohttp
 import httpx
 import numpy as np
 
+from sparkfleet.config import caches
+
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "replay-model"
 LEVELS = (1, 16, 64)
+# Up to its 8 slots: beyond them a request's TTFT is its wait in the engine's queue (seconds at c16 on
+# two cores), which swamps what a proxy adds.
+LLAMA_LEVELS = (1, 4, 8)
 _TOKEN = re.compile(rb'"content": ?" t')  # the replay server's tokens are " t0", " t1", ...
+_TEXT = re.compile(rb'"content": ?"[^"]')  # llama-server: any event with text (its role chunk has none)
+GGUF = (
+    "models--sparkfleet--gemma3-270m-gguf/snapshots/7d24797f66ade612ee204c442bc36ff36e60edc0/"
+    "gemma-3-270m-Q4_K_M.gguf"
+)  # the README example's pinned snapshot
 T = TypeVar("T")
 PROXY_CPU = 0  # the proxies' core; the server and the client share the other
 
@@ -172,10 +189,15 @@ class Record:
         return out
 
 
-async def one(session: aiohttp.ClientSession, url: str, tokens: int) -> Record:
+async def one(session: aiohttp.ClientSession, url: str, tokens: int, real: bool = False) -> Record:
     """A streamed chat request; only counts the events (the client must not be the bottleneck:
-    at c64 the server sends 64,000 chunks/s)."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": tokens, "stream": True}
+    at c64 the server sends 64,000 chunks/s). ``real``: an engine, asked to ignore EOS, whose
+    events may each carry more than one token's text."""
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": tokens,
+                            "stream": True}  # fmt: skip
+    if real:
+        body.update(ignore_eos=True, temperature=0)
+    pattern = _TEXT if real else _TOKEN
     rec = Record(time.perf_counter())
     tail = b""
     async with session.post(url + "/v1/chat/completions", json=body) as resp:
@@ -187,11 +209,11 @@ async def one(session: aiohttp.ClientSession, url: str, tokens: int) -> Record:
                 break
             # A token's text may straddle two reads: count over the previous read's tail too.
             seen = tail + data
-            n = len(_TOKEN.findall(seen)) - len(_TOKEN.findall(tail))
+            n = len(pattern.findall(seen)) - len(pattern.findall(tail))
             tail = seen[-16:]
             if n:
                 rec.reads.append((time.perf_counter(), n))
-    if rec.events != tokens:
+    if rec.events != tokens and not (real and 0 < rec.events <= tokens):
         raise SystemExit(f"{url}: {rec.events} chunks, expected {tokens}")
     return rec
 
@@ -201,16 +223,16 @@ def session(concurrency: int) -> aiohttp.ClientSession:
                                  timeout=aiohttp.ClientTimeout(total=300))  # fmt: skip
 
 
-async def level(url: str, concurrency: int, requests: int, tokens: int) -> list[Record]:
+async def level(url: str, concurrency: int, requests: int, tokens: int, real: bool = False) -> list[Record]:
     async with session(concurrency) as client:
-        await asyncio.gather(*(one(client, url, tokens) for _ in range(concurrency)))  # warm the connections
+        await asyncio.gather(*(one(client, url, tokens, real) for _ in range(concurrency)))  # warm the connections
         queue = list(range(requests))
         records: list[Record] = []
 
         async def worker() -> None:
             while queue:
                 queue.pop()
-                records.append(await one(client, url, tokens))
+                records.append(await one(client, url, tokens, real))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return records
@@ -226,10 +248,11 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return uvloop.run(coro)
 
 
-def timed(url: str, pid: int | None, concurrency: int, requests: int, tokens: int) -> tuple[dict[str, float], str]:
+def timed(url: str, pid: int | None, concurrency: int, requests: int, tokens: int, real: bool = False
+          ) -> tuple[dict[str, float], str]:  # fmt: skip
     """One path's figures at one level, and the cores its proxy used meanwhile (CPU s per wall s)."""
     cpu0, t0 = process_tree_cpu(pid) if pid else 0.0, time.perf_counter()
-    f = figures(run(level(url, concurrency, requests, tokens)))
+    f = figures(run(level(url, concurrency, requests, tokens, real)))
     cores = (process_tree_cpu(pid) - cpu0) / (time.perf_counter() - t0) if pid else None
     return f, "" if cores is None else f"{cores:.2f}"
 
@@ -269,30 +292,30 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="requests per stream at each level")
     parser.add_argument("--blast-tokens", type=int, default=4096, help="tokens per answer in the throughput run")
     parser.add_argument("--router-python", default=str(ROOT / ".venv-router" / "bin" / "python"))
+    parser.add_argument("--llama-server", default=str(caches.engine_cache() / "llama.cpp" / "bin" / "llama-server"))
+    parser.add_argument("--gguf", default=str(caches.hub_cache() / GGUF))
+    parser.add_argument("--llama-tokens", type=int, default=32, help="tokens per answer from llama-server")
+    parser.add_argument("--llama-rounds", type=int, default=2, help="requests per stream at each level there")
     args = parser.parse_args()
     have_router = Path(args.router_python).exists()
     print(f"load average before: {os.getloadavg()}; cores: {os.cpu_count()}")
     print(f"server: {args.tokens} tokens per answer, {args.itl * 1000:g} ms apart, first after {args.ttft * 1000:g} ms")
     with tempfile.TemporaryDirectory() as state:
         with replay(args, blast=False) as (_, port):
-            upstream = f"http://127.0.0.1:{port.group(1)}"
-            with gateway(upstream, Path(state), None) as (gp, gw), (
-                    router(args.router_python, upstream, None) if have_router else _none()) as rt:  # fmt: skip
-                paths = {"direct": (upstream, None), "gateway": (gw.group(1), gp.pid)}
-                if rt is not None:
-                    paths["sglang-router"] = (rt[1].group(1), rt[0].pid)
-                print(f"\n{'path':14} {'conc':>4} {'reqs':>5} {'TTFT p50':>9} {'p99':>8} {'gap p50':>8} {'p99':>7}"
-                      f"  {'proxy CPU':>9}   added TTFT p50/p99, gap p50/p99 (ms)")  # fmt: skip
-                for c in LEVELS:
-                    n = c * args.rounds
-                    got = {name: timed(url, pid, c, n, args.tokens) for name, (url, pid) in paths.items()}
-                    base = got["direct"][0]
-                    for name, (f, cpu) in got.items():
-                        print(
-                            f"{name:14} {c:>4} {n:>5} {f['ttft_p50']:>9.2f} {f['ttft_p99']:>8.2f}"
-                            f" {f['gap_p50']:>8.3f} {f['gap_p99']:>7.3f}  {cpu:>9}"
-                            f"{_added(f, base) if name != 'direct' else ''}"
-                        )
+            latencies(f"http://127.0.0.1:{port.group(1)}", Path(state) / "replay", args, args.tokens, args.rounds)
+        llama, gguf = Path(args.llama_server), Path(args.gguf)
+        if llama.exists() and gguf.exists():
+            print(
+                f"\nllama-server ({gguf.name}, 8 slots): {args.llama_tokens} tokens per answer, EOS ignored,"
+                f" levels {', '.join(map(str, LLAMA_LEVELS))}"
+            )
+            with llama_server(llama, gguf) as upstream:
+                latencies(
+                    upstream, Path(state) / "llama", args, args.llama_tokens, args.llama_rounds, LLAMA_LEVELS, real=True
+                )
+        else:
+            missing = llama if not llama.exists() else gguf
+            print(f"\n(no llama.cpp section: {missing} missing; scripts/setup.sh builds it)")
         print(f"\nthroughput: pre-rendered answers of {args.blast_tokens} chunks, 16 streams, the proxy pinned to CPU"
               f" {PROXY_CPU}, the server and the client to the other")  # fmt: skip
         os.sched_setaffinity(0, {1 - PROXY_CPU})
@@ -309,6 +332,50 @@ def main() -> None:
     if not have_router:
         print(f"(no sglang-router: {args.router_python} missing; see the docstring)")
     print(f"\nload average after: {os.getloadavg()}")
+
+
+def latencies(upstream: str, state: Path, args: argparse.Namespace, tokens: int, rounds: int,
+              levels: tuple[int, ...] = LEVELS, real: bool = False) -> None:  # fmt: skip
+    """The table of one server: direct, through the gateway and through the router, level by level."""
+    have_router = Path(args.router_python).exists()
+    state.mkdir()
+    with gateway(upstream, state, None) as (gp, gw), (
+            router(args.router_python, upstream, None) if have_router else _none()) as rt:  # fmt: skip
+        paths = {"direct": (upstream, None), "gateway": (gw.group(1), gp.pid)}
+        if rt is not None:
+            paths["sglang-router"] = (rt[1].group(1), rt[0].pid)
+        print(f"\n{'path':14} {'conc':>4} {'reqs':>5} {'TTFT p50':>9} {'p99':>8} {'gap p50':>8} {'p99':>7}"
+              f"  {'proxy CPU':>9}   added TTFT p50/p99, gap p50/p99 (ms)")  # fmt: skip
+        for c in levels:
+            n = c * rounds
+            got = {name: timed(url, pid, c, n, tokens, real) for name, (url, pid) in paths.items()}
+            base = got["direct"][0]
+            for name, (f, cpu) in got.items():
+                print(
+                    f"{name:14} {c:>4} {n:>5} {f['ttft_p50']:>9.2f} {f['ttft_p99']:>8.2f}"
+                    f" {f['gap_p50']:>8.3f} {f['gap_p99']:>7.3f}  {cpu:>9}"
+                    f"{_added(f, base) if name != 'direct' else ''}"
+                )
+
+
+@contextmanager
+def llama_server(binary: Path, gguf: Path) -> Iterator[str]:
+    port = free_port()
+    argv = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-c", "8192", "-np", "8",
+            "--alias", MODEL]  # fmt: skip
+    with started(argv, r"listening on", wait=120) as (proc, _):
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:  # it listens before the model is loaded, answering 503 meanwhile
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("llama-server did not load the model")
+            time.sleep(0.2)
+        yield url
 
 
 def _added(f: dict[str, float], base: dict[str, float]) -> str:
