@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol, Self, runtime_checkable
+from typing import Protocol, Self
 
 from sparkfleet.errors import CommandError, TransportError, TransportTimeout
 
@@ -263,9 +263,9 @@ class ProcessStream:
         # stdout stays open: a reader thread drains what is left and sees the end.
 
 
-@runtime_checkable
 class Transport(Protocol):
-    """Runs commands on, and moves files to and from, one node."""
+    """Runs commands on, and moves files to and from, one node. The transports subclass it for
+    ``run``, ``put`` and ``close``, which are the same for all of them."""
 
     node: str
 
@@ -284,11 +284,17 @@ class Transport(Protocol):
         env: dict[str, str] | None = None,
     ) -> Result:
         """Run argv on the node; raise CommandError when check and it fails."""
+        result = self._run(tuple(argv), stdin, timeout, env)
+        return result.check() if check else result
+
+    def _run(self, argv: tuple[str, ...], stdin: bytes | None, timeout: float | None,
+             env: dict[str, str] | None) -> Result:  # fmt: skip
+        """What ``run`` does, whatever the exit code."""
         ...
 
     def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
         """Copy a local file to a path on the node (atomically: temp file then rename)."""
-        ...
+        self.put_bytes(Path(local).read_bytes(), remote, mode=mode)
 
     def put_bytes(self, data: bytes, remote: str, *, mode: int | None = None) -> None:
         """Write bytes to a path on the node (atomically)."""
@@ -304,5 +310,6 @@ class Transport(Protocol):
         ...
 
     def close(self) -> None:
-        """Release connections (a no-op for local)."""
-        ...
+        """Release connections: none to release here, and ssh leaves the node's master running
+        for the next sparkfleet command to reuse (ControlPersist)."""
+        return None

@@ -9,12 +9,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sparkfleet.errors import TransportError
-from sparkfleet.nodes.transport.base import Capabilities, ProcessStream, Result, run_here
+from sparkfleet.nodes.transport.base import Capabilities, ProcessStream, Result, Transport, run_here
 
 LOCAL = Capabilities(local=True)
 
 
-class LocalTransport:
+class LocalTransport(Transport):
     """The node is this machine."""
 
     capabilities = LOCAL
@@ -22,24 +22,12 @@ class LocalTransport:
     def __init__(self, node: str = "local") -> None:
         self.node = node
 
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        stdin: bytes | None = None,
-        timeout: float | None = None,
-        check: bool = True,
-        env: dict[str, str] | None = None,
-    ) -> Result:
-        words = tuple(argv)
-        proc, seconds = run_here(self.node, words, stdin, timeout, shown=words[0],
-                                 missing=f"{words[0]}: command not found",
+    def _run(self, argv: tuple[str, ...], stdin: bytes | None, timeout: float | None,
+             env: dict[str, str] | None) -> Result:  # fmt: skip
+        proc, seconds = run_here(self.node, argv, stdin, timeout, shown=argv[0],
+                                 missing=f"{argv[0]}: command not found",
                                  env={**os.environ, **env} if env else None)  # fmt: skip
-        result = Result.of(self.node, words, proc, seconds)
-        return result.check() if check else result
-
-    def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
-        self.put_bytes(Path(local).read_bytes(), remote, mode=mode)
+        return Result.of(self.node, argv, proc, seconds)
 
     def put_bytes(self, data: bytes, remote: str, *, mode: int | None = None) -> None:
         target = Path(remote)
@@ -64,6 +52,3 @@ class LocalTransport:
     def stream(self, argv: Sequence[str], *, stdin: bool = False, merge_stderr: bool = True) -> ProcessStream:
         """Start argv here; a handle on its output (and its stdin with ``stdin=True``)."""
         return ProcessStream(self.node, argv, stdin=stdin, merge_stderr=merge_stderr)
-
-    def close(self) -> None:
-        return None

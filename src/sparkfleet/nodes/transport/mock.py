@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 
 from sparkfleet.errors import TransportError
-from sparkfleet.nodes.transport.base import CHUNK, Capabilities, Result
+from sparkfleet.nodes.transport.base import CHUNK, Capabilities, Result, Transport
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ Answer = int | str | tuple[int, str, str] | Result
 Handler = Callable[[Call], Answer]
 
 
-class MockTransport:
+class MockTransport(Transport):
     """Answers every command with handler(call); keeps the calls and the files put."""
 
     def __init__(self, node: str, handler: Handler, capabilities: Capabilities | None = None) -> None:
@@ -54,23 +54,11 @@ class MockTransport:
     def capabilities(self) -> Capabilities:
         return self._capabilities
 
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        stdin: bytes | None = None,
-        timeout: float | None = None,
-        check: bool = True,
-        env: dict[str, str] | None = None,
-    ) -> Result:
-        call = Call(self.node, tuple(argv), stdin)
+    def _run(self, argv: tuple[str, ...], stdin: bytes | None, timeout: float | None,
+             env: dict[str, str] | None) -> Result:  # fmt: skip
+        call = Call(self.node, argv, stdin)
         self.calls.append(call)
-        answer = self.handler(call)  # may raise TransportError: an unreachable node
-        result = _result(self.node, call.argv, answer)
-        return result.check() if check else result
-
-    def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
-        self.put_bytes(Path(local).read_bytes(), remote, mode=mode)
+        return _result(self.node, argv, self.handler(call))  # the handler may raise TransportError: an unreachable node
 
     def put_bytes(self, data: bytes, remote: str, *, mode: int | None = None) -> None:
         call = Call(self.node, ("put", remote), data)
@@ -88,9 +76,6 @@ class MockTransport:
         self.calls.append(call)
         result = _result(self.node, call.argv, self.handler(call))
         return ScriptedStream(self.node, result, merge_stderr=merge_stderr)
-
-    def close(self) -> None:
-        return None
 
 
 class ScriptedStream:

@@ -26,6 +26,7 @@ from sparkfleet.nodes.transport.base import (
     ProcessStream,
     Result,
     Stream,
+    Transport,
     display_command,
     run_here,
     trace,
@@ -45,7 +46,7 @@ def control_dir() -> Path:
     return private_dir(Path(tempfile.gettempdir()) / f"sparkfleet-ssh-{os.getuid()}")
 
 
-class SshTransport:
+class SshTransport(Transport):
     """The node is reached with ``ssh``; every call reuses the node's master connection."""
 
     def __init__(self, node: Node, *, accept_new_host_keys: bool = False, connect_timeout: int = 10) -> None:
@@ -131,20 +132,9 @@ class SshTransport:
             raise TransportError(self.node, f"cannot reach {self.destination} over SSH: {last}")
         return proc, seconds
 
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        stdin: bytes | None = None,
-        timeout: float | None = None,
-        check: bool = True,
-        env: dict[str, str] | None = None,
-    ) -> Result:
-        result = Result.of(self.node, argv, *self._exec(argv, stdin, timeout, env))
-        return result.check() if check else result
-
-    def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
-        self.put_bytes(Path(local).read_bytes(), remote, mode=mode)
+    def _run(self, argv: tuple[str, ...], stdin: bytes | None, timeout: float | None,
+             env: dict[str, str] | None) -> Result:  # fmt: skip
+        return Result.of(self.node, argv, *self._exec(argv, stdin, timeout, env))
 
     def put_bytes(self, data: bytes, remote: str, *, mode: int | None = None) -> None:
         # umask 077 first: a secret env file is never readable by others, not even briefly.
@@ -175,7 +165,3 @@ class SshTransport:
                                  new_session=True)  # fmt: skip
         except TransportError as exc:
             raise TransportError(self.node, "the ssh client is not installed on this machine") from exc
-
-    def close(self) -> None:
-        """Leave the master running: the next sparkfleet command reuses it (ControlPersist)."""
-        return None
