@@ -19,13 +19,13 @@ from sparkfleet.apply.staging.snapshot_identity import (
     check_copy,
     check_identity,
     compare,
-    node_script,
     parse_scan,
     scan_node,
     scan_snapshot,
     select,
 )
 from sparkfleet.errors import StagingError
+from sparkfleet.nodes.ship import SNAPSHOT_SCAN, shipped_argv
 from sparkfleet.nodes.transport.local import LocalTransport
 
 REV1, REV2 = "1" * 40, "2" * 40
@@ -148,10 +148,10 @@ def test_every_differing_node_is_named_and_long_lists_are_cut(tmp_path: Path) ->
 
 def test_node_side_script_runs_without_sparkfleet(tmp_path: Path) -> None:
     repo = hub_repo(tmp_path, REV1, FILES)
-    # -I: isolated mode, so the script cannot import sparkfleet from this checkout
-    out = subprocess.run(
-        [sys.executable, "-I", "-"], input=node_script(str(repo), None), capture_output=True, check=True
-    )
+    args = json.dumps({"root": str(repo), "revision": None, "hashed": HASHED, "hash_limit": HASH_LIMIT})
+    argv = shipped_argv(sys.executable, SNAPSHOT_SCAN, [args])  # what scan_node runs on a node
+    argv.insert(1, "-I")  # isolated mode, so the program cannot import sparkfleet from this checkout
+    out = subprocess.run(argv, capture_output=True, check=True)
     assert parse_scan("n", str(repo), json.loads(out.stdout)) == scan(repo)
 
 

@@ -56,7 +56,6 @@ HUB_FETCH = ShippedProgram("hub-fetch", ("hub_fetch",), site=True)
 # Run by the engine's own Python (torch from its site-packages), its text on stdin.
 COLLECTIVE_SWEEP = ShippedProgram("collective-sweep", ("collective_sweep",), site=True)
 LINK_STREAM = ShippedProgram("link-stream", ("link_stream",))
-PROGRAMS = (NODE_AGENT, STAGE_WORKER, COMPOSE_WORKER, SNAPSHOT_SCAN, HUB_FETCH, COLLECTIVE_SWEEP, LINK_STREAM)
 
 
 @functools.cache
@@ -99,9 +98,3 @@ def stream_shipped(transport: Transport, python: str, program: ShippedProgram, s
     stream.write(stdin)
     stream.close_stdin()
     return stream
-
-
-def standalone(program: ShippedProgram, args: Sequence[str] = ()) -> bytes:
-    """The same program with its arguments written in, to run by hand: ``python3 - < script``."""
-    body = program_text(program).removeprefix(_FUTURE)
-    return f"{_FUTURE}import sys\nsys.argv[1:] = {list(args)!r}\n{body}".encode()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes import files as node_files
-from sparkfleet.nodes.ship import SNAPSHOT_SCAN, run_shipped, standalone
+from sparkfleet.nodes.ship import SNAPSHOT_SCAN, run_shipped
 from sparkfleet.nodes.shipped.snapshot_scan import scan_snapshot
 from sparkfleet.nodes.transport.base import Transport
 
@@ -33,14 +33,8 @@ _SHOWN = 8
 # ---- controller side (the node side is nodes/shipped/snapshot_scan.py, shipped as SNAPSHOT_SCAN) ----
 
 
-def _scan_args(root: str, revision: str | None, hashed: Sequence[str] = HASHED) -> list[str]:
-    return [json.dumps({"root": root, "revision": revision, "hashed": list(hashed), "hash_limit": HASH_LIMIT})]
-
-
-def node_script(root: str, revision: str | None, hashed: Sequence[str] = HASHED) -> bytes:
-    """The node-side scanner with its arguments written in: prints ``scan_snapshot(root, revision)``
-    as JSON when run by hand (``python3 - < script``)."""
-    return standalone(SNAPSHOT_SCAN, _scan_args(root, revision, hashed))
+def _scan_args(root: str, revision: str | None) -> list[str]:
+    return [json.dumps({"root": root, "revision": revision, "hashed": list(HASHED), "hash_limit": HASH_LIMIT})]
 
 
 @dataclass(frozen=True)

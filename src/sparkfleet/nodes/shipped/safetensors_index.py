@@ -4,7 +4,7 @@ The format: an 8-byte little-endian header length, a JSON header mapping each te
 ``{dtype, shape, data_offsets}`` (offsets relative to the end of the header), then the data.
 
 This is sparkfleet's one safetensors header reader: the controller's memory model and doctor's
-checkpoint probe use ``header_tensors`` / ``tensor_sizes`` from here too.
+checkpoint probe use ``header_tensors`` / ``tensor_nbytes`` from here too.
 """
 
 from __future__ import annotations
@@ -86,17 +86,6 @@ def tensor_nbytes(tensors: Mapping[str, Mapping[str, object]]) -> dict[str, int]
             raise ValueError(f"safetensors header: tensor {name} has no data_offsets [start, end]")
         out[name] = int(offsets[1]) - int(offsets[0])
     return out
-
-
-def tensor_sizes(data: bytes) -> dict[str, int]:
-    """Tensor name → bytes from a safetensors file's first bytes (length, then JSON header);
-    ValueError when they do not hold the whole header."""
-    if len(data) < 8:
-        raise ValueError(f"safetensors header needs at least 8 bytes, got {len(data)}")
-    (length,) = struct.unpack("<Q", data[:8])
-    if len(data) < 8 + length:
-        raise ValueError(f"safetensors header needs {8 + length} bytes, got {len(data)}")
-    return tensor_nbytes(header_tensors(data[8 : 8 + length]))
 
 
 def read_header(path: str) -> ShardHeader:

@@ -67,15 +67,6 @@ class Capabilities:
     ssh: tuple[str, ...] | None = None
     sessions: bool = False
 
-    @property
-    def address(self) -> str | None:
-        """The ssh destination (the last ssh word), or None."""
-        return self.ssh[-1] if self.ssh else None
-
-    def ssh_options(self) -> tuple[str, ...]:
-        """The ssh words without the destination (``rsync -e``'s command)."""
-        return self.ssh[:-1] if self.ssh else ()
-
 
 @dataclass(frozen=True)
 class Result:
