@@ -112,11 +112,6 @@ class StageReport:
     def bytes_written(self) -> int:
         return sum(o.bytes_written for o in self.outputs)
 
-    @property
-    def up_to_date(self) -> bool:
-        """True when every output was already right (nothing needed writing)."""
-        return all(o.status == "ok" for o in self.outputs)
-
     def rows(self, verify: bool) -> list[dict[str, object]]:
         """One row per staged file or composed directory."""
         rows: list[dict[str, object]] = [

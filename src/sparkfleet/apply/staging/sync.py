@@ -11,7 +11,7 @@ sizes, hashes of index and config files): a node that differs is refused, naming
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from functools import partial
 
 from sparkfleet.apply.staging.base import Context, Runner
@@ -20,8 +20,6 @@ from sparkfleet.apply.staging.snapshot_identity import Snapshot, check_copy, che
 from sparkfleet.apply.staging.transfer import Endpoint, SyncReport, sync_node, transfer_list
 from sparkfleet.nodes import files as node_files
 from sparkfleet.nodes.transport import controller
-from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.plan.model import Plan
 from sparkfleet.plan.staging import StagingStep
 from sparkfleet.plan.staging.sync import Sync
 
@@ -113,22 +111,6 @@ def _shared_storage(ctx: Context, source: Endpoint, targets: Sequence[Endpoint])
             node_files.remove(writer.transport, marker)
         shared.update({node: writer.node for node, there in seen.items() if there})
     return shared
-
-
-def verify_snapshots(plan: Plan, transports: Mapping[str, Transport]) -> tuple[Snapshot, ...]:
-    """Compare every node's copy of each ``sync`` entry's snapshot with the first node's (at the
-    recipe's pinned revision, else ``main``); a StagingError names the nodes and files that differ."""
-    ctx = Context(transports, plan)
-    out: list[Snapshot] = []
-    for step_id in dict.fromkeys(s.id for s in plan.staging if isinstance(s.entry, Sync)):
-        steps = [s for s in plan.staging if s.id == step_id]
-        found = ctx.parallel({s.node: partial(scan_node, ctx.transport(s.node), s.dst, plan.revision,
-                                              python=ctx.python(s.node)) for s in steps})  # fmt: skip
-        entry = steps[0].entry
-        assert isinstance(entry, Sync)
-        check_identity(found, include=entry.include, exclude=entry.exclude)
-        out.extend(found)
-    return tuple(out)
 
 
 RUNNER = Runner(Sync, "distribute", run)
