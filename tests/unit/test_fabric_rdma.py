@@ -83,7 +83,7 @@ def test_rdma_end_needs_an_active_port_with_a_roce_v2_gid_of_the_address(tmp_pat
 
 def test_perftest_client_output_parsed_from_the_captures() -> None:
     m = parse_perftest_client(f"{BW}{LAT_SECTION}\n{LAT}")
-    assert m.bandwidth is not None and m.bandwidth.average_gbps == 111.71 and m.bandwidth.device == "rocep1s0f1"
+    assert m.bandwidth is not None and m.bandwidth.average_gbps == 111.71
     assert m.latency is not None and m.latency.typical_us == 1.47 and m.errors == ()
     refused = parse_perftest_client(" Couldn't connect to 192.168.200.12:18515\n")
     assert refused.bandwidth is None and refused.errors == ("ib_write_bw: Couldn't connect to 192.168.200.12:18515",)

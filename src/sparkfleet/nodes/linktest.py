@@ -145,20 +145,18 @@ def parse_iperf3(text: str) -> Throughput:
 # -- ping -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PingStats:
-    """ping's summary: packets sent and answered, loss in percent, RTTs in ms (None: no reply)."""
+    """ping's summary: packets sent and answered, loss in percent, mean RTT in ms (None: no reply)."""
 
     sent: int
     received: int
     loss_pct: float
-    rtt_min_ms: float | None = None
     rtt_avg_ms: float | None = None
-    rtt_max_ms: float | None = None
 
 
 _PING_COUNTS = re.compile(
     r"(\d+) packets transmitted, (\d+) (?:packets )?received(?:, \+\d+ errors)?, ([\d.]+)% packet loss"
 )
-_PING_RTT = re.compile(r"= ([\d.]+)/([\d.]+)/([\d.]+)/[\d.]+ ms")
+_PING_RTT = re.compile(r"= [\d.]+/([\d.]+)/[\d.]+/[\d.]+ ms")  # min/avg/max/mdev
 
 
 def parse_ping(text: str) -> PingStats:
@@ -167,28 +165,25 @@ def parse_ping(text: str) -> PingStats:
     if not counts:
         raise ValueError(f"no ping statistics in: {text.strip()[:200] or 'nothing'}")
     rtt = _PING_RTT.search(text)
-    low, avg, high = (float(x) for x in rtt.groups()) if rtt else (None, None, None)
-    return PingStats(int(counts.group(1)), int(counts.group(2)), float(counts.group(3)), low, avg, high)
+    return PingStats(int(counts.group(1)), int(counts.group(2)), float(counts.group(3)), float(rtt[1]) if rtt else None)
 
 
 @dataclass(frozen=True)
 class MtuProbe:
-    """One don't-fragment ping of `size` bytes (IP packet): answered or not; `local_mtu` when the
-    sender refused it itself ("message too long, mtu=N")."""
+    """One don't-fragment ping of `size` bytes (IP packet): answered or not."""
 
     size: int
     passed: bool
-    local_mtu: int | None = None
 
 
 def parse_mtu_probe(size: int, text: str) -> MtuProbe:
-    """Parse `ping -M do -s SIZE-28 -c 1` output."""
-    local = re.search(r"message too long, mtu=(\d+)", text)
+    """Parse `ping -M do -s SIZE-28 -c 1` output (not passed, too, when the sender refused it itself:
+    "message too long", with no statistics)."""
     try:
         passed = parse_ping(text).received > 0
     except ValueError:
         passed = False
-    return MtuProbe(size, passed, int(local.group(1)) if local else None)
+    return MtuProbe(size, passed)
 
 
 # -- the source's script ----------------------------------------------------------------------
@@ -340,57 +335,45 @@ def measure_pair(
 class RdmaBandwidth:
     """`ib_write_bw --report_gbits`'s result line, rates in Gbit/s."""
 
-    device: str | None
-    msg_bytes: int
-    iterations: int
     peak_gbps: float
     average_gbps: float
-    msg_rate_mpps: float
 
 
 @dataclass(frozen=True)
 class RdmaLatency:
     """`ib_write_lat`'s result line, in microseconds."""
 
-    device: str | None
-    msg_bytes: int
-    iterations: int
-    min_us: float
-    max_us: float
     typical_us: float
-    average_us: float
-    stdev_us: float
     p99_us: float
-    p999_us: float
 
 
-def _result_rows(text: str, header_word: str) -> tuple[str, list[float], str | None]:
-    device = re.search(r"Device\s*:\s*(\S+)", text)
+def _result_rows(text: str, header_word: str) -> tuple[str, list[float]]:
     lines = text.splitlines()
     for i, line in enumerate(lines):
         if line.lstrip().startswith("#bytes") and header_word in line:
             for row in lines[i + 1 :]:
                 fields = row.split()
                 if fields and all(re.fullmatch(r"[\d.]+", f) for f in fields):
-                    return line, [float(f) for f in fields], device.group(1) if device else None
+                    return line, [float(f) for f in fields]
             break
     raise ValueError(f"no {header_word} result line in perftest output")
 
 
 def parse_ib_write_bw(text: str) -> RdmaBandwidth:
     """Parse `ib_write_bw --report_gbits` (its rates in Gb/sec; ValueError for any other unit)."""
-    header, row, device = _result_rows(text, "BW average")
+    header, row = _result_rows(text, "BW average")
     if "BW average[Gb/sec]" not in header or len(row) < 5:
         raise ValueError(f"not an ib_write_bw --report_gbits result line: {header.strip()}")
-    return RdmaBandwidth(device, int(row[0]), int(row[1]), row[2], row[3], row[4])
+    return RdmaBandwidth(peak_gbps=row[2], average_gbps=row[3])  # after #bytes and #iterations
 
 
 def parse_ib_write_lat(text: str) -> RdmaLatency:
     """Parse `ib_write_lat`."""
-    _, row, device = _result_rows(text, "t_avg")
+    _, row = _result_rows(text, "t_avg")
     if len(row) < 9:
         raise ValueError("ib_write_lat result line has fewer than 9 fields")
-    return RdmaLatency(device, int(row[0]), int(row[1]), *row[2:9])
+    # #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
+    return RdmaLatency(typical_us=row[4], p99_us=row[7])
 
 
 # -- running perftest between two HCAs ----------------------------------------------------------
