@@ -8,15 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sparkfleet.apply.instances import other_instances, stop_instances
 from sparkfleet.apply.stopping import stop_ranks
-from sparkfleet.config.cluster import Cluster
+from sparkfleet.config.cluster import Cluster, Node
 from sparkfleet.config.sizes import format_size
 from sparkfleet.doctor.probes.gpu import APPS_COMMAND, GpuProcess, parse_apps
 from sparkfleet.errors import LeftoverError, StateError, StopIncomplete
 from sparkfleet.nodes.fanout import fan_out, raise_first
 from sparkfleet.nodes.files import remove
-from sparkfleet.nodes.identity import FoundRank
+from sparkfleet.nodes.identity import FoundRank, controller_owner
 from sparkfleet.nodes.inspection import Leftover, NodeAfter, leftovers_on, mem_available
 from sparkfleet.nodes.runtime import find_ranks, remove_ranks
 from sparkfleet.nodes.transport import Connector, transport_for
@@ -117,11 +116,7 @@ def take_down(deployment: Deployment, *, deployments: Deployments | None = None,
         records.event(deployment.name, "down-failed", "; ".join(f"{n}: {e}" for n, e in failed.items()))
         raise StopIncomplete(f"{deployment.name}: could not stop every rank: ", failed)
     _remove_env_files(deployment, transports)
-    # Ranks of an earlier instance of this name that this controller started (an up killed before
-    # its rollback, whose record was replaced): stopped too, and named in the report.
-    orphans = other_instances(deployment, transports)
-    if orphans:
-        stop_instances(deployment, orphans, transports)
+    orphans = _stop_other_instances(deployment, transports)
     report = _check_nodes(deployment, transports, {n: o.value if o.ok else None for n, o in before.items()})
     report = DownReport(deployment.name, stopped, report.leftovers, report.memory, report.unchecked, orphans)
     problem = report.problem()
@@ -140,6 +135,33 @@ def _remove_env_files(deployment: Deployment, transports: dict[str, Transport]) 
     docker = [r for r in deployment.ranks if r.runtime == "docker"]
     files = {n: [r.env_file for r in docker if r.node.name == n] for n in {r.node.name for r in docker}}
     fan_out(list(files), lambda n: remove(transports[n], *files[n]))
+
+
+def _stop_other_instances(deployment: Deployment, transports: dict[str, Transport]) -> list[FoundRank]:
+    """Stop the running ranks of deployment's name on its nodes that this controller started
+    under another instance than the recorded one; what was stopped, for the report.
+
+    The record names one instance. An ``up`` killed before it could roll back, whose record a
+    later version (or a hand-edited state dir) replaced, leaves ranks that only their markers
+    name: the deployment, this controller's owner string and the instance's start time. Ranks of
+    another owner are left to ``down --sweep``. Asked through down's own transports (its
+    sessions); the node agent re-checks each pid's markers before it stops one."""
+    nodes: dict[str, Node] = {r.node.name: r.node for r in deployment.ranks}
+    containers = any(r.runtime == "docker" for r in deployment.ranks)
+    me = controller_owner()
+
+    def look(name: str) -> list[FoundRank]:
+        found = find_ranks(transports[name], deployment.name, nodes[name], containers=containers)
+        return [f for f in found if f.owner == me and f.instance != deployment.instance and f.running]
+
+    # A node that cannot be reached is named by down's own check of the recorded instance.
+    found = [f for o in fan_out(list(nodes), look).values() if o.ok and o.value for f in o.value]
+
+    def stop(name: str) -> None:
+        remove_ranks(transports[name], [f for f in found if f.node == name], nodes[name])
+
+    raise_first(fan_out(sorted({f.node for f in found}), stop))
+    return found
 
 
 def _check_nodes(deployment: Deployment, transports: dict[str, Transport], before: dict[str, int | None]) -> DownReport:
@@ -170,8 +192,7 @@ def find_by_name(cluster: Cluster, name: str) -> list[FoundRank]:
 
     def look(node_name: str) -> list[FoundRank]:
         node = cluster.node(node_name)
-        transport = transport_for(node)
-        return find_ranks(transport, name, node)
+        return find_ranks(transport_for(node), name, node)
 
     return [f for found in raise_first(fan_out([n.name for n in cluster.nodes], look)).values() for f in found]
 
@@ -181,8 +202,6 @@ def sweep(cluster: Cluster, found: list[FoundRank]) -> None:
 
     def clean(node_name: str) -> None:
         node = cluster.node(node_name)
-        transport = transport_for(node)
-        mine = [f for f in found if f.node == node_name]
-        remove_ranks(transport, mine, node)
+        remove_ranks(transport_for(node), [f for f in found if f.node == node_name], node)
 
     raise_first(fan_out(sorted({f.node for f in found}), clean))
