@@ -21,7 +21,7 @@ class Stopped:
 
 
 def stop_ranks(ranks: Sequence[RankHandle], transports: Mapping[str, Transport], deployment: str,
-               instance: str | None, *, grace: float | None = None) -> Stopped:  # fmt: skip
+               instance: str | None, *, grace: float = 10.0) -> Stopped:  # fmt: skip
     """Stop ranks wave by wave on the nodes in transports. A node that fails in one wave is
     reported, and the later waves are still stopped: the rest must not be left running."""
     result = Stopped()
@@ -31,9 +31,7 @@ def stop_ranks(ranks: Sequence[RankHandle], transports: Mapping[str, Transport],
         def stop(node: str, members: list[RankHandle] = members) -> list[str]:
             out: list[str] = []
             for rank in (r for r in members if r.node.name == node):
-                runtime = runtime_for(rank)
-                gone = (runtime.stop(rank, transports[node], deployment, instance) if grace is None
-                        else runtime.stop(rank, transports[node], deployment, instance, grace=grace))  # fmt: skip
+                gone = runtime_for(rank).stop(rank, transports[node], deployment, instance, grace)
                 out += [f"{node} rank {rank.rank}: {x}" for x in gone]
             return out
 
