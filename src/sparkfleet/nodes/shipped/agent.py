@@ -328,16 +328,12 @@ def _terminate(groups: set[int], members: list[int], grace: float) -> None:
     import signal
 
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pgid in groups:
-            try:
-                os.killpg(pgid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        for pid in members:
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+        for kill, ids in ((os.killpg, groups), (os.kill, members)):
+            for i in ids:
+                try:
+                    kill(i, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
         deadline = time.time() + (grace if sig == signal.SIGTERM else 5)
         pause = 0.002  # most ranks are gone within milliseconds: look again soon, then less often
         while time.time() < deadline:
