@@ -157,12 +157,8 @@ def switch(old_name: str, spec: ConfigSpec, records: Deployments | None = None, 
         result = up(new, config=spec, deployments=records, timeout=timeout)
         _joined(new.name, records)
         take_down(old, deployments=records, hold=False)
-        message = (f"switched {old_name} -> {new.name} side by side in {time.monotonic() - start:.1f}s: "
-                   f"{new.name} joined the route before {old_name} was drained")  # fmt: skip
-        records.event(old_name, "switched", message)
-        if new.name != old_name:
-            records.event(new.name, "switched", message)
-        say(message)
+        _switched(old_name, new.name, records, say, f"side by side in {time.monotonic() - start:.1f}s: "
+                  f"{new.name} joined the route before {old_name} was drained")  # fmt: skip
         return SwitchResult("side by side", why, result, None)
     say(f"{new.name} cannot run beside {old_name} ({why}): drain, down, up, then release the held requests")
     take_down(old, deployments=records, hold=True)
@@ -175,13 +171,16 @@ def switch(old_name: str, spec: ConfigSpec, records: Deployments | None = None, 
         raise
     finally:
         released = release(old_name, records)
-    message = (f"switched {old_name} -> {new.name} one after the other in {time.monotonic() - start:.1f}s"
-               + (f"; {released.describe()}" if released else ""))  # fmt: skip
-    records.event(old_name, "switched", message)
-    if new.name != old_name:
-        records.event(new.name, "switched", message)
-    say(message)
+    _switched(old_name, new.name, records, say, f"one after the other in {time.monotonic() - start:.1f}s"
+              + (f"; {released.describe()}" if released else ""))  # fmt: skip
     return SwitchResult("one after the other", why, result, released)
+
+
+def _switched(old_name: str, new_name: str, records: Deployments, say: Say, how: str) -> None:
+    message = f"switched {old_name} -> {new_name} {how}"
+    for name in dict.fromkeys((old_name, new_name)):  # one event when the name stays
+        records.event(name, "switched", message)
+    say(message)
 
 
 def _joined(name: str, records: Deployments) -> None:
