@@ -52,10 +52,6 @@ class TensorLoc(NamedTuple):
     row_bytes: int
     start: int  # absolute file offset of row 0
 
-    @property
-    def nbytes(self) -> int:
-        return self.rows * self.row_bytes
-
 
 class RowTable(NamedTuple):
     """A table to stage: its weight tensor, the optional ``.scale`` partner, and its layer."""
