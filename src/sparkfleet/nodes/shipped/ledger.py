@@ -53,9 +53,9 @@ def ledger_path(output: str) -> str:
     return output + LEDGER_SUFFIX
 
 
-def fsync_dir(path: str) -> None:
-    """Make a rename inside ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+def fsync(path: str) -> None:
+    """Make a file's contents durable, or, for a folder, the renames inside it."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -65,7 +65,7 @@ def fsync_dir(path: str) -> None:
 def write_json_atomic(path: str, obj: dict[str, Any], *, durable: bool = True) -> None:
     """Write JSON to a temp file beside ``path`` and rename it into place; with ``durable``,
     fsync the file first and its folder after. Without, the caller makes it durable later
-    (``fsync_file`` and ``fsync_dir``): a rename is atomic for every process at once, and only
+    (``fsync`` of the file, then of its folder): a rename is atomic for every process at once, and only
     a power cut before those fsyncs can lose it."""
     import json  # a pack writes ledgers; a re-stage of unchanged outputs does not
 
@@ -78,16 +78,7 @@ def write_json_atomic(path: str, obj: dict[str, Any], *, durable: bool = True) -
             os.fsync(fh.fileno())
     os.replace(tmp, path)
     if durable:
-        fsync_dir(os.path.dirname(path) or ".")
-
-
-def fsync_file(path: str) -> None:
-    """Make a file's contents durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync(os.path.dirname(path) or ".")
 
 
 def read_ledger(output: str) -> dict[str, Any] | None:

@@ -40,8 +40,7 @@ from sparkfleet.nodes.shipped.layouts import (
 from sparkfleet.nodes.shipped.ledger import (
     LEDGER_FORMAT,
     default_algorithm,
-    fsync_dir,
-    fsync_file,
+    fsync,
     hash_algorithms,
     read_ledger,
     remove_ledger,
@@ -675,14 +674,14 @@ class _Stager:
             for path in finisher.later if done[job][0] is None else ():
                 t0 = time.monotonic()
                 try:
-                    fsync_file(path)
+                    fsync(path)
                 except OSError as exc:
                     done[job] = (exc, done[job][1])
                 done[job] = (done[job][0], done[job][1] + time.monotonic() - t0)
                 folders.setdefault(os.path.dirname(path) or ".", []).append(job)
         for folder, jobs in folders.items():
             try:
-                fsync_dir(folder)
+                fsync(folder)
             except OSError as exc:
                 for job in jobs:
                     done[job] = (done[job][0] or exc, done[job][1])
