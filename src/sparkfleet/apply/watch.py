@@ -175,9 +175,6 @@ class Watcher:
             self._transports[node.name] = self._connect_fn(node)
         return self._transports[node.name]
 
-    def _record(self) -> Deployment:
-        return self.records.require(self.name)
-
     def _event(self, events: list[Event], kind: str, message: str, node: str | None = None) -> None:
         event = Event(time.time(), kind, message, node)
         self.records.event(self.name, kind, message, node)
@@ -187,7 +184,7 @@ class Watcher:
     def poll(self) -> Poll:
         """One round: every node, rank 0's health and metrics; record, compare, react."""
         start = time.monotonic()
-        record = self._record()
+        record = self.records.require(self.name)
         now = time.time()
         events: list[Event] = []
         by_node: dict[str, list[RankHandle]] = {}
@@ -212,11 +209,12 @@ class Watcher:
         if dead and record.status == "ready":
             self.records.set_status(self.name, "degraded")
         if dead and serve.restart == "on-failure":
-            self.outcome = recover(self._record(), "; ".join(dead), records=self.records, connect=self.connect,
-                                   emit=lambda k, m, n: self._event(events, k, m, n), stop=self.stop)  # fmt: skip
+            self.outcome = recover(self.records.require(self.name), "; ".join(dead), records=self.records,
+                                   connect=self.connect, emit=lambda k, m, n: self._event(events, k, m, n),
+                                   stop=self.stop)  # fmt: skip
             # The restarted deployment is another instance: its ranks are new to this watcher.
             self.seen.healthy = None
-        status = self._record().status
+        status = self.records.require(self.name).status
         return Poll(now, status, nodes, health, metrics, events, time.monotonic() - start)
 
     def _rank_events(self, record: Deployment, nodes: dict[str, NodeWatch | str], events: list[Event]) -> list[str]:
@@ -314,11 +312,9 @@ class Watcher:
                 out.append(Sample(now, node, None, None, "unreachable"))
                 continue
             ranks = ", ".join(f"r{r} {s.state}" for r, s in sorted(answer.ranks.items()))
-            if node == head:
-                out.append(Sample(now, node, answer.mem_available, answer.seconds * 1000, ranks, health,
-                                  metrics.running, metrics.waiting, metrics.kv_usage, metrics.spec_accept))  # fmt: skip
-            else:
-                out.append(Sample(now, node, answer.mem_available, answer.seconds * 1000, ranks))
+            m = metrics
+            figures = (health, m.running, m.waiting, m.kv_usage, m.spec_accept) if node == head else ()
+            out.append(Sample(now, node, answer.mem_available, answer.seconds * 1000, ranks, *figures))
         return out
 
     def run(self, count: int | None = None, on_poll: Callable[[Poll], None] = lambda _p: None) -> int:
