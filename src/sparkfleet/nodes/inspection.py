@@ -32,15 +32,12 @@ class NodeWatch:
     seconds: float  # the round trip, as the controller waited for it
 
 
-def _paths(rank: RankHandle) -> dict[str, object]:
-    return {"pid_path": rank.pid_path, "exit_path": rank.exit_path}
-
-
 def watch_node(transport: Transport, node: Node, ranks: Sequence[RankHandle]) -> NodeWatch:
     """States of ranks (all on node) and the node's MemAvailable."""
     start = time.monotonic()
     process = [r for r in ranks if r.runtime == "process"]
-    answer = node_agent(transport, node.python, "watch", {"ranks": [_paths(r) for r in process]}, timeout=30)
+    paths = [{"pid_path": r.pid_path, "exit_path": r.exit_path} for r in process]
+    answer = node_agent(transport, node.python, "watch", {"ranks": paths}, timeout=30)
     states: dict[int, RankState] = {}
     for rank, s in zip(process, answer["ranks"], strict=True):
         states[rank.rank] = RankState(rank.rank, node.name, s["state"], s["exit_code"], s["started_at"],
