@@ -422,40 +422,23 @@ def holders(spec: dict) -> list[dict]:
     seen = {}
     if sockets:
         for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-            try:
-                fds = os.listdir(f"/proc/{pid}/fd")
-            except OSError:
-                continue
-            for fd in fds:
-                try:
-                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
-                except OSError:
-                    continue
+            for link in _fd_links(pid):
                 if link.startswith("socket:[") and link[8:-1] in sockets and link[8:-1] not in seen:
                     seen[link[8:-1]] = int(pid)
     out = []
     for inode, (port, uid) in sockets.items():
         holder = seen.get(inode)
-        entry: dict = {
-            "port": port,
-            "uid": uid,
-            "pid": holder,
-            "command": "",
-            "deployment": None,
-            "instance": None,
-            "owner": None,
-        }
+        command, env = "", {}
         if holder is not None:
             try:
                 with open(f"/proc/{holder}/cmdline", "rb") as fh:
-                    entry["command"] = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()[:160]
+                    command = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()[:160]
             except OSError:
                 pass
             env = _environ(holder) or {}
-            entry["deployment"] = env.get("SPARKFLEET_DEPLOYMENT") or env.get("SPARKFLEET_CONTAINER_DEPLOYMENT")
-            entry["instance"] = env.get("SPARKFLEET_INSTANCE")
-            entry["owner"] = env.get("SPARKFLEET_OWNER")
-        out.append(entry)
+        out.append({"port": port, "uid": uid, "pid": holder, "command": command,
+                    "deployment": env.get("SPARKFLEET_DEPLOYMENT") or env.get("SPARKFLEET_CONTAINER_DEPLOYMENT"),
+                    "instance": env.get("SPARKFLEET_INSTANCE"), "owner": env.get("SPARKFLEET_OWNER")})  # fmt: skip
     return out
 
 
@@ -525,6 +508,21 @@ def _ancestors() -> set[int]:
     return out
 
 
+def _fd_links(pid: str) -> list[str]:
+    """What pid's open files point at (a socket reads ``socket:[inode]``); [] where /proc hides them."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return []
+    links = []
+    for fd in fds:
+        try:
+            links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass  # closed meanwhile
+    return links
+
+
 def _under(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
@@ -537,15 +535,7 @@ def _holds(pid: str, workdir: str, sockets: dict[str, tuple[int, int]]) -> str |
         cwd = ""
     if workdir and _under(cwd, workdir):
         return f"its working directory is {cwd}"
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return None
-    for fd in fds:
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
+    for link in _fd_links(pid):
         if workdir and _under(link, workdir):
             return f"it holds {link} open"
         if link.startswith("socket:[") and link[8:-1] in sockets:
