@@ -36,10 +36,7 @@ from sparkfleet.errors import StagingError, TransportError
 from sparkfleet.nodes import files as node_files
 from sparkfleet.nodes.transport.base import Transport
 
-PARTIAL_DIR = node_files.PARTIAL_DIR
 BytesFn = Callable[[int], None]
-_IO_TIMEOUT_S = 120
-_PROGRESS = re.compile(rb"^\s*([\d,]+)\s+\d+%")
 _NOT_FOUND = re.compile(r"rsync: (command )?not found|rsync: No such file or directory|exec: rsync:")
 _SSH_FAIL = re.compile(
     r"Permission denied|Host key verification failed|Connection (refused|timed out)|"
