@@ -78,7 +78,7 @@ def test_a_monitor_started_through_a_session_is_not_the_agents_child(fleet4: Loo
     try:
         state = node_agent(transport, node.python, "start", spec, stdin=b"A=1\n")
         assert state["state"] == "running", state
-        session = session_for(transport, node.python, open_one=False)
+        session = session_for(transport, node.python)
         assert session is not None and session.pid is not None
         monitor = int(Path(str(spec["pid_path"])).read_text().split()[0])  # it leads the rank's group
         parent = int(Path(f"/proc/{monitor}/stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -91,7 +91,7 @@ def test_a_monitor_started_through_a_session_is_not_the_agents_child(fleet4: Loo
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert node_agent(transport, node.python, "inspect", ended)["exit_code"] == 3
-        assert session_for(transport, node.python, open_one=False) is session  # all through one session
+        assert session_for(transport, node.python) is session  # all through one session
     finally:
         stopped = node_agent(transport, node.python, "stop", spec, timeout=60)["stopped"]
     assert stopped and leftover_processes(str(spec["deployment"])) == []
@@ -101,12 +101,12 @@ def test_a_failed_command_is_raised_and_the_session_goes_on(fleet4: LoopbackFlee
     node = load_cluster(fleet4.cluster_file).nodes[2]
     transport = transport_for(node)
     assert node_agent(transport, node.python, "watch", {"ranks": []})["mem_available"] > 0
-    session = session_for(transport, node.python, open_one=False)
-    assert session is not None
+    session = session_for(transport, node.python)
+    assert session is not None and session.serving  # the call above went through it
     with pytest.raises(RankRuntimeError, match=r"(?s)node agent stop failed: .*KeyError: 'pid_path'"):
         node_agent(transport, node.python, "stop", {"deployment": "x"})
     assert node_agent(transport, node.python, "watch", {"ranks": []})["mem_available"] > 0
-    assert session_for(transport, node.python, open_one=False) is session and not session.closed
+    assert session_for(transport, node.python) is session and not session.closed
 
 
 def test_a_node_where_no_session_starts_gets_the_one_shot_call_and_its_message(fleet4: LoopbackFleet) -> None:
@@ -116,7 +116,7 @@ def test_a_node_where_no_session_starts_gets_the_one_shot_call_and_its_message(f
     for _ in range(2):  # the second call does not try a session again
         with pytest.raises(RankRuntimeError, match=r"node agent watch failed: .*python3: (No such file|not found)"):
             node_agent(transport, missing, "watch", {"ranks": []})
-    assert session_for(transport, missing, open_one=False) is None
+    assert session_for(transport, missing) is None
 
 
 def _live_master(path: Path) -> bool:

@@ -134,10 +134,9 @@ _sessions: weakref.WeakKeyDictionary[Transport, tuple[dict[str, AgentSession], t
 _guard = threading.Lock()
 
 
-def session_for(transport: Transport, python: str, *, open_one: bool = True) -> AgentSession | None:
-    """The transport's session for this python: opened on first use (unless ``open_one`` is
-    false: a caller that would only save a cheap shell call uses one that is already open);
-    None where the transport cannot hold one or its session never came up."""
+def session_for(transport: Transport, python: str) -> AgentSession | None:
+    """The transport's session for this python, opened on first use; None where the transport
+    cannot hold one or its session never came up."""
     if not transport.capabilities.sessions:
         return None
     with _guard:
@@ -146,7 +145,7 @@ def session_for(transport: Transport, python: str, *, open_one: bool = True) -> 
         session = per.get(python)
         if session is not None and not session.closed:
             return session
-        if (session is not None and not session.serving) or not open_one:
+        if session is not None and not session.serving:
             return None  # one that never came up is not tried again: one-shot calls from here on
         session = per[python] = AgentSession(transport, python)
         weakref.finalize(transport, session.close)
