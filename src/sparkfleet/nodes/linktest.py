@@ -197,12 +197,10 @@ _CLIENT_SCRIPT = (
 )
 
 
-def client_command(
-    dst_ip: str, src_ip: str, *, port: int, seconds: int, mtu_sizes: Sequence[int], ping_count: int = PING_COUNT
-) -> list[str]:
+def client_command(dst_ip: str, src_ip: str, *, port: int, seconds: int, mtu_sizes: Sequence[int]) -> list[str]:
     """The source's script: iperf3 (skipped with seconds=0), ping, then don't-fragment pings of
     each size in turn until one is answered."""
-    return ["sh", "-c", _CLIENT_SCRIPT, "linktest", dst_ip, src_ip, str(port), str(seconds), str(ping_count),
+    return ["sh", "-c", _CLIENT_SCRIPT, "linktest", dst_ip, src_ip, str(port), str(seconds), str(PING_COUNT),
             *(str(s) for s in mtu_sizes)]  # fmt: skip
 
 
@@ -292,22 +290,19 @@ def measure_pair(
     seconds: int,
     mtu_sizes: Sequence[int],
     port: int = IPERF3_PORT,
-    bandwidth: bool = True,
     tool: str = "iperf3",
     pythons: tuple[str, str] = ("python3", "python3"),
 ) -> PairMeasurement:
-    """Run one pair test: the server on the target (when bandwidth is measured), the script on the
-    source. The server is a one-test `iperf3 -1` under `timeout` (or, with tool="stdlib", the
-    shipped stream test under its own limit, run by the nodes' pythons: source, target), so it
-    is gone when this returns or, at the latest, at its time limit."""
+    """Run one pair test: the server on the target, the script on the source. The server is a
+    one-test `iperf3 -1` under `timeout` (or, with tool="stdlib", the shipped stream test under
+    its own limit, run by the nodes' pythons: source, target), so it is gone when this returns
+    or, at the latest, at its time limit."""
     limit = seconds + 8
 
     def client(secs: int) -> PairMeasurement:
         argv = client_command(dst_ip, src_ip, port=port, seconds=secs, mtu_sizes=mtu_sizes)
         return parse_client(source.run(argv, timeout=limit + 5, check=False).stdout)
 
-    if not bandwidth:
-        return client(0)
     if tool == "stdlib":
         throughput, error = _stream_pair(source, target, src_ip, dst_ip, port, seconds, limit, pythons)
         rest = client(0)
@@ -402,14 +397,14 @@ def _sh(argv: Sequence[str]) -> str:
     return " ".join(shlex.quote(a) for a in argv)
 
 
-def perftest_server_command(hca: str, gid_index: int, port: int, limit_s: float = RDMA_LIMIT_S) -> list[str]:
+def perftest_server_command(hca: str, gid_index: int, port: int) -> list[str]:
     """perftest's servers on one HCA, both listening at once: ib_write_bw on `port`, ib_write_lat
-    on `port + 1` (each serves one test and exits), each under `timeout` at limit_s and
+    on `port + 1` (each serves one test and exits), each under `timeout` at RDMA_LIMIT_S and
     line-buffered (their "Waiting for client" lines arrive at once); SERVER_END when both have
     ended; both stopped when the controller closes stdin."""
     bw = _sh(perftest_argv("ib_write_bw", hca, gid_index, port))
     lat = _sh(perftest_argv("ib_write_lat", hca, gid_index, port + 1))
-    run = f"timeout -k 1 {limit_s:g} stdbuf -oL"
+    run = f"timeout -k 1 {RDMA_LIMIT_S:g} stdbuf -oL"
     script = (
         "( trap 'kill $b $l 2>/dev/null; exit 143' TERM; "
         f"{run} {lat} 2>&1 & l=$!; {run} {bw} 2>&1 & b=$!; wait $b; wait $l; "
@@ -419,13 +414,12 @@ def perftest_server_command(hca: str, gid_index: int, port: int, limit_s: float 
     return ["sh", "-c", script]
 
 
-def perftest_client_command(hca: str, gid_index: int, port: int, server_ip: str,
-                            limit_s: float = RDMA_LIMIT_S) -> list[str]:  # fmt: skip
+def perftest_client_command(hca: str, gid_index: int, port: int, server_ip: str) -> list[str]:
     """perftest's clients against server_ip: ib_write_bw on `port`, then (when it succeeded)
-    ib_write_lat on `port + 1`, each under `timeout` at limit_s."""
+    ib_write_lat on `port + 1`, each under `timeout` at RDMA_LIMIT_S."""
     bw = _sh([*perftest_argv("ib_write_bw", hca, gid_index, port), server_ip])
     lat = _sh([*perftest_argv("ib_write_lat", hca, gid_index, port + 1), server_ip])
-    run = f"timeout -k 1 {limit_s:g}"
+    run = f"timeout -k 1 {RDMA_LIMIT_S:g}"
     return ["sh", "-c", f"{run} {bw} 2>&1 || exit 0; echo '{LAT_SECTION}'; {run} {lat} 2>&1; true"]
 
 
