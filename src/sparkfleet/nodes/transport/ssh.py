@@ -49,11 +49,10 @@ def control_dir() -> Path:
 class SshTransport(Transport):
     """The node is reached with ``ssh``; every call reuses the node's master connection."""
 
-    def __init__(self, node: Node, *, accept_new_host_keys: bool = False, connect_timeout: int = 10) -> None:
+    def __init__(self, node: Node, *, accept_new_host_keys: bool = False) -> None:
         self.node = node.name
         self._node = node
         self._accept_new = accept_new_host_keys
-        self._connect_timeout = connect_timeout
 
     @property
     def capabilities(self) -> Capabilities:
@@ -94,7 +93,7 @@ class SshTransport(Transport):
             words += ["-F", n.ssh_config]
         words += [
             "-o", "BatchMode=yes",
-            "-o", f"ConnectTimeout={self._connect_timeout}",
+            "-o", "ConnectTimeout=10",
             "-o", "ControlMaster=auto",
             "-o", f"ControlPath={self.control_path().replace('%', '%%')}",
             "-o", f"ControlPersist={PERSIST_S}",
