@@ -33,7 +33,7 @@ from sparkfleet.nodes.transport.base import Transport
 if TYPE_CHECKING:
     from sparkfleet.plan.build import Plan
 
-__all__ = ["ImageAction", "build", "build_on", "distribute", "ensure_same_image", "image_id", "image_ids",
+__all__ = ["ImageAction", "build", "distribute", "ensure_same_image", "image_id", "image_ids",
            "is_pinned", "stream_image", "verify_same_id"]  # fmt: skip
 
 Progress = Callable[[str, str], None]
@@ -102,13 +102,6 @@ def context_tar(context: Path) -> bytes:
                 continue
             tar.add(path, arcname=rel, recursive=False)
     return buf.getvalue()
-
-
-def build_on(
-    transport: Transport, ref: str, context: bytes, dockerfile: str = "Dockerfile", *, no_cache: bool = False
-) -> str:
-    """`docker build -t ref -f dockerfile -` on the node with the context on stdin; the new ID."""
-    return build_image(transport, ref, context, dockerfile, no_cache=no_cache)
 
 
 def _timed(node: str, fn: Callable[[], tuple[str, str | None, str]]) -> ImageAction:
@@ -194,7 +187,7 @@ def build(
                 name,
                 lambda: (
                     "built",
-                    build_on(transports[name], ref, tar, dockerfile, no_cache=no_cache),
+                    build_image(transports[name], ref, tar, dockerfile, no_cache=no_cache),
                     "built here",
                 ),
             )
@@ -203,7 +196,7 @@ def build(
     say(head, f"building {ref} ({len(tar) / 1e6:.1f} MB context)")
     built = _timed(
         head,
-        lambda: ("built", build_on(transports[head], ref, tar, dockerfile, no_cache=no_cache), "built here"),
+        lambda: ("built", build_image(transports[head], ref, tar, dockerfile, no_cache=no_cache), "built here"),
     )
     if not built.ok:
         return [built]
