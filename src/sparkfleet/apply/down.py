@@ -13,7 +13,7 @@ from sparkfleet.config.cluster import Cluster, Node
 from sparkfleet.config.sizes import format_size
 from sparkfleet.doctor.probes.gpu import APPS_COMMAND, GpuProcess, parse_apps
 from sparkfleet.errors import LeftoverError, StateError, StopIncomplete
-from sparkfleet.nodes.fanout import fan_out, raise_first
+from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.files import remove
 from sparkfleet.nodes.identity import FoundRank, controller_owner
 from sparkfleet.nodes.inspection import Leftover, NodeAfter, leftovers_on, mem_available
@@ -160,7 +160,7 @@ def _stop_other_instances(deployment: Deployment, transports: dict[str, Transpor
     def stop(name: str) -> None:
         remove_ranks(transports[name], [f for f in found if f.node == name], nodes[name])
 
-    raise_first(fan_out(sorted({f.node for f in found}), stop))
+    fan_out(sorted({f.node for f in found}), stop).raise_first()
     return found
 
 
@@ -194,7 +194,7 @@ def find_by_name(cluster: Cluster, name: str) -> list[FoundRank]:
         node = cluster.node(node_name)
         return find_ranks(transport_for(node), name, node)
 
-    return [f for found in raise_first(fan_out([n.name for n in cluster.nodes], look)).values() for f in found]
+    return [f for found in fan_out([n.name for n in cluster.nodes], look).raise_first().values() for f in found]
 
 
 def sweep(cluster: Cluster, found: list[FoundRank]) -> None:
@@ -204,4 +204,4 @@ def sweep(cluster: Cluster, found: list[FoundRank]) -> None:
         node = cluster.node(node_name)
         remove_ranks(transport_for(node), [f for f in found if f.node == node_name], node)
 
-    raise_first(fan_out(sorted({f.node for f in found}), clean))
+    fan_out(sorted({f.node for f in found}), clean).raise_first()

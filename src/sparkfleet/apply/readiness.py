@@ -15,7 +15,7 @@ import httpx
 from sparkfleet.apply.observe import get_health
 from sparkfleet.config.secrets import ENGINE_KEY_ENV, auth_headers
 from sparkfleet.errors import RankExited, ReadinessError
-from sparkfleet.nodes.fanout import fan_out, raise_first
+from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.identity import Instance
 from sparkfleet.nodes.runtime import port_holders
 from sparkfleet.nodes.runtime.base import RankState, Runtime
@@ -184,10 +184,10 @@ def wait_ready(
     def look(with_logs: bool) -> None:
         """Every rank still runs (else raise with its log); with_logs: check the boot logs too."""
         if with_logs:
-            probed = raise_first(fan_out(keys, lambda r: runtimes[int(r)].probe(handles[int(r)], transport(int(r)))))
+            probed = fan_out(keys, lambda r: runtimes[int(r)].probe(handles[int(r)], transport(int(r)))).raise_first()
             states = {k: v[0] for k, v in probed.items()}
         else:
-            states = raise_first(fan_out(keys, lambda r: runtimes[int(r)].inspect(handles[int(r)], transport(int(r)))))
+            states = fan_out(keys, lambda r: runtimes[int(r)].inspect(handles[int(r)], transport(int(r)))).raise_first()
         for key, state in states.items():
             if state.state != "running":
                 rank = ranks[int(key)]

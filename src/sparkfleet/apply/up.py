@@ -23,7 +23,7 @@ from sparkfleet.config.secrets import redact, secrets_of
 from sparkfleet.doctor.pairs import Thresholds, run_fabric
 from sparkfleet.doctor.targets import NodeTarget
 from sparkfleet.errors import FabricError, RankExited, RollbackIncomplete, SparkfleetError, StateError
-from sparkfleet.nodes.fanout import fan_out, raise_first
+from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.identity import FoundRank, Instance, PortHolder
 from sparkfleet.nodes.runtime import preflight, runtime_for
 from sparkfleet.nodes.runtime.base import Runtime
@@ -76,7 +76,7 @@ def _preflight(plan: Plan, transports: dict[str, Transport], instance: Instance)
                                    containers=any(r.runtime == "docker" for r in ranks))  # fmt: skip
         return [f for f in found if f.instance != instance.id], [(h, roles[h.port]) for h in holders]
 
-    results = raise_first(fan_out(transports, check))
+    results = fan_out(transports, check).raise_first()
     others = [f for found, _ in results.values() for f in found]
     if others:
         owners = sorted({f.owner or "an older sparkfleet" for f in others})
@@ -139,7 +139,7 @@ def _ensure_images(plan: Plan, transports: dict[str, Transport], report: Reporte
         if have is not None:
             report(node, rank.rank, f"image {image} present ({have[:19]})")
 
-    raise_first(fan_out({r.node.name for r in docker_ranks}, ensure))
+    fan_out({r.node.name for r in docker_ranks}, ensure).raise_first()
 
 
 def _start_rank(plan: Plan, r: int, runtimes: dict[int, Runtime], transports: dict[str, Transport],

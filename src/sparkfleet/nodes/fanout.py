@@ -67,9 +67,8 @@ def _user_facing(error: BaseException) -> bool:
 class GroupResult(Mapping[str, Outcome[T]]):
     """Every node's outcome of one fan-out, in the order the nodes were given; all errors kept."""
 
-    def __init__(self, outcomes: Mapping[str, Outcome[T]] | Iterable[Outcome[T]] = ()) -> None:
-        items = outcomes.values() if isinstance(outcomes, Mapping) else outcomes
-        self._outcomes: dict[str, Outcome[T]] = {o.node: o for o in items}
+    def __init__(self, outcomes: Iterable[Outcome[T]] = ()) -> None:
+        self._outcomes: dict[str, Outcome[T]] = {o.node: o for o in outcomes}
 
     def __getitem__(self, node: str) -> Outcome[T]:
         return self._outcomes[node]
@@ -98,10 +97,6 @@ class GroupResult(Mapping[str, Outcome[T]]):
         """The value of every node that succeeded, in node order."""
         return {n: o.value for n, o in self._outcomes.items() if o.error is None}  # type: ignore[misc]
 
-    def messages(self) -> list[str]:
-        """One ``node: what failed`` line per failed node (a node's own error names its node)."""
-        return [str(e) if isinstance(e, NodeError) else f"{n}: {e}" for n, e in self.failures.items()]
-
     def raise_first(self) -> dict[str, T]:
         """The values, or the first failed node's error (user-facing ones as they are; anything
         else as a NodeError naming the node, caused by the original)."""
@@ -123,7 +118,9 @@ class GroupResult(Mapping[str, Outcome[T]]):
             raise bug
         key, first = next(iter(failures.items()))
         node, detail = (first.node, first.detail) if isinstance(first, NodeError) else (key, str(first))
-        text = "\n".join([detail, *self.messages()[1:]])
+        # One line per other node (a node's own error names its node).
+        others = [str(e) if isinstance(e, NodeError) else f"{n}: {e}" for n, e in list(failures.items())[1:]]
+        text = "\n".join([detail, *others])
         errors = [e for e in failures.values() if isinstance(e, Exception)]
         cause: BaseException = first if len(failures) == 1 else ExceptionGroup("every failed node's error", errors)
         raise error(node, text) from cause
@@ -158,8 +155,3 @@ def fan_out(nodes: Iterable[str], fn: Callable[[str], T], *, workers: int = 16) 
                 except KeyboardInterrupt:
                     continue
             raise
-
-
-def raise_first(outcomes: Mapping[str, Outcome[T]]) -> dict[str, T]:
-    """``GroupResult(outcomes).raise_first()``."""
-    return GroupResult(outcomes).raise_first()
