@@ -10,7 +10,7 @@ import typer
 
 from sparkfleet.bench.auth import api_key_for
 from sparkfleet.cli.app import group
-from sparkfleet.cli.console import console, err_console, plain
+from sparkfleet.cli.console import console, err_console, plain, table
 from sparkfleet.cli.extras import require_extra
 from sparkfleet.cli.int_lists import parse_int_list
 from sparkfleet.cli.options import ApiKeyOpt, JsonOpt, LabelOpt, ModelOpt, TargetArg
@@ -19,8 +19,6 @@ from sparkfleet.evals.checks import CATEGORIES
 from sparkfleet.evals.needle import DEFAULT_DEPTHS, DEFAULT_LENGTHS
 
 if TYPE_CHECKING:
-    from rich.table import Table
-
     from sparkfleet.evals.compare import Comparison
     from sparkfleet.evals.needle import NeedleRun
     from sparkfleet.evals.results import QualityRun, TaskResult
@@ -61,21 +59,13 @@ def _print_result_line(i: int, total: int, r: TaskResult) -> None:
     )
 
 
-def quality_table(run: QualityRun) -> Table:
-    """Per-category tallies of a run."""
-    from rich.table import Table
-
-    table = Table(title=f"{run.label}: {run.passed}/{run.total} passed ({100 * run.passed / run.total:.0f}%)")
-    table.add_column("category")
-    table.add_column("passed", justify="right")
-    table.add_column("total", justify="right")
-    for cat, (ok, n) in run.by_category().items():
-        table.add_row(cat, str(ok), str(n))
-    return table
-
-
 def _print_quality(run: QualityRun) -> None:
-    console.print(quality_table(run))
+    """Per-category tallies of a run, then how it was run."""
+    tallies = table(f"{run.label}: {run.passed}/{run.total} passed ({100 * run.passed / run.total:.0f}%)",
+                    "category", "passed", "total", left=("category",), title_justify="center")  # fmt: skip
+    for cat, (ok, n) in run.by_category().items():
+        tallies.add_row(cat, str(ok), str(n))
+    console.print(tallies)
     tok_s = run.median_tok_s()
     speed = f", median {tok_s:.1f} tok/s" if tok_s else ""
     sandbox_style = "" if run.sandbox.startswith(("root", "userns")) and "NOT" not in run.sandbox else "[red]"
@@ -149,22 +139,14 @@ def quality(
 
 
 def _print_comparison(cmp: Comparison) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"A = {cmp.a}   B = {cmp.b}   ({cmp.paired} paired tasks)")
-    for col in ("block", "categories", "both pass", "broke", "fixed", "both fail", "McNemar p"):
-        table.add_column(col, justify="left" if col in ("block", "categories") else "right")
+    blocks = table(f"A = {cmp.a}   B = {cmp.b}   ({cmp.paired} paired tasks)", "block", "categories", "both pass",
+                   "broke", "fixed", "both fail", "McNemar p", left=("block", "categories"),
+                   title_justify="center")  # fmt: skip
     for b in cmp.blocks:
-        table.add_row(
-            b.name,
-            "+".join(b.categories),
-            str(b.both_pass),
-            str(b.broke),
-            str(b.fixed),
-            str(b.both_fail),
-            f"{b.p:.3g}",
+        blocks.add_row(
+            b.name, "+".join(b.categories), str(b.both_pass), str(b.broke), str(b.fixed), str(b.both_fail), f"{b.p:.3g}"
         )
-    console.print(table)
+    console.print(blocks)
     for f in cmp.flips:
         colour = "red" if f.direction == "broke" else "green"
         console.print(f"  [{colour}]{f.direction.upper():<5}[/] {f.id:<28} {f.why[:80]}", highlight=False)
@@ -193,19 +175,17 @@ def compare(
 
 
 def _print_needle(run: NeedleRun, png: Path | None) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"needle {run.label}: effective length {run.effective_length or 'none'} tokens")
-    table.add_column("tokens \\ depth %")
+    grid = table(f"needle {run.label}: effective length {run.effective_length or 'none'} tokens", "tokens \\ depth %",
+                 title_justify="center")  # fmt: skip
     for d in run.depths:
-        table.add_column(f"{d:g}", justify="center")
+        grid.add_column(f"{d:g}", justify="center")
     for length in run.lengths:
         cells = []
         for d in run.depths:
             cell = run.cell(length, d)
             cells.append("[green]✓[/]" if cell and cell.passed else "[red]✗[/]" if cell else "-")
-        table.add_row(str(length), *cells)
-    console.print(table)
+        grid.add_row(str(length), *cells)
+    console.print(grid)
     console.print(f"run {run.id}  token counts: {run.token_counting}  wall {run.wall_s:.0f}s", highlight=False)
     if png:
         console.print(f"heatmap: {png}")
@@ -282,8 +262,6 @@ def show(
     failures: Annotated[bool, typer.Option(help="List failed tasks with their reasons.")] = True,
 ) -> None:
     """List stored eval runs, or show one."""
-    from rich.table import Table
-
     from sparkfleet.evals.needle import NeedleRun
     from sparkfleet.evals.results import QualityRun
     from sparkfleet.evals.store import list_runs, load_run
@@ -295,12 +273,10 @@ def show(
         if not rows:
             console.print("no eval runs stored yet")
             return
-        table = Table(title="eval runs")
-        for col in ("id", "kind", "label", "model", "created (UTC)", "score"):
-            table.add_column(col)
+        listed = table("eval runs", "id", "kind", "label", "model", "created (UTC)", "score", title_justify="center")
         for r in rows:
-            table.add_row(r.id, r.kind, r.label, r.model[-40:], r.created_utc, f"{r.passed}/{r.total}")
-        console.print(table)
+            listed.add_row(r.id, r.kind, r.label, r.model[-40:], r.created_utc, f"{r.passed}/{r.total}")
+        console.print(listed)
         return
     data = load_run(store, run)
     if "results" in data:

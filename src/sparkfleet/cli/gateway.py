@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from sparkfleet.cli.app import group
-from sparkfleet.cli.console import console, err_console
+from sparkfleet.cli.console import console, err_console, table
 from sparkfleet.cli.extras import require_extra
 from sparkfleet.cli.options import JsonOpt
 
@@ -98,13 +98,11 @@ def key_list(as_json: JsonOpt = False) -> None:
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    from rich.table import Table
-
-    table = Table("name", "id", "models", "rpm", "tpm", "expires", "state")
+    keys = table(None, "name", "id", "models", "rpm", "tpm", "expires", "state")
     for r in rows:
-        table.add_row(r["name"], r["id"], ",".join(r["models"] or ["*"]), str(r["rpm"] or "-"), str(r["tpm"] or "-"),
+        keys.add_row(r["name"], r["id"], ",".join(r["models"] or ["*"]), str(r["rpm"] or "-"), str(r["tpm"] or "-"),
                       _when(r["expires"]), r["state"])  # fmt: skip
-    console.print(table)
+    console.print(keys)
 
 
 @key_app.command("revoke")
@@ -131,17 +129,15 @@ def request_log(
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    from rich.table import Table
-
-    table = Table("time", "request", "key", "model", "deployment", "status", "tokens", "ttft", "e2e", "held",
-                  "finish", "cap", "loop")  # fmt: skip
+    log = table(None, "time", "request", "key", "model", "deployment", "status", "tokens", "ttft", "e2e", "held",
+                "finish", "cap", "loop")  # fmt: skip
     for r in rows:
         tokens = f"{r['prompt_tokens'] or 0}+{r['completion_tokens'] or 0}"
-        table.add_row(_when(r["time"]), r["request_id"], r["key_name"] or "-", r["model"] or "-",
+        log.add_row(_when(r["time"]), r["request_id"], r["key_name"] or "-", r["model"] or "-",
                       r["deployment"] or "-", str(r["status"]), tokens, _secs(r["ttft"]), _secs(r["e2e"]),
                       _secs(r.get("held")) if r.get("held") else "", r["finish_reason"] or "-",
                       "yes" if r["clamped"] else "", "ABORT" if r["loop_aborted"] else "")  # fmt: skip
-    console.print(table)
+    console.print(log)
 
 
 def _when(stamp: float | None) -> str:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from sparkfleet.cli.console import console, err_console, plain
+from sparkfleet.cli.console import console, err_console, plain, table
 from sparkfleet.cli.options import (
     AcceptNewOpt,
     ClusterOpt,
@@ -41,14 +41,10 @@ class _Progress:
         self.live = Live(self._table(), console=err_console, refresh_per_second=4, transient=False)
 
     def _table(self) -> Table:
-        from rich.table import Table
-
-        table = Table(title=f"{self.phase}  ({time.monotonic() - self.start:.1f}s)", title_justify="left")
-        for col in ("rank", "node", "state"):
-            table.add_column(col)
+        shown = table(f"{self.phase}  ({time.monotonic() - self.start:.1f}s)", "rank", "node", "state")
         for node, (rank, text, _) in sorted(self.rows.items(), key=lambda kv: kv[1][0]):
-            table.add_row(str(rank), node, text)
-        return table
+            shown.add_row(str(rank), node, text)
+        return shown
 
     def __call__(self, node: str | None, rank: int | None, message: str) -> None:
         with self.lock:
@@ -199,8 +195,6 @@ def _uptime(seconds: float | None) -> str:
 def status(name: Annotated[str | None, typer.Argument(help="Deployment name (all when left out).")] = None,
            as_json: JsonOpt = False) -> None:  # fmt: skip
     """Per rank: node, state, uptime, health."""
-    from rich.table import Table
-
     from sparkfleet.apply.observe import current, degraded_reason
     from sparkfleet.apply.switch import changes
     from sparkfleet.state.deployments import Deployments, controller_gone
@@ -222,14 +216,13 @@ def status(name: Annotated[str | None, typer.Argument(help="Deployment name (all
         state = rec.status
         if controller_gone(rec):  # its up was killed: it will never become ready by itself
             state += f" (its controller is gone: pid {rec.owner_pid}; `sparkfleet down {rec.name}`)"
-        table = Table(title=f"{rec.name}  {state}  {rec.engine}  {rec.endpoint}{restarts}", title_justify="left")
-        for col in ("rank", "node", "host", "runtime", "state", "uptime", "health", "detail"):
-            table.add_column(col)
+        shown = table(f"{rec.name}  {state}  {rec.engine}  {rec.endpoint}{restarts}",
+                      "rank", "node", "host", "runtime", "state", "uptime", "health", "detail")  # fmt: skip
         for r in ranks:
             style = "green" if r.state == "running" else "red"
-            table.add_row(str(r.rank), r.node, r.host, r.runtime, f"[{style}]{r.state}[/]", _uptime(r.uptime),
+            shown.add_row(str(r.rank), r.node, r.host, r.runtime, f"[{style}]{r.state}[/]", _uptime(r.uptime),
                           r.health, r.detail)  # fmt: skip
-        console.print(table)
+        console.print(shown)
         why = degraded_reason(rec, ranks)
         if why:
             console.print(f"[red]degraded:[/] {why}", highlight=False, soft_wrap=True)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from sparkfleet.cli.console import console, err_console
+from sparkfleet.cli.console import console, err_console, table
 from sparkfleet.cli.options import AcceptNewOpt, ClusterOpt, JsonOpt, NameOpt, RecipeArg, SetOpt, build_plan
 
 VerifyOpt = Annotated[
@@ -37,8 +37,6 @@ def stage(
     """
     # Imported here, not at module level: they pull in rich.progress and the transports, and
     # `sparkfleet --help` should not pay for them.
-    from rich.table import Table
-
     from sparkfleet.apply.staging.hub import HubReport
     from sparkfleet.apply.staging.phase import rich_progress
     from sparkfleet.apply.staging.phase import stage as run_stage
@@ -51,14 +49,11 @@ def stage(
     if not planned.staging:
         if as_json:  # stdout holds the JSON alone: no rows
             typer.echo("[]")
-            err_console.print(f"{planned.recipe_source}: nothing to stage")
-        else:
-            console.print(f"{planned.recipe_source}: nothing to stage")
+        (err_console if as_json else console).print(f"{planned.recipe_source}: nothing to stage")
         return
     nodes = (r.node for r in planned.ranks)
     with connected(nodes, accept_new_host_keys=accept_new) as transports, rich_progress(err_console) as progress:
-        phase = run_stage(planned, transports, verify=verify, progress=progress,
-                          fanout="push" if method == "push" else "pipeline")  # fmt: skip
+        phase = run_stage(planned, transports, verify=verify, progress=progress, fanout=method)  # type: ignore[arg-type]
     rows = phase.rows()
     for f in [] if as_json else phase.of(HubReport):
         console.print(
@@ -70,13 +65,11 @@ def stage(
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
     else:
-        table = Table(title="verify" if verify else "stage", title_justify="left")
-        for col in ("node", "rank", "step", "file", "found", "done", "written"):
-            table.add_column(col)
+        shown = table("verify" if verify else "stage", "node", "rank", "step", "file", "found", "done", "written")
         for row in rows:
-            table.add_row(str(row["node"]), str(row["rank"]), str(row["step"]), str(row["path"]),
+            shown.add_row(str(row["node"]), str(row["rank"]), str(row["step"]), str(row["path"]),
                           str(row["status"]), str(row["action"]), f"{int(str(row['bytes_written'])):,} B")  # fmt: skip
-        console.print(table)
+        console.print(shown)
     if verify:
         phase.check()
 
