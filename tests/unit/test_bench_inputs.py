@@ -15,7 +15,8 @@ from sparkfleet.bench.corpus import (
 from sparkfleet.bench.decode import DecodeConfig
 from sparkfleet.bench.endpoint import looks_like_url, masked_flags, normalise_url, parallelism
 from sparkfleet.bench.prefill import plan_lengths
-from sparkfleet.cli.bench import parse_extra, parse_ints
+from sparkfleet.cli.bench import parse_extra
+from sparkfleet.cli.int_lists import parse_int_list
 from sparkfleet.errors import BenchError
 
 
@@ -59,12 +60,12 @@ def test_prefill_lengths_clip_to_the_context() -> None:
 
 
 def test_option_parsing_and_bad_input() -> None:
-    assert parse_ints("1,2, 4", "concurrency") == (1, 2, 4)
-    assert parse_ints("4k,16k,1000", "prompt length") == (4096, 16384, 1000)
+    assert parse_int_list("1,2, 4", "concurrency", BenchError) == (1, 2, 4)
+    assert parse_int_list("4k,16k,1000", "prompt length", BenchError) == (4096, 16384, 1000)
     with pytest.raises(BenchError, match="bad concurrency 'x'"):
-        parse_ints("1,x", "concurrency")
+        parse_int_list("1,x", "concurrency", BenchError)
     with pytest.raises(BenchError, match="bad concurrency '0'"):
-        parse_ints("0", "concurrency")
+        parse_int_list("0", "concurrency", BenchError)
     with pytest.raises(BenchError, match="unknown prompt type poetry"):
         prompt_types("prose,poetry")
     assert parse_extra('{"top_p": 1}') == {"top_p": 1}

@@ -16,10 +16,10 @@ import typer
 from sparkfleet.bench.auth import api_key_for
 from sparkfleet.bench.corpus import PREFILL_LENGTHS, PROMPT_TYPES, prompt_types
 from sparkfleet.cli.app import group
-from sparkfleet.cli.console import console, err_console, warn
+from sparkfleet.cli.console import console, err_console, table, warn
 from sparkfleet.cli.extras import require_extra
 from sparkfleet.cli.int_lists import parse_int_list
-from sparkfleet.cli.options import ApiKeyOpt, JsonOpt, LabelOpt, ModelOpt, TargetArg
+from sparkfleet.cli.options import ApiKeyOpt, ApiOpt, JsonOpt, LabelOpt, ModelOpt, RequestTimeoutOpt, TargetArg
 from sparkfleet.errors import BenchError
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from sparkfleet.bench.client import RequestRecord
     from sparkfleet.bench.report import TierSummary
-    from sparkfleet.bench.store import BenchStore
+    from sparkfleet.bench.store import BenchStore, StoredRun
 
 bench_app = group("Decode, prefill and open-loop (serve) benchmarks, history, comparison and export.")
 
@@ -40,11 +40,6 @@ def register(app: typer.Typer) -> None:
 
 
 # ---------------------------------------------------------------- option parsing
-
-
-def parse_ints(text: str, what: str) -> tuple[int, ...]:
-    """``1,2,4`` or ``4k,16k`` (k = 1024) → a tuple of positive ints."""
-    return parse_int_list(text, what, BenchError)
 
 
 def parse_extra(text: str | None) -> dict[str, Any]:
@@ -154,25 +149,18 @@ def _render(bench: BenchStore, run_id: int, fmt: str) -> str:
     """A stored run as JSON (vLLM key names where they exist, every request), CSV or Markdown."""
     from sparkfleet.bench.report import markdown, summarize, to_csv, to_json
 
-    stored = bench.get_run(run_id)
     if fmt == "json":
-        samples = bench.samples(run_id)
+        stored, samples = bench.get_run(run_id), bench.samples(run_id)
         return to_json(stored, samples, summarize(stored, samples))
-    tiers = summarize(stored, bench.samples(run_id, with_requests=False))
-    if fmt == "csv":
-        return to_csv(stored, tiers)
-    if fmt in ("md", "markdown"):
-        return markdown(stored, tiers)
-    raise BenchError(f"unknown export format {fmt!r}: choose json, csv, md or png")
+    run, tiers = _tiers(bench, run_id)
+    return to_csv(run, tiers) if fmt == "csv" else markdown(run, tiers)  # the callers checked fmt: csv or md
 
 
 def _write_run(bench: BenchStore, run_id: int, fmt: str, path: Path) -> None:
     if fmt == "png":
         from sparkfleet.bench.plots import plot_run  # matplotlib is heavy: load it only to plot
-        from sparkfleet.bench.report import summarize
 
-        stored = bench.get_run(run_id)
-        plot_run(stored, summarize(stored, bench.samples(run_id, with_requests=False)), path)
+        plot_run(*_tiers(bench, run_id), path)
     else:
         path.write_text(_render(bench, run_id, fmt))
     err_console.print(f"wrote {path}")
@@ -206,8 +194,8 @@ def decode_cmd(
     waves: Annotated[int, typer.Option(help="Requests per run = concurrency x waves.")] = 1,
     warmups: Annotated[int, typer.Option(help="Discarded warm-up waves per tier.")] = 1,
     warmup_tokens: Annotated[int, typer.Option(help="Tokens per warm-up request.")] = 32,
-    api: Annotated[str, typer.Option(help="chat or completions.")] = "chat",
-    timeout: Annotated[float, typer.Option(help="Seconds allowed per request.")] = 600.0,
+    api: ApiOpt = "chat",
+    timeout: RequestTimeoutOpt = 600.0,
     extra_body: ExtraOpt = None,
     label: LabelOpt = None,
     as_json: JsonOpt = False,
@@ -224,7 +212,7 @@ def decode_cmd(
     from sparkfleet.bench.decode import DecodeConfig
 
     config = DecodeConfig(
-        concurrency=parse_ints(concurrency, "concurrency"),
+        concurrency=parse_int_list(concurrency, "concurrency", BenchError),
         prompt_types=prompt_types(types),
         new_tokens=output_len,
         repeats=repeats,
@@ -265,7 +253,7 @@ def prefill_cmd(
     from sparkfleet.bench.prefill import PrefillConfig
 
     config = PrefillConfig(
-        lengths=parse_ints(input_len, "prompt length"),
+        lengths=parse_int_list(input_len, "prompt length", BenchError),
         repeats=repeats,
         max_context=max_context,
         overhead_samples=overhead_samples,
@@ -277,7 +265,7 @@ def prefill_cmd(
 # ---------------------------------------------------------------- show / compare / export
 
 
-def _tiers(bench: BenchStore, run_id: int) -> tuple[Any, list[TierSummary]]:
+def _tiers(bench: BenchStore, run_id: int) -> tuple[StoredRun, list[TierSummary]]:
     from sparkfleet.bench.report import summarize
 
     run = bench.get_run(run_id)
@@ -291,8 +279,6 @@ def flag_cell(tier: TierSummary) -> str:
 
 
 def _show(bench: BenchStore, run_id: int) -> None:
-    from rich.table import Table
-
     from sparkfleet.bench.report import fmt, fmt_spread, run_title
 
     run, tiers = _tiers(bench, run_id)
@@ -300,34 +286,23 @@ def _show(bench: BenchStore, run_id: int) -> None:
         from sparkfleet.cli.bench_serve import show_serve
 
         show_serve(run, tiers)
-        return
-    table = Table(title=run_title(run), title_justify="left")
-    if run.kind == "decode":
-        for col in (
-            "tier",
-            "runs",
-            "aggregate tok/s",
-            "per stream",
-            "TTFT p50 ms",
-            "TPOT p50 ms",
-            "ITL p99 ms",
-            "",
-        ):
-            table.add_column(col, justify="left" if col in ("tier", "") else "right")
+    elif run.kind == "decode":
+        shown = table(run_title(run), "tier", "runs", "aggregate tok/s", "per stream", "TTFT p50 ms", "TPOT p50 ms",
+                      "ITL p99 ms", "", left=("tier", ""))  # fmt: skip
         for t in tiers:
-            table.add_row(
+            shown.add_row(
                 t.tier, str(t.runs), fmt_spread(t.headline), fmt(t.per_stream.median),
                 fmt(t.ttft_p50.median, 0), fmt(t.tpot_p50.median), fmt(t.itl_p99.median), flag_cell(t),
             )  # fmt: skip
+        console.print(shown)
     else:
-        for col in ("length", "runs", "prompt tokens", "prefill tok/s", "TTFT p50 ms", ""):
-            table.add_column(col, justify="left" if col == "" else "right")
+        shown = table(run_title(run), "length", "runs", "prompt tokens", "prefill tok/s", "TTFT p50 ms", "", left=("",))
         for t in tiers:
-            table.add_row(
+            shown.add_row(
                 t.tier, str(t.runs), fmt(t.prompt_tokens.median, 0), fmt_spread(t.headline, 0),
                 fmt(t.ttft_p50.median, 0), flag_cell(t),
             )  # fmt: skip
-    console.print(table)
+        console.print(shown)
     if run.status != "complete":
         console.print(f"[yellow]run {run.id} is {run.status}: {run.note or ''}[/]")
 
@@ -338,23 +313,19 @@ def show_cmd(
     limit: Annotated[int, typer.Option(help="How many runs to list.")] = 20,
 ) -> None:
     """List stored runs, or show one run's tiers."""
-    from rich.table import Table
-
     from sparkfleet.bench.store import BenchStore
 
     bench = BenchStore()
     if run is not None:
         _show(bench, bench.resolve(run))
         return
-    table = Table(title="bench runs", title_justify="left")
-    for col in ("id", "kind", "status", "created (UTC)", "model", "engine", "target", "label"):
-        table.add_column(col)
+    shown = table("bench runs", "id", "kind", "status", "created (UTC)", "model", "engine", "target", "label")
     for r in bench.list_runs(limit):
-        table.add_row(
+        shown.add_row(
             str(r.id), r.kind, r.status, r.created_at, r.model or "",
             f"{r.engine or ''} {r.engine_version or ''}", r.deployment or r.endpoint, r.label or "",
         )  # fmt: skip
-    console.print(table)
+    console.print(shown)
 
 
 @bench_app.command("compare")
@@ -363,8 +334,6 @@ def compare_cmd(
     b: Annotated[str, typer.Argument(help="Run compared with it.")],
 ) -> None:
     """Per tier: both medians, the ratio B/A, and whether the difference exceeds the runs' spread."""
-    from rich.table import Table
-
     from sparkfleet.bench.report import compare, fmt, fmt_spread
     from sparkfleet.bench.store import BenchStore
 
@@ -382,17 +351,16 @@ def compare_cmd(
     if not rows:
         raise BenchError(f"runs {run_a.id} and {run_b.id} have no tier in common")
     what = "aggregate tok/s" if run_a.kind == "decode" else "prefill tok/s"
-    table = Table(title=f"{what}: A = run {run_a.id}, B = run {run_b.id}", title_justify="left")
-    for col in ("tier", "A median (min–max)", "B median (min–max)", "B/A", "verdict"):
-        table.add_column(col, justify="left" if col in ("tier", "verdict") else "right")
+    shown = table(f"{what}: A = run {run_a.id}, B = run {run_b.id}", "tier", "A median (min–max)",
+                  "B median (min–max)", "B/A", "verdict", left=("tier", "verdict"))  # fmt: skip
     for row in rows:
         verdict = (
             ("[green]faster[/]" if (row.ratio or 1) > 1 else "[red]slower[/]")
             if row.exceeds_spread
             else "within spread"
         )
-        table.add_row(row.tier, fmt_spread(row.a), fmt_spread(row.b), fmt(row.ratio, 3), verdict)
-    console.print(table)
+        shown.add_row(row.tier, fmt_spread(row.a), fmt_spread(row.b), fmt(row.ratio, 3), verdict)
+    console.print(shown)
 
 
 @bench_app.command("export")

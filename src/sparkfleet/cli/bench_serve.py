@@ -9,16 +9,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from sparkfleet.cli.bench import (
-    ExtraOpt,
-    OutOpt,
-    bench_app,
-    flag_cell,
-    parse_extra,
-    run_bench,
-)
-from sparkfleet.cli.console import console
-from sparkfleet.cli.options import ApiKeyOpt, JsonOpt, LabelOpt, ModelOpt, TargetArg
+from sparkfleet.cli.bench import ExtraOpt, OutOpt, bench_app, flag_cell, parse_extra, run_bench
+from sparkfleet.cli.console import console, table
+from sparkfleet.cli.options import ApiKeyOpt, ApiOpt, JsonOpt, LabelOpt, ModelOpt, RequestTimeoutOpt, TargetArg
 from sparkfleet.errors import BenchError
 
 if TYPE_CHECKING:
@@ -76,8 +69,8 @@ def serve_cmd(
     ] = None,
     no_metrics: Annotated[bool, typer.Option("--no-metrics", help="Do not poll the engine's /metrics.")] = False,
     seed: Annotated[int, typer.Option(help="Seed of arrivals, lengths and texts.")] = 0,
-    api: Annotated[str, typer.Option(help="chat or completions.")] = "chat",
-    timeout: Annotated[float, typer.Option(help="Seconds allowed per request.")] = 600.0,
+    api: ApiOpt = "chat",
+    timeout: RequestTimeoutOpt = 600.0,
     extra_body: ExtraOpt = None,
     label: LabelOpt = None,
     as_json: JsonOpt = False,
@@ -126,22 +119,18 @@ def _dataset(name: str | None, path: Path | None) -> str:
 
 
 def show_serve(run: StoredRun, tiers: list[TierSummary]) -> None:
-    """The rate tiers as a table, figures shown as median (min–max) over repeats."""
-    from rich.table import Table
-
+    """The rate tiers as a table, figures shown as median (min–max) over repeats (``bench show``
+    then adds the run's status)."""
     from sparkfleet.bench.report import fmt, fmt_spread, run_title
 
-    table = Table(title=run_title(run), title_justify="left")
-    cols = ("rate", "achieved", "req/s", "goodput (share)", "out tok/s", "TPOT p50 ms (engine)",
-            "TTFT p50/p90/p99 ms", "ITL p99", "E2E p50/p99 ms", "KV max", "")  # fmt: skip
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("rate", "") else "right")
+    shown = table(run_title(run), "rate", "achieved", "req/s", "goodput (share)", "out tok/s", "TPOT p50 ms (engine)",
+                  "TTFT p50/p90/p99 ms", "ITL p99", "E2E p50/p99 ms", "KV max", "", left=("rate", ""))  # fmt: skip
     for t in tiers:
         f = t.figures
         good = f["goodput"]
         share = f["good_share"].median
         kv = f["kv_usage_max"].median
-        table.add_row(
+        shown.add_row(
             t.tier, fmt(f["achieved_rate"].median, 2), fmt(f["request_throughput"].median, 2),
             "–" if good.median is None else f"{fmt_spread(good, 2)} ({100 * (share or 0):.0f}%)",
             fmt_spread(f["output_throughput"]),
@@ -150,12 +139,10 @@ def show_serve(run: StoredRun, tiers: list[TierSummary]) -> None:
             fmt(f["itl_p99"].median), f"{fmt(f['e2el_p50'].median, 0)}/{fmt(f['e2el_p99'].median, 0)}",
             "–" if kv is None else f"{100 * kv:.0f}%", flag_cell(t),
         )  # fmt: skip
-    console.print(table)
+    console.print(shown)
     accept = [t.figures["spec_accept_length"].median for t in tiers if t.figures["spec_accept_length"].median]
     if accept:
         console.print(f"speculative decoding: {', '.join(f'{a:.2f}' for a in accept)} tokens per step by tier")
-    if run.status != "complete":
-        console.print(f"[yellow]run {run.id} is {run.status}: {run.note or ''}[/]")
 
 
 COMPARED = (
@@ -174,13 +161,10 @@ def _figure(key: str) -> Callable[[TierSummary], Spread]:
 
 def compare_serve(run_a: StoredRun, tiers_a: list[TierSummary], run_b: StoredRun, tiers_b: list[TierSummary]) -> None:
     """Per common rate tier and figure: both medians, B/A, and whether it exceeds the spread."""
-    from rich.table import Table
-
     from sparkfleet.bench.report import compare, fmt, fmt_spread
 
-    table = Table(title=f"rate tiers: A = run {run_a.id}, B = run {run_b.id}", title_justify="left")
-    for col in ("rate", "figure", "A median (min–max)", "B median (min–max)", "B/A", "verdict"):
-        table.add_column(col, justify="left" if col in ("rate", "figure", "verdict") else "right")
+    shown = table(f"rate tiers: A = run {run_a.id}, B = run {run_b.id}", "rate", "figure", "A median (min–max)",
+                  "B median (min–max)", "B/A", "verdict", left=("rate", "figure", "verdict"))  # fmt: skip
     rows = 0
     for name, key, digits in COMPARED:
         for row in compare(tiers_a, tiers_b, figure=_figure(key)):
@@ -188,11 +172,11 @@ def compare_serve(run_a: StoredRun, tiers_a: list[TierSummary], run_b: StoredRun
                 continue
             rows += 1
             verdict = "different" if row.exceeds_spread else "within spread"
-            table.add_row(row.tier, name, fmt_spread(row.a, digits), fmt_spread(row.b, digits),
+            shown.add_row(row.tier, name, fmt_spread(row.a, digits), fmt_spread(row.b, digits),
                           fmt(row.ratio, 3), verdict)  # fmt: skip
     if not rows:
         raise BenchError(f"runs {run_a.id} and {run_b.id} have no rate tier in common")
-    console.print(table)
+    console.print(shown)
     dirty = [f"{r.id}:{t.tier}" for r, ts in ((run_a, tiers_a), (run_b, tiers_b)) for t in ts if t.foreign_requests]
     if dirty:
         console.print(f"[yellow]foreign requests ran in {', '.join(dirty)}: those figures are not clean[/]")

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from sparkfleet.cli.console import console, plain
-from sparkfleet.cli.options import AcceptNewOpt, ClusterOpt, EnvOpt, JsonOpt, NameOpt, SetOpt
+from sparkfleet.cli.options import AcceptNewOpt, ClusterOpt, EnvOpt, JsonOpt, NameOpt, NodeTimeoutOpt, SetOpt
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -24,7 +24,6 @@ OptionalRecipeArg = Annotated[
     Path | None,
     typer.Argument(help="A recipe (folder or recipe.toml); without it only the nodes are checked."),
 ]
-TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for each node's answer.")]
 FabricOpt = Annotated[
     bool,
     typer.Option("--fabric", help="Measure every pair of nodes over the fabric (iperf3, ping, path MTU) instead."),
@@ -61,7 +60,7 @@ def doctor(
     env: EnvOpt = None,
     name: NameOpt = None,
     as_json: JsonOpt = False,
-    timeout: TimeoutOpt = 15.0,
+    timeout: NodeTimeoutOpt = 15.0,
     accept_new: AcceptNewOpt = False,
     fabric: FabricOpt = False,
     fabric_seconds: FabricSecondsOpt = 2,

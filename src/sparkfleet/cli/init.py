@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from sparkfleet.cli.console import console
-from sparkfleet.cli.options import AcceptNewOpt
+from sparkfleet.cli.options import AcceptNewOpt, NodeTimeoutOpt
 from sparkfleet.errors import ClusterError
 
 HostsArg = Annotated[list[str], typer.Argument(help="The nodes' SSH addresses, head first (rank order).")]
@@ -27,7 +27,6 @@ IfnameOpt = Annotated[
     list[str] | None,
     typer.Option("--ifname", help="NODE=IFNAME: the fabric interface of a node with several in the subnet."),
 ]
-TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for each node's answer.")]
 
 
 def _pairs(items: list[str] | None) -> dict[str, str]:
@@ -51,7 +50,7 @@ def init(
     ssh_config: ConfigOpt = None,
     fabric_subnet: SubnetOpt = None,
     ifname: IfnameOpt = None,
-    timeout: TimeoutOpt = 20.0,
+    timeout: NodeTimeoutOpt = 20.0,
     accept_new: AcceptNewOpt = False,
 ) -> None:
     """Ask every node (in parallel, over SSH) for its interfaces, RDMA ports and GIDs; pick the

@@ -37,6 +37,9 @@ TargetArg = Annotated[str, typer.Argument(help="Deployment name, or the server's
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Model id (default: the first of GET /v1/models).")]
 LabelOpt = Annotated[str | None, typer.Option("--label", help="A label stored with the run.")]
 VariantOpt = Annotated[str, typer.Option("--variant", help="Which [variants.NAME] overlay of the recipe (base: none).")]
+ApiOpt = Annotated[str, typer.Option(help="chat or completions.")]
+RequestTimeoutOpt = Annotated[float, typer.Option(help="Seconds allowed per request.")]
+NodeTimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for each node's answer.")]
 
 
 def parse_env(items: list[str] | None) -> tuple[tuple[str, str], ...]:
