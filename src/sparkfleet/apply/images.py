@@ -25,16 +25,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sparkfleet.errors import NodeError, RecipeError
+from sparkfleet.errors import ClusterError, NodeError, RecipeError
 from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.runtime.docker import build_image, image_id, pull, stream_image
 from sparkfleet.nodes.transport.base import Transport
 
 if TYPE_CHECKING:
     from sparkfleet.plan.build import Plan
+    from sparkfleet.plan.model import ImageSpec
 
-__all__ = ["ImageAction", "build", "distribute", "ensure_same_image", "image_id", "image_ids",
-           "is_pinned", "stream_image", "verify_same_id"]  # fmt: skip
+__all__ = ["ImageAction", "build", "build_recipe_image", "distribute", "ensure_same_image", "image_id", "image_ids",
+           "is_pinned", "plan_image", "push_recipe_image", "stream_image", "verify_same_id"]  # fmt: skip
 
 Progress = Callable[[str, str], None]
 
@@ -202,6 +203,41 @@ def build(
         return [built]
     rest = distribute(ref, head, transports, progress=progress)
     return [built] + [a for a in rest if a.node != head]
+
+
+def plan_image(plan: Plan) -> ImageSpec:
+    """The plan's image; RecipeError for a recipe of host processes, which has none."""
+    if plan.image is None:
+        raise RecipeError(f"{plan.recipe_source}: no docker_image: this recipe runs host processes")
+    return plan.image
+
+
+def build_recipe_image(plan: Plan, transports: Mapping[str, Transport], *, dockerfile: str = "Dockerfile",
+                       on_each_node: bool = False, no_cache: bool = False,
+                       progress: Progress | None = None) -> list[ImageAction]:  # fmt: skip
+    """`image build`: ``build`` the plan's image from its docker_image_dir, rank 0's node being
+    the head; RecipeError when the recipe names no such folder or it holds no dockerfile."""
+    image, source = plan_image(plan), plan.recipe_source
+    if not image.build_dir:
+        raise RecipeError(f"{source}: no docker_image_dir to build {image.ref} from (use `image push`)")
+    if image.context is None:
+        raise RecipeError(
+            f"{source}: docker_image_dir = {image.build_dir!r}: no such folder (looked in {image.looked_in[0]})"
+        )
+    context = Path(image.context)
+    if not (context / dockerfile).is_file():
+        raise RecipeError(f"{source}: docker_image_dir {context} has no {dockerfile}")
+    return build(image.ref, context, transports, plan.ranks[0].node.name, dockerfile=dockerfile,
+                 on_each_node=on_each_node, no_cache=no_cache, progress=progress)  # fmt: skip
+
+
+def push_recipe_image(plan: Plan, transports: Mapping[str, Transport], source: str | None = None, *,
+                      progress: Progress | None = None) -> list[ImageAction]:  # fmt: skip
+    """`image push`: ``distribute`` the plan's image from source (default: rank 0's node)."""
+    src = source or plan.ranks[0].node.name
+    if src not in transports:
+        raise ClusterError(f"--from {src}: not a node of this deployment ({', '.join(transports)})")
+    return distribute(plan_image(plan).ref, src, transports, progress=progress)
 
 
 def ensure_same_image(plan: Plan, transports: Mapping[str, Transport], *, allow_mismatch: bool = False) -> None:

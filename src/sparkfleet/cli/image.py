@@ -49,15 +49,14 @@ def _setup(
     recipe: Path, cluster: Path | None, set_: list[str] | None, accept_new: bool
 ) -> tuple[Plan, str, dict[str, Transport]]:
     # Imported per command so `sparkfleet --help` stays fast.
+    from sparkfleet.apply.images import plan_image
     from sparkfleet.cli.options import build_plan
-    from sparkfleet.errors import RecipeError
     from sparkfleet.nodes.transport import transport_for
 
     planned = build_plan(recipe, cluster, set_, None, None)
-    if planned.image is None:
-        raise RecipeError(f"{planned.recipe_source}: no docker_image: this recipe runs host processes")
+    ref = plan_image(planned).ref  # a recipe without an image is refused before any node is reached
     transports = {r.node.name: transport_for(r.node, accept_new_host_keys=accept_new) for r in planned.ranks}
-    return planned, planned.image.ref, transports
+    return planned, ref, transports
 
 
 def build_cmd(
@@ -70,25 +69,11 @@ def build_cmd(
     accept_new: AcceptNewOpt = False,
 ) -> None:
     """Build from docker_image_dir (context shipped over SSH) and stream to nodes that differ."""
-    from sparkfleet.apply.images import build
-    from sparkfleet.errors import RecipeError
+    from sparkfleet.apply.images import build_recipe_image
 
     planned, ref, transports = _setup(recipe, cluster, set_, accept_new)
-    image, source = planned.image, planned.recipe_source
-    assert image is not None  # _setup refused a recipe without an image
-    if not image.build_dir:
-        raise RecipeError(f"{source}: no docker_image_dir to build {ref} from (use `image push`)")
-    if image.context is None:
-        raise RecipeError(
-            f"{source}: docker_image_dir = {image.build_dir!r}: no such folder (looked in {image.looked_in[0]})"
-        )
-    context = Path(image.context)
-    if not (context / dockerfile).is_file():
-        raise RecipeError(f"{source}: docker_image_dir {context} has no {dockerfile}")
-    head = planned.ranks[0].node.name
-    actions = build(ref, context, transports, head, dockerfile=dockerfile, on_each_node=on_each_node,
-                    no_cache=no_cache, progress=_progress)  # fmt: skip
-    _show(actions, ref)
+    _show(build_recipe_image(planned, transports, dockerfile=dockerfile, on_each_node=on_each_node, no_cache=no_cache,
+                             progress=_progress), ref)  # fmt: skip
 
 
 def push_cmd(
@@ -99,14 +84,10 @@ def push_cmd(
     accept_new: AcceptNewOpt = False,
 ) -> None:
     """Stream the image from the head (or --from NODE) to every node whose image ID differs."""
-    from sparkfleet.apply.images import distribute
-    from sparkfleet.errors import ClusterError
+    from sparkfleet.apply.images import push_recipe_image
 
     planned, ref, transports = _setup(recipe, cluster, set_, accept_new)
-    src = source or planned.ranks[0].node.name
-    if src not in transports:
-        raise ClusterError(f"--from {src}: not a node of this deployment ({', '.join(transports)})")
-    _show(distribute(ref, src, transports, progress=_progress), ref)
+    _show(push_recipe_image(planned, transports, source, progress=_progress), ref)
 
 
 def register(app: typer.Typer) -> None:
