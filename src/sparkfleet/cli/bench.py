@@ -126,23 +126,19 @@ def run_bench(kind: str, config: Any, target: str, model: str | None, api_key: s
         _show(bench, run_id)
 
 
-def out_formats(out: list[Path] | None) -> list[tuple[Path, str]]:
-    """Each ``--out`` file with the format its suffix asks for; checked before any request."""
-    formats = [(path, out_format(path)) for path in out or []]
-    if any(fmt == "png" for _, fmt in formats):
-        require_extra("plots", ("matplotlib",), "--out FILE.png")
-    return formats
-
-
 OUT_FORMATS = {".json": "json", ".csv": "csv", ".md": "md", ".markdown": "md", ".png": "png"}
 
 
-def out_format(path: Path) -> str:
-    """What ``--out PATH`` writes, by its suffix."""
-    fmt = OUT_FORMATS.get(path.suffix.lower())
-    if fmt is None:
-        raise BenchError(f"--out {path}: give a .json, .csv, .md or .png file (the format follows the suffix)")
-    return fmt
+def out_formats(out: list[Path] | None) -> list[tuple[Path, str]]:
+    """Each ``--out`` file with the format its suffix asks for; checked before any request."""
+    formats = []
+    for path in out or []:
+        if path.suffix.lower() not in OUT_FORMATS:
+            raise BenchError(f"--out {path}: give a .json, .csv, .md or .png file (the format follows the suffix)")
+        formats.append((path, OUT_FORMATS[path.suffix.lower()]))
+    if any(fmt == "png" for _, fmt in formats):
+        require_extra("plots", ("matplotlib",), "--out FILE.png")
+    return formats
 
 
 def _render(bench: BenchStore, run_id: int, fmt: str) -> str:

@@ -11,7 +11,6 @@ import logging
 import os
 import sys
 import traceback
-from pathlib import Path
 from typing import NoReturn
 
 import typer
@@ -101,12 +100,6 @@ def _listed() -> None:
     """A command as the root listing shows it; never run, since no command was named."""
 
 
-def _crash_log() -> Path:
-    from sparkfleet.state.store import state_dir
-
-    return state_dir() / "crash.log"
-
-
 def _usage_error(exc: typer.TyperException, argv: list[str]) -> NoReturn:
     """A command-line mistake: one line on stderr and exit 2 (help on stdout, exit 0, when asked
     for nothing at all)."""
@@ -179,8 +172,9 @@ def main(argv: list[str] | None = None) -> None:
         _usage_error(exc, args)
     except Exception as exc:
         from sparkfleet.nodes.private import open_private_append, private_dir
+        from sparkfleet.state.store import state_dir
 
-        log = _crash_log()
+        log = state_dir() / "crash.log"
         try:  # the traceback may quote secrets: a 0600 file in the private state dir
             private_dir(log.parent, parents=True)
             with os.fdopen(open_private_append(log), "a") as fh:

@@ -42,7 +42,7 @@ def validate(recipe: RecipeArg, set_: SetOpt = None, cluster: ClusterOpt = None,
     carry over is a warning per item (--strict refuses)."""
     from sparkfleet.config.cluster import load_cluster
     from sparkfleet.config.recipe import load_recipe, recipe_variants
-    from sparkfleet.plan.build import check_plannable
+    from sparkfleet.plan.build import check_plannable, secret_arg_notes
 
     loaded = load_recipe(recipe, tuple(set_ or ()))
     inventory = load_cluster(cluster) if cluster is not None else None
@@ -50,8 +50,6 @@ def validate(recipe: RecipeArg, set_: SetOpt = None, cluster: ClusterOpt = None,
     variants = recipe_variants(recipe)[1:]
     for name in variants:
         check_plannable(load_recipe(recipe, tuple(set_ or ()), name))
-    from sparkfleet.plan.build import secret_arg_notes
-
     report_not_carried(loaded.source, loaded.not_carried, strict)
     for note in secret_arg_notes(loaded):
         warn(f"{loaded.source}: {note}")
