@@ -94,6 +94,4 @@ def ab(
         raise BenchError(f"experiment {report['experiment']} stopped: {report['note']}")
 
 
-def register(app: typer.Typer) -> None:
-    """Add ab."""
-    app.command("ab")(ab)
+COMMANDS = {"ab": ab}

@@ -32,13 +32,6 @@ if TYPE_CHECKING:
 bench_app = group("Decode, prefill and open-loop (serve) benchmarks, history, comparison and export.")
 
 
-def register(app: typer.Typer) -> None:
-    """Add the ``bench`` sub-app."""
-    from sparkfleet.cli import bench_serve  # noqa: F401  (its command attaches itself to bench_app)
-
-    app.add_typer(bench_app, name="bench")
-
-
 # ---------------------------------------------------------------- option parsing
 
 

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from sparkfleet.bench.stats import Spread
     from sparkfleet.bench.store import StoredRun
 
+# The whole bench group: this module's command and cli/bench.py's, which it imports.
+COMMANDS = {"bench": bench_app}
+
 
 @bench_app.command("serve")
 def serve_cmd(

@@ -90,6 +90,4 @@ def dashboard(
     uvicorn.Server(config).run(sockets=[sock])
 
 
-def register(app: typer.Typer) -> None:
-    """Add dashboard."""
-    app.command("dashboard")(dashboard)
+COMMANDS = {"dashboard": dashboard}

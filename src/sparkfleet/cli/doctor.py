@@ -198,6 +198,4 @@ def _collective(ranks: Sequence[SweepRank], transports: Mapping[str, Transport],
         raise SystemExit(1)
 
 
-def register(app: typer.Typer) -> None:
-    """Add doctor."""
-    app.command("doctor")(doctor)
+COMMANDS = {"doctor": doctor}

@@ -24,16 +24,12 @@ if TYPE_CHECKING:
     from sparkfleet.evals.results import QualityRun, TaskResult
 
 eval_app = group("Quality gate, paired comparison and long-context needle checks.")
+COMMANDS = {"eval": eval_app}
 
 OutOpt = Annotated[
     list[Path] | None,
     typer.Option("--out", "-o", metavar="FILE", help="Also write the full result (JSON) to this file (repeatable)."),
 ]
-
-
-def register(app: typer.Typer) -> None:
-    """Add the ``eval`` sub-app."""
-    app.add_typer(eval_app, name="eval")
 
 
 def _write_json(result: dict[str, Any], paths: list[Path] | None) -> None:

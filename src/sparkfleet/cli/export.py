@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from sparkfleet.config.cluster import Node
 
 export_app = group("Write a recipe as a Kubernetes manifest or an sbatch script.")
+COMMANDS = {"export": export_app}
 
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Write here (default: stdout).")]
 NicsOpt = Annotated[
@@ -151,8 +152,3 @@ def systemd(
         raise UsageError("--config is the gateway's: `sparkfleet export systemd gateway --config gateway.toml`")
     Deployments().require(name, f"none is recorded in {state_dir()}: bring it up first")
     _emit(systemd_unit(name, opts), out)
-
-
-def register(app: typer.Typer) -> None:
-    """Add the ``export`` sub-commands."""
-    app.add_typer(export_app, name="export")

@@ -17,6 +17,7 @@ from sparkfleet.cli.options import JsonOpt
 gateway_app = group("An OpenAI-compatible front door: keys, output cap, loop abort, routing.")
 key_app = group("Create, list and revoke the gateway's API keys.")
 gateway_app.add_typer(key_app, name="key")
+COMMANDS = {"gateway": gateway_app}
 
 _NEEDS = ("uvicorn", "prometheus_client", "aiohttp")
 
@@ -146,8 +147,3 @@ def _when(stamp: float | None) -> str:
 
 def _secs(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.0f} ms" if value < 10 else f"{value:.1f} s"
-
-
-def register(app: typer.Typer) -> None:
-    """Add the ``gateway`` sub-app."""
-    app.add_typer(gateway_app, name="gateway")

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from sparkfleet.plan.build import Plan
 
 image_app = group("Build the recipe's image and give every node the same image ID.")
+COMMANDS = {"image": image_app}
 
 EachOpt = Annotated[
     bool, typer.Option("--on-each-node", help="Build on every node instead of building once and streaming.")
@@ -59,6 +60,7 @@ def _setup(
     return planned, ref, transports
 
 
+@image_app.command("build")
 def build_cmd(
     recipe: RecipeArg,
     cluster: ClusterOpt = None,
@@ -76,6 +78,7 @@ def build_cmd(
                              progress=_progress), ref)  # fmt: skip
 
 
+@image_app.command("push")
 def push_cmd(
     recipe: RecipeArg,
     cluster: ClusterOpt = None,
@@ -88,10 +91,3 @@ def push_cmd(
 
     planned, ref, transports = _setup(recipe, cluster, set_, accept_new)
     _show(push_recipe_image(planned, transports, source, progress=_progress), ref)
-
-
-def register(app: typer.Typer) -> None:
-    """Add `image build` and `image push`."""
-    image_app.command("build")(build_cmd)
-    image_app.command("push")(push_cmd)
-    app.add_typer(image_app, name="image")

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from sparkfleet.importers.report import ImportResult
 
 import_app = group("Turn a launcher profile or a sparkrun recipe into a sparkfleet recipe.")
+COMMANDS = {"import": import_app}
 
 FileArg = Annotated[Path, typer.Argument(help="The file to import.")]
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Write the recipe here (default: stdout).")]
@@ -100,8 +101,3 @@ def eugr(file: FileArg, out: OutOpt = None, force: ForceOpt = False) -> None:
     from sparkfleet.importers.eugr import import_eugr
 
     _emit(import_eugr(str(file)), out, None, force)
-
-
-def register(app: typer.Typer) -> None:
-    """Add the ``import`` sub-commands."""
-    app.add_typer(import_app, name="import")

@@ -87,6 +87,4 @@ def init(
     console.print(f"[green]wrote[/] {escape(str(out))}: {len(choices)} node(s), fabric {choices[0].address.network}")
 
 
-def register(app: typer.Typer) -> None:
-    """Add init."""
-    app.command("init")(init)
+COMMANDS = {"init": init}

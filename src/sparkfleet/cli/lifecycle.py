@@ -261,10 +261,4 @@ def logs(
             console.out(line, highlight=False)
 
 
-def register(app: typer.Typer) -> None:
-    """Add up, down, rollback, status and logs."""
-    app.command("up")(up)
-    app.command("down")(down)
-    app.command("rollback")(rollback)
-    app.command("status")(status)
-    app.command("logs")(logs)
+COMMANDS = {"up": up, "down": down, "rollback": rollback, "status": status, "logs": logs}

@@ -19,8 +19,8 @@ from rich.markup import escape
 from sparkfleet.cli.app import group
 from sparkfleet.errors import SparkfleetError
 
-# Each module exposes register(app); keyed by the command names each one adds, so a run
-# imports only the module it needs.
+# Each module's COMMANDS maps a command name to its function or its typer group; keyed here by
+# those names, so a run imports only the module it needs.
 COMMAND_MODULES = {
     "sparkfleet.cli.recipes": ("validate", "plan"),
     "sparkfleet.cli.lifecycle": ("up", "down", "rollback", "status", "logs"),
@@ -29,7 +29,7 @@ COMMAND_MODULES = {
     "sparkfleet.cli.init": ("init",),
     "sparkfleet.cli.doctor": ("doctor",),
     "sparkfleet.cli.image": ("image",),
-    "sparkfleet.cli.bench": ("bench",),
+    "sparkfleet.cli.bench_serve": ("bench",),
     "sparkfleet.cli.ab": ("ab",),
     "sparkfleet.cli.evals": ("eval",),
     "sparkfleet.cli.imports": ("import",),
@@ -92,7 +92,11 @@ def build_app(argv: list[str] | None = None) -> typer.Typer:
         return app
     owners = [m for m, names in COMMAND_MODULES.items() if command in names]
     for module in owners or COMMAND_MODULES:
-        importlib.import_module(module).register(app)
+        for name, command in importlib.import_module(module).COMMANDS.items():
+            if isinstance(command, typer.Typer):
+                app.add_typer(command, name=name)
+            else:
+                app.command(name)(command)
     return app
 
 

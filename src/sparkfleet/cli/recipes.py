@@ -120,7 +120,4 @@ def report_not_carried(source: str, items: tuple[str, ...], strict: bool) -> Non
         warn(f"{source}: not carried over: {item}")
 
 
-def register(app: typer.Typer) -> None:
-    """Add validate and plan."""
-    app.command("validate")(validate)
-    app.command("plan")(plan_cmd)
+COMMANDS = {"validate": validate, "plan": plan_cmd}

@@ -74,6 +74,4 @@ def stage(
         phase.check()
 
 
-def register(app: typer.Typer) -> None:
-    """Add ``stage``."""
-    app.command("stage")(stage)
+COMMANDS = {"stage": stage}

@@ -32,6 +32,4 @@ def switch(
                   soft_wrap=True)  # fmt: skip
 
 
-def register(app: typer.Typer) -> None:
-    """Add switch."""
-    app.command("switch")(switch)
+COMMANDS = {"switch": switch}

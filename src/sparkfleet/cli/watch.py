@@ -57,6 +57,4 @@ def watch(
         raise typer.Exit(code)
 
 
-def register(app: typer.Typer) -> None:
-    """Add watch."""
-    app.command("watch")(watch)
+COMMANDS = {"watch": watch}
