@@ -56,9 +56,8 @@ def init(
     """Ask every node (in parallel, over SSH) for its interfaces, RDMA ports and GIDs; pick the
     fabric on the network all of them share; write a commented cluster file. Stops with the
     candidates when the choice is not clear."""
-    from sparkfleet.config.cluster import load_cluster, parse_cluster
+    from sparkfleet.config.cluster import load_cluster
     from sparkfleet.doctor.discovery import choose, cluster_toml, discover, hca_list
-    from sparkfleet.nodes.transport import connected
 
     if len(set(hosts)) != len(hosts):
         raise ClusterError(f"init: a host is given twice ({', '.join(hosts)})")
@@ -66,14 +65,7 @@ def init(
         raise ClusterError(f"{out}: exists; pass --force to overwrite it")
     ifnames = _pairs(ifname)
     ssh = {"ssh_port": ssh_port, "ssh_key": ssh_key, "ssh_config": ssh_config}
-    defaults = {k: v for k, v in {"user": user, **ssh}.items() if v is not None}
-    reach = parse_cluster(
-        {"name": "init", "defaults": defaults, "nodes": [{"name": f"h{i}", "host": h} for i, h in enumerate(hosts)]},
-        "(init)",
-    )
-    with connected(reach.nodes, accept_new_host_keys=accept_new, key=lambda n: n.host) as transports:
-        found = discover(hosts, transports, timeout=timeout)
-    choices = choose(found, fabric_subnet, ifnames)
+    choices = choose(discover(hosts, ssh, user, accept_new=accept_new, timeout=timeout), fabric_subnet, ifnames)
     text = cluster_toml(name or out.stem, choices, hosts, ssh)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)

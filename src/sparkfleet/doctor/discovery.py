@@ -264,10 +264,18 @@ def cluster_toml(
     return "\n".join(lines)
 
 
-def discover(hosts: Sequence[str], transports: Mapping[str, Transport], *, timeout: float = 20.0) -> list[Found]:
-    """Probe every host in parallel; one error naming every host that did not answer."""
+def discover(hosts: Sequence[str], ssh: Mapping[str, str | int | None], user: str | None = None, *,
+             accept_new: bool = False, timeout: float = 20.0) -> list[Found]:  # fmt: skip
+    """Reach every host over SSH (user and ssh: what a cluster file's [defaults] would say) and
+    probe them in parallel; one error naming every host that did not answer."""
+    from sparkfleet.config.cluster import parse_cluster
     from sparkfleet.nodes.fanout import fan_out
+    from sparkfleet.nodes.transport import connected
 
-    group = fan_out(list(hosts), lambda h: probe(transports[h], h, timeout=timeout), workers=max(1, len(hosts)))
-    found = group.raise_all()
+    defaults = {k: v for k, v in {"user": user, **ssh}.items() if v is not None}
+    nodes = [{"name": f"h{i}", "host": h} for i, h in enumerate(hosts)]
+    reach = parse_cluster({"name": "init", "defaults": defaults, "nodes": nodes}, "(init)")
+    with connected(reach.nodes, accept_new_host_keys=accept_new, key=lambda n: n.host) as transports:
+        group = fan_out(list(hosts), lambda h: probe(transports[h], h, timeout=timeout), workers=max(1, len(hosts)))
+        found = group.raise_all()
     return [found[h] for h in hosts]
