@@ -11,7 +11,7 @@ import typer
 
 from sparkfleet.cli.console import err_console, plain
 from sparkfleet.cli.int_lists import parse_int_list
-from sparkfleet.cli.options import ClusterOpt, EnvOpt, JsonOpt, NameOpt, RecipeArg, SetOpt, parse_env
+from sparkfleet.cli.options import ClusterOpt, EnvOpt, JsonOpt, NameOpt, RecipeArg, SetOpt, out_files, parse_env
 from sparkfleet.errors import BenchError, SparkfleetError, UsageError
 
 
@@ -38,13 +38,7 @@ def ab(
     env: EnvOpt = None,
     as_json: JsonOpt = False,
     out: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--out",
-            "-o",
-            metavar="FILE",
-            help="Also write the report to this file: Markdown for .md, else JSON (repeatable).",
-        ),
+        list[Path] | None, out_files("Also write the report to this file: Markdown for .md, else JSON (repeatable).")
     ] = None,
 ) -> None:
     """A/B two variants of a recipe: every round brings each one up (verify + smoke), runs the

@@ -369,9 +369,7 @@ def export_cmd(
         raise BenchError(f"unknown export format {fmt_!r}: choose json, csv, md or png")
     bench = BenchStore()
     run_id = bench.resolve(run)
-    if fmt_ == "png":
-        _write_run(bench, run_id, "png", out or Path(f"bench-{run_id}-{bench.get_run(run_id).kind}.png"))
-    elif out is None:
+    if out is None and fmt_ != "png":
         console.file.write(_render(bench, run_id, fmt_))
-    else:
-        _write_run(bench, run_id, fmt_, out)
+    else:  # a plot is always a file: bench-ID-KIND.png without --out
+        _write_run(bench, run_id, fmt_, out or Path(f"bench-{run_id}-{bench.get_run(run_id).kind}.png"))

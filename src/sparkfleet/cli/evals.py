@@ -13,7 +13,7 @@ from sparkfleet.cli.app import group
 from sparkfleet.cli.console import console, err_console, plain, table
 from sparkfleet.cli.extras import require_extra
 from sparkfleet.cli.int_lists import parse_int_list
-from sparkfleet.cli.options import ApiKeyOpt, JsonOpt, LabelOpt, ModelOpt, TargetArg
+from sparkfleet.cli.options import ApiKeyOpt, JsonOpt, LabelOpt, ModelOpt, TargetArg, out_files
 from sparkfleet.errors import EvalError
 from sparkfleet.evals.checks import CATEGORIES
 from sparkfleet.evals.needle import DEFAULT_DEPTHS, DEFAULT_LENGTHS
@@ -26,10 +26,7 @@ if TYPE_CHECKING:
 eval_app = group("Quality gate, paired comparison and long-context needle checks.")
 COMMANDS = {"eval": eval_app}
 
-OutOpt = Annotated[
-    list[Path] | None,
-    typer.Option("--out", "-o", metavar="FILE", help="Also write the full result (JSON) to this file (repeatable)."),
-]
+OutOpt = Annotated[list[Path] | None, out_files("Also write the full result (JSON) to this file (repeatable).")]
 
 
 def _write_json(result: dict[str, Any], paths: list[Path] | None) -> None:
@@ -217,11 +214,8 @@ def needle(
     as_json: JsonOpt = False,
     out: Annotated[
         list[Path] | None,
-        typer.Option(
-            "--out",
-            "-o",
-            metavar="FILE",
-            help="Also write the result to this file: the heatmap for .png (needs matplotlib), else JSON (repeatable).",
+        out_files(
+            "Also write the result to this file: the heatmap for .png (needs matplotlib), else JSON (repeatable)."
         ),
     ] = None,
 ) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -40,6 +40,11 @@ VariantOpt = Annotated[str, typer.Option("--variant", help="Which [variants.NAME
 ApiOpt = Annotated[str, typer.Option(help="chat or completions.")]
 RequestTimeoutOpt = Annotated[float, typer.Option(help="Seconds allowed per request.")]
 NodeTimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for each node's answer.")]
+
+
+def out_files(help: str) -> Any:
+    """``--out``/``-o FILE``, repeatable (as ``list[Path] | None``): files a command also writes."""
+    return typer.Option("--out", "-o", metavar="FILE", help=help)
 
 
 def parse_env(items: list[str] | None) -> tuple[tuple[str, str], ...]:
