@@ -152,8 +152,8 @@ def _fabric(
     seconds: int,
     thresholds: Thresholds,
     timeout: float,
-    alone: bool = True,
-    tool: str = "auto",
+    alone: bool,
+    tool: str,
 ) -> dict[str, Any]:
     """`doctor --fabric`: the pair test, printed or as JSON (not alone: the caller prints it in its
     own), kept in doctor's history; its JSON form."""

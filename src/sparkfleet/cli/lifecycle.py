@@ -34,7 +34,7 @@ class _Progress:
     def __init__(self, nodes: list[tuple[int, str]]) -> None:
         from rich.live import Live
 
-        self.rows: dict[str, tuple[int, str, float]] = {n: (r, "waiting", time.monotonic()) for r, n in nodes}
+        self.rows: dict[str, tuple[int, str]] = {n: (r, "waiting") for r, n in nodes}
         self.phase = "planning"
         self.start = time.monotonic()
         self.lock = threading.Lock()
@@ -42,7 +42,7 @@ class _Progress:
 
     def _table(self) -> Table:
         shown = table(f"{self.phase}  ({time.monotonic() - self.start:.1f}s)", "rank", "node", "state")
-        for node, (rank, text, _) in sorted(self.rows.items(), key=lambda kv: kv[1][0]):
+        for node, (rank, text) in sorted(self.rows.items(), key=lambda kv: kv[1][0]):
             shown.add_row(str(rank), node, text)
         return shown
 
@@ -51,7 +51,7 @@ class _Progress:
             if node is None:
                 self.phase = message
             else:
-                self.rows[node] = (rank if rank is not None else self.rows[node][0], message, time.monotonic())
+                self.rows[node] = (rank if rank is not None else self.rows[node][0], message)
             self.live.update(self._table())
 
 
