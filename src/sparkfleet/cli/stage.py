@@ -53,7 +53,8 @@ def stage(
         return
     nodes = (r.node for r in planned.ranks)
     with connected(nodes, accept_new_host_keys=accept_new) as transports, rich_progress(err_console) as progress:
-        phase = run_stage(planned, transports, verify=verify, progress=progress, fanout=method)  # type: ignore[arg-type]
+        phase = run_stage(planned, transports, verify=verify, progress=progress,
+                          fanout="push" if method == "push" else "pipeline")  # fmt: skip
     rows = phase.rows()
     for f in [] if as_json else phase.of(HubReport):
         console.print(
