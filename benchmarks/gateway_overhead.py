@@ -137,19 +137,24 @@ def router(python: str, upstream: str, cpu: int | None) -> Iterator[tuple[subpro
     @contextmanager
     def run() -> Iterator[tuple[subprocess.Popen[str], re.Match[str]]]:
         with started(argv, r"", cpu=cpu) as (proc, _):
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("sglang-router did not start")
-                time.sleep(0.2)
+            answers(proc, f"http://127.0.0.1:{port}/v1/models", 60, "sglang-router did not start")
             yield proc, re.match(r"(.*)", f"http://127.0.0.1:{port}")  # type: ignore[misc]
 
     return run()
+
+
+def answers(proc: subprocess.Popen[str], url: str, within: float, failed: str) -> None:
+    """Wait until GET url answers 200 (exit with failed if proc ends or time runs out first)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(failed)
+        time.sleep(0.2)
 
 
 def free_port() -> int:
@@ -365,16 +370,8 @@ def llama_server(binary: Path, gguf: Path) -> Iterator[str]:
             "--alias", MODEL]  # fmt: skip
     with started(argv, r"listening on", wait=120) as (proc, _):
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:  # it listens before the model is loaded, answering 503 meanwhile
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("llama-server did not load the model")
-            time.sleep(0.2)
+        # It listens before the model is loaded, answering 503 meanwhile.
+        answers(proc, f"{url}/health", 120, "llama-server did not load the model")
         yield url
 
 
