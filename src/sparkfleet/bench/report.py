@@ -18,7 +18,7 @@ from typing import Any
 
 from sparkfleet.bench.arrivals import rate_of_label
 from sparkfleet.bench.stats import Spread
-from sparkfleet.bench.store import StoredRun, StoredSample
+from sparkfleet.bench.store import BenchStore, StoredRun, StoredSample
 
 EXPORT_SCHEMA = "sparkfleet.bench/1"
 
@@ -196,6 +196,12 @@ def summarize(run: StoredRun, samples: Sequence[StoredSample]) -> list[TierSumma
             )
         )
     return out
+
+
+def stored_tiers(bench: BenchStore, run_id: int) -> tuple[StoredRun, list[TierSummary]]:
+    """A stored run and its tier summaries (read without the per-request detail)."""
+    run = bench.get_run(run_id)
+    return run, summarize(run, bench.samples(run_id, with_requests=False))
 
 
 # ---------------------------------------------------------------- comparison
@@ -531,3 +537,13 @@ def to_csv(run: StoredRun, tiers: Sequence[TierSummary]) -> str:
 
 def _c(value: float | None) -> str:
     return "" if value is None else f"{value:.4g}" if abs(value) < 1 else f"{value:.2f}"
+
+
+def render_run(bench: BenchStore, run_id: int, form: str) -> str:
+    """A stored run as JSON (vLLM key names where they exist, every request), CSV or Markdown
+    (form ``md`` or ``markdown``)."""
+    if form == "json":
+        stored, samples = bench.get_run(run_id), bench.samples(run_id)
+        return to_json(stored, samples, summarize(stored, samples))
+    run, tiers = stored_tiers(bench, run_id)
+    return to_csv(run, tiers) if form == "csv" else markdown(run, tiers)  # the callers checked form: csv or md

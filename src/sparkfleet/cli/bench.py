@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from sparkfleet.bench.client import RequestRecord
     from sparkfleet.bench.report import TierSummary
-    from sparkfleet.bench.store import BenchStore, StoredRun
+    from sparkfleet.bench.store import BenchStore
 
 bench_app = group("Decode, prefill and open-loop (serve) benchmarks, history, comparison and export.")
 
@@ -79,6 +79,7 @@ def run_bench(kind: str, config: Any, target: str, model: str | None, api_key: s
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from sparkfleet.bench.endpoint import resolve_endpoint
+    from sparkfleet.bench.report import render_run
     from sparkfleet.bench.runs import create_run, measure
     from sparkfleet.bench.store import BenchStore
 
@@ -114,7 +115,7 @@ def run_bench(kind: str, config: Any, target: str, model: str | None, api_key: s
             for path, fmt in formats:
                 _write_run(bench, run_id, fmt, path)
             if as_json:
-                typer.echo(_render(bench, run_id, "json"), nl=False)
+                typer.echo(render_run(bench, run_id, "json"), nl=False)
     if not as_json:
         _show(bench, run_id)
 
@@ -134,24 +135,15 @@ def out_formats(out: list[Path] | None) -> list[tuple[Path, str]]:
     return formats
 
 
-def _render(bench: BenchStore, run_id: int, fmt: str) -> str:
-    """A stored run as JSON (vLLM key names where they exist, every request), CSV or Markdown."""
-    from sparkfleet.bench.report import markdown, summarize, to_csv, to_json
-
-    if fmt == "json":
-        stored, samples = bench.get_run(run_id), bench.samples(run_id)
-        return to_json(stored, samples, summarize(stored, samples))
-    run, tiers = _tiers(bench, run_id)
-    return to_csv(run, tiers) if fmt == "csv" else markdown(run, tiers)  # the callers checked fmt: csv or md
-
-
 def _write_run(bench: BenchStore, run_id: int, fmt: str, path: Path) -> None:
+    from sparkfleet.bench.report import render_run, stored_tiers
+
     if fmt == "png":
         from sparkfleet.bench.plots import plot_run  # matplotlib is heavy: load it only to plot
 
-        plot_run(*_tiers(bench, run_id), path)
+        plot_run(*stored_tiers(bench, run_id), path)
     else:
-        path.write_text(_render(bench, run_id, fmt))
+        path.write_text(render_run(bench, run_id, fmt))
     err_console.print(f"wrote {path}")
 
 
@@ -254,13 +246,6 @@ def prefill_cmd(
 # ---------------------------------------------------------------- show / compare / export
 
 
-def _tiers(bench: BenchStore, run_id: int) -> tuple[StoredRun, list[TierSummary]]:
-    from sparkfleet.bench.report import summarize
-
-    run = bench.get_run(run_id)
-    return run, summarize(run, bench.samples(run_id, with_requests=False))
-
-
 def flag_cell(tier: TierSummary) -> str:
     """The tier's flags as the last cell of its row."""
     flags = tier.flags()
@@ -268,9 +253,9 @@ def flag_cell(tier: TierSummary) -> str:
 
 
 def _show(bench: BenchStore, run_id: int) -> None:
-    from sparkfleet.bench.report import fmt, fmt_spread, run_title
+    from sparkfleet.bench.report import fmt, fmt_spread, run_title, stored_tiers
 
-    run, tiers = _tiers(bench, run_id)
+    run, tiers = stored_tiers(bench, run_id)
     if run.kind == "serve":
         from sparkfleet.cli.bench_serve import show_serve
 
@@ -323,12 +308,12 @@ def compare_cmd(
     b: Annotated[str, typer.Argument(help="Run compared with it.")],
 ) -> None:
     """Per tier: both medians, the ratio B/A, and whether the difference exceeds the runs' spread."""
-    from sparkfleet.bench.report import compare, fmt, fmt_spread
+    from sparkfleet.bench.report import compare, fmt, fmt_spread, stored_tiers
     from sparkfleet.bench.store import BenchStore
 
     bench = BenchStore()
-    run_a, tiers_a = _tiers(bench, bench.resolve(a))
-    run_b, tiers_b = _tiers(bench, bench.resolve(b))
+    run_a, tiers_a = stored_tiers(bench, bench.resolve(a))
+    run_b, tiers_b = stored_tiers(bench, bench.resolve(b))
     if run_a.kind != run_b.kind:
         raise BenchError(f"run {run_a.id} is {run_a.kind} and run {run_b.id} is {run_b.kind}: compare like with like")
     if run_a.kind == "serve":
@@ -361,6 +346,7 @@ def export_cmd(
     ] = None,
 ) -> None:
     """Export a run: JSON (vLLM key names where they exist), CSV, Markdown tables, or a PNG plot."""
+    from sparkfleet.bench.report import render_run
     from sparkfleet.bench.store import BenchStore
 
     if fmt_ == "png":
@@ -370,6 +356,6 @@ def export_cmd(
     bench = BenchStore()
     run_id = bench.resolve(run)
     if out is None and fmt_ != "png":
-        console.file.write(_render(bench, run_id, fmt_))
+        console.file.write(render_run(bench, run_id, fmt_))
     else:  # a plot is always a file: bench-ID-KIND.png without --out
         _write_run(bench, run_id, fmt_, out or Path(f"bench-{run_id}-{bench.get_run(run_id).kind}.png"))
