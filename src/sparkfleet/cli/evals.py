@@ -19,7 +19,6 @@ from sparkfleet.evals.checks import CATEGORIES
 from sparkfleet.evals.needle import DEFAULT_DEPTHS, DEFAULT_LENGTHS
 
 if TYPE_CHECKING:
-    from sparkfleet.evals.compare import Comparison
     from sparkfleet.evals.needle import NeedleRun
     from sparkfleet.evals.results import QualityRun, TaskResult
 
@@ -131,25 +130,6 @@ def quality(
             plain(line, err=as_json)
 
 
-def _print_comparison(cmp: Comparison) -> None:
-    blocks = table(f"A = {cmp.a}   B = {cmp.b}   ({cmp.paired} paired tasks)", "block", "categories", "both pass",
-                   "broke", "fixed", "both fail", "McNemar p", left=("block", "categories"),
-                   title_justify="center")  # fmt: skip
-    for b in cmp.blocks:
-        blocks.add_row(
-            b.name, "+".join(b.categories), str(b.both_pass), str(b.broke), str(b.fixed), str(b.both_fail), f"{b.p:.3g}"
-        )
-    console.print(blocks)
-    for f in cmp.flips:
-        colour = "red" if f.direction == "broke" else "green"
-        console.print(f"  [{colour}]{f.direction.upper():<5}[/] {f.id:<28} {f.why[:80]}", highlight=False)
-    for side, ids in (("A", cmp.only_in_a), ("B", cmp.only_in_b)):
-        if ids:
-            more = f" and {len(ids) - 5} more" if len(ids) > 5 else ""
-            console.print(f"unpaired, only in {side}: {len(ids)} tasks ({', '.join(ids[:5])}{more})", highlight=False)
-    console.print(f"[bold]verdict:[/] {cmp.verdict}", highlight=False)
-
-
 @eval_app.command("compare")
 def compare(
     a: Annotated[str, typer.Argument(help="Baseline run: id, label or result JSON file.")],
@@ -164,7 +144,22 @@ def compare(
     store = Store()
     run_a = QualityRun.from_json(load_run(store, a, "quality"))
     run_b = QualityRun.from_json(load_run(store, b, "quality"))
-    _print_comparison(compare_runs(run_a, run_b))
+    cmp = compare_runs(run_a, run_b)
+    blocks = table(f"A = {cmp.a}   B = {cmp.b}   ({cmp.paired} paired tasks)", "block", "categories", "both pass",
+                   "broke", "fixed", "both fail", "McNemar p", left=("block", "categories"),
+                   title_justify="center")  # fmt: skip
+    for blk in cmp.blocks:
+        blocks.add_row(blk.name, "+".join(blk.categories), str(blk.both_pass), str(blk.broke), str(blk.fixed),
+                       str(blk.both_fail), f"{blk.p:.3g}")  # fmt: skip
+    console.print(blocks)
+    for f in cmp.flips:
+        colour = "red" if f.direction == "broke" else "green"
+        console.print(f"  [{colour}]{f.direction.upper():<5}[/] {f.id:<28} {f.why[:80]}", highlight=False)
+    for side, ids in (("A", cmp.only_in_a), ("B", cmp.only_in_b)):
+        if ids:
+            more = f" and {len(ids) - 5} more" if len(ids) > 5 else ""
+            console.print(f"unpaired, only in {side}: {len(ids)} tasks ({', '.join(ids[:5])}{more})", highlight=False)
+    console.print(f"[bold]verdict:[/] {cmp.verdict}", highlight=False)
 
 
 def _print_needle(run: NeedleRun, png: Path | None) -> None:

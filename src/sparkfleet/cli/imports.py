@@ -29,8 +29,8 @@ def _write(path: Path, text: str, force: bool) -> None:
     path.write_text(text)
 
 
-def _report(result: ImportResult) -> None:
-    """Everything the user must look at, on stderr so stdout stays a clean recipe."""
+def _emit(result: ImportResult, out: Path | None, cluster_out: Path | None, force: bool) -> None:
+    # Everything the user must look at, on stderr so stdout stays a clean recipe.
     for title, notes, style in (
         ("placeholders to fill in", result.placeholders, "yellow"),
         ("not carried over", result.not_carried, "cyan"),
@@ -40,10 +40,6 @@ def _report(result: ImportResult) -> None:
             err_console.print(f"[bold {style}]{title} ({len(notes)}):[/]")
             for note in notes:
                 err_console.print(f"  {note.key}: {note.detail}", markup=False, soft_wrap=True)
-
-
-def _emit(result: ImportResult, out: Path | None, cluster_out: Path | None, force: bool) -> None:
-    _report(result)
     if out is None:
         typer.echo(result.recipe_toml, nl=False)
         if result.cluster_toml and cluster_out is not None:
