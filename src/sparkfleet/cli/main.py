@@ -17,7 +17,7 @@ import typer
 from rich.markup import escape
 
 from sparkfleet.cli.app import group
-from sparkfleet.errors import SparkfleetError
+from sparkfleet.errors import SparkfleetError, UsageError
 
 # Each module's COMMANDS maps a command name to its function or its typer group; keyed here by
 # those names, so a run imports only the module it needs.
@@ -135,8 +135,6 @@ def _renamed(args: list[str]) -> list[str]:
 
     new, notes, refusal = rewrite(args)
     if refusal is not None:
-        from sparkfleet.errors import UsageError
-
         raise UsageError(refusal)
     if notes:
         from sparkfleet.cli.console import warn

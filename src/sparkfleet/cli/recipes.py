@@ -18,6 +18,7 @@ from sparkfleet.cli.options import (
     VariantOpt,
     build_plan,
 )
+from sparkfleet.errors import PlanError, RecipeError
 
 if TYPE_CHECKING:
     from sparkfleet.plan.model import Plan
@@ -99,8 +100,6 @@ def plan_cmd(
 
 def report_overrides(planned: Plan, strict: bool) -> None:
     """The plan's per-node overrides on stderr (the JSON on stdout stays clean); --strict refuses."""
-    from sparkfleet.errors import PlanError
-
     report_not_carried(planned.recipe_source, planned.not_carried, strict)
     if strict and planned.warnings:
         raise PlanError(f"{planned.recipe_source}: --strict: " + "; ".join(w.message for w in planned.warnings))
@@ -112,8 +111,6 @@ def report_overrides(planned: Plan, strict: bool) -> None:
 
 def report_not_carried(source: str, items: tuple[str, ...], strict: bool) -> None:
     """One warning per item an import could not carry over, on stderr; --strict refuses them."""
-    from sparkfleet.errors import RecipeError
-
     if strict and items:
         raise RecipeError(f"{source}: --strict: not carried over by the import: " + "; ".join(items))
     for item in items:

@@ -9,6 +9,7 @@ import typer
 
 from sparkfleet.cli.console import console, err_console, table
 from sparkfleet.cli.options import AcceptNewOpt, ClusterOpt, JsonOpt, NameOpt, RecipeArg, SetOpt, build_plan
+from sparkfleet.errors import UsageError
 
 VerifyOpt = Annotated[
     bool, typer.Option("--verify", help="Check every staged file in full against its ledger; write nothing.")
@@ -40,7 +41,6 @@ def stage(
     from sparkfleet.apply.staging.hub import HubReport
     from sparkfleet.apply.staging.phase import rich_progress
     from sparkfleet.apply.staging.phase import stage as run_stage
-    from sparkfleet.errors import UsageError
     from sparkfleet.nodes.transport import connected
 
     if method not in ("pipeline", "push"):

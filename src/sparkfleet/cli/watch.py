@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from sparkfleet.cli.console import console, plain
+from sparkfleet.errors import UsageError
 
 
 def watch(
@@ -26,7 +27,6 @@ def watch(
     and events; with [serve] restart = "on-failure", bring the deployment back after a rank dies.
     Ends when the deployment is taken down (exit 0) or the restart policy gives up (exit 1)."""
     from sparkfleet.apply.watch import MIN_INTERVAL_S, Event, Poll, Watcher
-    from sparkfleet.errors import UsageError
 
     if interval < MIN_INTERVAL_S:
         raise UsageError(f"watch --interval {interval:g}: must be at least {MIN_INTERVAL_S:g} second(s)")
