@@ -118,13 +118,12 @@ def _usage_error(exc: typer.TyperException, argv: list[str]) -> NoReturn:
         sys.exit(0)
     # click's own rendering is a usage block plus a hint on several lines; a mistake gets one.
     message = " ".join(exc.format_message().split())
-    changed = explain(argv, message)  # an old spelling whose meaning changed (--json FILE)
-    if changed is not None:
-        err_console.print(f"[bold red]error:[/] {escape(changed)}", soft_wrap=True)
-        sys.exit(EXIT_USER_ERROR)
-    where = f"{ctx.command_path}: " if ctx is not None else ""
-    hint = f" (try '{ctx.command_path} --help')" if ctx is not None else ""
-    err_console.print(f"[bold red]error:[/] {escape(where + message + hint)}", soft_wrap=True)
+    line = explain(argv, message)  # an old spelling whose meaning changed (--json FILE)
+    if line is None:
+        where = f"{ctx.command_path}: " if ctx is not None else ""
+        hint = f" (try '{ctx.command_path} --help')" if ctx is not None else ""
+        line = where + message + hint
+    err_console.print(f"[bold red]error:[/] {escape(line)}", soft_wrap=True)
     sys.exit(EXIT_USER_ERROR)
 
 
