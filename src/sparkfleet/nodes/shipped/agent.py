@@ -231,16 +231,11 @@ def inspect(spec: dict) -> dict:
             exit_code = int(fh.read().strip() or "0")
     except (OSError, ValueError):
         pass
-    if found and exit_code is None:
-        _pgid, pid, start = found
-        if _starttime(pid) == start:
-            started = _boot_time() + int(start) / CLK_TCK
-            return {"state": "running", "pid": pid, "exit_code": None, "started_at": started}
-    if exit_code is not None:
-        return {"state": "exited", "pid": found[1] if found else None, "exit_code": exit_code, "started_at": None}
-    if found:
-        return {"state": "exited", "pid": found[1], "exit_code": None, "started_at": None}
-    return {"state": "absent", "pid": None, "exit_code": None, "started_at": None}
+    if found and exit_code is None and _starttime(found[1]) == found[2]:
+        started = _boot_time() + int(found[2]) / CLK_TCK
+        return {"state": "running", "pid": found[1], "exit_code": None, "started_at": started}
+    state = "exited" if found or exit_code is not None else "absent"
+    return {"state": state, "pid": found[1] if found else None, "exit_code": exit_code, "started_at": None}
 
 
 def probe(spec: dict) -> dict:
@@ -269,6 +264,15 @@ def _environ(pid: int | str) -> dict[str, str] | None:
         if sep and key.startswith(b"SPARKFLEET_"):
             out[key.decode(errors="replace")] = value.decode(errors="replace")
     return out
+
+
+def _cmdline(pid: int | str) -> str:
+    """pid's command line as one line, for messages ("" when it is gone or hidden)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()[:160]
+    except OSError:
+        return ""
 
 
 def _belongs(pid: str, deployment: str, rank: int | None, node: str | None, instance: str | None) -> bool:
@@ -428,14 +432,7 @@ def holders(spec: dict) -> list[dict]:
     out = []
     for inode, (port, uid) in sockets.items():
         holder = seen.get(inode)
-        command, env = "", {}
-        if holder is not None:
-            try:
-                with open(f"/proc/{holder}/cmdline", "rb") as fh:
-                    command = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()[:160]
-            except OSError:
-                pass
-            env = _environ(holder) or {}
+        command, env = (_cmdline(holder), _environ(holder) or {}) if holder is not None else ("", {})
         out.append({"port": port, "uid": uid, "pid": holder, "command": command,
                     "deployment": env.get("SPARKFLEET_DEPLOYMENT") or env.get("SPARKFLEET_CONTAINER_DEPLOYMENT"),
                     "instance": env.get("SPARKFLEET_INSTANCE"), "owner": env.get("SPARKFLEET_OWNER")})  # fmt: skip
@@ -564,13 +561,7 @@ def leftovers(spec: dict) -> list[dict]:
     envs = {p: _environ(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in skip}
     # Process groups that hold a marked process: a rank's monitor leads its group unmarked, and
     # another instance's monitor (one sharing this workdir) is that instance's, not a leftover.
-    marked_groups = set()
-    for pid, env in envs.items():
-        if env and any(k in env for k in _MARKERS):
-            try:
-                marked_groups.add(os.getpgid(int(pid)))
-            except OSError:
-                pass
+    marked_groups = _groups_of([int(p) for p, env in envs.items() if env and any(k in env for k in _MARKERS)])
     out = []
     for pid, env in envs.items():
         started = _started(pid)
@@ -586,16 +577,11 @@ def leftovers(spec: dict) -> list[dict]:
                 why = f"it carries no sparkfleet markers, but {held}"
         if why is None:
             continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                command = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()[:160]
-        except OSError:
-            command = ""
         rank = env.get("SPARKFLEET_RANK", "")
         out.append(
             {
                 "pid": int(pid),
-                "command": command,
+                "command": _cmdline(pid),
                 "why": why,
                 "started": started,
                 "rank": int(rank) if rank.isdigit() else None,
