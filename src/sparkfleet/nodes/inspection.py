@@ -17,6 +17,7 @@ from sparkfleet.config.cluster import Node
 from sparkfleet.nodes.agent import node_agent
 from sparkfleet.nodes.runtime.base import RankState
 from sparkfleet.nodes.runtime.docker import DockerRuntime
+from sparkfleet.nodes.runtime.process import rank_state
 from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.plan.model import RankHandle
 
@@ -38,10 +39,7 @@ def watch_node(transport: Transport, node: Node, ranks: Sequence[RankHandle]) ->
     process = [r for r in ranks if r.runtime == "process"]
     paths = [{"pid_path": r.pid_path, "exit_path": r.exit_path} for r in process]
     answer = node_agent(transport, node.python, "watch", {"ranks": paths}, timeout=30)
-    states: dict[int, RankState] = {}
-    for rank, s in zip(process, answer["ranks"], strict=True):
-        states[rank.rank] = RankState(rank.rank, node.name, s["state"], s["exit_code"], s["started_at"],
-                                      str(s["pid"]) if s["pid"] else None, s.get("exited_at"))  # fmt: skip
+    states = {r.rank: rank_state(r.rank, node.name, s) for r, s in zip(process, answer["ranks"], strict=True)}
     for rank in (r for r in ranks if r.runtime == "docker"):
         states[rank.rank] = DockerRuntime().inspect(rank, transport)
     return NodeWatch(node.name, states, answer.get("mem_available"), answer.get("cpu_s"), time.monotonic() - start)

@@ -36,32 +36,31 @@ def _spec(rank: RankHandle, deployment: str, **extra: object) -> dict[str, objec
     }  # fmt: skip
 
 
+def rank_state(rank: int, node: str, answer: dict) -> RankState:
+    """A RankState from the agent's inspect, watch or probe answer for one rank."""
+    exited_at = answer.get("exited_at") if answer["state"] == "exited" else None
+    pid = str(answer["pid"]) if answer["pid"] else None
+    return RankState(rank, node, answer["state"], answer["exit_code"], answer["started_at"], pid, exited_at)
+
+
 class ProcessRuntime:
     """Ranks as host processes (CPU examples, tests, bare-metal engines)."""
-
-    def _agent(self, rank: RankHandle, transport: Transport, command: str, spec: dict, timeout: float,
-               stdin: bytes | None = None) -> dict:  # fmt: skip
-        return node_agent(transport, rank.node.python, command, spec, timeout=timeout, stdin=stdin)
 
     def start(self, rank: RankPlan, transport: Transport, instance: Instance) -> str:
         # Which keys are secret and what tokens look like; the values stay in the env file.
         spec = _spec(rank.handle, instance.deployment, markers=instance.process_env(),
                      secret_keys=[v.key for v in rank.env if v.secret], secret_patterns=TOKEN_PATTERNS)  # fmt: skip
-        state = self._agent(rank.handle, transport, "start", spec, 30, stdin=env_file_text(rank))
+        state = node_agent(transport, rank.node.python, "start", spec, timeout=30, stdin=env_file_text(rank))
         return str(state.get("pid") or "")
 
     def inspect(self, rank: RankHandle, transport: Transport) -> RankState:
         # watch: inspect's answer and when the rank exited (status tells a crash after ready).
         s = node_agent(transport, rank.node.python, "watch", {"ranks": [_spec(rank, "")]}, timeout=20)["ranks"][0]
-        return RankState(rank.rank, rank.node.name, s["state"], s["exit_code"], s["started_at"],
-                         str(s["pid"]) if s["pid"] else None,
-                         s["exited_at"] if s["state"] == "exited" else None)  # fmt: skip
+        return rank_state(rank.rank, rank.node.name, s)
 
     def probe(self, rank: RankHandle, transport: Transport) -> tuple[RankState, str]:
-        s = self._agent(rank, transport, "probe", _spec(rank, ""), 20)
-        state = RankState(rank.rank, rank.node.name, s["state"], s["exit_code"], s["started_at"],
-                          str(s["pid"]) if s["pid"] else None)  # fmt: skip
-        return state, s["log"]
+        s = node_agent(transport, rank.node.python, "probe", _spec(rank, ""), timeout=20)
+        return rank_state(rank.rank, rank.node.name, s), s["log"]
 
     def logs(self, rank: RankHandle, transport: Transport, tail: int | None = 200) -> str:
         argv = ["tail", "-n", str(tail), rank.log_path] if tail else ["cat", rank.log_path]
@@ -74,7 +73,7 @@ class ProcessRuntime:
     def stop(self, rank: RankHandle, transport: Transport, deployment: str, instance: str | None,
              grace: float = 10.0) -> list[str]:  # fmt: skip
         spec = _spec(rank, deployment, grace=grace, instance=instance)
-        out = self._agent(rank, transport, "stop", spec, grace + 30)
+        out = node_agent(transport, rank.node.python, "stop", spec, timeout=grace + 30)
         return [str(p) for p in out["stopped"]]
 
     def find(self, transport: Transport, deployment: str, node: Node) -> list[FoundRank]:
