@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from sparkfleet.errors import TransportError
 from sparkfleet.nodes.ship import LINK_STREAM, shipped_argv
-from sparkfleet.nodes.transport.base import Transport
+from sparkfleet.nodes.transport.base import Stream, Transport
 
 IPERF3_PORT = 5201
 PING_COUNT = 50
@@ -256,6 +256,15 @@ def stream_throughput(server_text: str, client_text: str) -> Throughput:
     return Throughput(fwd * 8 / fwd_s, rev * 8 / rev_s, 0, 0)
 
 
+def _end(server: Stream) -> None:
+    """Stop a test's server: closing its stdin makes its wrapper stop it (if the test has not
+    already), then a short wait for it to go before it is killed."""
+    server.close_stdin()
+    with contextlib.suppress(TransportError):
+        server.wait(timeout=3)
+    server.close()
+
+
 def _stream_pair(source: Transport, target: Transport, src_ip: str, dst_ip: str, port: int, seconds: int,
                  limit: float, pythons: tuple[str, str]) -> tuple[Throughput | None, str | None]:  # fmt: skip
     server = target.stream(shipped_argv(pythons[1], LINK_STREAM, ["serve", dst_ip, str(port), str(seconds),
@@ -275,10 +284,7 @@ def _stream_pair(source: Transport, target: Transport, src_ip: str, dst_ip: str,
         except ValueError as exc:
             return None, f"stream test: {exc} {client.stderr.strip()[:200]}".strip()
     finally:
-        server.close_stdin()
-        with contextlib.suppress(TransportError):
-            server.wait(timeout=3)
-        server.close()
+        _end(server)
 
 
 def measure_pair(
@@ -319,10 +325,7 @@ def measure_pair(
         why = f"iperf3 server on {dst_ip}:{port} did not start: {said or 'no output'}"
         return PairMeasurement(None, rest.ping, rest.mtu, (why, *rest.errors))
     finally:
-        server.close_stdin()  # the server's wrapper stops it, if the test has not already
-        with contextlib.suppress(TransportError):
-            server.wait(timeout=3)
-        server.close()
+        _end(server)
 
 
 # -- RDMA (perftest) ----------------------------------------------------------------------------
@@ -393,17 +396,13 @@ def perftest_argv(tool: str, hca: str, gid_index: int, port: int) -> list[str]:
     return [*argv, "-n", str(RDMA_LAT_ITERS)]  # its --help lists no --report_gbits, and it refuses -q
 
 
-def _sh(argv: Sequence[str]) -> str:
-    return " ".join(shlex.quote(a) for a in argv)
-
-
 def perftest_server_command(hca: str, gid_index: int, port: int) -> list[str]:
     """perftest's servers on one HCA, both listening at once: ib_write_bw on `port`, ib_write_lat
     on `port + 1` (each serves one test and exits), each under `timeout` at RDMA_LIMIT_S and
     line-buffered (their "Waiting for client" lines arrive at once); SERVER_END when both have
     ended; both stopped when the controller closes stdin."""
-    bw = _sh(perftest_argv("ib_write_bw", hca, gid_index, port))
-    lat = _sh(perftest_argv("ib_write_lat", hca, gid_index, port + 1))
+    bw = shlex.join(perftest_argv("ib_write_bw", hca, gid_index, port))
+    lat = shlex.join(perftest_argv("ib_write_lat", hca, gid_index, port + 1))
     run = f"timeout -k 1 {RDMA_LIMIT_S:g} stdbuf -oL"
     script = (
         "( trap 'kill $b $l 2>/dev/null; exit 143' TERM; "
@@ -417,8 +416,8 @@ def perftest_server_command(hca: str, gid_index: int, port: int) -> list[str]:
 def perftest_client_command(hca: str, gid_index: int, port: int, server_ip: str) -> list[str]:
     """perftest's clients against server_ip: ib_write_bw on `port`, then (when it succeeded)
     ib_write_lat on `port + 1`, each under `timeout` at RDMA_LIMIT_S."""
-    bw = _sh([*perftest_argv("ib_write_bw", hca, gid_index, port), server_ip])
-    lat = _sh([*perftest_argv("ib_write_lat", hca, gid_index, port + 1), server_ip])
+    bw = shlex.join([*perftest_argv("ib_write_bw", hca, gid_index, port), server_ip])
+    lat = shlex.join([*perftest_argv("ib_write_lat", hca, gid_index, port + 1), server_ip])
     run = f"timeout -k 1 {RDMA_LIMIT_S:g}"
     return ["sh", "-c", f"{run} {bw} 2>&1 || exit 0; echo '{LAT_SECTION}'; {run} {lat} 2>&1; true"]
 
@@ -474,10 +473,7 @@ class RdmaServer:
         return f"perftest servers on {self.hca} did not start: {said[-300:] or 'no output'}"
 
     def close(self) -> None:
-        self._stream.close_stdin()  # the wrapper kills whichever server still runs
-        with contextlib.suppress(TransportError):
-            self._stream.wait(timeout=3)
-        self._stream.close()
+        _end(self._stream)
 
 
 def measure_rdma(source: Transport, server: RdmaServer, dst_ip: str, *, src: tuple[str, int],
