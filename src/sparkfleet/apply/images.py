@@ -105,15 +105,6 @@ def context_tar(context: Path) -> bytes:
     return buf.getvalue()
 
 
-def _timed(node: str, fn: Callable[[], tuple[str, str | None, str]]) -> ImageAction:
-    start = time.monotonic()
-    try:
-        action, iid, detail = fn()
-    except NodeError as exc:
-        return ImageAction(node, "failed", None, exc.detail, time.monotonic() - start)
-    return ImageAction(node, action, iid, detail, time.monotonic() - start)
-
-
 def distribute(
     ref: str, source: str, transports: Mapping[str, Transport], *, progress: Progress | None = None
 ) -> list[ImageAction]:
@@ -178,27 +169,20 @@ def build(
         raise RecipeError(f"docker_image = {ref!r} is pinned to a registry digest: it can be pulled, not built")
     say = progress or (lambda _n, _m: None)
     tar = context_tar(context)
+
+    def build_on(name: str) -> ImageAction:
+        start = time.monotonic()
+        try:
+            iid = build_image(transports[name], ref, tar, dockerfile, no_cache=no_cache)
+        except NodeError as exc:
+            return ImageAction(name, "failed", None, exc.detail, time.monotonic() - start)
+        return ImageAction(name, "built", iid, "built here", time.monotonic() - start)
+
+    for name in transports if on_each_node else [head]:
+        say(name, f"building {ref} ({len(tar) / 1e6:.1f} MB context)")
     if on_each_node:
-        for name in transports:
-            say(name, f"building {ref} ({len(tar) / 1e6:.1f} MB context)")
-        names = list(transports)
-
-        def one(name: str) -> ImageAction:
-            return _timed(
-                name,
-                lambda: (
-                    "built",
-                    build_image(transports[name], ref, tar, dockerfile, no_cache=no_cache),
-                    "built here",
-                ),
-            )
-
-        return list(fan_out(names, one, workers=max(1, len(names))).raise_first().values())
-    say(head, f"building {ref} ({len(tar) / 1e6:.1f} MB context)")
-    built = _timed(
-        head,
-        lambda: ("built", build_image(transports[head], ref, tar, dockerfile, no_cache=no_cache), "built here"),
-    )
+        return list(fan_out(transports, build_on, workers=max(1, len(transports))).raise_first().values())
+    built = build_on(head)
     if not built.ok:
         return [built]
     rest = distribute(ref, head, transports, progress=progress)
