@@ -79,10 +79,7 @@ class ConfigSpec:
 def spec_of_instance(name: str, instance: str | None, store: Store) -> ConfigSpec | None:
     """The ConfigSpec an instance was recorded with (secret --env values masked), or None."""
     config = History(store).current(name, instance)
-    if config is None:
-        return None
-    return ConfigSpec(Path(config.recipe), config.variant, config.sets, config.env,
-                      Path(config.cluster) if config.cluster else None, config.name)  # fmt: skip
+    return _spec_of(config, config.env) if config is not None else None
 
 
 def _digest(path: Path) -> str:
@@ -145,19 +142,19 @@ def quality_gate(store: Store, name: str, passed: int, total: int, run_id: str, 
     return f"{name}: configuration #{current.id} {verdict} its quality gate ({passed}/{total}; {rule})"
 
 
-def _spec_of(config: Configuration) -> ConfigSpec:
+def _spec_of(config: Configuration, env: tuple[tuple[str, str], ...]) -> ConfigSpec:
+    return ConfigSpec(Path(config.recipe), config.variant, config.sets, env,
+                      Path(config.cluster) if config.cluster else None, config.name)  # fmt: skip
+
+
+def _unmasked_spec_of(config: Configuration) -> ConfigSpec:
     """The ConfigSpec a recorded configuration was planned from (secret --env values from this
     environment, since they were never stored)."""
-    env = []
     for key, value in config.env:
-        if value == MASK:
-            if key not in os.environ:
-                raise UsageError(f"configuration #{config.id} was started with --env {key}; set {key} in "
-                                      "this environment to roll back to it (secrets are never stored)")  # fmt: skip
-            value = os.environ[key]
-        env.append((key, value))
-    return ConfigSpec(Path(config.recipe), config.variant, config.sets, tuple(env),
-                      Path(config.cluster) if config.cluster else None, config.name)  # fmt: skip
+        if value == MASK and key not in os.environ:
+            raise UsageError(f"configuration #{config.id} was started with --env {key}; set {key} in "
+                                  "this environment to roll back to it (secrets are never stored)")  # fmt: skip
+    return _spec_of(config, tuple((k, os.environ[k] if v == MASK else v) for k, v in config.env))
 
 
 def _contains_mask(data: Any) -> bool:
@@ -216,7 +213,7 @@ def rollback(name: str, store: Store | None = None,
 
     store = store or Store()
     target, current = rollback_target(name, store)
-    spec = _spec_of(target)
+    spec = _unmasked_spec_of(target)
     planned = _plan_of(target, spec)  # before anything is stopped: a target that cannot plan stops nothing
     report(f"rolling back to {target.describe()}")
     running = Deployments(store).get(name)
