@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from sparkfleet.apply.configurations import spec_of_instance
 from sparkfleet.apply.down import down, take_down
 from sparkfleet.apply.observe import rank_secrets
+from sparkfleet.apply.switch import release
 from sparkfleet.apply.up import UpResult, up
 from sparkfleet.errors import NotFoundError, SparkfleetError
 from sparkfleet.nodes.fanout import fan_out
@@ -63,13 +64,6 @@ def _up_again(record: Deployment, stored: Plan, secrets: dict[int, dict[str, str
     return up(with_secrets(stored, secrets), config=config, deployments=records, connect=connect)
 
 
-def _release(name: str, records: Deployments) -> None:
-    """Behind a gateway: the requests held during the restart go on (apply/switch.py)."""
-    from sparkfleet.apply.switch import release
-
-    release(name, records)
-
-
 def restart(record: Deployment, *, records: Deployments, connect: Connector = transport_for) -> UpResult:
     """Take record down and bring its stored Plan up again, once (the dashboard's restart)."""
     stored = records.stored_plan(record.name)
@@ -107,7 +101,7 @@ def recover(record: Deployment, why: str, *, records: Deployments, connect: Conn
                 take_down(current, deployments=records, connect=connect)
             records.set_status(record.name, "failed")
             records.set_restarts(record.name, done)
-            _release(record.name, records)
+            release(record.name, records)  # behind a gateway, the requests held meanwhile go on
             return Outcome(False, done, message)
         delay = backoff_delay(policy, done)
         emit("restart", f"restart {done + 1}/{policy.max_restarts} of {record.name} in {delay:.0f}s: {why}", None)
@@ -133,5 +127,5 @@ def recover(record: Deployment, why: str, *, records: Deployments, connect: Conn
         message = (f"restart {done}/{policy.max_restarts}: {record.name} ready again at {result.endpoint} "
                    f"in {result.seconds:.1f}s")  # fmt: skip
         emit("restarted", message, None)
-        _release(record.name, records)
+        release(record.name, records)
         return Outcome(True, done, message)
