@@ -30,7 +30,7 @@ from sparkfleet.nodes.runtime.base import Runtime
 from sparkfleet.nodes.runtime.docker import ensure_image
 from sparkfleet.nodes.transport import Connector, transport_for
 from sparkfleet.nodes.transport.base import Transport
-from sparkfleet.plan.model import Plan, RankPlan
+from sparkfleet.plan.model import Plan
 from sparkfleet.state.deployments import Deployments
 
 # Called with (node or None, rank or None, message) as up progresses.
@@ -52,26 +52,15 @@ def _quiet(_node: str | None, _rank: int | None, _msg: str) -> None:
     return None
 
 
-def _connect(plan: Plan, connect: Connector) -> dict[str, Transport]:
-    # No round trip of its own: the preflight's agent call is each node's first command; it
-    # opens the master connection and fails on a dead node the same way a `true` would.
-    return {r.node.name: connect(r.node) for r in plan.ranks}
-
-
-def _port_roles(rank: RankPlan, plan: Plan) -> dict[int, str]:
-    roles = {p: f"rank {rank.rank} rendezvous/RPC" for p in rank.ports}
-    if rank.rank == 0:
-        roles[plan.port] = "rank 0 HTTP"
-    return roles
-
-
 def _preflight(plan: Plan, transports: dict[str, Transport], instance: Instance) -> None:
     """Before anything is written or started: no other instance of this name on any of its
     nodes, and every port a rank needs free. One agent call per node (two with docker ranks)."""
 
     def check(node_name: str) -> tuple[list[FoundRank], list[tuple[PortHolder, str]]]:
         ranks = [r for r in plan.ranks if r.node.name == node_name]
-        roles = {p: role for r in ranks for p, role in _port_roles(r, plan).items()}
+        roles = {p: f"rank {r.rank} rendezvous/RPC" for r in ranks for p in r.ports}
+        if any(r.rank == 0 for r in ranks):
+            roles[plan.port] = "rank 0 HTTP"
         found, holders = preflight(transports[node_name], ranks[0].node, plan.name, list(roles),
                                    containers=any(r.runtime == "docker" for r in ranks))  # fmt: skip
         return [f for f in found if f.instance != instance.id], [(h, roles[h.port]) for h in holders]
@@ -152,14 +141,6 @@ def _start_rank(plan: Plan, r: int, runtimes: dict[int, Runtime], transports: di
     return time.time(), "start", f"rank {r} started ({ident})", rank.node.name
 
 
-def stop_instance(plan_ranks: tuple[RankPlan, ...], name: str, instance: str,
-                  transports: dict[str, Transport]) -> dict[str, str]:  # fmt: skip
-    """Stop every rank of this instance on every reachable node, in the engine's stop order;
-    returns the nodes that failed, with why."""
-    result = stop_ranks(tuple(r.handle for r in plan_ranks), transports, name, instance, grace=5.0)
-    return {node: str(error) for node, error in result.failed.items()}
-
-
 def up(
     plan: Plan,
     cluster: Cluster | None = None,
@@ -201,7 +182,9 @@ def up(
     except BaseException as exc:
         with _shielded():
             report(None, None, "rolling back")
-            failed = stop_instance(plan.ranks, plan.name, instance.id, transports) if transports else {}
+            # Every rank of this instance on every node reached so far, in the engine's stop order.
+            stopped = stop_ranks(tuple(r.handle for r in plan.ranks), transports, plan.name, instance.id, grace=5.0)
+            failed = {node: str(error) for node, error in stopped.failed.items()}
             if isinstance(exc, RankExited):
                 exc.refresh()  # every rank is stopped now: the dead rank's log is final
             records.set_status(plan.name, "failed")
@@ -238,7 +221,9 @@ def _run_up(plan: Plan, instance: Instance, records: Deployments, report: Report
             allow_image_mismatch: bool, transports: dict[str, Transport], connect: Connector) -> str:  # fmt: skip
     """The phases of up in order; fills transports as it connects, so rollback can reach them."""
     report(None, None, "connecting")
-    transports.update(_connect(plan, connect))
+    # No round trip of its own: the preflight's agent call is each node's first command; it
+    # opens the master connection and fails on a dead node the same way a `true` would.
+    transports.update({r.node.name: connect(r.node) for r in plan.ranks})
     if plan.verify.fabric_min_gbps is not None and len(plan.ranks) > 1:
         report(None, None, "measuring the fabric, every pair")
         _require_fabric(plan, plan.verify.fabric_min_gbps, transports)
