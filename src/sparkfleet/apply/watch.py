@@ -153,16 +153,15 @@ def _bench_cap(store: Store, name: str, now: float) -> int | None:
 class Watcher:
     """Polls one deployment; ``poll()`` once, ``run()`` until stopped."""
 
-    def __init__(self, name: str, *, store: Store | None = None, connect: Connector | None = None,
-                 interval: float = DEFAULT_INTERVAL_S, on_event: Callable[[Event], None] = lambda _e: None,
-                 http: httpx.Client | None = None) -> None:  # fmt: skip
+    def __init__(self, name: str, *, connect: Connector | None = None, interval: float = DEFAULT_INTERVAL_S,
+                 on_event: Callable[[Event], None] = lambda _e: None) -> None:  # fmt: skip
         self.name = name
-        self.store = store or Store()
+        self.store = Store()
         self.records = Deployments(self.store)
         self.series = WatchSeries(self.store)
         self.interval = max(interval, MIN_INTERVAL_S)
         self.on_event = on_event
-        self.http = http or httpx.Client(timeout=5.0)
+        self.http = httpx.Client(timeout=5.0)
         self._transports: dict[str, Transport] = {}
         self._connect_fn = connect or transport_for
         self.seen = _Seen()
@@ -192,9 +191,8 @@ class Watcher:
             by_node.setdefault(rank.node.name, []).append(rank)
         outcomes = fan_out(list(by_node), lambda n: watch_node(self.connect(by_node[n][0].node), by_node[n][0].node,
                                                                 by_node[n]))  # fmt: skip
-        nodes: dict[str, NodeWatch | str] = {}
-        for node, outcome in outcomes.items():
-            nodes[node] = outcome.value if outcome.ok and outcome.value is not None else str(outcome.error)
+        nodes: dict[str, NodeWatch | str] = {n: o.value if o.ok and o.value is not None else str(o.error)
+                                             for n, o in outcomes.items()}  # fmt: skip
         health, healthy = rank0_health(record, timeout=5.0)
         metrics = self._metrics(record) if healthy else Metrics()
         plan = self.records.stored_plan(self.name)
