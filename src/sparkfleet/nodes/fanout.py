@@ -83,11 +83,6 @@ class GroupResult(Mapping[str, Outcome[T]]):
         return f"GroupResult(ok={sorted(self.succeeded)}, failed={sorted(self.failures)})"
 
     @property
-    def ok(self) -> bool:
-        """Every node succeeded."""
-        return all(o.ok for o in self._outcomes.values())
-
-    @property
     def failures(self) -> dict[str, BaseException]:
         """The error of every node that failed, in node order."""
         return {n: o.error for n, o in self._outcomes.items() if o.error is not None}
