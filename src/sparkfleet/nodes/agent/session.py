@@ -73,14 +73,6 @@ class AgentSession:
     def release(self) -> None:
         self._lock.release()
 
-    def _send(self, request: bytes) -> bool:
-        try:
-            self._stream.write(request)
-            return True
-        except (OSError, ValueError):  # the agent is gone: nothing was delivered
-            self.close()
-            return False
-
     def _hello(self, deadline: float) -> bool:
         """Wait for the agent's hello (anything a login shell prints comes before it)."""
         while not self.serving:
@@ -99,7 +91,10 @@ class AgentSession:
         started, deadline = time.time(), time.monotonic() + timeout
         request = json.dumps({"command": command, "payload": payload,
                               "stdin": stdin.decode() if stdin else None}).encode() + b"\n"  # fmt: skip
-        if not self._send(request):
+        try:
+            self._stream.write(request)
+        except (OSError, ValueError):  # the agent is gone: nothing was delivered
+            self.close()
             return None
         try:
             if not self._hello(deadline):
