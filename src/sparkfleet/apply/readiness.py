@@ -173,29 +173,26 @@ def wait_ready(
     next_logs = 0.0
     healthy = False
     ports_seen: set[int] = set()
-    ranks = {r.rank: r for r in plan.ranks}
-    handles = {r: rank.handle for r, rank in ranks.items()}
-
-    def transport(r: int) -> Transport:
-        return transports[ranks[r].node.name]
-
-    keys = [str(r) for r in ranks]
+    ranks = {str(r.rank): r for r in plan.ranks}
+    head_node = transports[plan.head.node.name]
 
     def look(with_logs: bool) -> None:
         """Every rank still runs (else raise with its log); with_logs: check the boot logs too."""
-        if with_logs:
-            probed = fan_out(keys, lambda r: runtimes[int(r)].probe(handles[int(r)], transport(int(r)))).raise_first()
-            states = {k: v[0] for k, v in probed.items()}
-        else:
-            states = fan_out(keys, lambda r: runtimes[int(r)].inspect(handles[int(r)], transport(int(r)))).raise_first()
-        for key, state in states.items():
+
+        def one(key: str) -> tuple[RankState, str | None]:
+            rank = ranks[key]
+            runtime, node = runtimes[rank.rank], transports[rank.node.name]
+            return runtime.probe(rank.handle, node) if with_logs else (runtime.inspect(rank.handle, node), None)
+
+        seen = fan_out(ranks, one).raise_first()
+        for key, (state, log) in seen.items():
             if state.state != "running":
-                rank = ranks[int(key)]
-                runtime, node = runtimes[rank.rank], transport(rank.rank)
-                log = probed[key][1] if with_logs else runtime.logs(rank.handle, node)
+                rank = ranks[key]
+                runtime, node = runtimes[rank.rank], transports[rank.node.name]
+                log = runtime.logs(rank.handle, node) if log is None else log
                 raise rank_exited(rank, state, log, functools.partial(runtime.logs, rank.handle, node))
         if with_logs:
-            check_logs(plan, verify, {int(k): v[1] for k, v in probed.items()}, boot)
+            check_logs(plan, verify, {int(k): log or "" for k, (_, log) in seen.items()}, boot)
 
     while True:
         now = time.monotonic()
@@ -209,7 +206,7 @@ def wait_ready(
         if answer != "-":
             boot.saw_health(time.monotonic() - began, answer)
             if healthy and not was_healthy:
-                check_answered_by(plan, transport(0), instance)
+                check_answered_by(plan, head_node, instance)
         # A worker's port is probed until it has answered once: llama.cpp's rpc-server serves one
         # client at a time, so once rank 0 holds its connection a probe would wait in its backlog.
         # Whether it is still alive after that is the rank's process state, which look() watches.
@@ -229,7 +226,7 @@ def wait_ready(
                                                                    f"log lines {missing}")  # fmt: skip
         on_progress(f"waiting for {waiting}")
         if time.monotonic() > deadline:
-            log = runtimes[0].logs(head.handle, transport(0))
+            log = runtimes[0].logs(head.handle, head_node)
             raise ReadinessError(
                 f"{plan.name} not ready after {timeout:.0f}s: still waiting for {waiting}; "
                 f"rank 0 on {head.node.name}, last log lines:\n{tail(log)}"
@@ -242,8 +239,7 @@ def wait_ready(
 
 def plan_api_key(plan: Plan) -> str | None:
     """The API key the plan starts rank 0's engine with (its own variable, e.g. VLLM_API_KEY)."""
-    head = next((r for r in plan.ranks if r.rank == 0), None)
-    env = {e.key: e.value for e in head.env} if head else {}
+    env = {e.key: e.value for e in plan.head.env}
     return next((env[k] for k in ENGINE_KEY_ENV if env.get(k)), None)
 
 
