@@ -76,20 +76,17 @@ class DownReport:
         return f"{self.name}: stopped, but not everything of the instance is gone:\n  " + "\n  ".join(parts)
 
 
-def down(deployment: Deployment, *, deployments: Deployments | None = None,
-         accept_new_host_keys: bool = False, connect: Connector | None = None,
+def down(deployment: Deployment, *, deployments: Deployments | None = None, connect: Connector | None = None,
          hold: bool = False) -> list[str]:  # fmt: skip
     """Stop every rank of a recorded deployment's own instance (idempotent); returns what was
     stopped. LeftoverError (carrying the report) when anything of the instance is left."""
-    report = take_down(deployment, deployments=deployments, accept_new_host_keys=accept_new_host_keys,
-                       connect=connect, hold=hold)  # fmt: skip
+    report = take_down(deployment, deployments=deployments, connect=connect, hold=hold)
     if report.problem():
         raise LeftoverError(report)
     return report.stopped
 
 
-def take_down(deployment: Deployment, *, deployments: Deployments | None = None,
-              accept_new_host_keys: bool = False, connect: Connector | None = None,
+def take_down(deployment: Deployment, *, deployments: Deployments | None = None, connect: Connector | None = None,
               hold: bool = False) -> DownReport:  # fmt: skip
     """Stop the instance's ranks, then check every node for what is left and the memory held.
     Behind a gateway, it is drained first (apply/switch.py); ``hold``: it is being replaced, and
@@ -104,8 +101,7 @@ def take_down(deployment: Deployment, *, deployments: Deployments | None = None,
         from sparkfleet.apply.switch import drain
 
         drain(deployment, records, hold=hold)
-    connect = connect or (lambda n: transport_for(n, accept_new_host_keys=accept_new_host_keys))
-    transports = {r.node.name: connect(r.node) for r in deployment.ranks}
+    transports = {r.node.name: (connect or transport_for)(r.node) for r in deployment.ranks}
     nodes = {r.node.name: r.node for r in deployment.ranks}
     before = fan_out(list(transports), lambda n: mem_available(transports[n], nodes[n]))
     records.set_status(deployment.name, "stopping")

@@ -149,7 +149,6 @@ def up(
     deployments: Deployments | None = None,
     report: Reporter = _quiet,
     timeout: float | None = None,
-    accept_new_host_keys: bool = False,
     allow_image_mismatch: bool = False,
     connect: Connector | None = None,
 ) -> UpResult:
@@ -170,14 +169,7 @@ def up(
     try:
         with _signals_interrupt():
             answer = _run_up(
-                plan,
-                instance,
-                records,
-                report,
-                timeout,
-                allow_image_mismatch,
-                transports,
-                connect or (lambda n: transport_for(n, accept_new_host_keys=accept_new_host_keys)),
+                plan, instance, records, report, timeout, allow_image_mismatch, transports, connect or transport_for
             )
     except BaseException as exc:
         with _shielded():
