@@ -142,9 +142,7 @@ def distribute(
     for name, t in todo.items():
         if name in errors:
             actions.append(ImageAction(name, "failed", None, errors[name], elapsed))
-            continue
-        got = image_id(t, ref)
-        if got == want:
+        elif (got := image_id(t, ref)) == want:
             actions.append(ImageAction(name, "loaded", got, f"streamed from {source}", elapsed))
         else:
             actions.append(ImageAction(name, "failed", got, f"loaded {got}, expected {want}", elapsed))
