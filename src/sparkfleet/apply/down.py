@@ -16,7 +16,7 @@ from sparkfleet.errors import LeftoverError, StateError, StopIncomplete
 from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.files import remove
 from sparkfleet.nodes.identity import FoundRank, controller_owner
-from sparkfleet.nodes.inspection import Leftover, NodeAfter, leftovers_on, mem_available
+from sparkfleet.nodes.inspection import Leftover, NodeAfter, leftovers_on, watch_node
 from sparkfleet.nodes.runtime import find_ranks, remove_ranks
 from sparkfleet.nodes.transport import Connector, transport_for
 from sparkfleet.nodes.transport.base import Transport
@@ -103,7 +103,8 @@ def take_down(deployment: Deployment, *, deployments: Deployments | None = None,
         drain(deployment, records, hold=hold)
     transports = {r.node.name: (connect or transport_for)(r.node) for r in deployment.ranks}
     nodes = {r.node.name: r.node for r in deployment.ranks}
-    before = fan_out(list(transports), lambda n: mem_available(transports[n], nodes[n]))
+    # MemAvailable before anything stops: a watch of no ranks is that alone.
+    before = fan_out(list(transports), lambda n: watch_node(transports[n], nodes[n], []).mem_available)
     records.set_status(deployment.name, "stopping")
     result = stop_ranks(deployment.ranks, transports, deployment.name, deployment.instance)
     stopped = result.stopped

@@ -92,8 +92,3 @@ def leftovers_on(transport: Transport, node: Node, deployment: str, instance: st
                                       rank=c.rank))  # fmt: skip
     return NodeAfter(node.name, tuple(found), answer.get("mem_available"), answer.get("gpu_apps"),
                      answer.get("gpu_error"))  # fmt: skip
-
-
-def mem_available(transport: Transport, node: Node) -> int | None:
-    """The node's MemAvailable in bytes (down reads it before stopping anything)."""
-    return node_agent(transport, node.python, "watch", {"ranks": []}, timeout=30).get("mem_available")
