@@ -32,11 +32,8 @@ def _revision(repo_dir: str, revision: str | None) -> str:
             return fh.read().strip()
     except OSError:
         pass
-    snaps = (
-        sorted(os.listdir(os.path.join(repo_dir, "snapshots")))
-        if os.path.isdir(os.path.join(repo_dir, "snapshots"))
-        else []
-    )
+    folder = os.path.join(repo_dir, "snapshots")
+    snaps = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
     if revision is None and len(snaps) == 1:
         return snaps[0]
     raise ComposeFailure(
