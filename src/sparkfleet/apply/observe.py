@@ -181,10 +181,9 @@ def _one_log(deployment: Deployment, rank: int, tail: int | None, connect: Conne
     return redact(text, rank_secrets(plan_rank, transport))
 
 
-def follow(deployment: Deployment, emit: Callable[[int, str, str], None], rank: int | None = None,
-           stop: threading.Event | None = None) -> None:  # fmt: skip
-    """Stream every chosen rank's log lines to emit(rank, node, line) until stop is set."""
-    stop = stop or threading.Event()
+def follow(deployment: Deployment, emit: Callable[[int, str, str], None], rank: int | None = None) -> None:
+    """Stream every chosen rank's log lines to emit(rank, node, line) until every stream ends
+    (or Ctrl-C)."""
     streams: list[Stream] = []
     for r in (x for x in deployment.ranks if rank is None or x.rank == rank):
         transport = transport_for(r.node)
@@ -198,8 +197,8 @@ def follow(deployment: Deployment, emit: Callable[[int, str, str], None], rank: 
 
         threading.Thread(target=pump, daemon=True).start()
     try:
-        while not stop.is_set() and any(s.exit_code is None for s in streams):
-            stop.wait(0.2)
+        while any(s.exit_code is None for s in streams):
+            time.sleep(0.2)
     finally:
         for s in streams:
             s.close()
