@@ -26,7 +26,7 @@ decides the length). sglang-router needs a venv of its own (its FastAPI wants a 
 than the dashboard's): ``python -m venv .venv-router && .venv-router/bin/pip install sglang-router``.
 
     python benchmarks/gateway_overhead.py [--tokens 256] [--rounds 4] [--router-python .venv-router/bin/python]
-        [--llama-server PATH] [--gguf PATH] [--llama-tokens 32] [--llama-rounds 2]
+        [--llama-server PATH] [--gguf PATH] [--llama-tokens 32] [--llama-rounds 8]
 
 Bar (issue 33): added TTFT p50 <= 2 ms and p99 <= 10 ms at c64; added inter-chunk p50 <= 0.2 ms at
 c16; >= 10,000 streamed chunks/s through the gateway on one core.
@@ -223,13 +223,16 @@ async def one(session: aiohttp.ClientSession, url: str, tokens: int, real: bool 
     return rec
 
 
-def session(concurrency: int) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency),
+def session(concurrency: int, fresh: bool = False) -> aiohttp.ClientSession:
+    """``fresh``: a new connection per request. llama-server has closed a kept-alive connection
+    between two streamed answers (ServerDisconnectedError in a run), and aiohttp does not retry a
+    POST on a connection found closed; a loopback connect then falls on every path alike."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency, force_close=fresh),
                                  timeout=aiohttp.ClientTimeout(total=300))  # fmt: skip
 
 
 async def level(url: str, concurrency: int, requests: int, tokens: int, real: bool = False) -> list[Record]:
-    async with session(concurrency) as client:
+    async with session(concurrency, fresh=real) as client:
         await asyncio.gather(*(one(client, url, tokens, real) for _ in range(concurrency)))  # warm the connections
         queue = list(range(requests))
         records: list[Record] = []
@@ -300,7 +303,7 @@ def main() -> None:
     parser.add_argument("--llama-server", default=str(caches.engine_cache() / "llama.cpp" / "bin" / "llama-server"))
     parser.add_argument("--gguf", default=str(caches.hub_cache() / GGUF))
     parser.add_argument("--llama-tokens", type=int, default=32, help="tokens per answer from llama-server")
-    parser.add_argument("--llama-rounds", type=int, default=2, help="requests per stream at each level there")
+    parser.add_argument("--llama-rounds", type=int, default=8, help="requests per stream at each level there")
     args = parser.parse_args()
     have_router = Path(args.router_python).exists()
     print(f"load average before: {os.getloadavg()}; cores: {os.cpu_count()}")
