@@ -14,7 +14,7 @@ gateway (and the router) add to direct.
 Then the same three paths in front of a real engine: llama.cpp's ``llama-server`` (Gemma 3 270M, the
 README's example, built by scripts/setup.sh) with 8 slots, ``--llama-tokens`` tokens per answer,
 ignoring EOS, at concurrency 1, 4 and 8: beyond its slots a request's TTFT is its wait in the
-engine's queue (a c64 run measured 65 s direct on two cores), which swamps what a proxy adds.
+engine's queue (65 s p50 direct at c64 in a run on two busy cores), which swamps what a proxy adds.
 Skipped, with a line saying why, when the server or the model is missing.
 
 Then the most streamed chunks per second each proxy carries on one core: the server pre-renders
