@@ -9,7 +9,10 @@ uvloop, counting the events of each read and nothing more (the bench's httpx cli
 event in Python, and at c64 the server sends 64,000 chunks/s), ``--rounds`` requests per stream
 at concurrency 1, 16 and 64, the three paths taking turns level by level. Printed per path and
 level: TTFT and inter-chunk gaps (p50/p99), the cores the proxy used meanwhile, and what the
-gateway (and the router) add to direct.
+gateway (and the router) add to direct. Answers of one length end on the same tick, so the 64
+streams start again together; the row ``64~`` runs c64 again with the streams' starts spread over
+one answer's length. Then what setting up a request costs each proxy: answers of 2 tokens at c64,
+requests per second and the proxy's CPU per request.
 
 Then the same three paths in front of a real engine: llama.cpp's ``llama-server`` (Gemma 3 270M, the
 README's example, built by scripts/setup.sh) with 8 slots, ``--llama-tokens`` tokens per answer,
@@ -231,18 +234,22 @@ def session(concurrency: int, fresh: bool = False) -> aiohttp.ClientSession:
                                  timeout=aiohttp.ClientTimeout(total=300))  # fmt: skip
 
 
-async def level(url: str, concurrency: int, requests: int, tokens: int, real: bool = False) -> list[Record]:
+async def level(url: str, concurrency: int, requests: int, tokens: int, real: bool = False, spread: float = 0.0
+                ) -> list[Record]:  # fmt: skip
+    """``spread``: the streams start this many seconds apart in all (0: together, and answers of one
+    length then end together and start again together)."""
     async with session(concurrency, fresh=real) as client:
         await asyncio.gather(*(one(client, url, tokens, real) for _ in range(concurrency)))  # warm the connections
         queue = list(range(requests))
         records: list[Record] = []
 
-        async def worker() -> None:
+        async def worker(i: int) -> None:
+            await asyncio.sleep(spread * i / concurrency)
             while queue:
                 queue.pop()
                 records.append(await one(client, url, tokens, real))
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*(worker(i) for i in range(concurrency)))
     return records
 
 
@@ -256,11 +263,11 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return uvloop.run(coro)
 
 
-def timed(url: str, pid: int | None, concurrency: int, requests: int, tokens: int, real: bool = False
-          ) -> tuple[dict[str, float], str]:  # fmt: skip
+def timed(url: str, pid: int | None, concurrency: int, requests: int, tokens: int, real: bool = False,
+          spread: float = 0.0) -> tuple[dict[str, float], str]:  # fmt: skip
     """One path's figures at one level, and the cores its proxy used meanwhile (CPU s per wall s)."""
     cpu0, t0 = process_tree_cpu(pid) if pid else 0.0, time.perf_counter()
-    f = figures(run(level(url, concurrency, requests, tokens, real)))
+    f = figures(run(level(url, concurrency, requests, tokens, real, spread)))
     cores = (process_tree_cpu(pid) - cpu0) / (time.perf_counter() - t0) if pid else None
     return f, "" if cores is None else f"{cores:.2f}"
 
@@ -310,7 +317,10 @@ def main() -> None:
     print(f"server: {args.tokens} tokens per answer, {args.itl * 1000:g} ms apart, first after {args.ttft * 1000:g} ms")
     with tempfile.TemporaryDirectory() as state:
         with replay(args, blast=False) as (_, port):
-            latencies(f"http://127.0.0.1:{port.group(1)}", Path(state) / "replay", args, args.tokens, args.rounds)
+            latencies(f"http://127.0.0.1:{port.group(1)}", Path(state) / "replay", args, args.tokens, args.rounds,
+                      spread=args.ttft + args.tokens * args.itl)  # fmt: skip
+        print("\nsetting up a request: answers of 2 tokens, 64 streams")
+        setups(Path(state) / "setups", args)
         llama, gguf = Path(args.llama_server), Path(args.gguf)
         if llama.exists() and gguf.exists():
             print(
@@ -342,9 +352,9 @@ def main() -> None:
     print(f"\nload average after: {os.getloadavg()}")
 
 
-def latencies(upstream: str, state: Path, args: argparse.Namespace, tokens: int, rounds: int,
-              levels: tuple[int, ...] = LEVELS, real: bool = False) -> None:  # fmt: skip
-    """The table of one server: direct, through the gateway and through the router, level by level."""
+@contextmanager
+def proxied(upstream: str, state: Path, args: argparse.Namespace) -> Iterator[dict[str, tuple[str, int | None]]]:
+    """The paths to one server, by name: (URL, the proxy's pid or None)."""
     have_router = Path(args.router_python).exists()
     state.mkdir()
     with gateway(upstream, state, None) as (gp, gw), (
@@ -352,18 +362,42 @@ def latencies(upstream: str, state: Path, args: argparse.Namespace, tokens: int,
         paths = {"direct": (upstream, None), "gateway": (gw.group(1), gp.pid)}
         if rt is not None:
             paths["sglang-router"] = (rt[1].group(1), rt[0].pid)
+        yield paths
+
+
+def latencies(upstream: str, state: Path, args: argparse.Namespace, tokens: int, rounds: int,
+              levels: tuple[int, ...] = LEVELS, real: bool = False, spread: float = 0.0) -> None:  # fmt: skip
+    """The table of one server: direct, through the gateway and through the router, level by level;
+    ``spread`` > 0: the last level once more with the streams' starts that far apart (``~``)."""
+    with proxied(upstream, state, args) as paths:
         print(f"\n{'path':14} {'conc':>4} {'reqs':>5} {'TTFT p50':>9} {'p99':>8} {'gap p50':>8} {'p99':>7}"
               f"  {'proxy CPU':>9}   added TTFT p50/p99, gap p50/p99 (ms)")  # fmt: skip
-        for c in levels:
+        runs = [(c, 0.0) for c in levels] + ([(levels[-1], spread)] if spread else [])
+        for c, apart in runs:
             n = c * rounds
-            got = {name: timed(url, pid, c, n, tokens, real) for name, (url, pid) in paths.items()}
+            got = {name: timed(url, pid, c, n, tokens, real, apart) for name, (url, pid) in paths.items()}
             base = got["direct"][0]
+            shown = f"{c}~" if apart else str(c)
             for name, (f, cpu) in got.items():
                 print(
-                    f"{name:14} {c:>4} {n:>5} {f['ttft_p50']:>9.2f} {f['ttft_p99']:>8.2f}"
+                    f"{name:14} {shown:>4} {n:>5} {f['ttft_p50']:>9.2f} {f['ttft_p99']:>8.2f}"
                     f" {f['gap_p50']:>8.3f} {f['gap_p99']:>7.3f}  {cpu:>9}"
                     f"{_added(f, base) if name != 'direct' else ''}"
                 )
+
+
+def setups(state: Path, args: argparse.Namespace, rounds: int = 30) -> None:
+    """What setting up a request costs each proxy: answers of 2 tokens, 64 streams, no wait for the
+    first; requests per second, and the proxy's CPU per request."""
+    short = argparse.Namespace(**{**vars(args), "tokens": 2, "ttft": 0.0})
+    with replay(short, blast=False) as (_, port), proxied(f"http://127.0.0.1:{port.group(1)}", state, args) as paths:
+        for name, (url, pid) in paths.items():
+            run(level(url, 64, 64, 2))
+            cpu0, t0 = process_tree_cpu(pid) if pid else 0.0, time.perf_counter()
+            run(level(url, 64, 64 * rounds, 2))
+            wall, cpu = time.perf_counter() - t0, process_tree_cpu(pid) - cpu0 if pid else 0.0
+            per = f"   {cpu / (64 * rounds) * 1e6:>5.0f} µs of proxy CPU per request" if pid else ""
+            print(f"{name:14} {64 * rounds / wall:>7,.0f} requests/s{per}")
 
 
 @contextmanager
