@@ -28,20 +28,16 @@ Phase = Literal["fetch", "distribute", "node"]
 T = TypeVar("T")
 
 
-def _quiet(_message: str) -> None:
-    pass
-
-
 @dataclass(frozen=True)
 class Context:
     """What a kind's runner works with; ``plan`` is there for the kinds that need the
-    deployment (fetch and distribution), and sets each node's python."""
+    deployment (fetch and distribution)."""
 
     transports: Mapping[str, Transport]
     plan: Plan | None = None
     verify: bool = False
     progress: ProgressFn | None = None
-    say: Callable[[str], None] = _quiet
+    say: Callable[[str], None] = lambda _m: None
     method: Method = "auto"
     fanout: Fanout = "pipeline"
     chunk_bytes: int | None = None
@@ -107,10 +103,6 @@ class StageReport:
     outputs: tuple[OutputReport, ...] = ()
     hash: str | None = None
     composed: ComposedModel | None = None
-
-    @property
-    def bytes_written(self) -> int:
-        return sum(o.bytes_written for o in self.outputs)
 
     def rows(self, verify: bool) -> list[dict[str, object]]:
         """One row per staged file or composed directory."""

@@ -4,7 +4,6 @@ hard-linked local files) built, or only checked, by nodes/shipped/composed_worke
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sparkfleet.apply.staging.base import Context, Runner, StageReport
@@ -17,18 +16,13 @@ from sparkfleet.plan.staging.composed import Composed
 
 @dataclass(frozen=True)
 class ComposedModel:
-    """A composed directory on one node.
-
-    ``path`` is the cache root (Hugging Face hub layout), ``model_dir`` the snapshot directory
-    inside it that holds the model's files, and ``extra_mounts`` the directories the symlinks
-    point into: a container must see them at the same path for the links to resolve.
-    """
+    """A composed directory on one node."""
 
     node: str
-    path: str
-    model_dir: str
+    path: str  # the cache root (Hugging Face hub layout)
+    model_dir: str  # the snapshot directory in it that holds the model's files
     revision: str
-    extra_mounts: tuple[str, ...]
+    extra_mounts: tuple[str, ...]  # what the symlinks point into: a container must see them at the same path
     links: int
     hard_links: int
     problems: tuple[str, ...] = ()
@@ -60,8 +54,4 @@ def _compose(ctx: Context, step: StagingStep) -> StageReport:
     return StageReport(step.node, step.id, step.rank, step.kind, result.duration, composed=model)
 
 
-def run(ctx: Context, steps: Sequence[StagingStep]) -> list[StageReport]:
-    return [_compose(ctx, step) for step in steps]
-
-
-RUNNER = Runner(Composed, "node", run)
+RUNNER = Runner(Composed, "node", lambda ctx, steps: [_compose(ctx, step) for step in steps])

@@ -87,17 +87,10 @@ def copy_files(transport: Transport, files: Sequence[LocalFile], dst: str, step_
         got = after.get(targets[f.name])
         if got != f.sha256:
             seen = "is missing after the write" if got is None else f"has sha256 {got[:12]}…"
-            raise StagingError(
-                transport.node,
-                f"staging {step_id!r}: {targets[f.name]} {seen}, expected {f.sha256[:12]}… ({f.path})",
-            )
-    return CopyReport(
-        node=transport.node,
-        dst=dst,
-        sent=tuple(f.name for f in todo),
-        unchanged=tuple(f.name for f in files if f not in todo),
-        bytes_sent=sum(f.size for f in todo),
-    )
+            why = f"staging {step_id!r}: {targets[f.name]} {seen}, expected {f.sha256[:12]}… ({f.path})"
+            raise StagingError(transport.node, why)
+    unchanged = tuple(f.name for f in files if f not in todo)
+    return CopyReport(transport.node, dst, tuple(f.name for f in todo), unchanged, sum(f.size for f in todo))
 
 
 def run(ctx: Context, steps: Sequence[StagingStep]) -> list[CopyReport]:

@@ -38,17 +38,14 @@ def export(server: Transport, path: str, clients: Sequence[str], volume: str) ->
     if not files.is_dir(server, path):
         raise StagingError(server.node, f"cannot export {path}: no such folder on the NFS server node")
     if not nfs.has_exportfs(server):
-        raise StagingError(
-            server.node, "no NFS server here (exportfs not found): install nfs-kernel-server on this node"
-        )
+        why = "no NFS server here (exportfs not found): install nfs-kernel-server on this node"
+        raise StagingError(server.node, why)
     # exportfs only edits the export table; without nfsd threads nothing answers the clients.
     threads = nfs.nfsd_threads(server)
     if not threads:
         why = "no nfsd threads" if threads == 0 else "/proc/fs/nfsd is not mounted: no kernel NFS server"
-        raise StagingError(
-            server.node,
-            f"cannot export {path}: the NFS server is not running ({why}); start nfs-kernel-server",
-        )
+        why = f"cannot export {path}: the NFS server is not running ({why}); start nfs-kernel-server"
+        raise StagingError(server.node, why)
     write = nfs.write_exports(server, volume, exports_line(path, clients, volume))
     if not write.ok:
         target = f"{nfs.EXPORTS_DIR}/{volume}.exports"
@@ -69,9 +66,8 @@ def ensure_volume(client: Transport, volume: str, server_ip: str, path: str, opt
             return NfsReport(client.node, "client", volume, "volume already points at the export")
         removed = docker.remove_volume(client, volume)
         if not removed.ok:
-            raise StagingError(
-                client.node, f"volume {volume} points elsewhere and cannot be replaced: {removed.tail()}"
-            )
+            why = f"volume {volume} points elsewhere and cannot be replaced: {removed.tail()}"
+            raise StagingError(client.node, why)
     made = docker.create_volume(client, volume, wanted)
     if not made.ok:
         raise StagingError(client.node, f"docker volume create {volume} failed: {made.tail()}")
@@ -83,10 +79,8 @@ def check_volume(client: Transport, volume: str, image: str, check_file: str) ->
     inside = f"/sparkfleet-nfs/{check_file.lstrip('/')}"
     result = docker.run_once(client, image, "head", ["-c", "1", inside], volumes=[(volume, "/sparkfleet-nfs:ro")])
     if not result.ok:
-        raise StagingError(
-            client.node,
-            f"cannot read {check_file} through NFS volume {volume} from a container: {result.tail()}",
-        )
+        why = f"cannot read {check_file} through NFS volume {volume} from a container: {result.tail()}"
+        raise StagingError(client.node, why)
 
 
 def run(ctx: Context, steps: Sequence[StagingStep]) -> list[NfsReport]:

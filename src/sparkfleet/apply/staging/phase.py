@@ -1,8 +1,7 @@
-"""The staging phase, one for ``up`` and ``sparkfleet stage``: the Hub fetch first, then
-distribution between nodes (each entry on all its nodes at once, in recipe order), since composed
-directories link into what it puts in place, then what runs on each node (all nodes in parallel;
-on each, one kind's steps at once). With ``verify`` nothing is written: only the kinds that run
-on the node check what they staged, in full. Each kind's runner is found in ``RUNNERS``."""
+"""The staging phase, one for ``up`` and ``sparkfleet stage``: the Hub fetch, then distribution
+between nodes (each entry on all its nodes at once, in recipe order), since composed directories
+link into what it puts in place, then what runs on each node (nodes in parallel; on each, one
+kind's steps at once). With ``verify`` only the kinds that run on the node check, in full."""
 
 from __future__ import annotations
 

@@ -88,10 +88,7 @@ def run(ctx: Context, steps: Sequence[StagingStep]) -> list[SyncReport]:
 def _shared_storage(ctx: Context, source: Endpoint, targets: Sequence[Endpoint]) -> dict[str, str]:
     """Targets whose destination is storage another party already writes (a NAS cache mounted at
     the same path on several nodes, or the source's own folder): {node: the node holding it}.
-
-    Probed, not assumed: the same path on two nodes is often two local disks. A marker file is
-    written where the copy will go (or at the source) and looked for on the others.
-    """
+    Probed with a marker file, not assumed: the same path on two nodes is often two local disks."""
     by_path: dict[str, list[Endpoint]] = {}
     for t in targets:
         by_path.setdefault(t.path.rstrip("/"), []).append(t)
