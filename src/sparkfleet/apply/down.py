@@ -76,7 +76,7 @@ class DownReport:
         return f"{self.name}: stopped, but not everything of the instance is gone:\n  " + "\n  ".join(parts)
 
 
-def down(deployment: Deployment, *, deployments: Deployments | None = None, connect: Connector | None = None,
+def down(deployment: Deployment, *, deployments: Deployments | None = None, connect: Connector = transport_for,
          hold: bool = False) -> list[str]:  # fmt: skip
     """Stop every rank of a recorded deployment's own instance (idempotent); returns what was
     stopped. LeftoverError (carrying the report) when anything of the instance is left."""
@@ -86,7 +86,7 @@ def down(deployment: Deployment, *, deployments: Deployments | None = None, conn
     return report.stopped
 
 
-def take_down(deployment: Deployment, *, deployments: Deployments | None = None, connect: Connector | None = None,
+def take_down(deployment: Deployment, *, deployments: Deployments | None = None, connect: Connector = transport_for,
               hold: bool = False) -> DownReport:  # fmt: skip
     """Stop the instance's ranks, then check every node for what is left and the memory held.
     Behind a gateway, it is drained first (apply/switch.py); ``hold``: it is being replaced, and
@@ -101,7 +101,7 @@ def take_down(deployment: Deployment, *, deployments: Deployments | None = None,
         from sparkfleet.apply.switch import drain
 
         drain(deployment, records, hold=hold)
-    transports = {r.node.name: (connect or transport_for)(r.node) for r in deployment.ranks}
+    transports = {r.node.name: connect(r.node) for r in deployment.ranks}
     nodes = {r.node.name: r.node for r in deployment.ranks}
     # MemAvailable before anything stops: a watch of no ranks is that alone.
     before = fan_out(list(transports), lambda n: watch_node(transports[n], nodes[n], []).mem_available)

@@ -87,25 +87,22 @@ def first_exception(log: str) -> str | None:
     return None
 
 
-def exited_message(rank: RankPlan, state: RankState, log: str) -> str:
-    """What to say of a rank that stopped during start-up, with its log's last lines."""
+def rank_exited(rank: RankPlan, state: RankState, log: str, reread: Callable[[], str] | None = None) -> RankExited:
+    """The error for a rank that stopped during start-up, with its log's last lines; ``reread``
+    reads its log again (see ``RankExited``): a log that reads empty then keeps the lines seen now."""
     code = f" with code {state.exit_code}" if state.exit_code is not None else ""
     what = "is gone" if state.state == "absent" else f"exited{code}"
-    shown = tail(log)
-    cause = first_exception(log)
-    first = f"\nfirst error in its log:\n    {cause}" if cause and cause not in shown else ""
-    return f"rank {rank.rank} on {rank.node.name} {what} during start-up; last log lines:\n{shown}{first}"
 
-
-def rank_exited(rank: RankPlan, state: RankState, log: str, reread: Callable[[], str] | None = None) -> RankExited:
-    """The error for a rank that stopped during start-up; ``reread`` reads its log again (see
-    ``RankExited``): a log that reads empty then keeps the lines seen now."""
+    def message(text: str) -> str:
+        shown, cause = tail(text), first_exception(text)
+        first = f"\nfirst error in its log:\n    {cause}" if cause and cause not in shown else ""
+        return f"rank {rank.rank} on {rank.node.name} {what} during start-up; last log lines:\n{shown}{first}"
 
     def redo() -> str:
         again = reread() if reread is not None else ""
-        return exited_message(rank, state, again if again.strip() else log)
+        return message(again if again.strip() else log)
 
-    return RankExited(exited_message(rank, state, log), redo)
+    return RankExited(message(log), redo)
 
 
 def _tcp_ok(host: str, port: int) -> bool:
@@ -116,6 +113,7 @@ def _tcp_ok(host: str, port: int) -> bool:
         return False
 
 
+# Called with (node or None, rank or None, message) as up progresses.
 Reporter = Callable[[str | None, int | None, str], None]
 
 
@@ -154,24 +152,13 @@ def check_answered_by(plan: Plan, transport: Transport, instance: Instance) -> N
     )
 
 
-def wait_ready(
-    plan: Plan,
-    transports: dict[str, Transport],
-    runtimes: dict[int, Runtime],
-    instance: Instance,
-    *,
-    timeout: float,
-    on_progress: Callable[[str], None] = lambda _: None,
-) -> BootLog:
+def wait_ready(plan: Plan, transports: dict[str, Transport], runtimes: dict[int, Runtime], instance: Instance, *,
+               timeout: float, on_progress: Callable[[str], None]) -> BootLog:  # fmt: skip
     """Poll until every rank lives, rank 0 is healthy and every expected line appeared."""
     verify = plan.verify
     boot = BootLog({p: None for p in verify.expect})
-    began = time.monotonic()
-    began_wall = time.time()
-    pause = FIRST_POLL_S
-    deadline = began + timeout
-    next_logs = 0.0
-    healthy = False
+    began, began_wall = time.monotonic(), time.time()
+    pause, deadline, next_logs, healthy = FIRST_POLL_S, began + timeout, 0.0, False
     ports_seen: set[int] = set()
     ranks = {str(r.rank): r for r in plan.ranks}
     head_node = transports[plan.head.node.name]
@@ -200,8 +187,7 @@ def wait_ready(
         look(want_logs)
         if want_logs:
             next_logs = now + LOG_POLL_S
-        head = plan.head
-        was_healthy = healthy
+        head, was_healthy = plan.head, healthy
         healthy, answer = get_health(plan.endpoint, head.readiness)
         if answer != "-":
             boot.saw_health(time.monotonic() - began, answer)

@@ -15,10 +15,9 @@ from types import FrameType
 
 from sparkfleet.apply.configurations import ConfigSpec, record
 from sparkfleet.apply.images import ensure_same_image
-from sparkfleet.apply.readiness import await_worker_ports, smoke, wait_ready
+from sparkfleet.apply.readiness import Reporter, await_worker_ports, smoke, wait_ready
 from sparkfleet.apply.staging.phase import stage
 from sparkfleet.apply.stopping import stop_ranks
-from sparkfleet.config.cluster import Cluster
 from sparkfleet.config.secrets import redact, secrets_of
 from sparkfleet.doctor.pairs import Thresholds, run_fabric
 from sparkfleet.doctor.targets import NodeTarget
@@ -33,9 +32,6 @@ from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.plan.model import Plan
 from sparkfleet.state.deployments import Deployments
 
-# Called with (node or None, rank or None, message) as up progresses.
-Reporter = Callable[[str | None, int | None, str], None]
-
 
 @dataclass(frozen=True)
 class UpResult:
@@ -46,10 +42,6 @@ class UpResult:
     smoke_answer: str
     seconds: float
     configuration: int | None = None  # its row in the history of configurations
-
-
-def _quiet(_node: str | None, _rank: int | None, _msg: str) -> None:
-    return None
 
 
 def _preflight(plan: Plan, transports: dict[str, Transport], instance: Instance) -> None:
@@ -86,34 +78,31 @@ def _preflight(plan: Plan, transports: dict[str, Transport], instance: Instance)
 
 
 @contextmanager
-def _signals_interrupt() -> Iterator[None]:
+def _handling(handler: Callable[[int, FrameType | None], None] | int, *signals: int) -> Iterator[None]:
+    """handler for signals while the block runs (only the main thread can set one)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, before in old.items():
+            signal.signal(sig, before)
+
+
+def _interrupt(_signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _signals_interrupt() -> contextlib.AbstractContextManager[None]:
     """SIGTERM during up behaves like Ctrl-C: everything started is rolled back."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(_signum: int, _frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
+    return _handling(_interrupt, signal.SIGTERM)
 
 
-@contextmanager
-def _shielded() -> Iterator[None]:
+def _shielded() -> contextlib.AbstractContextManager[None]:
     """A second Ctrl-C or SIGTERM must not cut a rollback short and leave ranks running."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+    return _handling(signal.SIG_IGN, signal.SIGINT, signal.SIGTERM)
 
 
 def _ensure_images(plan: Plan, transports: dict[str, Transport], report: Reporter) -> None:
@@ -141,23 +130,14 @@ def _start_rank(plan: Plan, r: int, runtimes: dict[int, Runtime], transports: di
     return time.time(), "start", f"rank {r} started ({ident})", rank.node.name
 
 
-def up(
-    plan: Plan,
-    cluster: Cluster | None = None,
-    *,
-    config: ConfigSpec | None = None,
-    deployments: Deployments | None = None,
-    report: Reporter = _quiet,
-    timeout: float | None = None,
-    allow_image_mismatch: bool = False,
-    connect: Connector | None = None,
-) -> UpResult:
+def up(plan: Plan, *, config: ConfigSpec | None = None, deployments: Deployments | None = None,
+       report: Reporter = lambda _n, _r, _m: None, timeout: float | None = None, allow_image_mismatch: bool = False,
+       connect: Connector = transport_for) -> UpResult:  # fmt: skip
     """Execute plan: stage, start ranks in launch order, wait until it really serves.
 
     connect makes each node's Transport (ssh or local by default; tests pass a scripted one).
     The outcome, ready or failed, is recorded in the history of configurations (``config``: what
-    the plan was made from; without, what the Plan says). The Plan carries its cluster's
-    identity; ``cluster`` is accepted for older callers only."""
+    the plan was made from; without, what the Plan says)."""
     config = config or ConfigSpec.of_plan(plan)
     records = deployments or Deployments()
     start = time.monotonic()
@@ -168,9 +148,7 @@ def up(
     secrets = secrets_of((v.key, v.value) for r in plan.ranks for v in r.env)
     try:
         with _signals_interrupt():
-            answer = _run_up(
-                plan, instance, records, report, timeout, allow_image_mismatch, transports, connect or transport_for
-            )
+            answer = _run_up(plan, instance, records, report, timeout, allow_image_mismatch, transports, connect)
     except BaseException as exc:
         with _shielded():
             report(None, None, "rolling back")
@@ -234,10 +212,8 @@ def _run_up(plan: Plan, instance: Instance, records: Deployments, report: Report
         started.raise_first()
         if batch != ["0"]:
             await_worker_ports(plan, runtimes, transports, report)
-    boot = wait_ready(
-        plan, transports, runtimes, instance, timeout=timeout or plan.verify.timeout,
-        on_progress=lambda msg: report(plan.head.node.name, 0, msg),
-    )  # fmt: skip
+    boot = wait_ready(plan, transports, runtimes, instance, timeout=timeout or plan.verify.timeout,
+                      on_progress=lambda msg: report(plan.head.node.name, 0, msg))  # fmt: skip
     records.event(plan.name, "healthy", boot.describe(), plan.head.node.name)
     report(plan.head.node.name, 0, "healthy; smoke test")
     return smoke(plan)
