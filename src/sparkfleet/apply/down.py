@@ -6,7 +6,7 @@ deployment's ranks by name on a cluster, whoever started them, and stop them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sparkfleet.apply.stopping import stop_ranks
 from sparkfleet.config.cluster import Cluster, Node
@@ -107,22 +107,21 @@ def take_down(deployment: Deployment, *, deployments: Deployments | None = None,
     before = fan_out(list(transports), lambda n: watch_node(transports[n], nodes[n], []).mem_available)
     records.set_status(deployment.name, "stopping")
     result = stop_ranks(deployment.ranks, transports, deployment.name, deployment.instance)
-    stopped = result.stopped
     if result.failed:
         failed = {n: str(e) for n, e in result.failed.items()}
         records.event(deployment.name, "down-failed", "; ".join(f"{n}: {e}" for n, e in failed.items()))
         raise StopIncomplete(f"{deployment.name}: could not stop every rank: ", failed)
     _remove_env_files(deployment, transports)
     orphans = _stop_other_instances(deployment, transports)
-    report = _check_nodes(deployment, transports, {n: o.value if o.ok else None for n, o in before.items()})
-    report = DownReport(deployment.name, stopped, report.leftovers, report.memory, report.unchecked, orphans)
+    mem_before = {n: o.value if o.ok else None for n, o in before.items()}
+    report = replace(_check_nodes(deployment, transports, mem_before), stopped=result.stopped, orphans=orphans)
     problem = report.problem()
     if problem:
         records.set_status(deployment.name, "leftover")
         records.event(deployment.name, "down-leftover", problem)
     else:
         records.set_status(deployment.name, "stopped")
-        records.event(deployment.name, "down", f"stopped {len(stopped)} container(s)/process(es); nothing left")
+        records.event(deployment.name, "down", f"stopped {len(report.stopped)} container(s)/process(es); nothing left")
     return report
 
 
@@ -136,13 +135,9 @@ def _remove_env_files(deployment: Deployment, transports: dict[str, Transport]) 
 
 def _stop_other_instances(deployment: Deployment, transports: dict[str, Transport]) -> list[FoundRank]:
     """Stop the running ranks of deployment's name on its nodes that this controller started
-    under another instance than the recorded one; what was stopped, for the report.
-
-    The record names one instance. An ``up`` killed before it could roll back, whose record a
-    later version (or a hand-edited state dir) replaced, leaves ranks that only their markers
-    name: the deployment, this controller's owner string and the instance's start time. Ranks of
-    another owner are left to ``down --sweep``. Asked through down's own transports (its
-    sessions); the node agent re-checks each pid's markers before it stops one."""
+    under another instance than the recorded one: an ``up`` killed before it could roll back,
+    whose record was replaced since, leaves ranks only their markers name. Another owner's are
+    left to ``down --sweep``; the node agent re-checks each pid's markers before it stops one."""
     nodes: dict[str, Node] = {r.node.name: r.node for r in deployment.ranks}
     containers = any(r.runtime == "docker" for r in deployment.ranks)
     me = controller_owner()
@@ -169,18 +164,16 @@ def _check_nodes(deployment: Deployment, transports: dict[str, Transport], befor
         return leftovers_on(transports[node_name], ranks[0].node, deployment.name, deployment.instance, since, ranks,
                             APPS_COMMAND)  # fmt: skip
 
-    leftovers: list[Leftover] = []
-    memory: list[NodeMemory] = []
-    unchecked: dict[str, str] = {}
+    report = DownReport(deployment.name, [])
     for node, outcome in fan_out(list(transports), check).items():
         if not outcome.ok or outcome.value is None:
-            unchecked[node] = str(outcome.error)
+            report.unchecked[node] = str(outcome.error)
             continue
         after = outcome.value
-        leftovers += after.leftovers
+        report.leftovers.extend(after.leftovers)
         apps = parse_apps(after.gpu_apps_csv) if after.gpu_apps_csv is not None else None
-        memory.append(NodeMemory(node, before.get(node), after.mem_available, apps, after.gpu_error))
-    return DownReport(deployment.name, [], leftovers, memory, unchecked)
+        report.memory.append(NodeMemory(node, before.get(node), after.mem_available, apps, after.gpu_error))
+    return report
 
 
 def find_by_name(cluster: Cluster, name: str) -> list[FoundRank]:

@@ -161,8 +161,8 @@ def exit_detail(state: RankState, ready_at: float | None) -> str:
 def logs(deployment: Deployment, rank: int | None = None, tail: int | None = 200,
          connect: Connector = transport_for) -> dict[int, str]:  # fmt: skip
     """Every rank's recent log (or one rank's), fetched in parallel."""
-    chosen = [r for r in deployment.ranks if rank is None or r.rank == rank]
-    outcomes = fan_out([str(r.rank) for r in chosen], lambda k: _one_log(deployment, int(k), tail, connect))
+    chosen = {str(r.rank): r for r in deployment.ranks if rank is None or r.rank == rank}
+    outcomes = fan_out(list(chosen), lambda k: rank_log(chosen[k], connect(chosen[k].node), tail))
     return {int(k): (o.value if o.ok and o.value is not None else f"(could not read: {o.error})")
             for k, o in outcomes.items()}  # fmt: skip
 
@@ -174,11 +174,9 @@ def rank_secrets(rank: RankHandle, transport: Transport) -> dict[str, str]:
     return env_file_secrets(text) if text is not None else {}
 
 
-def _one_log(deployment: Deployment, rank: int, tail: int | None, connect: Connector) -> str:
-    plan_rank = deployment.ranks[rank]
-    transport = connect(plan_rank.node)
-    text = runtime_for(plan_rank).logs(plan_rank, transport, tail=tail)
-    return redact(text, rank_secrets(plan_rank, transport))
+def rank_log(rank: RankHandle, transport: Transport, tail: int | None) -> str:
+    """The rank's recent log, the secrets it was started with hidden."""
+    return redact(runtime_for(rank).logs(rank, transport, tail=tail), rank_secrets(rank, transport))
 
 
 def follow(deployment: Deployment, emit: Callable[[int, str, str], None], rank: int | None = None) -> None:

@@ -1,11 +1,8 @@
 """The restart policy (``[serve] restart = "on-failure"``): a multi-node engine cannot lose one
-rank, so a rank's death takes the whole deployment down and brings it up again from the same
-Plan, the one the state store kept. Every step is an event; after ``max_restarts`` restarts it
-gives up, saying so.
-
-The stored Plan has no secret values; they are read back from each rank's env file on its node
-(``up`` wrote it, ``down`` leaves it), so a restart needs nothing from the user's shell. The
-dashboard's restart button is ``restart``: the same stored Plan, once, without the policy.
+rank, so a rank's death takes the whole deployment down and brings the stored Plan up again;
+every step is an event, and after ``max_restarts`` it gives up, saying so. The stored Plan has no
+secret values: they are read back from each rank's env file on its node, so a restart needs
+nothing from the user's shell. The dashboard's restart button is ``restart``: once, no policy.
 """
 
 from __future__ import annotations
@@ -22,19 +19,13 @@ from sparkfleet.apply.up import UpResult, up
 from sparkfleet.errors import NotFoundError, SparkfleetError
 from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.transport import Connector, transport_for
-from sparkfleet.plan.model import Plan, ServeSpec
+from sparkfleet.plan.model import Plan
 from sparkfleet.state.deployments import Deployment, Deployments
 from sparkfleet.state.plans import masked_keys, with_secrets
 
 MAX_BACKOFF_S = 600.0
 # Called with (event kind, message, node or None) for every step.
 Emit = Callable[[str, str, str | None], None]
-
-
-def backoff_delay(policy: ServeSpec, done: int) -> float:
-    """Seconds to wait before restart number done + 1: backoff, doubled per restart already
-    made, at most MAX_BACKOFF_S."""
-    return float(min(policy.backoff * (2**done), MAX_BACKOFF_S))
 
 
 @dataclass(frozen=True)
@@ -103,7 +94,7 @@ def recover(record: Deployment, why: str, *, records: Deployments, connect: Conn
             records.set_restarts(record.name, done)
             release(record.name, records)  # behind a gateway, the requests held meanwhile go on
             return Outcome(False, done, message)
-        delay = backoff_delay(policy, done)
+        delay = float(min(policy.backoff * (2**done), MAX_BACKOFF_S))  # doubled per restart made
         emit("restart", f"restart {done + 1}/{policy.max_restarts} of {record.name} in {delay:.0f}s: {why}", None)
         if stop.wait(delay):
             return Outcome(False, done, "watch was stopped before the restart")

@@ -1,19 +1,14 @@
 """``watch``: poll a deployment in the foreground while it serves, record a bounded time series,
 and turn what changes into events (and, with ``[serve] restart = "on-failure"``, restarts).
 
-Per poll: one node-agent call per node (every rank's state with when it ended, and the
-node's MemAvailable), rank 0's health endpoint, and the engine's Prometheus ``/metrics`` (the
-parser and metric names are the bench's: running and waiting requests, KV-cache usage,
-speculative acceptance where exported). No nvidia-smi: on a GB10 MemAvailable is the device
-budget, and polling nvidia-smi on every node costs the engine decode time (the seeds measured
-~0.6 ms per decode step at a 2 s poll).
+Per poll: one node-agent call per node (every rank's state, and the node's MemAvailable), rank 0's
+health, and the engine's Prometheus ``/metrics`` (the bench's parser and metric names). No
+nvidia-smi: on a GB10 MemAvailable is the device budget, and polling nvidia-smi on every node costs
+the engine decode time (the seeds measured ~0.6 ms per decode step at a 2 s poll).
 
-Events (the deployment's timeline in the state store): ``rank-exited`` (with its exit code,
-when, and its last log lines), ``node-unreachable``/``node-back``, ``health-lost``/
-``health-back``, ``mem-low``/``mem-ok`` (MemAvailable under/over ``[serve] mem_floor``),
-``foreign-requests`` (while a bench of this deployment runs, more requests running than the
-bench itself sends), and the restart policy's ``restart``, ``restart-down``, ``restart-failed``,
-``restarted``, ``gave-up``.
+Events: ``rank-exited`` (code, when, last log lines), ``node-unreachable``/``node-back``,
+``health-lost``/``health-back``, ``mem-low``/``mem-ok`` (``[serve] mem_floor``), ``foreign-requests``
+(more requests running than a bench of this deployment sends), and the restart policy's.
 """
 
 from __future__ import annotations
@@ -26,7 +21,7 @@ from datetime import UTC, datetime
 
 import httpx
 
-from sparkfleet.apply.observe import exit_detail, rank0_health, rank_secrets
+from sparkfleet.apply.observe import exit_detail, rank0_health, rank_log
 from sparkfleet.apply.readiness import tail
 from sparkfleet.apply.restart import Outcome, recover
 from sparkfleet.bench.server_metrics import (
@@ -41,12 +36,10 @@ from sparkfleet.bench.server_metrics import (
 )
 from sparkfleet.bench.store import BenchStore
 from sparkfleet.config.cluster import Node
-from sparkfleet.config.secrets import redact
 from sparkfleet.config.sizes import format_size
 from sparkfleet.errors import SparkfleetError
 from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.inspection import NodeWatch, watch_node
-from sparkfleet.nodes.runtime import runtime_for
 from sparkfleet.nodes.runtime.base import RankState
 from sparkfleet.nodes.transport import Connector, transport_for
 from sparkfleet.nodes.transport.base import Transport
@@ -153,7 +146,7 @@ def _bench_cap(store: Store, name: str, now: float) -> int | None:
 class Watcher:
     """Polls one deployment; ``poll()`` once, ``run()`` until stopped."""
 
-    def __init__(self, name: str, *, connect: Connector | None = None, interval: float = DEFAULT_INTERVAL_S,
+    def __init__(self, name: str, *, connect: Connector = transport_for, interval: float = DEFAULT_INTERVAL_S,
                  on_event: Callable[[Event], None] = lambda _e: None) -> None:  # fmt: skip
         self.name = name
         self.store = Store()
@@ -163,7 +156,7 @@ class Watcher:
         self.on_event = on_event
         self.http = httpx.Client(timeout=5.0)
         self._transports: dict[str, Transport] = {}
-        self._connect_fn = connect or transport_for
+        self._connect_fn = connect
         self.seen = _Seen()
         self.stop = threading.Event()
         self.outcome: Outcome | None = None
@@ -235,8 +228,7 @@ class Watcher:
         how = exit_detail(state, record.ready_at) if state.state == "exited" else "it is gone (no pid file)"
         head = f"rank {rank.rank} on {rank.node.name} exited: {how}"
         try:
-            transport = self.connect(rank.node)
-            text = redact(runtime_for(rank).logs(rank, transport, tail=LOG_LINES), rank_secrets(rank, transport))
+            text = rank_log(rank, self.connect(rank.node), LOG_LINES)
         except SparkfleetError as exc:
             return f"{head}\n(its log could not be read: {exc.message})"
         return f"{head}\nlast log lines:\n{tail(text, LOG_LINES)}"
