@@ -14,15 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sparkfleet.config import recipe as recipes
 from sparkfleet.config.cluster import load_cluster
-from sparkfleet.config.recipe import (
-    apply_sets,
-    deployment_name,
-    load_recipe,
-    parse_recipe,
-    read_toml,
-    recipe_file,
-)
 from sparkfleet.config.secrets import MASK, is_secret, redact, split_secret_sets
 from sparkfleet.config.validation import masked_secrets
 from sparkfleet.config.variants import BASE, apply_variant
@@ -62,11 +55,11 @@ class ConfigSpec:
 
     @property
     def deployment(self) -> str:
-        return self.name or deployment_name(self.recipe)
+        return self.name or recipes.deployment_name(self.recipe)
 
     def plan(self) -> Plan:
-        recipe = load_recipe(self.recipe, self.sets, self.variant)
-        return plan(recipe, load_cluster(self.cluster), deployment_name(self.recipe),
+        recipe = recipes.load_recipe(self.recipe, self.sets, self.variant)
+        return plan(recipe, load_cluster(self.cluster), recipes.deployment_name(self.recipe),
                     Overrides(env=self.env, name=self.name))  # fmt: skip
 
     @classmethod
@@ -99,8 +92,8 @@ def record(spec: ConfigSpec, planned: Plan, ready: bool, store: Store, transport
            note: str | None = None) -> int:  # fmt: skip
     """Record an up of spec (ready: it passed verify and smoke); returns the configuration's id."""
     try:
-        file = recipe_file(spec.recipe)
-        digest, data, source = _digest(file), masked_secrets(read_toml(file)), str(file.resolve())
+        file = recipes.recipe_file(spec.recipe)
+        digest, data, source = _digest(file), masked_secrets(recipes.read_toml(file)), str(file.resolve())
     except (SparkfleetError, OSError) as exc:  # a Plan made from a recipe that is gone since
         digest, data, source = "", {}, str(spec.recipe)
         note = (note or "") + f" (recipe not read: {exc})"
@@ -181,9 +174,10 @@ def _plan_of(config: Configuration, spec: ConfigSpec) -> Plan:
     set_by: dict[str, str] = {}
     if config.variant != BASE:
         data, set_by = apply_variant(data, config.variant, source)
-    data = apply_sets(data, config.sets, source) if config.sets else data
-    recipe = parse_recipe(data, source, config.variant, set_by).model_copy(update={"source": config.recipe})
-    return plan(recipe, load_cluster(spec.cluster), deployment_name(path), Overrides(env=spec.env, name=config.name))
+    data = recipes.apply_sets(data, config.sets, source) if config.sets else data
+    recipe = recipes.parse_recipe(data, source, config.variant, set_by).model_copy(update={"source": config.recipe})
+    overrides = Overrides(env=spec.env, name=config.name)
+    return plan(recipe, load_cluster(spec.cluster), recipes.deployment_name(path), overrides)
 
 
 def rollback_target(name: str, store: Store) -> tuple[Configuration, Configuration | None]:

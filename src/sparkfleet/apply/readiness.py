@@ -223,13 +223,7 @@ def wait_ready(plan: Plan, transports: dict[str, Transport], runtimes: dict[int,
         pause = min(POLL_S, pause * 2)
 
 
-def plan_api_key(plan: Plan) -> str | None:
-    """The API key the plan starts rank 0's engine with (its own variable, e.g. VLLM_API_KEY)."""
-    env = {e.key: e.value for e in plan.head.env}
-    return next((env[k] for k in ENGINE_KEY_ENV if env.get(k)), None)
-
-
-def served_model_id(endpoint: str, fallback: str, headers: dict[str, str] | None = None) -> str:
+def _served_model_id(endpoint: str, fallback: str, headers: dict[str, str]) -> str:
     """The model id the server answers to (its first /v1/models entry), else fallback."""
     try:
         data = httpx.get(f"{endpoint}/v1/models", timeout=10.0, headers=headers).json().get("data") or []
@@ -240,9 +234,10 @@ def served_model_id(endpoint: str, fallback: str, headers: dict[str, str] | None
 
 def smoke(plan: Plan) -> str:
     """Send the smoke prompt (greedy) and check the answer; returns the completion text."""
-    verify = plan.verify
-    headers = auth_headers(plan_api_key(plan))  # a deployment started with a key is smoke-tested with it
-    model = served_model_id(plan.endpoint, plan.served_model, headers)
+    verify, env = plan.verify, plan.head.env_dict()
+    # A deployment started with an API key (the engine's own variable, e.g. VLLM_API_KEY) is smoke-tested with it.
+    headers = auth_headers(next((env[k] for k in ENGINE_KEY_ENV if env.get(k)), None))
+    model = _served_model_id(plan.endpoint, plan.served_model, headers)
     body = {"model": model, "prompt": verify.smoke_prompt, "max_tokens": verify.smoke_max_tokens,
             "temperature": 0}  # fmt: skip
     try:

@@ -24,16 +24,7 @@ import httpx
 from sparkfleet.apply.observe import exit_detail, rank0_health, rank_log
 from sparkfleet.apply.readiness import tail
 from sparkfleet.apply.restart import Outcome, recover
-from sparkfleet.bench.server_metrics import (
-    KV_USAGE,
-    RUNNING,
-    SPEC_ACCEPT_GAUGE,
-    SPEC_ACCEPTED,
-    SPEC_DRAFTS,
-    WAITING,
-    first,
-    parse_prometheus,
-)
+from sparkfleet.bench import server_metrics as sm
 from sparkfleet.bench.store import BenchStore
 from sparkfleet.config.cluster import Node
 from sparkfleet.config.sizes import format_size
@@ -272,16 +263,18 @@ class Watcher:
             return Metrics()
         if answer.status_code != 200:
             return Metrics()
-        values = parse_prometheus(answer.text)
-        accept = first(values, SPEC_ACCEPT_GAUGE)
-        accepted, drafts = first(values, SPEC_ACCEPTED), first(values, SPEC_DRAFTS)
+        values = sm.parse_prometheus(answer.text)
+        accept = sm.first(values, sm.SPEC_ACCEPT_GAUGE)
+        accepted, drafts = sm.first(values, sm.SPEC_ACCEPTED), sm.first(values, sm.SPEC_DRAFTS)
         if accept is None and accepted is not None and drafts is not None:
             # vLLM exports counters: tokens per step over the last interval, as `vllm bench serve`.
             d_acc = accepted - self.seen.counters.get("accepted", accepted)
             d_drafts = drafts - self.seen.counters.get("drafts", drafts)
             self.seen.counters.update(accepted=accepted, drafts=drafts)
             accept = d_acc / d_drafts + 1 if d_drafts > 0 else None
-        return Metrics(first(values, RUNNING), first(values, WAITING), first(values, KV_USAGE), accept)
+        return Metrics(
+            sm.first(values, sm.RUNNING), sm.first(values, sm.WAITING), sm.first(values, sm.KV_USAGE), accept
+        )
 
     def _foreign_events(self, metrics: Metrics, now: float, events: list[Event]) -> None:
         if metrics.running is None:

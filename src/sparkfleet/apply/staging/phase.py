@@ -10,16 +10,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from rich import progress as rp
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 
 from sparkfleet.apply.staging import RUNNERS
 from sparkfleet.apply.staging.base import Context, Fanout, Method, Phase, ProgressFn, StageReport
@@ -125,11 +117,9 @@ def stage_all(steps: Sequence[StagingStep], transports: Mapping[str, Transport],
 @contextmanager
 def rich_progress(console: Console) -> Iterator[ProgressFn]:
     """One transfer bar per (step, node) on console while the block runs; yields the callback."""
-    bars = Progress(
-        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-        TimeRemainingColumn(), console=console, transient=False,
-    )  # fmt: skip
-    tasks: dict[tuple[str, str], TaskID] = {}
+    columns = (rp.BarColumn(), rp.DownloadColumn(), rp.TransferSpeedColumn(), rp.TimeRemainingColumn())
+    bars = rp.Progress(rp.TextColumn("{task.description}"), *columns, console=console, transient=False)
+    tasks: dict[tuple[str, str], rp.TaskID] = {}
 
     def update(step: StagingStep, done: int, total: int) -> None:
         key = (step.id, step.node)
