@@ -185,8 +185,7 @@ def follow(deployment: Deployment, emit: Callable[[int, str, str], None], rank: 
     streams: list[Stream] = []
     for r in (x for x in deployment.ranks if rank is None or x.rank == rank):
         transport = transport_for(r.node)
-        secrets = rank_secrets(r, transport)
-        stream = runtime_for(r).follow(r, transport)
+        secrets, stream = rank_secrets(r, transport), runtime_for(r).follow(r, transport)
         streams.append(stream)
 
         def pump(s: Stream = stream, rr: RankHandle = r, hidden: dict[str, str] = secrets) -> None:

@@ -90,12 +90,9 @@ class Poll:
             if answer.mem_available is not None:
                 mems.append(f"{node} {format_size(answer.mem_available)}")
         m = self.metrics
-        figures = [f"{label} {value:g}" for label, value in
-                   (("running", m.running), ("waiting", m.waiting)) if value is not None]  # fmt: skip
-        if m.kv_usage is not None:
-            figures.append(f"KV {m.kv_usage:.0%}")
-        if m.spec_accept is not None:
-            figures.append(f"accept {m.spec_accept:.2f}")
+        shown = (("running {:g}", m.running), ("waiting {:g}", m.waiting), ("KV {:.0%}", m.kv_usage),
+                 ("accept {:.2f}", m.spec_accept))  # fmt: skip
+        figures = [form.format(value) for form, value in shown if value is not None]
         parts = [stamp, self.status, ", ".join(states), f"health {self.health}", "MemAvailable " + ", ".join(mems)]
         return "  ".join(p for p in [*parts, ", ".join(figures)] if p)
 
