@@ -60,21 +60,16 @@ def _preflight(plan: Plan, transports: dict[str, Transport], instance: Instance)
     results = fan_out(transports, check).raise_first()
     others = [f for found, _ in results.values() for f in found]
     if others:
-        owners = sorted({f.owner or "an older sparkfleet" for f in others})
-        raise StateError(
-            f"deployment {plan.name!r} is already on its nodes under another instance (owner "
-            + ", ".join(owners)
-            + "):\n  "
-            + "\n  ".join(f.describe() for f in others)
-            + f"\nstop it from where it was started (`sparkfleet down {plan.name}`), pick another name "
-            f"(`up --name`), or, if it is abandoned, `sparkfleet down {plan.name} --sweep --cluster FILE`"
-        )
+        owners = ", ".join(sorted({f.owner or "an older sparkfleet" for f in others}))
+        listed = "\n  ".join(f.describe() for f in others)
+        raise StateError(f"deployment {plan.name!r} is already on its nodes under another instance (owner {owners}):"
+                         f"\n  {listed}\nstop it from where it was started (`sparkfleet down {plan.name}`), pick "
+                         f"another name (`up --name`), or, if it is abandoned, `sparkfleet down {plan.name} --sweep "
+                         "--cluster FILE`")  # fmt: skip
     taken = [(node, holder, role) for node, (_, held) in results.items() for holder, role in held]
     if taken:
-        raise StateError(
-            f"{plan.name}: port(s) needed by the deployment are taken; nothing was started:\n  "
-            + "\n  ".join(f"{node}: port {h.port} ({role}) is held by {h.describe()}" for node, h, role in taken)
-        )
+        listed = "\n  ".join(f"{node}: port {h.port} ({role}) is held by {h.describe()}" for node, h, role in taken)
+        raise StateError(f"{plan.name}: port(s) needed by the deployment are taken; nothing was started:\n  {listed}")
 
 
 @contextmanager
@@ -124,8 +119,7 @@ def _start_rank(plan: Plan, r: int, runtimes: dict[int, Runtime], transports: di
                 report: Reporter, instance: Instance) -> tuple[float, str, str, str | None]:  # fmt: skip
     """Start rank r; its "start" event, for the caller to record with the rest of its batch."""
     rank = plan.rank(r)
-    transport = transports[rank.node.name]
-    ident = runtimes[r].start(rank, transport, instance)
+    ident = runtimes[r].start(rank, transports[rank.node.name], instance)
     report(rank.node.name, r, f"started ({rank.runtime} {ident})")
     return time.time(), "start", f"rank {r} started ({ident})", rank.node.name
 

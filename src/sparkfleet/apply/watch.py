@@ -167,11 +167,9 @@ class Watcher:
         record = self.records.require(self.name)
         now = time.time()
         events: list[Event] = []
-        by_node: dict[str, list[RankHandle]] = {}
-        for rank in record.ranks:
-            by_node.setdefault(rank.node.name, []).append(rank)
-        outcomes = fan_out(list(by_node), lambda n: watch_node(self.connect(by_node[n][0].node), by_node[n][0].node,
-                                                                by_node[n]))  # fmt: skip
+        on = {r.node.name: r.node for r in record.ranks}
+        outcomes = fan_out(list(on), lambda n: watch_node(self.connect(on[n]), on[n],
+                                                          [r for r in record.ranks if r.node.name == n]))  # fmt: skip
         nodes: dict[str, NodeWatch | str] = {n: o.value if o.ok and o.value is not None else str(o.error)
                                              for n, o in outcomes.items()}  # fmt: skip
         health, healthy = rank0_health(record, timeout=5.0)
