@@ -165,10 +165,9 @@ def _plan_of(config: Configuration, spec: ConfigSpec) -> Plan:
     if path.is_file() and _digest(path) == config.recipe_digest:
         return spec.plan()
     if _contains_mask(config.recipe_data):
-        raise RecipeError(
-            f"{config.recipe} changed since configuration #{config.id} (digest {config.recipe_digest[:12]}) and "
-            "its recorded copy has masked secrets: restore that version of the file to roll back to it"
-        )
+        raise RecipeError(f"{config.recipe} changed since configuration #{config.id} (digest "
+                          f"{config.recipe_digest[:12]}) and its recorded copy has masked secrets: restore that "
+                          "version of the file to roll back to it")  # fmt: skip
     source = f"{config.recipe} (as recorded in configuration #{config.id})"
     data = config.recipe_data
     set_by: dict[str, str] = {}

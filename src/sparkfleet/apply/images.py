@@ -67,11 +67,8 @@ def verify_same_id(transports: Mapping[str, Transport], ref: str, *, allow_misma
     head = next(iter(ids))
     differ = [f"{n} {i[7:19]}" for n, i in ids.items() if i != ids[head]]  # type: ignore[index]
     if differ and not allow_mismatch:
-        raise NodeError(
-            head,
-            f"image {ref} differs across nodes ({head} {ids[head][7:19]}; {', '.join(differ)}): "  # type: ignore[index]
-            "run `sparkfleet image push` to give every node the head's image",
-        )
+        raise NodeError(head, f"image {ref} differs across nodes ({head} {ids[head][7:19]}; {', '.join(differ)}): "  # type: ignore[index]
+                              "run `sparkfleet image push` to give every node the head's image")  # fmt: skip
     return {n: i for n, i in ids.items() if i is not None}
 
 
@@ -180,9 +177,8 @@ def build_recipe_image(plan: Plan, transports: Mapping[str, Transport], *, docke
     if not image.build_dir:
         raise RecipeError(f"{source}: no docker_image_dir to build {image.ref} from (use `image push`)")
     if image.context is None:
-        raise RecipeError(
-            f"{source}: docker_image_dir = {image.build_dir!r}: no such folder (looked in {image.looked_in[0]})"
-        )
+        why = f"docker_image_dir = {image.build_dir!r}: no such folder (looked in {image.looked_in[0]})"
+        raise RecipeError(f"{source}: {why}")
     context = Path(image.context)
     if not (context / dockerfile).is_file():
         raise RecipeError(f"{source}: docker_image_dir {context} has no {dockerfile}")

@@ -64,10 +64,8 @@ def check_logs(plan: Plan, verify: VerifySpec, logs: dict[int, str], boot: BootL
             match = re.search(pattern, text, re.MULTILINE)
             if match:
                 line = text[text.rfind("\n", 0, match.start()) + 1 : text.find("\n", match.end())]
-                raise ReadinessError(
-                    f"rank {r} on {rank.node.name}: forbidden boot-log line {pattern!r} appeared:\n"
-                    f"    {line.strip()}\nlast log lines:\n{tail(text)}"
-                )
+                raise ReadinessError(f"rank {r} on {rank.node.name}: forbidden boot-log line {pattern!r} appeared:\n"
+                                     f"    {line.strip()}\nlast log lines:\n{tail(text)}")  # fmt: skip
         for pattern, where in boot.expected.items():
             if where is None and re.search(pattern, text, re.MULTILINE):
                 boot.expected[pattern] = f"{rank.node.name} rank {r}"
@@ -119,10 +117,9 @@ Reporter = Callable[[str | None, int | None, str], None]
 
 def await_worker_ports(plan: Plan, runtimes: dict[int, Runtime], transports: dict[str, Transport],
                        report: Reporter, within: float = 60.0) -> None:  # fmt: skip
-    """Before the head starts: until every worker with a TCP readiness port accepts a connection
-    (llama.cpp's rank 0 connects to its rpc-servers once, at start-up), or ``within`` seconds, after
-    which a worker that never listens is wait_ready's to name. A worker that stopped meanwhile is
-    named now, with its log, before the head is started."""
+    """Before the head starts (llama.cpp's rank 0 connects to its rpc-servers once, at start-up): until
+    every worker with a TCP readiness port accepts a connection, or ``within`` seconds (then
+    wait_ready names it). A worker that stopped meanwhile is named now, with its log."""
     waiting = [r for r in plan.ranks if r.rank != 0 and r.readiness.tcp_port]
     deadline = time.monotonic() + within
     while waiting and time.monotonic() < deadline:
@@ -145,11 +142,9 @@ def check_answered_by(plan: Plan, transport: Transport, instance: Instance) -> N
     known = [h for h in holders if h.pid is not None]
     if not known or any(h.instance == instance.id for h in known):
         return  # ours, or not visible to this user (then the port preflight is what holds)
-    raise ReadinessError(
-        f"{plan.name}: port {plan.port} on {head.node.name} answers, but it is held by "
-        + ", ".join(h.describe() for h in known)
-        + " — not rank 0 of this deployment, which cannot bind it"
-    )
+    held = ", ".join(h.describe() for h in known)
+    raise ReadinessError(f"{plan.name}: port {plan.port} on {head.node.name} answers, but it is held by {held} — not "
+                         "rank 0 of this deployment, which cannot bind it")  # fmt: skip
 
 
 def wait_ready(plan: Plan, transports: dict[str, Transport], runtimes: dict[int, Runtime], instance: Instance, *,
@@ -212,11 +207,9 @@ def wait_ready(plan: Plan, transports: dict[str, Transport], runtimes: dict[int,
                                                                    f"log lines {missing}")  # fmt: skip
         on_progress(f"waiting for {waiting}")
         if time.monotonic() > deadline:
-            log = runtimes[0].logs(head.handle, head_node)
-            raise ReadinessError(
-                f"{plan.name} not ready after {timeout:.0f}s: still waiting for {waiting}; "
-                f"rank 0 on {head.node.name}, last log lines:\n{tail(log)}"
-            )
+            log = tail(runtimes[0].logs(head.handle, head_node))
+            raise ReadinessError(f"{plan.name} not ready after {timeout:.0f}s: still waiting for {waiting}; "
+                                 f"rank 0 on {head.node.name}, last log lines:\n{log}")  # fmt: skip
         # Short pauses first, then POLL_S: a rank that is ready at once is seen at once, and a
         # slow one is not probed more than twice a second.
         time.sleep(pause)
@@ -251,7 +244,6 @@ def smoke(plan: Plan) -> str:
     except (ValueError, KeyError, IndexError) as exc:
         raise ReadinessError(f"smoke completion returned no text: {response.text[:300]}") from exc
     if verify.smoke_expect not in text:
-        raise ReadinessError(
-            f"smoke test failed: {verify.smoke_prompt!r} → {text!r}, which lacks {verify.smoke_expect!r}"
-        )
+        why = f"smoke test failed: {verify.smoke_prompt!r} → {text!r}, which lacks {verify.smoke_expect!r}"
+        raise ReadinessError(why)
     return text

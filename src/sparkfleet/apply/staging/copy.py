@@ -79,9 +79,8 @@ def copy_files(transport: Transport, files: Sequence[LocalFile], dst: str, step_
         try:
             transport.put(f.path, targets[f.name], mode=0o644)
         except (TransportError, OSError) as exc:
-            raise StagingError(
-                transport.node, f"staging {step_id!r}: could not write {targets[f.name]}: {exc}"
-            ) from None
+            why = f"staging {step_id!r}: could not write {targets[f.name]}: {exc}"
+            raise StagingError(transport.node, why) from None
     after = remote_hashes(transport, [targets[f.name] for f in todo]) if todo else {}
     for f in todo:
         got = after.get(targets[f.name])

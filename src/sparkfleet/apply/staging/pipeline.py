@@ -68,11 +68,9 @@ def _run_chain(source: Endpoint, chain: list[Endpoint], todo: list[str], payload
         node_chain.remove_scripts(hops, scripts)
     if code != 0:
         tail = "\n".join(said[-6:]) or "no output"
-        raise StagingError(
-            chain[0].node,
-            f"pipeline {source.node} → {' → '.join(t.node for t in chain)} exited {code}: {tail}\n"
-            "Run again to resend only the files that did not arrive, or use --method push",
-        )
+        route = " → ".join(t.node for t in chain)
+        raise StagingError(chain[0].node, f"pipeline {source.node} → {route} exited {code}: {tail}\nRun again to "
+                           "resend only the files that did not arrive, or use --method push")  # fmt: skip
     if on_bytes is not None:
         for t in chain:
             on_bytes(t.node, payload)

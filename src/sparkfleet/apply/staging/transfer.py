@@ -182,11 +182,9 @@ def _rsync_failure(code: int, err: str, source: Endpoint, target: Endpoint, wher
     if code < 0:
         return f"rsync (on {where}) was killed by signal {-code}; run again to resume from the partial files"
     if where != "controller" and (code == 255 or _SSH_FAIL.search(err)):
-        return (
-            f"{source.node} cannot reach {target.node} ({target.address}) over SSH to push the snapshot "
-            f"node to node: {tail}\nAuthorise {source.node}'s key on {target.node}, or sync from a path "
-            "on the controller (src without source_node)"
-        )
+        return (f"{source.node} cannot reach {target.node} ({target.address}) over SSH to push the snapshot node to "
+                f"node: {tail}\nAuthorise {source.node}'s key on {target.node}, or sync from a path on the controller "
+                "(src without source_node)")  # fmt: skip
     return f"rsync from {source.node}:{source.path} (run on {where}) exited {code}: {tail}"
 
 
