@@ -148,11 +148,8 @@ def _stop_other_instances(deployment: Deployment, transports: dict[str, Transpor
 
     # A node that cannot be reached is named by down's own check of the recorded instance.
     found = [f for o in fan_out(list(nodes), look).values() if o.ok and o.value for f in o.value]
-
-    def stop(name: str) -> None:
-        remove_ranks(transports[name], [f for f in found if f.node == name], nodes[name])
-
-    fan_out(sorted({f.node for f in found}), stop).raise_first()
+    mine = {n: [f for f in found if f.node == n] for n in sorted({f.node for f in found})}
+    fan_out(list(mine), lambda n: remove_ranks(transports[n], mine[n], nodes[n])).raise_first()
     return found
 
 
@@ -179,19 +176,12 @@ def _check_nodes(deployment: Deployment, transports: dict[str, Transport], befor
 def find_by_name(cluster: Cluster, name: str) -> list[FoundRank]:
     """Every rank of any instance of deployment name on every node of cluster, with its owner
     (what ``down --sweep`` lists before it stops anything)."""
-
-    def look(node_name: str) -> list[FoundRank]:
-        node = cluster.node(node_name)
-        return find_ranks(transport_for(node), name, node)
-
-    return [f for found in fan_out([n.name for n in cluster.nodes], look).raise_first().values() for f in found]
+    nodes = {n.name: n for n in cluster.nodes}
+    found = fan_out(list(nodes), lambda n: find_ranks(transport_for(nodes[n]), name, nodes[n])).raise_first()
+    return [f for ranks in found.values() for f in ranks]
 
 
 def sweep(cluster: Cluster, found: list[FoundRank]) -> None:
     """Stop what find_by_name found, whoever started it."""
-
-    def clean(node_name: str) -> None:
-        node = cluster.node(node_name)
-        remove_ranks(transport_for(node), [f for f in found if f.node == node_name], node)
-
-    fan_out(sorted({f.node for f in found}), clean).raise_first()
+    mine = {n: [f for f in found if f.node == n] for n in sorted({f.node for f in found})}
+    fan_out(list(mine), lambda n: remove_ranks(transport_for(cluster.node(n)), mine[n], cluster.node(n))).raise_first()

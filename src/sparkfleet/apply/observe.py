@@ -121,12 +121,7 @@ def degraded_reason(deployment: Deployment, ranks: list[RankStatus]) -> str | No
 def status(deployment: Deployment, connect: Connector = transport_for) -> list[RankStatus]:
     """Inspect every rank in parallel, and rank 0's health endpoint."""
     ranks = {str(r.rank): r for r in deployment.ranks}
-
-    def inspect(key: str) -> RankState:
-        rank = ranks[key]
-        return runtime_for(rank).inspect(rank, connect(rank.node))
-
-    outcomes = fan_out(list(ranks), inspect)
+    outcomes = fan_out(list(ranks), lambda k: runtime_for(ranks[k]).inspect(ranks[k], connect(ranks[k].node)))
     head_health, _ = rank0_health(deployment)
     now = time.time()
     out = []

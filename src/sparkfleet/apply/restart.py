@@ -40,12 +40,8 @@ class Outcome:
 def _secret_files(plan: Plan, connect: Connector) -> dict[int, dict[str, str] | None]:
     """Each rank's secret env values as its node holds them (only for ranks that need them)."""
     needing = {str(r.rank): r for r in plan.ranks if masked_keys(r)}
-
-    def read(key: str) -> dict[str, str] | None:
-        rank = needing[key]
-        return rank_secrets(rank.handle, connect(rank.node)) or None
-
-    return {int(k): o.value if o.ok else None for k, o in fan_out(list(needing), read).items()}
+    read = fan_out(list(needing), lambda k: rank_secrets(needing[k].handle, connect(needing[k].node)) or None)
+    return {int(k): o.value if o.ok else None for k, o in read.items()}
 
 
 def _up_again(record: Deployment, stored: Plan, secrets: dict[int, dict[str, str] | None], records: Deployments,
