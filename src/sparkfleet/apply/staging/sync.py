@@ -25,8 +25,7 @@ from sparkfleet.plan.staging.sync import Sync
 
 
 def _endpoint(ctx: Context, node: str, path: str) -> Endpoint:
-    n = ctx.nodes()[node]
-    return Endpoint(ctx.transport(node), path, n.fabric_ip, n.user, n.ssh_port)
+    return Endpoint(ctx.transport(node), path, ctx.nodes()[node].fabric_ip)
 
 
 def run(ctx: Context, steps: Sequence[StagingStep]) -> list[SyncReport]:
