@@ -59,15 +59,9 @@ def unreachable(exc: BaseException) -> str:
     """Why a server could not be asked, in a few words: refused, timed out, a name DNS does not
     know, or the error's type."""
     cause = exc.reason if isinstance(exc, urllib.error.URLError) and isinstance(exc.reason, BaseException) else exc
-    if isinstance(cause, ConnectionRefusedError):
-        return "connection refused"  # normal before the server listens
-    if isinstance(cause, TimeoutError):
-        return "timed out"
-    if isinstance(cause, socket.gaierror):
-        return "DNS: name not resolved"
-    if isinstance(cause, ConnectionResetError):
-        return "connection reset"
-    return type(cause).__name__
+    named = ((ConnectionRefusedError, "connection refused"), (TimeoutError, "timed out"),
+             (socket.gaierror, "DNS: name not resolved"), (ConnectionResetError, "connection reset"))  # fmt: skip
+    return next((why for kind, why in named if isinstance(cause, kind)), type(cause).__name__)
 
 
 def get_health(endpoint: str, readiness: Readiness, timeout: float = 5.0) -> tuple[bool, str]:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 
 import httpx
 
@@ -258,18 +259,15 @@ class Watcher:
             return Metrics()
         if answer.status_code != 200:
             return Metrics()
-        values = sm.parse_prometheus(answer.text)
-        accept = sm.first(values, sm.SPEC_ACCEPT_GAUGE)
-        accepted, drafts = sm.first(values, sm.SPEC_ACCEPTED), sm.first(values, sm.SPEC_DRAFTS)
+        first = partial(sm.first, sm.parse_prometheus(answer.text))
+        accept, accepted, drafts = first(sm.SPEC_ACCEPT_GAUGE), first(sm.SPEC_ACCEPTED), first(sm.SPEC_DRAFTS)
         if accept is None and accepted is not None and drafts is not None:
             # vLLM exports counters: tokens per step over the last interval, as `vllm bench serve`.
             d_acc = accepted - self.seen.counters.get("accepted", accepted)
             d_drafts = drafts - self.seen.counters.get("drafts", drafts)
             self.seen.counters.update(accepted=accepted, drafts=drafts)
             accept = d_acc / d_drafts + 1 if d_drafts > 0 else None
-        return Metrics(
-            sm.first(values, sm.RUNNING), sm.first(values, sm.WAITING), sm.first(values, sm.KV_USAGE), accept
-        )
+        return Metrics(first(sm.RUNNING), first(sm.WAITING), first(sm.KV_USAGE), accept)
 
     def _foreign_events(self, metrics: Metrics, now: float, events: list[Event]) -> None:
         if metrics.running is None:
