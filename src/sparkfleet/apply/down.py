@@ -6,7 +6,7 @@ deployment's ranks by name on a cluster, whoever started them, and stop them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from sparkfleet.apply.stopping import stop_ranks
 from sparkfleet.config.cluster import Cluster, Node
@@ -113,8 +113,7 @@ def take_down(deployment: Deployment, *, deployments: Deployments | None = None,
         raise StopIncomplete(f"{deployment.name}: could not stop every rank: ", failed)
     _remove_env_files(deployment, transports)
     orphans = _stop_other_instances(deployment, transports)
-    mem_before = {n: o.value if o.ok else None for n, o in before.items()}
-    report = replace(_check_nodes(deployment, transports, mem_before), stopped=result.stopped, orphans=orphans)
+    report = _check_nodes(deployment, transports, before.succeeded, result.stopped, orphans)
     problem = report.problem()
     if problem:
         records.set_status(deployment.name, "leftover")
@@ -153,7 +152,8 @@ def _stop_other_instances(deployment: Deployment, transports: dict[str, Transpor
     return found
 
 
-def _check_nodes(deployment: Deployment, transports: dict[str, Transport], before: dict[str, int | None]) -> DownReport:
+def _check_nodes(deployment: Deployment, transports: dict[str, Transport], before: dict[str, int | None],
+                 stopped: list[str], orphans: list[FoundRank]) -> DownReport:  # fmt: skip
     since = deployment.created - CLOCK_SLACK_S if deployment.instance else None
 
     def check(node_name: str) -> NodeAfter:
@@ -161,7 +161,7 @@ def _check_nodes(deployment: Deployment, transports: dict[str, Transport], befor
         return leftovers_on(transports[node_name], ranks[0].node, deployment.name, deployment.instance, since, ranks,
                             APPS_COMMAND)  # fmt: skip
 
-    report = DownReport(deployment.name, [])
+    report = DownReport(deployment.name, stopped, orphans=orphans)
     for node, outcome in fan_out(list(transports), check).items():
         if not outcome.ok or outcome.value is None:
             report.unchecked[node] = str(outcome.error)

@@ -102,15 +102,12 @@ def recover(record: Deployment, why: str, *, records: Deployments, connect: Conn
         done += 1
         try:
             result = _up_again(current, stored, secrets, records, connect)
-        except KeyboardInterrupt:
-            records.set_restarts(record.name, done)
-            raise
         except SparkfleetError as exc:
             why = exc.message.splitlines()[0]
-            records.set_restarts(record.name, done)
             emit("restart-failed", f"restart {done}/{policy.max_restarts} of {record.name} failed: {exc.message}", None)
             continue
-        records.set_restarts(record.name, done)
+        finally:
+            records.set_restarts(record.name, done)  # however the attempt ended, Ctrl-C included
         message = (f"restart {done}/{policy.max_restarts}: {record.name} ready again at {result.endpoint} "
                    f"in {result.seconds:.1f}s")  # fmt: skip
         emit("restarted", message, None)
