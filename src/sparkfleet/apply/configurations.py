@@ -1,9 +1,7 @@
 """What a deployment was brought up from, recorded with its gate, and ``rollback`` to the last
-configuration that passed it.
-
-``apply.up.up`` records every outcome here (``record``), whoever calls it: the CLI, ``ab`` and
-``rollback`` pass the ConfigSpec they planned from; the library's ``up`` and the restarts, which
-hold a Plan, record what the Plan (or the restarted instance's own record) says."""
+configuration that passed it. ``up`` records every outcome here, whoever calls it: the CLI, ``ab``
+and ``rollback`` pass the ConfigSpec they planned from; callers holding only a Plan record what
+the Plan (or the restarted instance's own record) says."""
 
 from __future__ import annotations
 

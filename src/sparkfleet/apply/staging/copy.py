@@ -1,10 +1,8 @@
 """``copy`` staging: push small files (tuning tables, chat templates) to a folder on every node.
 
 Every rank must read the same bytes: ranks whose DSpark tables differ build different verify
-shapes and the collective hangs. So each file is written atomically, then hashed ON the node
-(``sha256sum`` after the write) and compared with the controller's hash; any difference or
-failure is a StagingError naming the node and the file, which aborts ``up``. A file the node
-already holds with the right hash is not sent again.
+shapes and the collective hangs. So each file is hashed ON the node after the write and compared
+with the controller's hash (a difference aborts ``up``); a file already there is not sent again.
 """
 
 from __future__ import annotations

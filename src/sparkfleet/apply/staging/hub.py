@@ -1,9 +1,7 @@
 """The Hub fetch, controller side: the engine's files of the recipe's model onto the source node,
-once. It runs nodes/shipped/hub_fetch.py on the step's node with that node's python
-(huggingface_hub's own client: resume, cache layout, auth) and returns what it did.
-The token (the recipe's ``HF_TOKEN`` secret) and the job travel on stdin, never in argv; the
-Hub address is the controller's ``HF_ENDPOINT`` when set (a mirror), else the node's own.
-The other nodes then get the snapshot from that node (distribution), never from the Hub.
+once, by nodes/shipped/hub_fetch.py with that node's python (huggingface_hub's own client: resume,
+cache layout, auth). The token travels on stdin, never in argv; the Hub address is the controller's
+``HF_ENDPOINT`` when set (a mirror). The other nodes get the snapshot from that node, not the Hub.
 """
 
 from __future__ import annotations

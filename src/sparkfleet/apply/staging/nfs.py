@@ -1,11 +1,7 @@
-"""``nfs`` staging: export a folder read-only from one node; mount it on the others as a Docker
-NFS volume, the way the seed's ``share`` does (``.env.tp4.example``: NFS_VOLUME, NFS_SERVER_IPS).
-
-The server node exports ``src`` with the kernel NFS server (an ``/etc/exports.d`` file and
-``exportfs -ra``); each other node gets ``docker volume create --driver local --opt type=nfs
---opt o=addr=<server fabric IP>,nfsvers=4.2,ro,... --opt device=:<src> <volume>``. Docker mounts
-the share when a container first uses the volume, so a wrong address or a missing export only
-shows at launch; that is why every worker reads ``check_file`` from a container before launch.
+"""``nfs`` staging: export a folder read-only from one node (an ``/etc/exports.d`` file and
+``exportfs -ra``) and mount it on the others as a Docker NFS volume, the way the seed's ``share``
+does. Docker mounts the share only when a container first uses the volume, so a wrong address or
+a missing export would show at launch: every worker reads ``check_file`` from a container first.
 """
 
 from __future__ import annotations

@@ -62,7 +62,6 @@ def parse_scan(node: str, root: str, data: Mapping[str, object]) -> Snapshot:
 
 
 def scan_node(transport: Transport, root: str, revision: str | None, *, python: str = "python3") -> Snapshot:
-    """Scan the snapshot at root on the transport's node."""
     if transport.capabilities.local:  # this machine: no interpreter to start
         return parse_scan(transport.node, root, scan_snapshot(root, revision, HASHED, HASH_LIMIT))
     job = {"root": root, "revision": revision, "hashed": list(HASHED), "hash_limit": HASH_LIMIT}

@@ -1,11 +1,9 @@
 """``sync``, controller side: one entry's snapshot onto every node, then every copy checked.
 
-The snapshot is listed at its source (the controller's path, or ``source_node``'s), then copied
-to each node by transfer.py's rsync or tar stream, or, from a source node to two or more others,
-down one pipeline (pipeline.py) unless ``fanout`` is ``push``. A destination that is storage
-another node already writes (a NAS mounted on several nodes) is found by a marker file and not
-copied twice. After the copy every node's listing is compared with the source's (file list,
-sizes, hashes of index and config files): a node that differs is refused, naming the files.
+The snapshot is listed at its source, then copied by transfer.py's rsync or tar stream, or from a
+source node to two or more others down one pipeline (pipeline.py). A destination on storage another
+node already writes (a NAS) is found by a marker file and not copied twice. Every node's listing is
+then compared with the source's: a node that differs is refused, naming the files.
 """
 
 from __future__ import annotations

@@ -100,7 +100,6 @@ def transfer_list(snapshot: Snapshot, include: Sequence[str], exclude: Sequence[
 
 
 def _prepare(end: Endpoint) -> None:
-    """Create the destination folder."""
     if end.local:
         os.makedirs(end.path, exist_ok=True)
         return
@@ -180,11 +179,8 @@ def _rsync_failure(code: int, err: str, source: Endpoint, target: Endpoint, wher
     return f"rsync from {source.node}:{source.path} (run on {where}) exited {code}: {tail}"
 
 
-# ---- tar fallback: no rsync on one side ----
-
-
 def _stat(end: Endpoint, paths: list[str]) -> dict[str, tuple[int, int, str | None]]:
-    """{path: (size, mtime, link target or None)} for the paths that exist under end.path."""
+    """For the tar fallback: {path: (size, mtime, link target or None)} of the paths under end.path."""
     if end.local:
         os.makedirs(end.path, exist_ok=True)
     result = node_files.stat_entries(end.transport, end.path, paths)
