@@ -188,10 +188,8 @@ def rollback_target(name: str, store: Store) -> tuple[Configuration, Configurati
                               "(configurations are recorded by up, ab and rollback)")  # fmt: skip
     passing = [c for c in configs if c.passed and (current is None or (c.id != current.id and c.key != current.key))]
     if not passing:
-        if not any(c.passed for c in configs):
-            why = f"none of its {len(configs)} recorded configuration(s) passed its gate"
-        else:
-            why = "the only configuration that passed its gate is the one running now"
+        why = ("the only configuration that passed its gate is the one running now" if any(c.passed for c in configs)
+               else f"none of its {len(configs)} recorded configuration(s) passed its gate")  # fmt: skip
         raise NotFoundError(f"{name}: nothing to roll back to: {why}")
     return passing[0], current
 

@@ -198,8 +198,7 @@ def _run_up(plan: Plan, instance: Instance, records: Deployments, report: Report
     stage(plan, transports, say=lambda message: report(None, None, message))
     runtimes = {r.rank: runtime_for(r) for r in plan.ranks}
     # Workers first, all at once; the head last, once every worker runs (the seeds' order).
-    workers = [r for r in plan.launch_order if r != 0]
-    for batch in ([str(r) for r in workers], ["0"]):
+    for batch in ([str(r) for r in plan.launch_order if r != 0], ["0"]):
         started = fan_out(batch, lambda r: _start_rank(plan, int(r), runtimes, transports, report, instance))
         # One transaction per batch, the ranks that failed to start left out, before any error.
         records.events_at(plan.name, sorted(started.succeeded.values()))
