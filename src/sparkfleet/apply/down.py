@@ -6,9 +6,9 @@ deployment's ranks by name on a cluster, whoever started them, and stop them."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sparkfleet.apply.stopping import stop_ranks
 from sparkfleet.config.cluster import Cluster, Node
 from sparkfleet.config.sizes import format_size
 from sparkfleet.doctor.probes.gpu import APPS_COMMAND, GpuProcess, parse_apps
@@ -17,14 +17,46 @@ from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.files import remove
 from sparkfleet.nodes.identity import FoundRank, controller_owner
 from sparkfleet.nodes.inspection import Leftover, NodeAfter, leftovers_on, watch_node
-from sparkfleet.nodes.runtime import find_ranks, remove_ranks
+from sparkfleet.nodes.runtime import find_ranks, remove_ranks, runtime_for
 from sparkfleet.nodes.transport import Connector, transport_for
 from sparkfleet.nodes.transport.base import Transport
+from sparkfleet.plan.model import RankHandle
 from sparkfleet.state.deployments import Deployment, Deployments
 
 # A node's clock may be a little behind this one's (NTP keeps them within milliseconds; a few
 # seconds is generous): a process started this long before the instance counts as after it.
 CLOCK_SLACK_S = 5.0
+
+
+@dataclass
+class Stopped:
+    """What was stopped, per rank, and the nodes that failed (with their error)."""
+
+    stopped: list[str] = field(default_factory=list)
+    failed: dict[str, BaseException] = field(default_factory=dict)
+
+
+def stop_ranks(ranks: Sequence[RankHandle], transports: Mapping[str, Transport], deployment: str,
+               instance: str | None, *, grace: float = 10.0) -> Stopped:  # fmt: skip
+    """Stop ranks wave by wave (the engine's order, ``stop_wave``), a wave on every node in transports
+    at once. A node that fails in one wave is reported, and the later waves are still stopped."""
+    result = Stopped()
+    for wave in sorted({r.stop_wave for r in ranks}):
+        members = [r for r in ranks if r.stop_wave == wave and r.node.name in transports]
+
+        def stop(node: str, members: list[RankHandle] = members) -> list[str]:
+            out: list[str] = []
+            for rank in (r for r in members if r.node.name == node):
+                gone = runtime_for(rank).stop(rank, transports[node], deployment, instance, grace)
+                out += [f"{node} rank {rank.rank}: {x}" for x in gone]
+            return out
+
+        for node, outcome in fan_out(list(dict.fromkeys(r.node.name for r in members)), stop).items():
+            if outcome.ok:
+                result.stopped += outcome.value or []
+            else:
+                result.failed.setdefault(node, outcome.error or RuntimeError("failed"))
+    return result
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from types import FrameType
 
 from sparkfleet.apply.configurations import ConfigSpec, record
+from sparkfleet.apply.down import stop_ranks
 from sparkfleet.apply.images import ensure_same_image
 from sparkfleet.apply.readiness import Reporter, await_worker_ports, smoke, wait_ready
 from sparkfleet.apply.staging.phase import stage
-from sparkfleet.apply.stopping import stop_ranks
 from sparkfleet.config.secrets import redact, secrets_of
 from sparkfleet.doctor.pairs import Thresholds, run_fabric
 from sparkfleet.doctor.targets import NodeTarget
