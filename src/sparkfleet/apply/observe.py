@@ -120,17 +120,14 @@ def status(deployment: Deployment, connect: Connector = transport_for) -> list[R
     now = time.time()
     out = []
     for key, outcome in outcomes.items():
-        rank = ranks[key]
-        if outcome.error is not None:
-            out.append(RankStatus(rank.rank, rank.node.name, rank.node.host, rank.runtime, "unknown", None, "-",
-                                  str(outcome.error)))  # fmt: skip
+        rank, st = ranks[key], outcome.value
+        where = (rank.rank, rank.node.name, rank.node.host, rank.runtime)
+        if st is None:  # the node did not answer
+            out.append(RankStatus(*where, "unknown", None, "-", str(outcome.error)))
             continue
-        st = outcome.value
-        assert st is not None
         uptime = now - st.started_at if st.started_at and st.state == "running" else None
         health = head_health if rank.rank == 0 else ("alive" if st.state == "running" else "-")
-        out.append(RankStatus(rank.rank, rank.node.name, rank.node.host, rank.runtime, st.state, uptime, health,
-                              exit_detail(st, deployment.ready_at), st.exited_at))  # fmt: skip
+        out.append(RankStatus(*where, st.state, uptime, health, exit_detail(st, deployment.ready_at), st.exited_at))
     return sorted(out, key=lambda s: s.rank)
 
 

@@ -132,13 +132,10 @@ class Difference:
     files: tuple[tuple[str, str], ...]  # (path, what differs)
 
     def message(self, reference: str) -> str:
-        parts = []
-        if self.revision is not None:
-            parts.append(f"revision {self.revision[1]} (reference {reference} has {self.revision[0]})")
-        shown = [f"{path}: {what}" for path, what in self.files[:_SHOWN]]
+        parts = [f"revision {self.revision[1]} (reference {reference} has {self.revision[0]})"] if self.revision else []
+        parts += [f"{path}: {what}" for path, what in self.files[:_SHOWN]]
         if len(self.files) > _SHOWN:
-            shown.append(f"and {len(self.files) - _SHOWN} more")
-        parts.extend(shown)
+            parts.append(f"and {len(self.files) - _SHOWN} more")
         return f"snapshot differs from {reference}'s: " + "; ".join(parts)
 
 

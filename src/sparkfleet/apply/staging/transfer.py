@@ -235,8 +235,7 @@ def sync_node(source: Endpoint, target: Endpoint, snapshot: Snapshot, *, include
     files, total = transfer_list(snapshot, include, exclude)
     if source.node == target.node and source.path.rstrip("/") == target.path.rstrip("/"):
         return SyncReport(target.node, "none", len(files), 0, total, 0, 0.0, "source and destination are one folder")
-    note = None
-    use = method
+    note, use = None, method
     if use == "auto" and source.local and shutil.which("rsync") is None:
         use, note = "tar", _fallback_note(source.node)
     if use in ("auto", "rsync"):
