@@ -110,12 +110,9 @@ def record(spec: ConfigSpec, planned: Plan, ready: bool, store: Store, transport
 
 
 def quality_gate(store: Store, name: str, passed: int, total: int, run_id: str, minimum: float | None) -> str | None:
-    """Record a quality run against name's running configuration; returns a line saying whether
-    the gate still holds, or None when name has no recorded configuration.
-
-    With ``minimum`` (a pass fraction) the run must reach it; without, it must pass at least as
-    many tasks as the last earlier passing configuration's quality run of the same name, when
-    there was one (no regression)."""
+    """Record a quality run against name's running configuration; a line saying whether the gate
+    still holds (None without a recorded configuration). With ``minimum`` (a pass fraction) the run
+    must reach it; without, pass as many tasks as the last earlier passing configuration did."""
     history = History(store)
     current_dep = Deployments(store).get(name)
     current = history.current(name, current_dep.instance if current_dep else None)

@@ -65,9 +65,8 @@ def unreachable(exc: BaseException) -> str:
 
 
 def get_health(endpoint: str, readiness: Readiness, timeout: float = 5.0) -> tuple[bool, str]:
-    """Rank 0's health, one GET of its health path, as readiness, ``status`` and ``watch`` read
-    it: (healthy, the answer: "HTTP 200", "HTTP 503 Loading model", "connection refused", "timed
-    out", …); (True, "-") where the engine has no health endpoint."""
+    """Rank 0's health, one GET of its health path: (healthy, "HTTP 200" / "HTTP 503 Loading model" /
+    "connection refused" / …); (True, "-") where the engine has no health endpoint."""
     if not readiness.serves_http or not readiness.health_path:
         return True, "-"
     # urllib, not httpx: one GET does not justify the 0.1-0.2 s httpx adds to `sparkfleet status`.

@@ -127,11 +127,8 @@ def _start_rank(plan: Plan, r: int, runtimes: dict[int, Runtime], transports: di
 def up(plan: Plan, *, config: ConfigSpec | None = None, deployments: Deployments | None = None,
        report: Reporter = lambda _n, _r, _m: None, timeout: float | None = None, allow_image_mismatch: bool = False,
        connect: Connector = transport_for) -> UpResult:  # fmt: skip
-    """Execute plan: stage, start ranks in launch order, wait until it really serves.
-
-    connect makes each node's Transport (ssh or local by default; tests pass a scripted one).
-    The outcome, ready or failed, is recorded in the history of configurations (``config``: what
-    the plan was made from; without, what the Plan says)."""
+    """Execute plan: stage, start ranks in launch order, wait until it really serves. The outcome is
+    recorded in the history of configurations (``config``: what the plan was made from)."""
     config = config or ConfigSpec.of_plan(plan)
     records = deployments or Deployments()
     start = time.monotonic()

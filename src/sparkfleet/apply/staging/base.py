@@ -68,9 +68,8 @@ class Context:
 
 @dataclass(frozen=True)
 class Runner:
-    """How one kind runs: ``stage(context, steps)`` returns its reports. A ``node`` kind is given
-    one node's steps of the kind (and is what ``--verify`` checks); the others one entry's steps
-    on every node."""
+    """How one kind runs: ``stage(context, steps)`` returns its reports. A ``node`` kind is given one
+    node's steps of the kind (and is what ``--verify`` checks); the others one entry's on every node."""
 
     entry: type[Entry]
     phase: Phase

@@ -32,12 +32,9 @@ def _compose(ctx: Context, step: StagingStep) -> StageReport:
     """Build (or only check, with ``verify``) the step's composed directory on its node."""
     entry = step.entry
     assert isinstance(entry, Composed)
-    args = {
-        "repo_dir": entry.src, "dst": entry.dst, "revision": entry.revision,
-        "local_files": list(entry.local_files), "verify": ctx.verify, "primary": entry.primary,
-    }  # fmt: skip
-    transport = ctx.transport(step.node)
-    result = run_shipped(transport, ctx.python(step.node), COMPOSE_WORKER, [json.dumps(args)])
+    args = {"repo_dir": entry.src, "dst": entry.dst, "revision": entry.revision, "primary": entry.primary,
+            "local_files": list(entry.local_files), "verify": ctx.verify}  # fmt: skip
+    result = run_shipped(ctx.transport(step.node), ctx.python(step.node), COMPOSE_WORKER, [json.dumps(args)])
     for line in reversed(result.stdout.splitlines()):
         if line.startswith(composed_worker.RESULT_MARKER):
             data = json.loads(line[len(composed_worker.RESULT_MARKER) :])
@@ -46,11 +43,8 @@ def _compose(ctx: Context, step: StagingStep) -> StageReport:
         raise StagingError(step.node, f"composed_model: the worker exited {result.exit_code}: {result.tail()}")
     if not data["ok"]:
         raise StagingError(step.node, f"composed_model: {data['error']}")
-    model = ComposedModel(
-        node=step.node, path=step.dst, model_dir=data["model_dir"], revision=data["revision"],
-        extra_mounts=tuple(data["mount_roots"]), links=data["links"], hard_links=data["hard_links"],
-        problems=tuple(data["problems"]),
-    )  # fmt: skip
+    model = ComposedModel(step.node, step.dst, data["model_dir"], data["revision"], tuple(data["mount_roots"]),
+                          data["links"], data["hard_links"], tuple(data["problems"]))  # fmt: skip
     return StageReport(step.node, step.id, step.rank, step.kind, result.duration, composed=model)
 
 

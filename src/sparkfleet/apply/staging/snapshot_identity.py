@@ -76,9 +76,8 @@ def scan_node(transport: Transport, root: str, revision: str | None, *, python: 
 
 
 def check_copy(transport: Transport, root: str, reference: Snapshot, paths: Sequence[str]) -> Snapshot:
-    """A node's copy of reference at root, read with stat, find and sha256sum (no interpreter to
-    start, so it is cheap after every sync): sizes and link targets of paths (snapshot-relative)
-    and sha256 of the ``HASHED`` names. ``scan_node`` also finds files the reference lacks."""
+    """A node's copy of reference at root (paths snapshot-relative), read with stat, find and sha256sum:
+    no interpreter to start, so it is cheap after every sync. ``scan_node`` also finds extra files."""
     # "./" so that no path can read as an option of find or stat
     base = f"./snapshots/{reference.revision}/" if reference.layout == "hf" else "./"
     result = node_files.snapshot_check(transport, root, [base + p for p in paths], HASHED, HASH_LIMIT)
