@@ -33,8 +33,7 @@ class BootLog:
     """What has been seen in the ranks' logs so far, and rank 0's health answers in order."""
 
     expected: dict[str, str | None] = field(default_factory=dict)  # pattern -> "node rank N" where seen
-    # (seconds since the wait began, answer) each time rank 0's health answer changed, e.g.
-    # "connection refused" → "HTTP 503 Loading model" → "HTTP 200" for llama.cpp's llama-server.
+    # (seconds since the wait began, answer) each time it changed: "connection refused" → "HTTP 503 …"
     health: list[tuple[float, str]] = field(default_factory=list)
 
     def missing(self) -> list[str]:

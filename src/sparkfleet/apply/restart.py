@@ -71,8 +71,7 @@ def recover(record: Deployment, why: str, *, records: Deployments, connect: Conn
         message = f"cannot restart {record.name}: its record predates stored plans; bring it up again with `up`"
         emit("gave-up", message, None)
         return Outcome(False, record.restarts, message)
-    policy = stored.serve
-    done = record.restarts
+    policy, done = stored.serve, record.restarts
     # Secrets are read before anything is stopped: the env files are the only copy.
     try:
         secrets = _secret_files(stored, connect)

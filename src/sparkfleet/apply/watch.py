@@ -298,8 +298,7 @@ class Watcher:
         down (0), or the restart policy gave up (1)."""
         polls = 0
         while not self.stop.is_set():
-            began = time.monotonic()
-            result = self.poll()
+            began, result = time.monotonic(), self.poll()
             polls += 1
             on_poll(result)
             if result.status in ("stopped", "leftover"):

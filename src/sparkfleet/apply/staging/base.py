@@ -18,13 +18,9 @@ if TYPE_CHECKING:
     from sparkfleet.config.cluster import Node
 
 ProgressFn = Callable[[StagingStep, int, int], None]
-# pipeline: source → node → node …, each forwarding while it writes (apply/staging/pipeline.py);
-# push: the source copies to every target at once (its link shared among them).
-Fanout = Literal["pipeline", "push"]
+Fanout = Literal["pipeline", "push"]  # a chain of nodes (pipeline.py), or the source to every target at once
 Method = Literal["auto", "rsync", "tar"]  # how a sync moves files (auto: rsync where both ends have it)
-# The order of the phase: the Hub fetch, then distribution between nodes (one entry on all its
-# nodes at once), then what runs on each node (a node's steps of one kind at once).
-Phase = Literal["fetch", "distribute", "node"]
+Phase = Literal["fetch", "distribute", "node"]  # in this order (phase.py)
 T = TypeVar("T")
 
 

@@ -79,9 +79,8 @@ def run(ctx: Context, steps: Sequence[StagingStep]) -> list[StageReport]:
         result = run_shipped(transport, python, STAGE_WORKER, [json.dumps(args)])
     finally:
         finished.set()
-        if poller is not None:
+        if poller is not None and progress_file is not None:
             poller.join()
-        if progress_file is not None:
             node_files.remove(transport, progress_file, progress_file + ".tmp")
     reports = []
     for step, data in zip(steps, _parse_result(steps, result), strict=True):

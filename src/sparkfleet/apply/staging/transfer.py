@@ -30,6 +30,7 @@ from sparkfleet.nodes.transport.base import Transport
 
 BytesFn = Callable[[int], None]
 _NOT_FOUND = re.compile(r"rsync: (command )?not found|rsync: No such file or directory|exec: rsync:")
+_FALLBACK = "rsync is not installed on {}: copied with a tar stream over SSH instead (whole files, no delta)"
 _SSH_FAIL = re.compile(
     r"Permission denied|Host key verification failed|Connection (refused|timed out)|"
     r"Could not resolve|No route to host|connection unexpectedly closed"
@@ -106,10 +107,6 @@ def _prepare(end: Endpoint) -> None:
     made = node_files.make_dir(end.transport, end.path)
     if not made.ok:
         raise StagingError(end.node, f"cannot create {end.path}: {made.tail()}")
-
-
-def _fallback_note(node: str) -> str:
-    return f"rsync is not installed on {node}: copied with a tar stream over SSH instead (whole files, no delta)"
 
 
 # What a SyncReport takes from ``rsync --stats``: the files it sent and the data that crossed the wire.
@@ -237,7 +234,7 @@ def sync_node(source: Endpoint, target: Endpoint, snapshot: Snapshot, *, include
         return SyncReport(target.node, "none", len(files), 0, total, 0, 0.0, "source and destination are one folder")
     note, use = None, method
     if use == "auto" and source.local and shutil.which("rsync") is None:
-        use, note = "tar", _fallback_note(source.node)
+        use, note = "tar", _FALLBACK.format(source.node)
     if use in ("auto", "rsync"):
         try:
             stats = _rsync(source, target, files, on_bytes)
@@ -245,7 +242,7 @@ def sync_node(source: Endpoint, target: Endpoint, snapshot: Snapshot, *, include
         except RsyncMissing as missing:
             if use == "rsync":
                 raise StagingError(missing.node, "rsync is not installed on this node") from None
-            use, note = "tar", _fallback_note(missing.node)
+            use, note = "tar", _FALLBACK.format(missing.node)
     if use == "rsync":
         sent_files, sent = stats.get("files_sent", 0), stats.get("literal", 0)
     else:
