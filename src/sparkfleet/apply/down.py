@@ -1,8 +1,7 @@
 """``down``: stop a recorded deployment's own instance on every node, then prove it: every node is
-checked for anything of the instance still there (the agent's ``leftovers`` rule: markers, or
-the deployment's workdir, files or ports held) and for the memory still held (MemAvailable
-before and after, nvidia-smi's compute apps where there is one). ``down --sweep``: find a
-deployment's ranks by name on a cluster, whoever started them, and stop them."""
+checked for anything of the instance still there (the agent's ``leftovers`` rule) and for the
+memory still held (MemAvailable before and after, nvidia-smi's compute apps where there is one).
+``down --sweep``: find a deployment's ranks by name on a cluster, whoever started them, and stop them."""
 
 from __future__ import annotations
 

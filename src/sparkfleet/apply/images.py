@@ -62,8 +62,7 @@ def verify_same_id(transports: Mapping[str, Transport], ref: str, *, allow_misma
     ids = image_ids(transports, ref)
     missing = [n for n, i in ids.items() if i is None]
     if missing:
-        first = missing[0]
-        raise NodeError(first, f"image {ref} is not on {', '.join(missing)} (sparkfleet image build|push)")
+        raise NodeError(missing[0], f"image {ref} is not on {', '.join(missing)} (sparkfleet image build|push)")
     head = next(iter(ids))
     differ = [f"{n} {i[7:19]}" for n, i in ids.items() if i != ids[head]]  # type: ignore[index]
     if differ and not allow_mismatch:
@@ -196,8 +195,7 @@ def push_recipe_image(plan: Plan, transports: Mapping[str, Transport], source: s
 
 
 def ensure_same_image(plan: Plan, transports: Mapping[str, Transport], *, allow_mismatch: bool = False) -> None:
-    """For `up`: every docker rank's node must hold the same image ID (NodeError otherwise,
-    unless allow_mismatch)."""
+    """For `up`: every docker rank's node holds the same image ID (else NodeError, unless allow_mismatch)."""
     for ref in sorted({r.image for r in plan.ranks if r.runtime == "docker" and r.image}):
         nodes = {r.node.name: transports[r.node.name] for r in plan.ranks if r.image == ref}
         if len(nodes) > 1:

@@ -20,7 +20,7 @@ from sparkfleet.nodes.identity import Instance
 from sparkfleet.nodes.runtime import port_holders
 from sparkfleet.nodes.runtime.base import RankState, Runtime
 from sparkfleet.nodes.transport.base import Transport, trace
-from sparkfleet.plan.model import Plan, RankPlan, VerifySpec
+from sparkfleet.plan.model import Plan, RankPlan
 
 LOG_TAIL_LINES = 15
 POLL_S = 0.5
@@ -55,13 +55,12 @@ def tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join("    " + line for line in text.rstrip().splitlines()[-lines:])
 
 
-def check_logs(plan: Plan, verify: VerifySpec, logs: dict[int, str], boot: BootLog) -> None:
+def check_logs(plan: Plan, logs: dict[int, str], boot: BootLog) -> None:
     """Raise on a forbidden line; note where each expected line appeared."""
     for r, text in logs.items():
         rank = plan.rank(r)
-        for pattern in verify.forbid:
-            match = re.search(pattern, text, re.MULTILINE)
-            if match:
+        for pattern in plan.verify.forbid:
+            if match := re.search(pattern, text, re.MULTILINE):
                 line = text[text.rfind("\n", 0, match.start()) + 1 : text.find("\n", match.end())]
                 raise ReadinessError(f"rank {r} on {rank.node.name}: forbidden boot-log line {pattern!r} appeared:\n"
                                      f"    {line.strip()}\nlast log lines:\n{tail(text)}")  # fmt: skip
@@ -77,11 +76,7 @@ _EXCEPTION = re.compile(r"^(?:.*\] |\s*)((?:\w+\.)*\w*(?:Error|Exception): .+)$"
 def first_exception(log: str) -> str | None:
     """The first exception a log shows. Engines re-raise a worker's failure as a generic one
     ("Engine core initialization failed. See root cause above"): the cause is the first."""
-    for line in log.splitlines():
-        match = _EXCEPTION.match(line)
-        if match:
-            return match.group(1).strip()
-    return None
+    return next((m.group(1).strip() for line in log.splitlines() if (m := _EXCEPTION.match(line))), None)
 
 
 def rank_exited(rank: RankPlan, state: RankState, log: str, reread: Callable[[], str] | None = None) -> RankExited:
@@ -149,8 +144,7 @@ def check_answered_by(plan: Plan, transport: Transport, instance: Instance) -> N
 def wait_ready(plan: Plan, transports: dict[str, Transport], runtimes: dict[int, Runtime], instance: Instance, *,
                timeout: float, on_progress: Callable[[str], None]) -> BootLog:  # fmt: skip
     """Poll until every rank lives, rank 0 is healthy and every expected line appeared."""
-    verify = plan.verify
-    boot = BootLog({p: None for p in verify.expect})
+    boot = BootLog({p: None for p in plan.verify.expect})
     began, began_wall = time.monotonic(), time.time()
     pause, deadline, next_logs, healthy = FIRST_POLL_S, began + timeout, 0.0, False
     ports_seen: set[int] = set()
@@ -173,7 +167,7 @@ def wait_ready(plan: Plan, transports: dict[str, Transport], runtimes: dict[int,
                 log = runtime.logs(rank.handle, node) if log is None else log
                 raise rank_exited(rank, state, log, functools.partial(runtime.logs, rank.handle, node))
         if with_logs:
-            check_logs(plan, verify, {int(k): log or "" for k, (_, log) in seen.items()}, boot)
+            check_logs(plan, {int(k): log or "" for k, (_, log) in seen.items()}, boot)
 
     while True:
         now = time.monotonic()

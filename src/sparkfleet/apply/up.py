@@ -1,6 +1,5 @@
-"""The lifecycle: ``up`` executes a Plan on every node and is done only when the deployment
-really serves; any failure, or Ctrl-C, stops every rank again. ``down`` stops a deployment,
-even one whose local record was lost."""
+"""``up`` executes a Plan on every node and is done only when the deployment really serves; any
+failure, or Ctrl-C, stops every rank again (down.py's ``stop_ranks``, in the engine's order)."""
 
 from __future__ import annotations
 

@@ -230,8 +230,7 @@ class Watcher:
             if node in self.seen.unreachable:
                 self.seen.unreachable.discard(node)
                 self._event(events, "node-back", f"{node} answers again", node)
-            mem = answer.mem_available
-            if mem is None:
+            if (mem := answer.mem_available) is None:
                 continue
             self.seen.low_water[node] = min(mem, self.seen.low_water.get(node, mem))
             if serve.mem_floor is None:

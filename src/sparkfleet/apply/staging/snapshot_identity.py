@@ -100,10 +100,8 @@ def check_copy(transport: Transport, root: str, reference: Snapshot, paths: Sequ
     files = []
     for p in paths:
         text = links.get(p)
-        blob = None
-        if text is not None:
-            joined = os.path.normpath(os.path.join(os.path.dirname(base + p), text))
-            blob = None if joined.startswith("..") else joined
+        joined = os.path.normpath(os.path.join(os.path.dirname(base + p), text)) if text is not None else ".."
+        blob = None if joined.startswith("..") else joined  # a link out of the repo names no blob
         if p in sizes:
             files.append(FileFact(p, "link" if text else "file", sizes[p], text, blob, digests.get(p)))
         elif text is not None:

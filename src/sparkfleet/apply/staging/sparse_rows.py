@@ -30,12 +30,9 @@ _OUTPUT_FIELDS = [f.name for f in fields(OutputReport)]
 def _job(step: StagingStep, verify: bool, chunk_bytes: int | None) -> dict[str, Any]:
     entry = step.entry
     assert isinstance(entry, SparseRows) and entry.src
-    job: dict[str, Any] = {"src": entry.src, "dst": entry.dst, "tp": step.tp, "rank": step.rank, "layout": entry.layout,
-                           "tables": list(entry.tables), "min_free": entry.min_free,
-                           "mode": "verify" if verify else "stage"}  # fmt: skip
-    if chunk_bytes:
-        job["chunk_bytes"] = chunk_bytes
-    return job
+    return {"src": entry.src, "dst": entry.dst, "tp": step.tp, "rank": step.rank, "layout": entry.layout,
+            "tables": list(entry.tables), "min_free": entry.min_free, "mode": "verify" if verify else "stage",
+            **({"chunk_bytes": chunk_bytes} if chunk_bytes else {})}  # fmt: skip
 
 
 def _parse_result(steps: Sequence[StagingStep], result: Result) -> list[dict[str, Any]]:

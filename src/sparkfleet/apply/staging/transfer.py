@@ -117,8 +117,7 @@ def parse_stats(text: str) -> dict[str, int]:
     """The figures of ``rsync --stats`` (missing ones absent)."""
     out: dict[str, int] = {}
     for key, label in _STAT_FIELDS.items():
-        m = re.search(rf"^{re.escape(label)}: ([\d,.]+)", text, re.M)
-        if m:
+        if m := re.search(rf"^{re.escape(label)}: ([\d,.]+)", text, re.M):
             out[key] = int(m.group(1).replace(",", "").split(".")[0])
     return out
 
