@@ -72,7 +72,7 @@ def make_plan(recipe: Recipe, cluster: Cluster, *, name: str | None = None,
 def up(plan: Plan, cluster: Cluster, *, timeout: float | None = None) -> UpResult:
     """Start the plan's ranks and return once the deployment really serves (else everything is
     stopped again and the error says why)."""
-    return _up(plan, cluster, timeout=timeout)
+    return _up(plan, timeout=timeout)  # the Plan carries its cluster
 
 
 def down(name: str) -> list[str]:

@@ -62,7 +62,7 @@ def scan(repo: Path, node: str = "n", revision: str | None = None) -> Snapshot:
 def test_hub_repo_is_listed_at_main_with_hashes_of_metadata_only(tmp_path: Path) -> None:
     snap = scan(hub_repo(tmp_path, REV1, FILES))
     assert snap.layout == "hf" and snap.revision == REV1 and snap.refs == (("main", REV1),)
-    facts = snap.by_path()
+    facts = {f.path: f for f in snap.files}
     assert set(facts) == set(FILES)
     assert facts["config.json"].sha256 == hashlib.sha256(FILES["config.json"]).hexdigest()
     assert facts["model-00001-of-00002.safetensors"].sha256 is None  # shards: size and blob name only

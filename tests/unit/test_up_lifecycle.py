@@ -44,7 +44,7 @@ def _signal_soon(sig: int) -> None:
 
 def _run(fleet: FakeFleet, report: Callable[[str | None, int | None, str], None] | None = None,
          timeout: float = 20) -> None:  # fmt: skip
-    up(fleet.plan, fleet.cluster, report=report or (lambda *_: None), timeout=timeout, connect=fleet.connect)
+    up(fleet.plan, report=report or (lambda *_: None), timeout=timeout, connect=fleet.connect)
 
 
 def test_up_then_down_leaves_nothing(tmp_path: Path) -> None:

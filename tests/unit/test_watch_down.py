@@ -31,7 +31,7 @@ TOKEN = "hf_unitwatchsecret0123"
 
 
 def _up(fleet: FakeFleet) -> None:
-    up(fleet.plan, fleet.cluster, timeout=20, connect=fleet.connect)
+    up(fleet.plan, timeout=20, connect=fleet.connect)
 
 
 def _kinds(name: str = "fake") -> list[str]:

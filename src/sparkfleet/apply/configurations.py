@@ -1,9 +1,7 @@
 """What a deployment was brought up from, recorded with its gate, and ``rollback`` to the last
-configuration that passed it.
-
-``apply.up.up`` records every outcome here (``record``), whoever calls it: the CLI, ``ab`` and
-``rollback`` pass the ConfigSpec they planned from; the library's ``up`` and the restarts, which
-hold a Plan, record what the Plan (or the restarted instance's own record) says."""
+configuration that passed it. ``up`` records every outcome here, whoever calls it: the CLI, ``ab``
+and ``rollback`` pass the ConfigSpec they planned from; callers holding only a Plan record what
+the Plan (or the restarted instance's own record) says."""
 
 from __future__ import annotations
 
@@ -14,15 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sparkfleet.config import recipe as recipes
 from sparkfleet.config.cluster import load_cluster
-from sparkfleet.config.recipe import (
-    apply_sets,
-    deployment_name,
-    load_recipe,
-    parse_recipe,
-    read_toml,
-    recipe_file,
-)
 from sparkfleet.config.secrets import MASK, is_secret, redact, split_secret_sets
 from sparkfleet.config.validation import masked_secrets
 from sparkfleet.config.variants import BASE, apply_variant
@@ -62,11 +53,11 @@ class ConfigSpec:
 
     @property
     def deployment(self) -> str:
-        return self.name or deployment_name(self.recipe)
+        return self.name or recipes.deployment_name(self.recipe)
 
     def plan(self) -> Plan:
-        recipe = load_recipe(self.recipe, self.sets, self.variant)
-        return plan(recipe, load_cluster(self.cluster), deployment_name(self.recipe),
+        recipe = recipes.load_recipe(self.recipe, self.sets, self.variant)
+        return plan(recipe, load_cluster(self.cluster), recipes.deployment_name(self.recipe),
                     Overrides(env=self.env, name=self.name))  # fmt: skip
 
     @classmethod
@@ -99,8 +90,8 @@ def record(spec: ConfigSpec, planned: Plan, ready: bool, store: Store, transport
            note: str | None = None) -> int:  # fmt: skip
     """Record an up of spec (ready: it passed verify and smoke); returns the configuration's id."""
     try:
-        file = recipe_file(spec.recipe)
-        digest, data, source = _digest(file), masked_secrets(read_toml(file)), str(file.resolve())
+        file = recipes.recipe_file(spec.recipe)
+        digest, data, source = _digest(file), masked_secrets(recipes.read_toml(file)), str(file.resolve())
     except (SparkfleetError, OSError) as exc:  # a Plan made from a recipe that is gone since
         digest, data, source = "", {}, str(spec.recipe)
         note = (note or "") + f" (recipe not read: {exc})"
@@ -119,12 +110,9 @@ def record(spec: ConfigSpec, planned: Plan, ready: bool, store: Store, transport
 
 
 def quality_gate(store: Store, name: str, passed: int, total: int, run_id: str, minimum: float | None) -> str | None:
-    """Record a quality run against name's running configuration; returns a line saying whether
-    the gate still holds, or None when name has no recorded configuration.
-
-    With ``minimum`` (a pass fraction) the run must reach it; without, it must pass at least as
-    many tasks as the last earlier passing configuration's quality run of the same name, when
-    there was one (no regression)."""
+    """Record a quality run against name's running configuration; a line saying whether the gate
+    still holds (None without a recorded configuration). With ``minimum`` (a pass fraction) the run
+    must reach it; without, pass as many tasks as the last earlier passing configuration did."""
     history = History(store)
     current_dep = Deployments(store).get(name)
     current = history.current(name, current_dep.instance if current_dep else None)
@@ -172,18 +160,18 @@ def _plan_of(config: Configuration, spec: ConfigSpec) -> Plan:
     if path.is_file() and _digest(path) == config.recipe_digest:
         return spec.plan()
     if _contains_mask(config.recipe_data):
-        raise RecipeError(
-            f"{config.recipe} changed since configuration #{config.id} (digest {config.recipe_digest[:12]}) and "
-            "its recorded copy has masked secrets: restore that version of the file to roll back to it"
-        )
+        raise RecipeError(f"{config.recipe} changed since configuration #{config.id} (digest "
+                          f"{config.recipe_digest[:12]}) and its recorded copy has masked secrets: restore that "
+                          "version of the file to roll back to it")  # fmt: skip
     source = f"{config.recipe} (as recorded in configuration #{config.id})"
     data = config.recipe_data
     set_by: dict[str, str] = {}
     if config.variant != BASE:
         data, set_by = apply_variant(data, config.variant, source)
-    data = apply_sets(data, config.sets, source) if config.sets else data
-    recipe = parse_recipe(data, source, config.variant, set_by).model_copy(update={"source": config.recipe})
-    return plan(recipe, load_cluster(spec.cluster), deployment_name(path), Overrides(env=spec.env, name=config.name))
+    data = recipes.apply_sets(data, config.sets, source) if config.sets else data
+    recipe = recipes.parse_recipe(data, source, config.variant, set_by).model_copy(update={"source": config.recipe})
+    overrides = Overrides(env=spec.env, name=config.name)
+    return plan(recipe, load_cluster(spec.cluster), recipes.deployment_name(path), overrides)
 
 
 def rollback_target(name: str, store: Store) -> tuple[Configuration, Configuration | None]:
@@ -197,10 +185,8 @@ def rollback_target(name: str, store: Store) -> tuple[Configuration, Configurati
                               "(configurations are recorded by up, ab and rollback)")  # fmt: skip
     passing = [c for c in configs if c.passed and (current is None or (c.id != current.id and c.key != current.key))]
     if not passing:
-        if not any(c.passed for c in configs):
-            why = f"none of its {len(configs)} recorded configuration(s) passed its gate"
-        else:
-            why = "the only configuration that passed its gate is the one running now"
+        why = ("the only configuration that passed its gate is the one running now" if any(c.passed for c in configs)
+               else f"none of its {len(configs)} recorded configuration(s) passed its gate")  # fmt: skip
         raise NotFoundError(f"{name}: nothing to roll back to: {why}")
     return passing[0], current
 

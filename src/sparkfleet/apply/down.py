@@ -1,14 +1,13 @@
 """``down``: stop a recorded deployment's own instance on every node, then prove it: every node is
-checked for anything of the instance still there (the agent's ``leftovers`` rule: markers, or
-the deployment's workdir, files or ports held) and for the memory still held (MemAvailable
-before and after, nvidia-smi's compute apps where there is one). ``down --sweep``: find a
-deployment's ranks by name on a cluster, whoever started them, and stop them."""
+checked for anything of the instance still there (the agent's ``leftovers`` rule) and for the
+memory still held (MemAvailable before and after, nvidia-smi's compute apps where there is one).
+``down --sweep``: find a deployment's ranks by name on a cluster, whoever started them, and stop them."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sparkfleet.apply.stopping import stop_ranks
 from sparkfleet.config.cluster import Cluster, Node
 from sparkfleet.config.sizes import format_size
 from sparkfleet.doctor.probes.gpu import APPS_COMMAND, GpuProcess, parse_apps
@@ -17,14 +16,46 @@ from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.files import remove
 from sparkfleet.nodes.identity import FoundRank, controller_owner
 from sparkfleet.nodes.inspection import Leftover, NodeAfter, leftovers_on, watch_node
-from sparkfleet.nodes.runtime import find_ranks, remove_ranks
+from sparkfleet.nodes.runtime import find_ranks, remove_ranks, runtime_for
 from sparkfleet.nodes.transport import Connector, transport_for
 from sparkfleet.nodes.transport.base import Transport
+from sparkfleet.plan.model import RankHandle
 from sparkfleet.state.deployments import Deployment, Deployments
 
 # A node's clock may be a little behind this one's (NTP keeps them within milliseconds; a few
 # seconds is generous): a process started this long before the instance counts as after it.
 CLOCK_SLACK_S = 5.0
+
+
+@dataclass
+class Stopped:
+    """What was stopped, per rank, and the nodes that failed (with their error)."""
+
+    stopped: list[str] = field(default_factory=list)
+    failed: dict[str, BaseException] = field(default_factory=dict)
+
+
+def stop_ranks(ranks: Sequence[RankHandle], transports: Mapping[str, Transport], deployment: str,
+               instance: str | None, *, grace: float = 10.0) -> Stopped:  # fmt: skip
+    """Stop ranks wave by wave (the engine's order, ``stop_wave``), a wave on every node in transports
+    at once. A node that fails in one wave is reported, and the later waves are still stopped."""
+    result = Stopped()
+    for wave in sorted({r.stop_wave for r in ranks}):
+        members = [r for r in ranks if r.stop_wave == wave and r.node.name in transports]
+
+        def stop(node: str, members: list[RankHandle] = members) -> list[str]:
+            out: list[str] = []
+            for rank in (r for r in members if r.node.name == node):
+                gone = runtime_for(rank).stop(rank, transports[node], deployment, instance, grace)
+                out += [f"{node} rank {rank.rank}: {x}" for x in gone]
+            return out
+
+        for node, outcome in fan_out(list(dict.fromkeys(r.node.name for r in members)), stop).items():
+            if outcome.ok:
+                result.stopped += outcome.value or []
+            else:
+                result.failed.setdefault(node, outcome.error or RuntimeError("failed"))
+    return result
 
 
 @dataclass(frozen=True)
@@ -76,7 +107,7 @@ class DownReport:
         return f"{self.name}: stopped, but not everything of the instance is gone:\n  " + "\n  ".join(parts)
 
 
-def down(deployment: Deployment, *, deployments: Deployments | None = None, connect: Connector | None = None,
+def down(deployment: Deployment, *, deployments: Deployments | None = None, connect: Connector = transport_for,
          hold: bool = False) -> list[str]:  # fmt: skip
     """Stop every rank of a recorded deployment's own instance (idempotent); returns what was
     stopped. LeftoverError (carrying the report) when anything of the instance is left."""
@@ -86,7 +117,7 @@ def down(deployment: Deployment, *, deployments: Deployments | None = None, conn
     return report.stopped
 
 
-def take_down(deployment: Deployment, *, deployments: Deployments | None = None, connect: Connector | None = None,
+def take_down(deployment: Deployment, *, deployments: Deployments | None = None, connect: Connector = transport_for,
               hold: bool = False) -> DownReport:  # fmt: skip
     """Stop the instance's ranks, then check every node for what is left and the memory held.
     Behind a gateway, it is drained first (apply/switch.py); ``hold``: it is being replaced, and
@@ -101,28 +132,26 @@ def take_down(deployment: Deployment, *, deployments: Deployments | None = None,
         from sparkfleet.apply.switch import drain
 
         drain(deployment, records, hold=hold)
-    transports = {r.node.name: (connect or transport_for)(r.node) for r in deployment.ranks}
+    transports = {r.node.name: connect(r.node) for r in deployment.ranks}
     nodes = {r.node.name: r.node for r in deployment.ranks}
     # MemAvailable before anything stops: a watch of no ranks is that alone.
     before = fan_out(list(transports), lambda n: watch_node(transports[n], nodes[n], []).mem_available)
     records.set_status(deployment.name, "stopping")
     result = stop_ranks(deployment.ranks, transports, deployment.name, deployment.instance)
-    stopped = result.stopped
     if result.failed:
         failed = {n: str(e) for n, e in result.failed.items()}
         records.event(deployment.name, "down-failed", "; ".join(f"{n}: {e}" for n, e in failed.items()))
         raise StopIncomplete(f"{deployment.name}: could not stop every rank: ", failed)
     _remove_env_files(deployment, transports)
     orphans = _stop_other_instances(deployment, transports)
-    report = _check_nodes(deployment, transports, {n: o.value if o.ok else None for n, o in before.items()})
-    report = DownReport(deployment.name, stopped, report.leftovers, report.memory, report.unchecked, orphans)
+    report = _check_nodes(deployment, transports, before.succeeded, result.stopped, orphans)
     problem = report.problem()
     if problem:
         records.set_status(deployment.name, "leftover")
         records.event(deployment.name, "down-leftover", problem)
     else:
         records.set_status(deployment.name, "stopped")
-        records.event(deployment.name, "down", f"stopped {len(stopped)} container(s)/process(es); nothing left")
+        records.event(deployment.name, "down", f"stopped {len(report.stopped)} container(s)/process(es); nothing left")
     return report
 
 
@@ -136,13 +165,9 @@ def _remove_env_files(deployment: Deployment, transports: dict[str, Transport]) 
 
 def _stop_other_instances(deployment: Deployment, transports: dict[str, Transport]) -> list[FoundRank]:
     """Stop the running ranks of deployment's name on its nodes that this controller started
-    under another instance than the recorded one; what was stopped, for the report.
-
-    The record names one instance. An ``up`` killed before it could roll back, whose record a
-    later version (or a hand-edited state dir) replaced, leaves ranks that only their markers
-    name: the deployment, this controller's owner string and the instance's start time. Ranks of
-    another owner are left to ``down --sweep``. Asked through down's own transports (its
-    sessions); the node agent re-checks each pid's markers before it stops one."""
+    under another instance than the recorded one: an ``up`` killed before it could roll back,
+    whose record was replaced since, leaves ranks only their markers name. Another owner's are
+    left to ``down --sweep``; the node agent re-checks each pid's markers before it stops one."""
     nodes: dict[str, Node] = {r.node.name: r.node for r in deployment.ranks}
     containers = any(r.runtime == "docker" for r in deployment.ranks)
     me = controller_owner()
@@ -153,15 +178,13 @@ def _stop_other_instances(deployment: Deployment, transports: dict[str, Transpor
 
     # A node that cannot be reached is named by down's own check of the recorded instance.
     found = [f for o in fan_out(list(nodes), look).values() if o.ok and o.value for f in o.value]
-
-    def stop(name: str) -> None:
-        remove_ranks(transports[name], [f for f in found if f.node == name], nodes[name])
-
-    fan_out(sorted({f.node for f in found}), stop).raise_first()
+    mine = {n: [f for f in found if f.node == n] for n in sorted({f.node for f in found})}
+    fan_out(list(mine), lambda n: remove_ranks(transports[n], mine[n], nodes[n])).raise_first()
     return found
 
 
-def _check_nodes(deployment: Deployment, transports: dict[str, Transport], before: dict[str, int | None]) -> DownReport:
+def _check_nodes(deployment: Deployment, transports: dict[str, Transport], before: dict[str, int | None],
+                 stopped: list[str], orphans: list[FoundRank]) -> DownReport:  # fmt: skip
     since = deployment.created - CLOCK_SLACK_S if deployment.instance else None
 
     def check(node_name: str) -> NodeAfter:
@@ -169,36 +192,27 @@ def _check_nodes(deployment: Deployment, transports: dict[str, Transport], befor
         return leftovers_on(transports[node_name], ranks[0].node, deployment.name, deployment.instance, since, ranks,
                             APPS_COMMAND)  # fmt: skip
 
-    leftovers: list[Leftover] = []
-    memory: list[NodeMemory] = []
-    unchecked: dict[str, str] = {}
+    report = DownReport(deployment.name, stopped, orphans=orphans)
     for node, outcome in fan_out(list(transports), check).items():
         if not outcome.ok or outcome.value is None:
-            unchecked[node] = str(outcome.error)
+            report.unchecked[node] = str(outcome.error)
             continue
         after = outcome.value
-        leftovers += after.leftovers
+        report.leftovers.extend(after.leftovers)
         apps = parse_apps(after.gpu_apps_csv) if after.gpu_apps_csv is not None else None
-        memory.append(NodeMemory(node, before.get(node), after.mem_available, apps, after.gpu_error))
-    return DownReport(deployment.name, [], leftovers, memory, unchecked)
+        report.memory.append(NodeMemory(node, before.get(node), after.mem_available, apps, after.gpu_error))
+    return report
 
 
 def find_by_name(cluster: Cluster, name: str) -> list[FoundRank]:
     """Every rank of any instance of deployment name on every node of cluster, with its owner
     (what ``down --sweep`` lists before it stops anything)."""
-
-    def look(node_name: str) -> list[FoundRank]:
-        node = cluster.node(node_name)
-        return find_ranks(transport_for(node), name, node)
-
-    return [f for found in fan_out([n.name for n in cluster.nodes], look).raise_first().values() for f in found]
+    nodes = {n.name: n for n in cluster.nodes}
+    found = fan_out(list(nodes), lambda n: find_ranks(transport_for(nodes[n]), name, nodes[n])).raise_first()
+    return [f for ranks in found.values() for f in ranks]
 
 
 def sweep(cluster: Cluster, found: list[FoundRank]) -> None:
     """Stop what find_by_name found, whoever started it."""
-
-    def clean(node_name: str) -> None:
-        node = cluster.node(node_name)
-        remove_ranks(transport_for(node), [f for f in found if f.node == node_name], node)
-
-    fan_out(sorted({f.node for f in found}), clean).raise_first()
+    mine = {n: [f for f in found if f.node == n] for n in sorted({f.node for f in found})}
+    fan_out(list(mine), lambda n: remove_ranks(transport_for(cluster.node(n)), mine[n], cluster.node(n))).raise_first()

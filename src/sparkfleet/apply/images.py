@@ -1,18 +1,12 @@
 """Container images on every node: build from the recipe's `docker_image_dir`, distribute with
 `docker save | docker load`, and make sure every node runs the same image ID.
 
-- build, default: the build context is tarred here and piped to `docker build -` on the head
-  (no copy of the directory needs to exist on any node), then streamed to every node whose
-  image ID differs. `on_each_node`: the same context is built on every node in parallel
-  (like the seeds' launchers), which may give different IDs; `verify_same_id` reports that.
-- push: stream the image the head (or `source`) holds to every node whose ID differs.
-- Nodes whose ID already matches are skipped. A pinned reference (`repo@sha256:…`) names a
-  registry manifest that neither a build nor a `docker load` can reproduce, so it is never
-  built or streamed: nodes that lack it pull it, and anything else is refused.
-
-Bytes flow source → this machine → targets through pipes, one chunk at a time, so an image
-of tens of GB never sits in memory. This module decides which node gets what; every docker
-command it needs is the docker runtime's (``sparkfleet.nodes.runtime.docker``).
+build tars the context here and pipes it to `docker build -` on the head (no copy of the folder
+on any node), then streams the image to every node whose ID differs; `on_each_node` builds on
+every node instead (like the seeds' launchers), which may give different IDs. push streams the
+head's (or `source`'s) image. A pinned reference (`repo@sha256:…`) names a registry manifest that
+neither a build nor a `docker load` can reproduce: nodes that lack it pull it. Bytes flow source
+→ this machine → targets through pipes, so an image of tens of GB never sits in memory.
 """
 
 from __future__ import annotations
@@ -33,9 +27,6 @@ from sparkfleet.nodes.transport.base import Transport
 if TYPE_CHECKING:
     from sparkfleet.plan.build import Plan
     from sparkfleet.plan.model import ImageSpec
-
-__all__ = ["ImageAction", "build", "build_recipe_image", "distribute", "ensure_same_image", "image_id", "image_ids",
-           "is_pinned", "plan_image", "push_recipe_image", "stream_image", "verify_same_id"]  # fmt: skip
 
 Progress = Callable[[str, str], None]
 
@@ -71,29 +62,20 @@ def verify_same_id(transports: Mapping[str, Transport], ref: str, *, allow_misma
     ids = image_ids(transports, ref)
     missing = [n for n, i in ids.items() if i is None]
     if missing:
-        first = missing[0]
-        raise NodeError(first, f"image {ref} is not on {', '.join(missing)} (sparkfleet image build|push)")
+        raise NodeError(missing[0], f"image {ref} is not on {', '.join(missing)} (sparkfleet image build|push)")
     head = next(iter(ids))
     differ = [f"{n} {i[7:19]}" for n, i in ids.items() if i != ids[head]]  # type: ignore[index]
     if differ and not allow_mismatch:
-        raise NodeError(
-            head,
-            f"image {ref} differs across nodes ({head} {ids[head][7:19]}; {', '.join(differ)}): "  # type: ignore[index]
-            "run `sparkfleet image push` to give every node the head's image",
-        )
+        raise NodeError(head, f"image {ref} differs across nodes ({head} {ids[head][7:19]}; {', '.join(differ)}): "  # type: ignore[index]
+                              "run `sparkfleet image push` to give every node the head's image")  # fmt: skip
     return {n: i for n, i in ids.items() if i is not None}
 
 
 def context_tar(context: Path) -> bytes:
     """The build context as an uncompressed tar, the way `docker build -` reads it from stdin.
     Paths listed in .dockerignore (simple patterns) are left out."""
-    ignore = []
-    if (context / ".dockerignore").is_file():
-        ignore = [
-            line.strip().rstrip("/")
-            for line in (context / ".dockerignore").read_text().splitlines()
-            if line.strip() and not line.startswith("#")
-        ]
+    listed = (context / ".dockerignore").read_text().splitlines() if (context / ".dockerignore").is_file() else []
+    ignore = [line.strip().rstrip("/") for line in listed if line.strip() and not line.startswith("#")]
     buf = io.BytesIO()
     # GNU format: docker sniffs stdin for a plain tar header and takes a PAX one for a Dockerfile.
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
@@ -105,9 +87,8 @@ def context_tar(context: Path) -> bytes:
     return buf.getvalue()
 
 
-def distribute(
-    ref: str, source: str, transports: Mapping[str, Transport], *, progress: Progress | None = None
-) -> list[ImageAction]:
+def distribute(ref: str, source: str, transports: Mapping[str, Transport], *,
+               progress: Progress | None = None) -> list[ImageAction]:  # fmt: skip
     """Give every node the image `source` holds: skip nodes with the same ID, stream to the rest
     (pinned references are pulled instead), then check what arrived."""
     say = progress or (lambda _n, _m: None)
@@ -149,17 +130,9 @@ def distribute(
     return actions
 
 
-def build(
-    ref: str,
-    context: Path,
-    transports: Mapping[str, Transport],
-    head: str,
-    *,
-    dockerfile: str = "Dockerfile",
-    on_each_node: bool = False,
-    no_cache: bool = False,
-    progress: Progress | None = None,
-) -> list[ImageAction]:
+def build(ref: str, context: Path, transports: Mapping[str, Transport], head: str, *, dockerfile: str = "Dockerfile",
+          on_each_node: bool = False, no_cache: bool = False,
+          progress: Progress | None = None) -> list[ImageAction]:  # fmt: skip
     """Build `ref` from `context` on the head, then stream it to the nodes whose image ID
     differs from the new build (or build it on every node). Docker's layer cache makes an
     unchanged context rebuild to the same ID, so unchanged nodes are skipped."""
@@ -203,9 +176,8 @@ def build_recipe_image(plan: Plan, transports: Mapping[str, Transport], *, docke
     if not image.build_dir:
         raise RecipeError(f"{source}: no docker_image_dir to build {image.ref} from (use `image push`)")
     if image.context is None:
-        raise RecipeError(
-            f"{source}: docker_image_dir = {image.build_dir!r}: no such folder (looked in {image.looked_in[0]})"
-        )
+        why = f"docker_image_dir = {image.build_dir!r}: no such folder (looked in {image.looked_in[0]})"
+        raise RecipeError(f"{source}: {why}")
     context = Path(image.context)
     if not (context / dockerfile).is_file():
         raise RecipeError(f"{source}: docker_image_dir {context} has no {dockerfile}")
@@ -223,8 +195,7 @@ def push_recipe_image(plan: Plan, transports: Mapping[str, Transport], source: s
 
 
 def ensure_same_image(plan: Plan, transports: Mapping[str, Transport], *, allow_mismatch: bool = False) -> None:
-    """For `up`: every docker rank's node must hold the same image ID (NodeError otherwise,
-    unless allow_mismatch)."""
+    """For `up`: every docker rank's node holds the same image ID (else NodeError, unless allow_mismatch)."""
     for ref in sorted({r.image for r in plan.ranks if r.runtime == "docker" and r.image}):
         nodes = {r.node.name: transports[r.node.name] for r in plan.ranks if r.image == ref}
         if len(nodes) > 1:

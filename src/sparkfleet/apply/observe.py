@@ -59,21 +59,14 @@ def unreachable(exc: BaseException) -> str:
     """Why a server could not be asked, in a few words: refused, timed out, a name DNS does not
     know, or the error's type."""
     cause = exc.reason if isinstance(exc, urllib.error.URLError) and isinstance(exc.reason, BaseException) else exc
-    if isinstance(cause, ConnectionRefusedError):
-        return "connection refused"  # normal before the server listens
-    if isinstance(cause, TimeoutError):
-        return "timed out"
-    if isinstance(cause, socket.gaierror):
-        return "DNS: name not resolved"
-    if isinstance(cause, ConnectionResetError):
-        return "connection reset"
-    return type(cause).__name__
+    named = ((ConnectionRefusedError, "connection refused"), (TimeoutError, "timed out"),
+             (socket.gaierror, "DNS: name not resolved"), (ConnectionResetError, "connection reset"))  # fmt: skip
+    return next((why for kind, why in named if isinstance(cause, kind)), type(cause).__name__)
 
 
 def get_health(endpoint: str, readiness: Readiness, timeout: float = 5.0) -> tuple[bool, str]:
-    """Rank 0's health, one GET of its health path, as readiness, ``status`` and ``watch`` read
-    it: (healthy, the answer: "HTTP 200", "HTTP 503 Loading model", "connection refused", "timed
-    out", …); (True, "-") where the engine has no health endpoint."""
+    """Rank 0's health, one GET of its health path: (healthy, "HTTP 200" / "HTTP 503 Loading model" /
+    "connection refused" / …); (True, "-") where the engine has no health endpoint."""
     if not readiness.serves_http or not readiness.health_path:
         return True, "-"
     # urllib, not httpx: one GET does not justify the 0.1-0.2 s httpx adds to `sparkfleet status`.
@@ -121,27 +114,19 @@ def degraded_reason(deployment: Deployment, ranks: list[RankStatus]) -> str | No
 def status(deployment: Deployment, connect: Connector = transport_for) -> list[RankStatus]:
     """Inspect every rank in parallel, and rank 0's health endpoint."""
     ranks = {str(r.rank): r for r in deployment.ranks}
-
-    def inspect(key: str) -> RankState:
-        rank = ranks[key]
-        return runtime_for(rank).inspect(rank, connect(rank.node))
-
-    outcomes = fan_out(list(ranks), inspect)
+    outcomes = fan_out(list(ranks), lambda k: runtime_for(ranks[k]).inspect(ranks[k], connect(ranks[k].node)))
     head_health, _ = rank0_health(deployment)
     now = time.time()
     out = []
     for key, outcome in outcomes.items():
-        rank = ranks[key]
-        if outcome.error is not None:
-            out.append(RankStatus(rank.rank, rank.node.name, rank.node.host, rank.runtime, "unknown", None, "-",
-                                  str(outcome.error)))  # fmt: skip
+        rank, st = ranks[key], outcome.value
+        where = (rank.rank, rank.node.name, rank.node.host, rank.runtime)
+        if st is None:  # the node did not answer
+            out.append(RankStatus(*where, "unknown", None, "-", str(outcome.error)))
             continue
-        st = outcome.value
-        assert st is not None
         uptime = now - st.started_at if st.started_at and st.state == "running" else None
         health = head_health if rank.rank == 0 else ("alive" if st.state == "running" else "-")
-        out.append(RankStatus(rank.rank, rank.node.name, rank.node.host, rank.runtime, st.state, uptime, health,
-                              exit_detail(st, deployment.ready_at), st.exited_at))  # fmt: skip
+        out.append(RankStatus(*where, st.state, uptime, health, exit_detail(st, deployment.ready_at), st.exited_at))
     return sorted(out, key=lambda s: s.rank)
 
 
@@ -161,8 +146,8 @@ def exit_detail(state: RankState, ready_at: float | None) -> str:
 def logs(deployment: Deployment, rank: int | None = None, tail: int | None = 200,
          connect: Connector = transport_for) -> dict[int, str]:  # fmt: skip
     """Every rank's recent log (or one rank's), fetched in parallel."""
-    chosen = [r for r in deployment.ranks if rank is None or r.rank == rank]
-    outcomes = fan_out([str(r.rank) for r in chosen], lambda k: _one_log(deployment, int(k), tail, connect))
+    chosen = {str(r.rank): r for r in deployment.ranks if rank is None or r.rank == rank}
+    outcomes = fan_out(list(chosen), lambda k: rank_log(chosen[k], connect(chosen[k].node), tail))
     return {int(k): (o.value if o.ok and o.value is not None else f"(could not read: {o.error})")
             for k, o in outcomes.items()}  # fmt: skip
 
@@ -174,11 +159,9 @@ def rank_secrets(rank: RankHandle, transport: Transport) -> dict[str, str]:
     return env_file_secrets(text) if text is not None else {}
 
 
-def _one_log(deployment: Deployment, rank: int, tail: int | None, connect: Connector) -> str:
-    plan_rank = deployment.ranks[rank]
-    transport = connect(plan_rank.node)
-    text = runtime_for(plan_rank).logs(plan_rank, transport, tail=tail)
-    return redact(text, rank_secrets(plan_rank, transport))
+def rank_log(rank: RankHandle, transport: Transport, tail: int | None) -> str:
+    """The rank's recent log, the secrets it was started with hidden."""
+    return redact(runtime_for(rank).logs(rank, transport, tail=tail), rank_secrets(rank, transport))
 
 
 def follow(deployment: Deployment, emit: Callable[[int, str, str], None], rank: int | None = None) -> None:
@@ -187,8 +170,7 @@ def follow(deployment: Deployment, emit: Callable[[int, str, str], None], rank: 
     streams: list[Stream] = []
     for r in (x for x in deployment.ranks if rank is None or x.rank == rank):
         transport = transport_for(r.node)
-        secrets = rank_secrets(r, transport)
-        stream = runtime_for(r).follow(r, transport)
+        secrets, stream = rank_secrets(r, transport), runtime_for(r).follow(r, transport)
         streams.append(stream)
 
         def pump(s: Stream = stream, rr: RankHandle = r, hidden: dict[str, str] = secrets) -> None:

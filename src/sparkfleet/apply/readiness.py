@@ -20,7 +20,7 @@ from sparkfleet.nodes.identity import Instance
 from sparkfleet.nodes.runtime import port_holders
 from sparkfleet.nodes.runtime.base import RankState, Runtime
 from sparkfleet.nodes.transport.base import Transport, trace
-from sparkfleet.plan.model import Plan, RankPlan, VerifySpec
+from sparkfleet.plan.model import Plan, RankPlan
 
 LOG_TAIL_LINES = 15
 POLL_S = 0.5
@@ -33,8 +33,7 @@ class BootLog:
     """What has been seen in the ranks' logs so far, and rank 0's health answers in order."""
 
     expected: dict[str, str | None] = field(default_factory=dict)  # pattern -> "node rank N" where seen
-    # (seconds since the wait began, answer) each time rank 0's health answer changed, e.g.
-    # "connection refused" → "HTTP 503 Loading model" → "HTTP 200" for llama.cpp's llama-server.
+    # (seconds since the wait began, answer) each time it changed: "connection refused" → "HTTP 503 …"
     health: list[tuple[float, str]] = field(default_factory=list)
 
     def missing(self) -> list[str]:
@@ -56,18 +55,15 @@ def tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join("    " + line for line in text.rstrip().splitlines()[-lines:])
 
 
-def check_logs(plan: Plan, verify: VerifySpec, logs: dict[int, str], boot: BootLog) -> None:
+def check_logs(plan: Plan, logs: dict[int, str], boot: BootLog) -> None:
     """Raise on a forbidden line; note where each expected line appeared."""
     for r, text in logs.items():
         rank = plan.rank(r)
-        for pattern in verify.forbid:
-            match = re.search(pattern, text, re.MULTILINE)
-            if match:
+        for pattern in plan.verify.forbid:
+            if match := re.search(pattern, text, re.MULTILINE):
                 line = text[text.rfind("\n", 0, match.start()) + 1 : text.find("\n", match.end())]
-                raise ReadinessError(
-                    f"rank {r} on {rank.node.name}: forbidden boot-log line {pattern!r} appeared:\n"
-                    f"    {line.strip()}\nlast log lines:\n{tail(text)}"
-                )
+                raise ReadinessError(f"rank {r} on {rank.node.name}: forbidden boot-log line {pattern!r} appeared:\n"
+                                     f"    {line.strip()}\nlast log lines:\n{tail(text)}")  # fmt: skip
         for pattern, where in boot.expected.items():
             if where is None and re.search(pattern, text, re.MULTILINE):
                 boot.expected[pattern] = f"{rank.node.name} rank {r}"
@@ -80,32 +76,25 @@ _EXCEPTION = re.compile(r"^(?:.*\] |\s*)((?:\w+\.)*\w*(?:Error|Exception): .+)$"
 def first_exception(log: str) -> str | None:
     """The first exception a log shows. Engines re-raise a worker's failure as a generic one
     ("Engine core initialization failed. See root cause above"): the cause is the first."""
-    for line in log.splitlines():
-        match = _EXCEPTION.match(line)
-        if match:
-            return match.group(1).strip()
-    return None
-
-
-def exited_message(rank: RankPlan, state: RankState, log: str) -> str:
-    """What to say of a rank that stopped during start-up, with its log's last lines."""
-    code = f" with code {state.exit_code}" if state.exit_code is not None else ""
-    what = "is gone" if state.state == "absent" else f"exited{code}"
-    shown = tail(log)
-    cause = first_exception(log)
-    first = f"\nfirst error in its log:\n    {cause}" if cause and cause not in shown else ""
-    return f"rank {rank.rank} on {rank.node.name} {what} during start-up; last log lines:\n{shown}{first}"
+    return next((m.group(1).strip() for line in log.splitlines() if (m := _EXCEPTION.match(line))), None)
 
 
 def rank_exited(rank: RankPlan, state: RankState, log: str, reread: Callable[[], str] | None = None) -> RankExited:
-    """The error for a rank that stopped during start-up; ``reread`` reads its log again (see
-    ``RankExited``): a log that reads empty then keeps the lines seen now."""
+    """The error for a rank that stopped during start-up, with its log's last lines; ``reread``
+    reads its log again (see ``RankExited``): a log that reads empty then keeps the lines seen now."""
+    code = f" with code {state.exit_code}" if state.exit_code is not None else ""
+    what = "is gone" if state.state == "absent" else f"exited{code}"
+
+    def message(text: str) -> str:
+        shown, cause = tail(text), first_exception(text)
+        first = f"\nfirst error in its log:\n    {cause}" if cause and cause not in shown else ""
+        return f"rank {rank.rank} on {rank.node.name} {what} during start-up; last log lines:\n{shown}{first}"
 
     def redo() -> str:
         again = reread() if reread is not None else ""
-        return exited_message(rank, state, again if again.strip() else log)
+        return message(again if again.strip() else log)
 
-    return RankExited(exited_message(rank, state, log), redo)
+    return RankExited(message(log), redo)
 
 
 def _tcp_ok(host: str, port: int) -> bool:
@@ -116,15 +105,15 @@ def _tcp_ok(host: str, port: int) -> bool:
         return False
 
 
+# Called with (node or None, rank or None, message) as up progresses.
 Reporter = Callable[[str | None, int | None, str], None]
 
 
 def await_worker_ports(plan: Plan, runtimes: dict[int, Runtime], transports: dict[str, Transport],
                        report: Reporter, within: float = 60.0) -> None:  # fmt: skip
-    """Before the head starts: until every worker with a TCP readiness port accepts a connection
-    (llama.cpp's rank 0 connects to its rpc-servers once, at start-up), or ``within`` seconds, after
-    which a worker that never listens is wait_ready's to name. A worker that stopped meanwhile is
-    named now, with its log, before the head is started."""
+    """Before the head starts (llama.cpp's rank 0 connects to its rpc-servers once, at start-up): until
+    every worker with a TCP readiness port accepts a connection, or ``within`` seconds (then
+    wait_ready names it). A worker that stopped meanwhile is named now, with its log."""
     waiting = [r for r in plan.ranks if r.rank != 0 and r.readiness.tcp_port]
     deadline = time.monotonic() + within
     while waiting and time.monotonic() < deadline:
@@ -147,31 +136,17 @@ def check_answered_by(plan: Plan, transport: Transport, instance: Instance) -> N
     known = [h for h in holders if h.pid is not None]
     if not known or any(h.instance == instance.id for h in known):
         return  # ours, or not visible to this user (then the port preflight is what holds)
-    raise ReadinessError(
-        f"{plan.name}: port {plan.port} on {head.node.name} answers, but it is held by "
-        + ", ".join(h.describe() for h in known)
-        + " — not rank 0 of this deployment, which cannot bind it"
-    )
+    held = ", ".join(h.describe() for h in known)
+    raise ReadinessError(f"{plan.name}: port {plan.port} on {head.node.name} answers, but it is held by {held} — not "
+                         "rank 0 of this deployment, which cannot bind it")  # fmt: skip
 
 
-def wait_ready(
-    plan: Plan,
-    transports: dict[str, Transport],
-    runtimes: dict[int, Runtime],
-    instance: Instance,
-    *,
-    timeout: float,
-    on_progress: Callable[[str], None] = lambda _: None,
-) -> BootLog:
+def wait_ready(plan: Plan, transports: dict[str, Transport], runtimes: dict[int, Runtime], instance: Instance, *,
+               timeout: float, on_progress: Callable[[str], None]) -> BootLog:  # fmt: skip
     """Poll until every rank lives, rank 0 is healthy and every expected line appeared."""
-    verify = plan.verify
-    boot = BootLog({p: None for p in verify.expect})
-    began = time.monotonic()
-    began_wall = time.time()
-    pause = FIRST_POLL_S
-    deadline = began + timeout
-    next_logs = 0.0
-    healthy = False
+    boot = BootLog({p: None for p in plan.verify.expect})
+    began, began_wall = time.monotonic(), time.time()
+    pause, deadline, next_logs, healthy = FIRST_POLL_S, began + timeout, 0.0, False
     ports_seen: set[int] = set()
     ranks = {str(r.rank): r for r in plan.ranks}
     head_node = transports[plan.head.node.name]
@@ -192,7 +167,7 @@ def wait_ready(
                 log = runtime.logs(rank.handle, node) if log is None else log
                 raise rank_exited(rank, state, log, functools.partial(runtime.logs, rank.handle, node))
         if with_logs:
-            check_logs(plan, verify, {int(k): log or "" for k, (_, log) in seen.items()}, boot)
+            check_logs(plan, {int(k): log or "" for k, (_, log) in seen.items()}, boot)
 
     while True:
         now = time.monotonic()
@@ -200,8 +175,7 @@ def wait_ready(
         look(want_logs)
         if want_logs:
             next_logs = now + LOG_POLL_S
-        head = plan.head
-        was_healthy = healthy
+        head, was_healthy = plan.head, healthy
         healthy, answer = get_health(plan.endpoint, head.readiness)
         if answer != "-":
             boot.saw_health(time.monotonic() - began, answer)
@@ -226,24 +200,16 @@ def wait_ready(
                                                                    f"log lines {missing}")  # fmt: skip
         on_progress(f"waiting for {waiting}")
         if time.monotonic() > deadline:
-            log = runtimes[0].logs(head.handle, head_node)
-            raise ReadinessError(
-                f"{plan.name} not ready after {timeout:.0f}s: still waiting for {waiting}; "
-                f"rank 0 on {head.node.name}, last log lines:\n{tail(log)}"
-            )
+            log = tail(runtimes[0].logs(head.handle, head_node))
+            raise ReadinessError(f"{plan.name} not ready after {timeout:.0f}s: still waiting for {waiting}; "
+                                 f"rank 0 on {head.node.name}, last log lines:\n{log}")  # fmt: skip
         # Short pauses first, then POLL_S: a rank that is ready at once is seen at once, and a
         # slow one is not probed more than twice a second.
         time.sleep(pause)
         pause = min(POLL_S, pause * 2)
 
 
-def plan_api_key(plan: Plan) -> str | None:
-    """The API key the plan starts rank 0's engine with (its own variable, e.g. VLLM_API_KEY)."""
-    env = {e.key: e.value for e in plan.head.env}
-    return next((env[k] for k in ENGINE_KEY_ENV if env.get(k)), None)
-
-
-def served_model_id(endpoint: str, fallback: str, headers: dict[str, str] | None = None) -> str:
+def _served_model_id(endpoint: str, fallback: str, headers: dict[str, str]) -> str:
     """The model id the server answers to (its first /v1/models entry), else fallback."""
     try:
         data = httpx.get(f"{endpoint}/v1/models", timeout=10.0, headers=headers).json().get("data") or []
@@ -254,9 +220,10 @@ def served_model_id(endpoint: str, fallback: str, headers: dict[str, str] | None
 
 def smoke(plan: Plan) -> str:
     """Send the smoke prompt (greedy) and check the answer; returns the completion text."""
-    verify = plan.verify
-    headers = auth_headers(plan_api_key(plan))  # a deployment started with a key is smoke-tested with it
-    model = served_model_id(plan.endpoint, plan.served_model, headers)
+    verify, env = plan.verify, plan.head.env_dict()
+    # A deployment started with an API key (the engine's own variable, e.g. VLLM_API_KEY) is smoke-tested with it.
+    headers = auth_headers(next((env[k] for k in ENGINE_KEY_ENV if env.get(k)), None))
+    model = _served_model_id(plan.endpoint, plan.served_model, headers)
     body = {"model": model, "prompt": verify.smoke_prompt, "max_tokens": verify.smoke_max_tokens,
             "temperature": 0}  # fmt: skip
     try:
@@ -270,7 +237,6 @@ def smoke(plan: Plan) -> str:
     except (ValueError, KeyError, IndexError) as exc:
         raise ReadinessError(f"smoke completion returned no text: {response.text[:300]}") from exc
     if verify.smoke_expect not in text:
-        raise ReadinessError(
-            f"smoke test failed: {verify.smoke_prompt!r} → {text!r}, which lacks {verify.smoke_expect!r}"
-        )
+        why = f"smoke test failed: {verify.smoke_prompt!r} → {text!r}, which lacks {verify.smoke_expect!r}"
+        raise ReadinessError(why)
     return text

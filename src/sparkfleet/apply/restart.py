@@ -1,11 +1,8 @@
 """The restart policy (``[serve] restart = "on-failure"``): a multi-node engine cannot lose one
-rank, so a rank's death takes the whole deployment down and brings it up again from the same
-Plan, the one the state store kept. Every step is an event; after ``max_restarts`` restarts it
-gives up, saying so.
-
-The stored Plan has no secret values; they are read back from each rank's env file on its node
-(``up`` wrote it, ``down`` leaves it), so a restart needs nothing from the user's shell. The
-dashboard's restart button is ``restart``: the same stored Plan, once, without the policy.
+rank, so a rank's death takes the whole deployment down and brings the stored Plan up again;
+every step is an event, and after ``max_restarts`` it gives up, saying so. The stored Plan has no
+secret values: they are read back from each rank's env file on its node, so a restart needs
+nothing from the user's shell. The dashboard's restart button is ``restart``: once, no policy.
 """
 
 from __future__ import annotations
@@ -22,19 +19,13 @@ from sparkfleet.apply.up import UpResult, up
 from sparkfleet.errors import NotFoundError, SparkfleetError
 from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.transport import Connector, transport_for
-from sparkfleet.plan.model import Plan, ServeSpec
+from sparkfleet.plan.model import Plan
 from sparkfleet.state.deployments import Deployment, Deployments
 from sparkfleet.state.plans import masked_keys, with_secrets
 
 MAX_BACKOFF_S = 600.0
 # Called with (event kind, message, node or None) for every step.
 Emit = Callable[[str, str, str | None], None]
-
-
-def backoff_delay(policy: ServeSpec, done: int) -> float:
-    """Seconds to wait before restart number done + 1: backoff, doubled per restart already
-    made, at most MAX_BACKOFF_S."""
-    return float(min(policy.backoff * (2**done), MAX_BACKOFF_S))
 
 
 @dataclass(frozen=True)
@@ -49,12 +40,8 @@ class Outcome:
 def _secret_files(plan: Plan, connect: Connector) -> dict[int, dict[str, str] | None]:
     """Each rank's secret env values as its node holds them (only for ranks that need them)."""
     needing = {str(r.rank): r for r in plan.ranks if masked_keys(r)}
-
-    def read(key: str) -> dict[str, str] | None:
-        rank = needing[key]
-        return rank_secrets(rank.handle, connect(rank.node)) or None
-
-    return {int(k): o.value if o.ok else None for k, o in fan_out(list(needing), read).items()}
+    read = fan_out(list(needing), lambda k: rank_secrets(needing[k].handle, connect(needing[k].node)) or None)
+    return {int(k): o.value if o.ok else None for k, o in read.items()}
 
 
 def _up_again(record: Deployment, stored: Plan, secrets: dict[int, dict[str, str] | None], records: Deployments,
@@ -84,8 +71,7 @@ def recover(record: Deployment, why: str, *, records: Deployments, connect: Conn
         message = f"cannot restart {record.name}: its record predates stored plans; bring it up again with `up`"
         emit("gave-up", message, None)
         return Outcome(False, record.restarts, message)
-    policy = stored.serve
-    done = record.restarts
+    policy, done = stored.serve, record.restarts
     # Secrets are read before anything is stopped: the env files are the only copy.
     try:
         secrets = _secret_files(stored, connect)
@@ -103,7 +89,7 @@ def recover(record: Deployment, why: str, *, records: Deployments, connect: Conn
             records.set_restarts(record.name, done)
             release(record.name, records)  # behind a gateway, the requests held meanwhile go on
             return Outcome(False, done, message)
-        delay = backoff_delay(policy, done)
+        delay = float(min(policy.backoff * (2**done), MAX_BACKOFF_S))  # doubled per restart made
         emit("restart", f"restart {done + 1}/{policy.max_restarts} of {record.name} in {delay:.0f}s: {why}", None)
         if stop.wait(delay):
             return Outcome(False, done, "watch was stopped before the restart")
@@ -115,15 +101,12 @@ def recover(record: Deployment, why: str, *, records: Deployments, connect: Conn
         done += 1
         try:
             result = _up_again(current, stored, secrets, records, connect)
-        except KeyboardInterrupt:
-            records.set_restarts(record.name, done)
-            raise
         except SparkfleetError as exc:
             why = exc.message.splitlines()[0]
-            records.set_restarts(record.name, done)
             emit("restart-failed", f"restart {done}/{policy.max_restarts} of {record.name} failed: {exc.message}", None)
             continue
-        records.set_restarts(record.name, done)
+        finally:
+            records.set_restarts(record.name, done)  # however the attempt ended, Ctrl-C included
         message = (f"restart {done}/{policy.max_restarts}: {record.name} ready again at {result.endpoint} "
                    f"in {result.seconds:.1f}s")  # fmt: skip
         emit("restarted", message, None)

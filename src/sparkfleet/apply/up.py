@@ -1,6 +1,5 @@
-"""The lifecycle: ``up`` executes a Plan on every node and is done only when the deployment
-really serves; any failure, or Ctrl-C, stops every rank again. ``down`` stops a deployment,
-even one whose local record was lost."""
+"""``up`` executes a Plan on every node and is done only when the deployment really serves; any
+failure, or Ctrl-C, stops every rank again (down.py's ``stop_ranks``, in the engine's order)."""
 
 from __future__ import annotations
 
@@ -14,11 +13,10 @@ from dataclasses import dataclass
 from types import FrameType
 
 from sparkfleet.apply.configurations import ConfigSpec, record
+from sparkfleet.apply.down import stop_ranks
 from sparkfleet.apply.images import ensure_same_image
-from sparkfleet.apply.readiness import await_worker_ports, smoke, wait_ready
+from sparkfleet.apply.readiness import Reporter, await_worker_ports, smoke, wait_ready
 from sparkfleet.apply.staging.phase import stage
-from sparkfleet.apply.stopping import stop_ranks
-from sparkfleet.config.cluster import Cluster
 from sparkfleet.config.secrets import redact, secrets_of
 from sparkfleet.doctor.pairs import Thresholds, run_fabric
 from sparkfleet.doctor.targets import NodeTarget
@@ -33,9 +31,6 @@ from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.plan.model import Plan
 from sparkfleet.state.deployments import Deployments
 
-# Called with (node or None, rank or None, message) as up progresses.
-Reporter = Callable[[str | None, int | None, str], None]
-
 
 @dataclass(frozen=True)
 class UpResult:
@@ -46,10 +41,6 @@ class UpResult:
     smoke_answer: str
     seconds: float
     configuration: int | None = None  # its row in the history of configurations
-
-
-def _quiet(_node: str | None, _rank: int | None, _msg: str) -> None:
-    return None
 
 
 def _preflight(plan: Plan, transports: dict[str, Transport], instance: Instance) -> None:
@@ -68,52 +59,44 @@ def _preflight(plan: Plan, transports: dict[str, Transport], instance: Instance)
     results = fan_out(transports, check).raise_first()
     others = [f for found, _ in results.values() for f in found]
     if others:
-        owners = sorted({f.owner or "an older sparkfleet" for f in others})
-        raise StateError(
-            f"deployment {plan.name!r} is already on its nodes under another instance (owner "
-            + ", ".join(owners)
-            + "):\n  "
-            + "\n  ".join(f.describe() for f in others)
-            + f"\nstop it from where it was started (`sparkfleet down {plan.name}`), pick another name "
-            f"(`up --name`), or, if it is abandoned, `sparkfleet down {plan.name} --sweep --cluster FILE`"
-        )
+        owners = ", ".join(sorted({f.owner or "an older sparkfleet" for f in others}))
+        listed = "\n  ".join(f.describe() for f in others)
+        raise StateError(f"deployment {plan.name!r} is already on its nodes under another instance (owner {owners}):"
+                         f"\n  {listed}\nstop it from where it was started (`sparkfleet down {plan.name}`), pick "
+                         f"another name (`up --name`), or, if it is abandoned, `sparkfleet down {plan.name} --sweep "
+                         "--cluster FILE`")  # fmt: skip
     taken = [(node, holder, role) for node, (_, held) in results.items() for holder, role in held]
     if taken:
-        raise StateError(
-            f"{plan.name}: port(s) needed by the deployment are taken; nothing was started:\n  "
-            + "\n  ".join(f"{node}: port {h.port} ({role}) is held by {h.describe()}" for node, h, role in taken)
-        )
+        listed = "\n  ".join(f"{node}: port {h.port} ({role}) is held by {h.describe()}" for node, h, role in taken)
+        raise StateError(f"{plan.name}: port(s) needed by the deployment are taken; nothing was started:\n  {listed}")
 
 
 @contextmanager
-def _signals_interrupt() -> Iterator[None]:
+def _handling(handler: Callable[[int, FrameType | None], None] | int, *signals: int) -> Iterator[None]:
+    """handler for signals while the block runs (only the main thread can set one)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, before in old.items():
+            signal.signal(sig, before)
+
+
+def _interrupt(_signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _signals_interrupt() -> contextlib.AbstractContextManager[None]:
     """SIGTERM during up behaves like Ctrl-C: everything started is rolled back."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(_signum: int, _frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
+    return _handling(_interrupt, signal.SIGTERM)
 
 
-@contextmanager
-def _shielded() -> Iterator[None]:
+def _shielded() -> contextlib.AbstractContextManager[None]:
     """A second Ctrl-C or SIGTERM must not cut a rollback short and leave ranks running."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+    return _handling(signal.SIG_IGN, signal.SIGINT, signal.SIGTERM)
 
 
 def _ensure_images(plan: Plan, transports: dict[str, Transport], report: Reporter) -> None:
@@ -135,29 +118,16 @@ def _start_rank(plan: Plan, r: int, runtimes: dict[int, Runtime], transports: di
                 report: Reporter, instance: Instance) -> tuple[float, str, str, str | None]:  # fmt: skip
     """Start rank r; its "start" event, for the caller to record with the rest of its batch."""
     rank = plan.rank(r)
-    transport = transports[rank.node.name]
-    ident = runtimes[r].start(rank, transport, instance)
+    ident = runtimes[r].start(rank, transports[rank.node.name], instance)
     report(rank.node.name, r, f"started ({rank.runtime} {ident})")
     return time.time(), "start", f"rank {r} started ({ident})", rank.node.name
 
 
-def up(
-    plan: Plan,
-    cluster: Cluster | None = None,
-    *,
-    config: ConfigSpec | None = None,
-    deployments: Deployments | None = None,
-    report: Reporter = _quiet,
-    timeout: float | None = None,
-    allow_image_mismatch: bool = False,
-    connect: Connector | None = None,
-) -> UpResult:
-    """Execute plan: stage, start ranks in launch order, wait until it really serves.
-
-    connect makes each node's Transport (ssh or local by default; tests pass a scripted one).
-    The outcome, ready or failed, is recorded in the history of configurations (``config``: what
-    the plan was made from; without, what the Plan says). The Plan carries its cluster's
-    identity; ``cluster`` is accepted for older callers only."""
+def up(plan: Plan, *, config: ConfigSpec | None = None, deployments: Deployments | None = None,
+       report: Reporter = lambda _n, _r, _m: None, timeout: float | None = None, allow_image_mismatch: bool = False,
+       connect: Connector = transport_for) -> UpResult:  # fmt: skip
+    """Execute plan: stage, start ranks in launch order, wait until it really serves. The outcome is
+    recorded in the history of configurations (``config``: what the plan was made from)."""
     config = config or ConfigSpec.of_plan(plan)
     records = deployments or Deployments()
     start = time.monotonic()
@@ -168,9 +138,7 @@ def up(
     secrets = secrets_of((v.key, v.value) for r in plan.ranks for v in r.env)
     try:
         with _signals_interrupt():
-            answer = _run_up(
-                plan, instance, records, report, timeout, allow_image_mismatch, transports, connect or transport_for
-            )
+            answer = _run_up(plan, instance, records, report, timeout, allow_image_mismatch, transports, connect)
     except BaseException as exc:
         with _shielded():
             report(None, None, "rolling back")
@@ -226,18 +194,15 @@ def _run_up(plan: Plan, instance: Instance, records: Deployments, report: Report
     stage(plan, transports, say=lambda message: report(None, None, message))
     runtimes = {r.rank: runtime_for(r) for r in plan.ranks}
     # Workers first, all at once; the head last, once every worker runs (the seeds' order).
-    workers = [r for r in plan.launch_order if r != 0]
-    for batch in ([str(r) for r in workers], ["0"]):
+    for batch in ([str(r) for r in plan.launch_order if r != 0], ["0"]):
         started = fan_out(batch, lambda r: _start_rank(plan, int(r), runtimes, transports, report, instance))
         # One transaction per batch, the ranks that failed to start left out, before any error.
         records.events_at(plan.name, sorted(started.succeeded.values()))
         started.raise_first()
         if batch != ["0"]:
             await_worker_ports(plan, runtimes, transports, report)
-    boot = wait_ready(
-        plan, transports, runtimes, instance, timeout=timeout or plan.verify.timeout,
-        on_progress=lambda msg: report(plan.head.node.name, 0, msg),
-    )  # fmt: skip
+    boot = wait_ready(plan, transports, runtimes, instance, timeout=timeout or plan.verify.timeout,
+                      on_progress=lambda msg: report(plan.head.node.name, 0, msg))  # fmt: skip
     records.event(plan.name, "healthy", boot.describe(), plan.head.node.name)
     report(plan.head.node.name, 0, "healthy; smoke test")
     return smoke(plan)

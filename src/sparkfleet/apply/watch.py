@@ -1,19 +1,14 @@
 """``watch``: poll a deployment in the foreground while it serves, record a bounded time series,
 and turn what changes into events (and, with ``[serve] restart = "on-failure"``, restarts).
 
-Per poll: one node-agent call per node (every rank's state with when it ended, and the
-node's MemAvailable), rank 0's health endpoint, and the engine's Prometheus ``/metrics`` (the
-parser and metric names are the bench's: running and waiting requests, KV-cache usage,
-speculative acceptance where exported). No nvidia-smi: on a GB10 MemAvailable is the device
-budget, and polling nvidia-smi on every node costs the engine decode time (the seeds measured
-~0.6 ms per decode step at a 2 s poll).
+Per poll: one node-agent call per node (every rank's state, and the node's MemAvailable), rank 0's
+health, and the engine's Prometheus ``/metrics`` (the bench's parser and metric names). No
+nvidia-smi: on a GB10 MemAvailable is the device budget, and polling nvidia-smi on every node costs
+the engine decode time (the seeds measured ~0.6 ms per decode step at a 2 s poll).
 
-Events (the deployment's timeline in the state store): ``rank-exited`` (with its exit code,
-when, and its last log lines), ``node-unreachable``/``node-back``, ``health-lost``/
-``health-back``, ``mem-low``/``mem-ok`` (MemAvailable under/over ``[serve] mem_floor``),
-``foreign-requests`` (while a bench of this deployment runs, more requests running than the
-bench itself sends), and the restart policy's ``restart``, ``restart-down``, ``restart-failed``,
-``restarted``, ``gave-up``.
+Events: ``rank-exited`` (code, when, last log lines), ``node-unreachable``/``node-back``,
+``health-lost``/``health-back``, ``mem-low``/``mem-ok`` (``[serve] mem_floor``), ``foreign-requests``
+(more requests running than a bench of this deployment sends), and the restart policy's.
 """
 
 from __future__ import annotations
@@ -23,30 +18,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 
 import httpx
 
-from sparkfleet.apply.observe import exit_detail, rank0_health, rank_secrets
+from sparkfleet.apply.observe import exit_detail, rank0_health, rank_log
 from sparkfleet.apply.readiness import tail
 from sparkfleet.apply.restart import Outcome, recover
-from sparkfleet.bench.server_metrics import (
-    KV_USAGE,
-    RUNNING,
-    SPEC_ACCEPT_GAUGE,
-    SPEC_ACCEPTED,
-    SPEC_DRAFTS,
-    WAITING,
-    first,
-    parse_prometheus,
-)
+from sparkfleet.bench import server_metrics as sm
 from sparkfleet.bench.store import BenchStore
 from sparkfleet.config.cluster import Node
-from sparkfleet.config.secrets import redact
 from sparkfleet.config.sizes import format_size
 from sparkfleet.errors import SparkfleetError
 from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.inspection import NodeWatch, watch_node
-from sparkfleet.nodes.runtime import runtime_for
 from sparkfleet.nodes.runtime.base import RankState
 from sparkfleet.nodes.transport import Connector, transport_for
 from sparkfleet.nodes.transport.base import Transport
@@ -106,12 +91,9 @@ class Poll:
             if answer.mem_available is not None:
                 mems.append(f"{node} {format_size(answer.mem_available)}")
         m = self.metrics
-        figures = [f"{label} {value:g}" for label, value in
-                   (("running", m.running), ("waiting", m.waiting)) if value is not None]  # fmt: skip
-        if m.kv_usage is not None:
-            figures.append(f"KV {m.kv_usage:.0%}")
-        if m.spec_accept is not None:
-            figures.append(f"accept {m.spec_accept:.2f}")
+        shown = (("running {:g}", m.running), ("waiting {:g}", m.waiting), ("KV {:.0%}", m.kv_usage),
+                 ("accept {:.2f}", m.spec_accept))  # fmt: skip
+        figures = [form.format(value) for form, value in shown if value is not None]
         parts = [stamp, self.status, ", ".join(states), f"health {self.health}", "MemAvailable " + ", ".join(mems)]
         return "  ".join(p for p in [*parts, ", ".join(figures)] if p)
 
@@ -153,7 +135,7 @@ def _bench_cap(store: Store, name: str, now: float) -> int | None:
 class Watcher:
     """Polls one deployment; ``poll()`` once, ``run()`` until stopped."""
 
-    def __init__(self, name: str, *, connect: Connector | None = None, interval: float = DEFAULT_INTERVAL_S,
+    def __init__(self, name: str, *, connect: Connector = transport_for, interval: float = DEFAULT_INTERVAL_S,
                  on_event: Callable[[Event], None] = lambda _e: None) -> None:  # fmt: skip
         self.name = name
         self.store = Store()
@@ -163,7 +145,7 @@ class Watcher:
         self.on_event = on_event
         self.http = httpx.Client(timeout=5.0)
         self._transports: dict[str, Transport] = {}
-        self._connect_fn = connect or transport_for
+        self._connect_fn = connect
         self.seen = _Seen()
         self.stop = threading.Event()
         self.outcome: Outcome | None = None
@@ -186,11 +168,9 @@ class Watcher:
         record = self.records.require(self.name)
         now = time.time()
         events: list[Event] = []
-        by_node: dict[str, list[RankHandle]] = {}
-        for rank in record.ranks:
-            by_node.setdefault(rank.node.name, []).append(rank)
-        outcomes = fan_out(list(by_node), lambda n: watch_node(self.connect(by_node[n][0].node), by_node[n][0].node,
-                                                                by_node[n]))  # fmt: skip
+        on = {r.node.name: r.node for r in record.ranks}
+        outcomes = fan_out(list(on), lambda n: watch_node(self.connect(on[n]), on[n],
+                                                          [r for r in record.ranks if r.node.name == n]))  # fmt: skip
         nodes: dict[str, NodeWatch | str] = {n: o.value if o.ok and o.value is not None else str(o.error)
                                              for n, o in outcomes.items()}  # fmt: skip
         health, healthy = rank0_health(record, timeout=5.0)
@@ -235,8 +215,7 @@ class Watcher:
         how = exit_detail(state, record.ready_at) if state.state == "exited" else "it is gone (no pid file)"
         head = f"rank {rank.rank} on {rank.node.name} exited: {how}"
         try:
-            transport = self.connect(rank.node)
-            text = redact(runtime_for(rank).logs(rank, transport, tail=LOG_LINES), rank_secrets(rank, transport))
+            text = rank_log(rank, self.connect(rank.node), LOG_LINES)
         except SparkfleetError as exc:
             return f"{head}\n(its log could not be read: {exc.message})"
         return f"{head}\nlast log lines:\n{tail(text, LOG_LINES)}"
@@ -251,8 +230,7 @@ class Watcher:
             if node in self.seen.unreachable:
                 self.seen.unreachable.discard(node)
                 self._event(events, "node-back", f"{node} answers again", node)
-            mem = answer.mem_available
-            if mem is None:
+            if (mem := answer.mem_available) is None:
                 continue
             self.seen.low_water[node] = min(mem, self.seen.low_water.get(node, mem))
             if serve.mem_floor is None:
@@ -280,16 +258,15 @@ class Watcher:
             return Metrics()
         if answer.status_code != 200:
             return Metrics()
-        values = parse_prometheus(answer.text)
-        accept = first(values, SPEC_ACCEPT_GAUGE)
-        accepted, drafts = first(values, SPEC_ACCEPTED), first(values, SPEC_DRAFTS)
+        first = partial(sm.first, sm.parse_prometheus(answer.text))
+        accept, accepted, drafts = first(sm.SPEC_ACCEPT_GAUGE), first(sm.SPEC_ACCEPTED), first(sm.SPEC_DRAFTS)
         if accept is None and accepted is not None and drafts is not None:
             # vLLM exports counters: tokens per step over the last interval, as `vllm bench serve`.
             d_acc = accepted - self.seen.counters.get("accepted", accepted)
             d_drafts = drafts - self.seen.counters.get("drafts", drafts)
             self.seen.counters.update(accepted=accepted, drafts=drafts)
             accept = d_acc / d_drafts + 1 if d_drafts > 0 else None
-        return Metrics(first(values, RUNNING), first(values, WAITING), first(values, KV_USAGE), accept)
+        return Metrics(first(sm.RUNNING), first(sm.WAITING), first(sm.KV_USAGE), accept)
 
     def _foreign_events(self, metrics: Metrics, now: float, events: list[Event]) -> None:
         if metrics.running is None:
@@ -320,8 +297,7 @@ class Watcher:
         down (0), or the restart policy gave up (1)."""
         polls = 0
         while not self.stop.is_set():
-            began = time.monotonic()
-            result = self.poll()
+            began, result = time.monotonic(), self.poll()
             polls += 1
             on_poll(result)
             if result.status in ("stopped", "leftover"):

@@ -18,30 +18,22 @@ if TYPE_CHECKING:
     from sparkfleet.config.cluster import Node
 
 ProgressFn = Callable[[StagingStep, int, int], None]
-# pipeline: source → node → node …, each forwarding while it writes (apply/staging/pipeline.py);
-# push: the source copies to every target at once (its link shared among them).
-Fanout = Literal["pipeline", "push"]
+Fanout = Literal["pipeline", "push"]  # a chain of nodes (pipeline.py), or the source to every target at once
 Method = Literal["auto", "rsync", "tar"]  # how a sync moves files (auto: rsync where both ends have it)
-# The order of the phase: the Hub fetch, then distribution between nodes (one entry on all its
-# nodes at once), then what runs on each node (a node's steps of one kind at once).
-Phase = Literal["fetch", "distribute", "node"]
+Phase = Literal["fetch", "distribute", "node"]  # in this order (phase.py)
 T = TypeVar("T")
-
-
-def _quiet(_message: str) -> None:
-    pass
 
 
 @dataclass(frozen=True)
 class Context:
     """What a kind's runner works with; ``plan`` is there for the kinds that need the
-    deployment (fetch and distribution), and sets each node's python."""
+    deployment (fetch and distribution)."""
 
     transports: Mapping[str, Transport]
     plan: Plan | None = None
     verify: bool = False
     progress: ProgressFn | None = None
-    say: Callable[[str], None] = _quiet
+    say: Callable[[str], None] = lambda _m: None
     method: Method = "auto"
     fanout: Fanout = "pipeline"
     chunk_bytes: int | None = None
@@ -72,9 +64,8 @@ class Context:
 
 @dataclass(frozen=True)
 class Runner:
-    """How one kind runs: ``stage(context, steps)`` returns its reports. A ``node`` kind is given
-    one node's steps of the kind (and is what ``--verify`` checks); the others one entry's steps
-    on every node."""
+    """How one kind runs: ``stage(context, steps)`` returns its reports. A ``node`` kind is given one
+    node's steps of the kind (and is what ``--verify`` checks); the others one entry's on every node."""
 
     entry: type[Entry]
     phase: Phase
@@ -107,10 +98,6 @@ class StageReport:
     outputs: tuple[OutputReport, ...] = ()
     hash: str | None = None
     composed: ComposedModel | None = None
-
-    @property
-    def bytes_written(self) -> int:
-        return sum(o.bytes_written for o in self.outputs)
 
     def rows(self, verify: bool) -> list[dict[str, object]]:
         """One row per staged file or composed directory."""

@@ -4,7 +4,6 @@ hard-linked local files) built, or only checked, by nodes/shipped/composed_worke
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sparkfleet.apply.staging.base import Context, Runner, StageReport
@@ -17,18 +16,13 @@ from sparkfleet.plan.staging.composed import Composed
 
 @dataclass(frozen=True)
 class ComposedModel:
-    """A composed directory on one node.
-
-    ``path`` is the cache root (Hugging Face hub layout), ``model_dir`` the snapshot directory
-    inside it that holds the model's files, and ``extra_mounts`` the directories the symlinks
-    point into: a container must see them at the same path for the links to resolve.
-    """
+    """A composed directory on one node."""
 
     node: str
-    path: str
-    model_dir: str
+    path: str  # the cache root (Hugging Face hub layout)
+    model_dir: str  # the snapshot directory in it that holds the model's files
     revision: str
-    extra_mounts: tuple[str, ...]
+    extra_mounts: tuple[str, ...]  # what the symlinks point into: a container must see them at the same path
     links: int
     hard_links: int
     problems: tuple[str, ...] = ()
@@ -38,12 +32,9 @@ def _compose(ctx: Context, step: StagingStep) -> StageReport:
     """Build (or only check, with ``verify``) the step's composed directory on its node."""
     entry = step.entry
     assert isinstance(entry, Composed)
-    args = {
-        "repo_dir": entry.src, "dst": entry.dst, "revision": entry.revision,
-        "local_files": list(entry.local_files), "verify": ctx.verify, "primary": entry.primary,
-    }  # fmt: skip
-    transport = ctx.transport(step.node)
-    result = run_shipped(transport, ctx.python(step.node), COMPOSE_WORKER, [json.dumps(args)])
+    args = {"repo_dir": entry.src, "dst": entry.dst, "revision": entry.revision, "primary": entry.primary,
+            "local_files": list(entry.local_files), "verify": ctx.verify}  # fmt: skip
+    result = run_shipped(ctx.transport(step.node), ctx.python(step.node), COMPOSE_WORKER, [json.dumps(args)])
     for line in reversed(result.stdout.splitlines()):
         if line.startswith(composed_worker.RESULT_MARKER):
             data = json.loads(line[len(composed_worker.RESULT_MARKER) :])
@@ -52,16 +43,9 @@ def _compose(ctx: Context, step: StagingStep) -> StageReport:
         raise StagingError(step.node, f"composed_model: the worker exited {result.exit_code}: {result.tail()}")
     if not data["ok"]:
         raise StagingError(step.node, f"composed_model: {data['error']}")
-    model = ComposedModel(
-        node=step.node, path=step.dst, model_dir=data["model_dir"], revision=data["revision"],
-        extra_mounts=tuple(data["mount_roots"]), links=data["links"], hard_links=data["hard_links"],
-        problems=tuple(data["problems"]),
-    )  # fmt: skip
+    model = ComposedModel(step.node, step.dst, data["model_dir"], data["revision"], tuple(data["mount_roots"]),
+                          data["links"], data["hard_links"], tuple(data["problems"]))  # fmt: skip
     return StageReport(step.node, step.id, step.rank, step.kind, result.duration, composed=model)
 
 
-def run(ctx: Context, steps: Sequence[StagingStep]) -> list[StageReport]:
-    return [_compose(ctx, step) for step in steps]
-
-
-RUNNER = Runner(Composed, "node", run)
+RUNNER = Runner(Composed, "node", lambda ctx, steps: [_compose(ctx, step) for step in steps])

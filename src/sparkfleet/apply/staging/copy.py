@@ -1,10 +1,8 @@
 """``copy`` staging: push small files (tuning tables, chat templates) to a folder on every node.
 
 Every rank must read the same bytes: ranks whose DSpark tables differ build different verify
-shapes and the collective hangs. So each file is written atomically, then hashed ON the node
-(``sha256sum`` after the write) and compared with the controller's hash; any difference or
-failure is a StagingError naming the node and the file, which aborts ``up``. A file the node
-already holds with the right hash is not sent again.
+shapes and the collective hangs. So each file is hashed ON the node after the write and compared
+with the controller's hash (a difference aborts ``up``); a file already there is not sent again.
 """
 
 from __future__ import annotations
@@ -79,25 +77,17 @@ def copy_files(transport: Transport, files: Sequence[LocalFile], dst: str, step_
         try:
             transport.put(f.path, targets[f.name], mode=0o644)
         except (TransportError, OSError) as exc:
-            raise StagingError(
-                transport.node, f"staging {step_id!r}: could not write {targets[f.name]}: {exc}"
-            ) from None
+            why = f"staging {step_id!r}: could not write {targets[f.name]}: {exc}"
+            raise StagingError(transport.node, why) from None
     after = remote_hashes(transport, [targets[f.name] for f in todo]) if todo else {}
     for f in todo:
         got = after.get(targets[f.name])
         if got != f.sha256:
             seen = "is missing after the write" if got is None else f"has sha256 {got[:12]}…"
-            raise StagingError(
-                transport.node,
-                f"staging {step_id!r}: {targets[f.name]} {seen}, expected {f.sha256[:12]}… ({f.path})",
-            )
-    return CopyReport(
-        node=transport.node,
-        dst=dst,
-        sent=tuple(f.name for f in todo),
-        unchanged=tuple(f.name for f in files if f not in todo),
-        bytes_sent=sum(f.size for f in todo),
-    )
+            why = f"staging {step_id!r}: {targets[f.name]} {seen}, expected {f.sha256[:12]}… ({f.path})"
+            raise StagingError(transport.node, why)
+    unchanged = tuple(f.name for f in files if f not in todo)
+    return CopyReport(transport.node, dst, tuple(f.name for f in todo), unchanged, sum(f.size for f in todo))
 
 
 def run(ctx: Context, steps: Sequence[StagingStep]) -> list[CopyReport]:

@@ -1,9 +1,7 @@
 """The Hub fetch, controller side: the engine's files of the recipe's model onto the source node,
-once. It runs nodes/shipped/hub_fetch.py on the step's node with that node's python
-(huggingface_hub's own client: resume, cache layout, auth) and returns what it did.
-The token (the recipe's ``HF_TOKEN`` secret) and the job travel on stdin, never in argv; the
-Hub address is the controller's ``HF_ENDPOINT`` when set (a mirror), else the node's own.
-The other nodes then get the snapshot from that node (distribution), never from the Hub.
+once, by nodes/shipped/hub_fetch.py with that node's python (huggingface_hub's own client: resume,
+cache layout, auth). The token travels on stdin, never in argv; the Hub address is the controller's
+``HF_ENDPOINT`` when set (a mirror). The other nodes get the snapshot from that node, not the Hub.
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ from sparkfleet.config.secrets import redact
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes.ship import HUB_FETCH, stream_shipped
 from sparkfleet.nodes.shipped.hub_fetch import rules
-from sparkfleet.plan.model import Plan
 from sparkfleet.plan.staging import StagingStep
 from sparkfleet.plan.staging.hub import Hub
 
@@ -48,18 +45,14 @@ class HubReport:
         return sum(size for _, size, _ in self.skipped)
 
 
-def _token(plan: Plan) -> str | None:
-    env = plan.head.env_dict()
-    return next((env[k] for k in TOKEN_KEYS if env.get(k)), None)
-
-
 def run(ctx: Context, steps: Sequence[StagingStep]) -> list[HubReport]:
     """Bring the step's model to its node; the token (the plan's HF_TOKEN) travels on stdin."""
     (step,) = steps
     spec, plan = step.entry, ctx.plan
     assert isinstance(spec, Hub) and plan is not None
     ctx.say(f"fetching {spec.repo} from the Hub onto {step.node} (only what the engine loads)")
-    token = _token(plan)
+    env = plan.head.env_dict()
+    token = next((env[k] for k in TOKEN_KEYS if env.get(k)), None)
     job = {"repo": spec.repo, "revision": spec.revision, "cache": spec.dst, "profile": list(spec.profile),
            "endpoint": os.environ.get("HF_ENDPOINT"), "token": token}  # fmt: skip
     transport, python = ctx.transport(step.node), ctx.python(step.node)

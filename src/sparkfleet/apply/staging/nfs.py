@@ -1,11 +1,7 @@
-"""``nfs`` staging: export a folder read-only from one node; mount it on the others as a Docker
-NFS volume, the way the seed's ``share`` does (``.env.tp4.example``: NFS_VOLUME, NFS_SERVER_IPS).
-
-The server node exports ``src`` with the kernel NFS server (an ``/etc/exports.d`` file and
-``exportfs -ra``); each other node gets ``docker volume create --driver local --opt type=nfs
---opt o=addr=<server fabric IP>,nfsvers=4.2,ro,... --opt device=:<src> <volume>``. Docker mounts
-the share when a container first uses the volume, so a wrong address or a missing export only
-shows at launch; that is why every worker reads ``check_file`` from a container before launch.
+"""``nfs`` staging: export a folder read-only from one node (an ``/etc/exports.d`` file and
+``exportfs -ra``) and mount it on the others as a Docker NFS volume, the way the seed's ``share``
+does. Docker mounts the share only when a container first uses the volume, so a wrong address or
+a missing export would show at launch: every worker reads ``check_file`` from a container first.
 """
 
 from __future__ import annotations
@@ -38,17 +34,14 @@ def export(server: Transport, path: str, clients: Sequence[str], volume: str) ->
     if not files.is_dir(server, path):
         raise StagingError(server.node, f"cannot export {path}: no such folder on the NFS server node")
     if not nfs.has_exportfs(server):
-        raise StagingError(
-            server.node, "no NFS server here (exportfs not found): install nfs-kernel-server on this node"
-        )
+        why = "no NFS server here (exportfs not found): install nfs-kernel-server on this node"
+        raise StagingError(server.node, why)
     # exportfs only edits the export table; without nfsd threads nothing answers the clients.
     threads = nfs.nfsd_threads(server)
     if not threads:
         why = "no nfsd threads" if threads == 0 else "/proc/fs/nfsd is not mounted: no kernel NFS server"
-        raise StagingError(
-            server.node,
-            f"cannot export {path}: the NFS server is not running ({why}); start nfs-kernel-server",
-        )
+        why = f"cannot export {path}: the NFS server is not running ({why}); start nfs-kernel-server"
+        raise StagingError(server.node, why)
     write = nfs.write_exports(server, volume, exports_line(path, clients, volume))
     if not write.ok:
         target = f"{nfs.EXPORTS_DIR}/{volume}.exports"
@@ -69,9 +62,8 @@ def ensure_volume(client: Transport, volume: str, server_ip: str, path: str, opt
             return NfsReport(client.node, "client", volume, "volume already points at the export")
         removed = docker.remove_volume(client, volume)
         if not removed.ok:
-            raise StagingError(
-                client.node, f"volume {volume} points elsewhere and cannot be replaced: {removed.tail()}"
-            )
+            why = f"volume {volume} points elsewhere and cannot be replaced: {removed.tail()}"
+            raise StagingError(client.node, why)
     made = docker.create_volume(client, volume, wanted)
     if not made.ok:
         raise StagingError(client.node, f"docker volume create {volume} failed: {made.tail()}")
@@ -83,10 +75,8 @@ def check_volume(client: Transport, volume: str, image: str, check_file: str) ->
     inside = f"/sparkfleet-nfs/{check_file.lstrip('/')}"
     result = docker.run_once(client, image, "head", ["-c", "1", inside], volumes=[(volume, "/sparkfleet-nfs:ro")])
     if not result.ok:
-        raise StagingError(
-            client.node,
-            f"cannot read {check_file} through NFS volume {volume} from a container: {result.tail()}",
-        )
+        why = f"cannot read {check_file} through NFS volume {volume} from a container: {result.tail()}"
+        raise StagingError(client.node, why)
 
 
 def run(ctx: Context, steps: Sequence[StagingStep]) -> list[NfsReport]:

@@ -1,8 +1,7 @@
-"""The staging phase, one for ``up`` and ``sparkfleet stage``: the Hub fetch first, then
-distribution between nodes (each entry on all its nodes at once, in recipe order), since composed
-directories link into what it puts in place, then what runs on each node (all nodes in parallel;
-on each, one kind's steps at once). With ``verify`` nothing is written: only the kinds that run
-on the node check what they staged, in full. Each kind's runner is found in ``RUNNERS``."""
+"""The staging phase, one for ``up`` and ``sparkfleet stage``: the Hub fetch, then distribution
+between nodes (each entry on all its nodes at once, in recipe order), since composed directories
+link into what it puts in place, then what runs on each node (nodes in parallel; on each, one
+kind's steps at once). With ``verify`` only the kinds that run on the node check, in full."""
 
 from __future__ import annotations
 
@@ -11,16 +10,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from rich import progress as rp
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 
 from sparkfleet.apply.staging import RUNNERS
 from sparkfleet.apply.staging.base import Context, Fanout, Method, Phase, ProgressFn, StageReport
@@ -28,7 +19,7 @@ from sparkfleet.errors import StagingError
 from sparkfleet.nodes.fanout import fan_out
 from sparkfleet.nodes.transport.base import Transport
 from sparkfleet.plan.model import Plan
-from sparkfleet.plan.staging import Entry, StagingStep
+from sparkfleet.plan.staging import StagingStep
 
 T = TypeVar("T")
 
@@ -64,37 +55,32 @@ class StagePhase:
             raise StagingError(str(first["node"]), f"{first['path']} is not as staged: {first['status']}{more}")
 
 
+def _by(ctx: Context, steps: Sequence[StagingStep], key: Callable[[StagingStep], object]) -> list[Any]:
+    """Run the steps grouped by key, a group at a time, each by its kind's runner."""
+    groups: dict[object, list[StagingStep]] = {}
+    for step in steps:
+        groups.setdefault(key(step), []).append(step)
+    return [r for group in groups.values() for r in RUNNERS[type(group[0].entry)].stage(ctx, group)]
+
+
 def _runs(ctx: Context, steps: Sequence[StagingStep], phase: Phase) -> list[Any]:
     """One phase's steps: per entry on all its nodes, or, for ``node``, per node and kind."""
     steps = [s for s in steps if RUNNERS[type(s.entry)].phase == phase]
     if phase != "node":
-        by_entry: dict[str, list[StagingStep]] = {}
-        for step in steps:
-            by_entry.setdefault(step.id, []).append(step)
-        return [r for group in by_entry.values() for r in RUNNERS[type(group[0].entry)].stage(ctx, group)]
-
-    def one_node(node: str) -> list[Any]:
-        by_kind: dict[type[Entry], list[StagingStep]] = {}
-        for step in (s for s in steps if s.node == node):
-            by_kind.setdefault(type(step.entry), []).append(step)
-        return [r for kind, group in by_kind.items() for r in RUNNERS[kind].stage(ctx, group)]
-
+        return _by(ctx, steps, lambda s: s.id)
     nodes = list(dict.fromkeys(s.node for s in steps))
     for node in nodes:
         ctx.transport(node)  # a node without a transport is refused before any starts
-    done = fan_out(nodes, one_node, workers=max(1, len(nodes))).raise_all(StagingError)
-    return [r for reports in done.values() for r in reports]
-
-
-def _context(plan: Plan, transports: Mapping[str, Transport], **kw: Any) -> Context:
-    return Context(transports, plan, pythons={r.node.name: r.node.python for r in plan.ranks}, **kw)
+    mine = {n: [s for s in steps if s.node == n] for n in nodes}
+    done = fan_out(nodes, lambda n: _by(ctx, mine[n], lambda s: type(s.entry)), workers=max(1, len(nodes)))
+    return [r for reports in done.raise_all(StagingError).values() for r in reports]
 
 
 def stage(plan: Plan, transports: Mapping[str, Transport], *, verify: bool = False,
           progress: ProgressFn | None = None, say: Callable[[str], None] = lambda _m: None,
           fanout: Fanout = "pipeline", method: Method = "auto") -> StagePhase:  # fmt: skip
     """Run the plan's staging (see the module's doc); StagingError on the first step that fails."""
-    ctx = _context(plan, transports, verify=verify, progress=progress, say=say, fanout=fanout, method=method)
+    ctx = Context(transports, plan, verify=verify, progress=progress, say=say, fanout=fanout, method=method)
     reports = [] if verify else _runs(ctx, plan.staging, "fetch")
     if not verify and any(RUNNERS[type(s.entry)].phase == "distribute" for s in plan.staging):
         say("distributing model files")
@@ -110,7 +96,7 @@ def distribute(plan: Plan, transports: Mapping[str, Transport], progress: Progre
                method: Method = "auto", fanout: Fanout = "pipeline") -> StagePhase:  # fmt: skip
     """Only distribution: every sync, copy and nfs entry of the plan (recipe order; nodes in
     parallel within one), without the Hub fetch or what runs on each node."""
-    ctx = _context(plan, transports, progress=progress, method=method, fanout=fanout)
+    ctx = Context(transports, plan, progress=progress, method=method, fanout=fanout)
     return StagePhase(False, tuple(_runs(ctx, plan.staging, "distribute")), tuple(ctx.notes))
 
 
@@ -126,11 +112,9 @@ def stage_all(steps: Sequence[StagingStep], transports: Mapping[str, Transport],
 @contextmanager
 def rich_progress(console: Console) -> Iterator[ProgressFn]:
     """One transfer bar per (step, node) on console while the block runs; yields the callback."""
-    bars = Progress(
-        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-        TimeRemainingColumn(), console=console, transient=False,
-    )  # fmt: skip
-    tasks: dict[tuple[str, str], TaskID] = {}
+    columns = (rp.BarColumn(), rp.DownloadColumn(), rp.TransferSpeedColumn(), rp.TimeRemainingColumn())
+    bars = rp.Progress(rp.TextColumn("{task.description}"), *columns, console=console, transient=False)
+    tasks: dict[tuple[str, str], rp.TaskID] = {}
 
     def update(step: StagingStep, done: int, total: int) -> None:
         key = (step.id, step.node)

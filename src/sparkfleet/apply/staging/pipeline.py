@@ -1,15 +1,10 @@
 """Pipeline fan-out: the source sends a snapshot once, each node writes it and forwards it to the next.
 
-Push (``sync_node`` to every target at once) shares the source's link among N targets, so with
-the link as the limit N targets take about N times one copy. In a chain every link carries the
-stream once in and once out, so N targets take about the time of one.
-
-Stock tools only (tar, tee, ssh: nodes/chain.py holds the commands); every node's tar reports
-the records it has unpacked, which come back on the source's output: per-node progress.
-
-Resumable per file: every target is listed first (size, mtime, link target, as the tar fallback
-of transfer.py does); only files some target lacks or holds differently travel, so a cut run resends
-the files it had not finished. The identity check after it is distribution's, as for push.
+Push shares the source's link among N targets (about N times one copy); in a chain every link
+carries the stream once in and once out, so N targets take about the time of one. Stock tools
+only (tar, tee, ssh: nodes/chain.py); each node's tar reports the records it unpacked, which come
+back on the source's output as per-node progress. Resumable per file: only files some target lacks
+or holds differently travel, so a cut run resends only what it had not finished.
 """
 
 from __future__ import annotations
@@ -18,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from sparkfleet.apply.staging.snapshot_identity import Snapshot
-from sparkfleet.apply.staging.transfer import Endpoint, SyncReport, _prepare, _stat, transfer_list
+from sparkfleet.apply.staging.transfer import Endpoint, SyncReport, _prepare, _source_stat, _stat, transfer_list
 from sparkfleet.errors import StagingError
 from sparkfleet.nodes import chain as node_chain
 from sparkfleet.nodes.fanout import fan_out
@@ -26,24 +21,14 @@ from sparkfleet.nodes.fanout import fan_out
 NodeBytesFn = Callable[[str, int], None]
 
 
-def pipeline(
-    source: Endpoint,
-    targets: Sequence[Endpoint],
-    snapshot: Snapshot,
-    *,
-    include: Sequence[str] = (),
-    exclude: Sequence[str] = (),
-    on_bytes: NodeBytesFn | None = None,
-) -> list[SyncReport]:
+def pipeline(source: Endpoint, targets: Sequence[Endpoint], snapshot: Snapshot, *, include: Sequence[str],
+             exclude: Sequence[str], on_bytes: NodeBytesFn | None = None) -> list[SyncReport]:  # fmt: skip
     """Bring every target's copy up to date with source's through one chain; one report per target."""
     start = time.monotonic()
     files, total = transfer_list(snapshot, include, exclude)
     by_node = {t.node: t for t in targets}
     fan_out(list(by_node), lambda n: _prepare(by_node[n])).raise_all(StagingError)
-    want = _stat(source, files)
-    missing = [p for p in files if p not in want]
-    if missing:
-        raise StagingError(source.node, f"{source.path}: {missing[0]} vanished during the sync")
+    want = _source_stat(source, files)
     have = fan_out(list(by_node), lambda n: _stat(by_node[n], files)).raise_all(StagingError)
     needs = {n: [p for p in files if have[n].get(p) != want[p]] for n in by_node}
     chain = [t for t in targets if needs[t.node]]
@@ -53,12 +38,8 @@ def pipeline(
         _run_chain(source, chain, todo, payload, on_bytes)
     took = time.monotonic() - start
     # Every node of the chain receives the whole stream (a file one node already had is rewritten).
-    return [
-        SyncReport(t.node, "pipeline", len(files), len(todo), total, payload, took)
-        if t in chain
-        else SyncReport(t.node, "pipeline", len(files), 0, total, 0, took)
-        for t in targets
-    ]
+    return [SyncReport(t.node, "pipeline", len(files), len(todo) if t in chain else 0, total,
+                       payload if t in chain else 0, took) for t in targets]  # fmt: skip
 
 
 def _ssh(forwarder: Endpoint, target: Endpoint) -> str:
@@ -87,11 +68,9 @@ def _run_chain(source: Endpoint, chain: list[Endpoint], todo: list[str], payload
         node_chain.remove_scripts(hops, scripts)
     if code != 0:
         tail = "\n".join(said[-6:]) or "no output"
-        raise StagingError(
-            chain[0].node,
-            f"pipeline {source.node} → {' → '.join(t.node for t in chain)} exited {code}: {tail}\n"
-            "Run again to resend only the files that did not arrive, or use --method push",
-        )
+        route = " → ".join(t.node for t in chain)
+        raise StagingError(chain[0].node, f"pipeline {source.node} → {route} exited {code}: {tail}\nRun again to "
+                           "resend only the files that did not arrive, or use --method push")  # fmt: skip
     if on_bytes is not None:
         for t in chain:
             on_bytes(t.node, payload)

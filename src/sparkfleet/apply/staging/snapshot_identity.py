@@ -1,13 +1,11 @@
 """Snapshot identity: is the model every node will load the same model?
 
 A node-side scanner lists one snapshot (a Hugging Face cache repo at one revision, or any folder):
-every file's path, size and, for the small files that decide how a checkpoint is read (config,
-safetensors index, tokenizer, chat template), its sha256. Before launch the controller compares
-every node's listing with the reference one and refuses the nodes that differ, naming the files:
-ranks that load different shards or configs hang or answer garbage, far from the cause.
-
-Hashing only metadata keeps the check at seconds for a 150 GB checkpoint; the shards are covered
-by their sizes and, in a hub cache, by their blob names, which are the files' sha256.
+every file's path and size, and the sha256 of the small files that decide how a checkpoint is read
+(config, index, tokenizer, chat template). Before launch every node's listing is compared with the
+reference and the nodes that differ are refused, naming the files: ranks that load different shards
+or configs hang or answer garbage, far from the cause. Hashing only those keeps the check at seconds
+for a 150 GB checkpoint; shards are covered by their sizes and, in a hub cache, their blob names.
 """
 
 from __future__ import annotations
@@ -28,13 +26,6 @@ from sparkfleet.nodes.transport.base import Transport
 HASHED = ("*.json", "*.jinja", "*.model", "*.txt", "*.py", "*.tiktoken")
 HASH_LIMIT = 64 * 1024 * 1024
 _SHOWN = 8
-
-
-# ---- controller side (the node side is nodes/shipped/snapshot_scan.py, shipped as SNAPSHOT_SCAN) ----
-
-
-def _scan_args(root: str, revision: str | None) -> list[str]:
-    return [json.dumps({"root": root, "revision": revision, "hashed": list(HASHED), "hash_limit": HASH_LIMIT})]
 
 
 @dataclass(frozen=True)
@@ -60,9 +51,6 @@ class Snapshot:
     refs: tuple[tuple[str, str], ...]
     files: tuple[FileFact, ...]
 
-    def by_path(self) -> dict[str, FileFact]:
-        return {f.path: f for f in self.files}
-
 
 def parse_scan(node: str, root: str, data: Mapping[str, object]) -> Snapshot:
     """A Snapshot from the scanner's JSON; a scanner error becomes a StagingError naming node."""
@@ -74,10 +62,10 @@ def parse_scan(node: str, root: str, data: Mapping[str, object]) -> Snapshot:
 
 
 def scan_node(transport: Transport, root: str, revision: str | None, *, python: str = "python3") -> Snapshot:
-    """Scan the snapshot at root on the transport's node."""
     if transport.capabilities.local:  # this machine: no interpreter to start
         return parse_scan(transport.node, root, scan_snapshot(root, revision, HASHED, HASH_LIMIT))
-    result = run_shipped(transport, python, SNAPSHOT_SCAN, _scan_args(root, revision), timeout=600)
+    job = {"root": root, "revision": revision, "hashed": list(HASHED), "hash_limit": HASH_LIMIT}
+    result = run_shipped(transport, python, SNAPSHOT_SCAN, [json.dumps(job)], timeout=600)
     if not result.ok:
         raise StagingError(transport.node, f"cannot list {root}: {result.tail() or 'scanner failed'}")
     try:
@@ -88,9 +76,8 @@ def scan_node(transport: Transport, root: str, revision: str | None, *, python: 
 
 
 def check_copy(transport: Transport, root: str, reference: Snapshot, paths: Sequence[str]) -> Snapshot:
-    """A node's copy of reference at root, read with stat, find and sha256sum (no interpreter to
-    start, so it is cheap after every sync): sizes and link targets of paths (snapshot-relative)
-    and sha256 of the ``HASHED`` names. ``scan_node`` also finds files the reference lacks."""
+    """A node's copy of reference at root (paths snapshot-relative), read with stat, find and sha256sum:
+    no interpreter to start, so it is cheap after every sync. ``scan_node`` also finds extra files."""
     # "./" so that no path can read as an option of find or stat
     base = f"./snapshots/{reference.revision}/" if reference.layout == "hf" else "./"
     result = node_files.snapshot_check(transport, root, [base + p for p in paths], HASHED, HASH_LIMIT)
@@ -113,10 +100,8 @@ def check_copy(transport: Transport, root: str, reference: Snapshot, paths: Sequ
     files = []
     for p in paths:
         text = links.get(p)
-        blob = None
-        if text is not None:
-            joined = os.path.normpath(os.path.join(os.path.dirname(base + p), text))
-            blob = None if joined.startswith("..") else joined
+        joined = os.path.normpath(os.path.join(os.path.dirname(base + p), text)) if text is not None else ".."
+        blob = None if joined.startswith("..") else joined  # a link out of the repo names no blob
         if p in sizes:
             files.append(FileFact(p, "link" if text else "file", sizes[p], text, blob, digests.get(p)))
         elif text is not None:
@@ -144,19 +129,15 @@ class Difference:
     files: tuple[tuple[str, str], ...]  # (path, what differs)
 
     def message(self, reference: str) -> str:
-        parts = []
-        if self.revision is not None:
-            parts.append(f"revision {self.revision[1]} (reference {reference} has {self.revision[0]})")
-        shown = [f"{path}: {what}" for path, what in self.files[:_SHOWN]]
+        parts = [f"revision {self.revision[1]} (reference {reference} has {self.revision[0]})"] if self.revision else []
+        parts += [f"{path}: {what}" for path, what in self.files[:_SHOWN]]
         if len(self.files) > _SHOWN:
-            shown.append(f"and {len(self.files) - _SHOWN} more")
-        parts.extend(shown)
+            parts.append(f"and {len(self.files) - _SHOWN} more")
         return f"snapshot differs from {reference}'s: " + "; ".join(parts)
 
 
-def compare(
-    reference: Snapshot, other: Snapshot, *, include: Sequence[str] = (), exclude: Sequence[str] = ()
-) -> Difference | None:
+def compare(reference: Snapshot, other: Snapshot, *, include: Sequence[str] = (),
+            exclude: Sequence[str] = ()) -> Difference | None:  # fmt: skip
     """None when other has the same files (paths, sizes, metadata hashes) as reference."""
     ref = {f.path: f for f in select(reference.files, include, exclude)}
     mine = {f.path: f for f in select(other.files, include, exclude)}
@@ -175,21 +156,14 @@ def compare(
             diffs.append((path, "content differs (sha256)"))
         elif a.blob and b.blob and a.blob != b.blob:
             diffs.append((path, f"points to {b.blob}, not {a.blob}"))
-    revision = None
-    if reference.revision != other.revision:
-        revision = (reference.revision, other.revision)
+    revision = (reference.revision, other.revision) if reference.revision != other.revision else None
     if revision is None and not diffs:
         return None
     return Difference(other.node, revision, tuple(diffs))
 
 
-def check_identity(
-    snapshots: Sequence[Snapshot],
-    *,
-    reference: Snapshot | None = None,
-    include: Sequence[str] = (),
-    exclude: Sequence[str] = (),
-) -> None:
+def check_identity(snapshots: Sequence[Snapshot], *, reference: Snapshot | None = None,
+                   include: Sequence[str] = (), exclude: Sequence[str] = ()) -> None:  # fmt: skip
     """Raise a StagingError naming every node whose snapshot differs from the reference (the first
     snapshot unless given) and the files that differ; return when all agree."""
     if not snapshots:
@@ -199,7 +173,5 @@ def check_identity(
     if not found:
         return
     first, *rest = found
-    message = first.message(ref.node)
-    for d in rest:
-        message += f"\n{d.node}: {d.message(ref.node)}"
-    raise StagingError(first.node, message)
+    lines = [first.message(ref.node)] + [f"{d.node}: {d.message(ref.node)}" for d in rest]
+    raise StagingError(first.node, "\n".join(lines))

@@ -11,6 +11,7 @@ import json
 import threading
 import uuid
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import Any
 
 from sparkfleet.apply.staging.base import Context, OutputReport, ProgressFn, Runner, StageReport
@@ -23,24 +24,15 @@ from sparkfleet.plan.staging import StagingStep
 from sparkfleet.plan.staging.sparse_rows import SparseRows
 
 _POLL_SECONDS = 0.5
+_OUTPUT_FIELDS = [f.name for f in fields(OutputReport)]
 
 
 def _job(step: StagingStep, verify: bool, chunk_bytes: int | None) -> dict[str, Any]:
     entry = step.entry
     assert isinstance(entry, SparseRows) and entry.src
-    job: dict[str, Any] = {
-        "src": entry.src,
-        "dst": entry.dst,
-        "tp": step.tp,
-        "rank": step.rank,
-        "layout": entry.layout,
-        "tables": list(entry.tables),
-        "min_free": entry.min_free,
-        "mode": "verify" if verify else "stage",
-    }
-    if chunk_bytes:
-        job["chunk_bytes"] = chunk_bytes
-    return job
+    return {"src": entry.src, "dst": entry.dst, "tp": step.tp, "rank": step.rank, "layout": entry.layout,
+            "tables": list(entry.tables), "min_free": entry.min_free, "mode": "verify" if verify else "stage",
+            **({"chunk_bytes": chunk_bytes} if chunk_bytes else {})}  # fmt: skip
 
 
 def _parse_result(steps: Sequence[StagingStep], result: Result) -> list[dict[str, Any]]:
@@ -57,9 +49,8 @@ def _parse_result(steps: Sequence[StagingStep], result: Result) -> list[dict[str
     raise StagingError(first.node, f"staging {first.id!r}: the worker exited {result.exit_code}: {tail}")
 
 
-def _poll_progress(
-    transport: Transport, steps: Sequence[StagingStep], path: str, done: threading.Event, progress: ProgressFn
-) -> None:
+def _poll_progress(transport: Transport, steps: Sequence[StagingStep], path: str, done: threading.Event,
+                   progress: ProgressFn) -> None:  # fmt: skip
     while not done.wait(_POLL_SECONDS):
         seen = node_files.read_text(transport, path)
         if seen is not None:
@@ -78,42 +69,24 @@ def run(ctx: Context, steps: Sequence[StagingStep]) -> list[StageReport]:
     finished = threading.Event()
     poller = None
     if progress is not None and progress_file is not None:
-        poller = threading.Thread(
-            target=_poll_progress, args=(transport, steps, progress_file, finished, progress), daemon=True
-        )
+        poller = threading.Thread(target=_poll_progress, args=(transport, steps, progress_file, finished, progress),
+                                  daemon=True)  # fmt: skip
         poller.start()
     try:
         result = run_shipped(transport, python, STAGE_WORKER, [json.dumps(args)])
     finally:
         finished.set()
-        if poller is not None:
+        if poller is not None and progress_file is not None:
             poller.join()
-        if progress_file is not None:
             node_files.remove(transport, progress_file, progress_file + ".tmp")
     reports = []
     for step, data in zip(steps, _parse_result(steps, result), strict=True):
-        outputs = tuple(
-            OutputReport(
-                path=o["path"], layout=o["layout"], size=o["size"], status=o["status"], action=o["action"],
-                bytes_written=o["bytes_written"], chunks_rewritten=o["chunks_rewritten"],
-                chunks_total=o["chunks_total"],
-            )
-            for o in data["outputs"]
-        )  # fmt: skip
+        outputs = tuple(OutputReport(**{k: o[k] for k in _OUTPUT_FIELDS}) for o in data["outputs"])
         if progress is not None:
             total = sum(o.size for o in outputs)
             progress(step, total, total)
-        reports.append(
-            StageReport(
-                node=step.node,
-                step_id=step.id,
-                rank=step.rank,
-                kind=step.kind,
-                seconds=float(data["seconds"]),
-                outputs=outputs,
-                hash=data.get("hash"),
-            )
-        )
+        reports.append(StageReport(step.node, step.id, step.rank, step.kind, float(data["seconds"]), outputs,
+                                   data.get("hash")))  # fmt: skip
     return reports
 
 

@@ -1,11 +1,9 @@
 """``sync``, controller side: one entry's snapshot onto every node, then every copy checked.
 
-The snapshot is listed at its source (the controller's path, or ``source_node``'s), then copied
-to each node by transfer.py's rsync or tar stream, or, from a source node to two or more others,
-down one pipeline (pipeline.py) unless ``fanout`` is ``push``. A destination that is storage
-another node already writes (a NAS mounted on several nodes) is found by a marker file and not
-copied twice. After the copy every node's listing is compared with the source's (file list,
-sizes, hashes of index and config files): a node that differs is refused, naming the files.
+The snapshot is listed at its source, then copied by transfer.py's rsync or tar stream, or from a
+source node to two or more others down one pipeline (pipeline.py). A destination on storage another
+node already writes (a NAS) is found by a marker file and not copied twice. Every node's listing is
+then compared with the source's: a node that differs is refused, naming the files.
 """
 
 from __future__ import annotations
@@ -25,8 +23,7 @@ from sparkfleet.plan.staging.sync import Sync
 
 
 def _endpoint(ctx: Context, node: str, path: str) -> Endpoint:
-    n = ctx.nodes()[node]
-    return Endpoint(ctx.transport(node), path, n.fabric_ip, n.user, n.ssh_port)
+    return Endpoint(ctx.transport(node), path, ctx.nodes()[node].fabric_ip)
 
 
 def run(ctx: Context, steps: Sequence[StagingStep]) -> list[SyncReport]:
@@ -88,10 +85,7 @@ def run(ctx: Context, steps: Sequence[StagingStep]) -> list[SyncReport]:
 def _shared_storage(ctx: Context, source: Endpoint, targets: Sequence[Endpoint]) -> dict[str, str]:
     """Targets whose destination is storage another party already writes (a NAS cache mounted at
     the same path on several nodes, or the source's own folder): {node: the node holding it}.
-
-    Probed, not assumed: the same path on two nodes is often two local disks. A marker file is
-    written where the copy will go (or at the source) and looked for on the others.
-    """
+    Probed with a marker file, not assumed: the same path on two nodes is often two local disks."""
     by_path: dict[str, list[Endpoint]] = {}
     for t in targets:
         by_path.setdefault(t.path.rstrip("/"), []).append(t)

@@ -1,23 +1,15 @@
 """How a ``sync`` copies a Hugging Face snapshot (or any folder) to one node's cache.
 
-What is sent: for a hub cache repo (``models--org--name``), the selected files of one revision as
-the hub lays them out — ``snapshots/<rev>/<path>`` relative symlinks, the ``blobs/<sha256>`` they
-point to, and the ``refs/*`` naming that revision; for a plain folder, its selected files. The
-list is computed on the source, so include/exclude globs match snapshot paths (``original/*``),
-never blob hashes.
+What is sent, computed on the source so include/exclude globs match snapshot paths (``original/*``),
+never blob hashes: for a hub cache repo the selected files of one revision as the hub lays them out
+(``snapshots/<rev>/`` symlinks, the ``blobs/`` they point to, the ``refs/`` naming the revision);
+for a plain folder its selected files.
 
-How: rsync with that exact list (``--files-from``), archive mode (symlinks stay symlinks, mtimes
-kept, so a second sync is a size+mtime check per file and moves no data; a file whose size or
-mtime differ is delta-checked, so identical content still moves no data). Interrupted copies
-stay in ``.sparkfleet-partial/`` beside the file, never at its final name, and the next run
-resumes from them. From a controller path the controller pushes to every node. From a source
-node, rsync runs ON the source node and pushes to each target's fabric address: the bytes go
-over the fabric once, node to node, instead of up to the controller and down again (a laptop
-controller on Wi-Fi would otherwise carry 150 GB twice per node). That needs the source node to
-reach the targets over SSH; when it cannot, the error says so.
-
-Without rsync on the sending or receiving node, files whose size or mtime differ are streamed
-with tar over SSH through the controller, and the report says that rsync was missing.
+How: rsync ``--files-from`` that list in archive mode, so a second sync is a size+mtime check that
+moves no data, and a cut copy resumes from ``.sparkfleet-partial/``. From a source node rsync runs
+ON that node and pushes over the fabric, node to node: a laptop controller on Wi-Fi would otherwise
+carry 150 GB twice per node. Without rsync on either end, the files that differ are streamed with
+tar over SSH through the controller, and the report says so.
 """
 
 from __future__ import annotations
@@ -38,6 +30,7 @@ from sparkfleet.nodes.transport.base import Transport
 
 BytesFn = Callable[[int], None]
 _NOT_FOUND = re.compile(r"rsync: (command )?not found|rsync: No such file or directory|exec: rsync:")
+_FALLBACK = "rsync is not installed on {}: copied with a tar stream over SSH instead (whole files, no delta)"
 _SSH_FAIL = re.compile(
     r"Permission denied|Host key verification failed|Connection (refused|timed out)|"
     r"Could not resolve|No route to host|connection unexpectedly closed"
@@ -50,11 +43,7 @@ class Endpoint:
 
     transport: Transport
     path: str
-    # The address other nodes use to reach this node (its fabric IP) and the node's SSH settings,
-    # used when rsync runs on a source node and pushes here.
-    address: str | None = None
-    user: str | None = None
-    port: int | None = None
+    address: str | None = None  # how other nodes reach this one (its fabric IP), to push here
 
     @property
     def node(self) -> str:
@@ -62,7 +51,6 @@ class Endpoint:
 
     @property
     def local(self) -> bool:
-        """The path is on this machine (the transport says so)."""
         return self.transport.capabilities.local
 
 
@@ -113,7 +101,6 @@ def transfer_list(snapshot: Snapshot, include: Sequence[str], exclude: Sequence[
 
 
 def _prepare(end: Endpoint) -> None:
-    """Create the destination folder."""
     if end.local:
         os.makedirs(end.path, exist_ok=True)
         return
@@ -122,32 +109,15 @@ def _prepare(end: Endpoint) -> None:
         raise StagingError(end.node, f"cannot create {end.path}: {made.tail()}")
 
 
-def _fallback_note(node: str) -> str:
-    return f"rsync is not installed on {node}: copied with a tar stream over SSH instead (whole files, no delta)"
-
-
-def _ssh_words(transport: Transport) -> list[str] | None:
-    """The ssh words of an SSH transport, ending with the host; None for other transports."""
-    words = transport.capabilities.ssh
-    return list(words) if words is not None else None
-
-
-_STAT_FIELDS = {
-    "files_sent": "Number of regular files transferred",
-    "files_total": "Number of files",
-    "bytes_total": "Total file size",
-    "literal": "Literal data",
-    "matched": "Matched data",
-    "sent": "Total bytes sent",
-}
+# What a SyncReport takes from ``rsync --stats``: the files it sent and the data that crossed the wire.
+_STAT_FIELDS = {"files_sent": "Number of regular files transferred", "literal": "Literal data"}
 
 
 def parse_stats(text: str) -> dict[str, int]:
     """The figures of ``rsync --stats`` (missing ones absent)."""
     out: dict[str, int] = {}
     for key, label in _STAT_FIELDS.items():
-        m = re.search(rf"^{re.escape(label)}: ([\d,.]+)", text, re.M)
-        if m:
+        if m := re.search(rf"^{re.escape(label)}: ([\d,.]+)", text, re.M):
             out[key] = int(m.group(1).replace(",", "").split(".")[0])
     return out
 
@@ -155,32 +125,25 @@ def parse_stats(text: str) -> dict[str, int]:
 def _rsync(source: Endpoint, target: Endpoint, names: list[str], on_bytes: BytesFn | None) -> dict[str, int]:
     """Run one rsync from source to target; return its --stats figures."""
     same_node = source.node == target.node
+    where = "controller" if source.local else source.node
     if source.local:
         if target.local or same_node:
             argv = node_files.rsync_argv(source.path, target.path, None)
         else:
-            words = _ssh_words(target.transport)
+            words = target.transport.capabilities.ssh  # ending with the host; None: not SSH
             if words is None:
                 raise StagingError(target.node, "sync needs an SSH (or local) transport to this node")
             argv = node_files.rsync_argv(source.path, f"{words[-1]}:{target.path}", shlex.join(words[:-1]),
                                          make_dest=target.path)  # fmt: skip
-        where = "controller"
+    elif same_node:
+        argv = node_files.in_new_folder(target.path, node_files.rsync_argv(source.path, target.path, None))
     else:
-        if same_node:
-            inner = node_files.in_new_folder(target.path, node_files.rsync_argv(source.path, target.path, None))
-        else:
-            tgt_words = _ssh_words(target.transport) or []
-            candidates = [tgt_words[i + 1] for i, w in enumerate(tgt_words[:-1]) if w in ("-F", "-i")]
-            present = node_files.readable(source.transport, candidates)
-            address = target.address or (tgt_words[-1] if tgt_words else target.node)
-            inner = node_files.rsync_argv(
-                source.path,
-                f"{address}:{target.path}",
-                node_files.node_side_ssh(tgt_words, present),
-                make_dest=target.path,
-            )
-        argv = inner
-        where = source.node
+        tgt_words = target.transport.capabilities.ssh or ()
+        candidates = [tgt_words[i + 1] for i, w in enumerate(tgt_words[:-1]) if w in ("-F", "-i")]
+        present = node_files.readable(source.transport, candidates)
+        address = target.address or (tgt_words[-1] if tgt_words else target.node)
+        ssh = node_files.node_side_ssh(tgt_words, present)
+        argv = node_files.rsync_argv(source.path, f"{address}:{target.path}", ssh, make_dest=target.path)
     if source.local and target.local:
         os.makedirs(target.path, exist_ok=True)
     # rsync runs where the source is: here for a controller path, on the source node otherwise.
@@ -206,19 +169,14 @@ def _rsync_failure(code: int, err: str, source: Endpoint, target: Endpoint, wher
     if code < 0:
         return f"rsync (on {where}) was killed by signal {-code}; run again to resume from the partial files"
     if where != "controller" and (code == 255 or _SSH_FAIL.search(err)):
-        return (
-            f"{source.node} cannot reach {target.node} ({target.address}) over SSH to push the snapshot "
-            f"node to node: {tail}\nAuthorise {source.node}'s key on {target.node}, or sync from a path "
-            "on the controller (src without source_node)"
-        )
+        return (f"{source.node} cannot reach {target.node} ({target.address}) over SSH to push the snapshot node to "
+                f"node: {tail}\nAuthorise {source.node}'s key on {target.node}, or sync from a path on the controller "
+                "(src without source_node)")  # fmt: skip
     return f"rsync from {source.node}:{source.path} (run on {where}) exited {code}: {tail}"
 
 
-# ---- tar fallback: no rsync on one side ----
-
-
 def _stat(end: Endpoint, paths: list[str]) -> dict[str, tuple[int, int, str | None]]:
-    """{path: (size, mtime, link target or None)} for the paths that exist under end.path."""
+    """For the tar fallback: {path: (size, mtime, link target or None)} of the paths under end.path."""
     if end.local:
         os.makedirs(end.path, exist_ok=True)
     result = node_files.stat_entries(end.transport, end.path, paths)
@@ -227,13 +185,18 @@ def _stat(end: Endpoint, paths: list[str]) -> dict[str, tuple[int, int, str | No
     return node_files.parse_stat_entries(result.stdout)
 
 
+def _source_stat(source: Endpoint, files: list[str]) -> dict[str, tuple[int, int, str | None]]:
+    want = _stat(source, files)
+    missing = [p for p in files if p not in want]
+    if missing:
+        raise StagingError(source.node, f"{source.path}: {missing[0]} vanished during the sync")
+    return want
+
+
 def _tar(source: Endpoint, target: Endpoint, files: list[str], on_bytes: BytesFn | None) -> tuple[int, int]:
     """Stream the files whose size, mtime or link differ; return (files sent, bytes sent)."""
     have = _stat(target, files)
-    want = _stat(source, files)
-    missing_src = [p for p in files if p not in want]
-    if missing_src:
-        raise StagingError(source.node, f"{source.path}: {missing_src[0]} vanished during the sync")
+    want = _source_stat(source, files)
     todo = [p for p in files if have.get(p) != want[p]]
     if not todo:
         return 0, 0
@@ -261,25 +224,16 @@ def _tar(source: Endpoint, target: Endpoint, files: list[str], on_bytes: BytesFn
     return sum(1 for p in todo if want[p][2] is None), payload
 
 
-def sync_node(
-    source: Endpoint,
-    target: Endpoint,
-    snapshot: Snapshot,
-    *,
-    include: Sequence[str] = (),
-    exclude: Sequence[str] = (),
-    method: Method = "auto",
-    on_bytes: BytesFn | None = None,
-) -> SyncReport:
+def sync_node(source: Endpoint, target: Endpoint, snapshot: Snapshot, *, include: Sequence[str],
+              exclude: Sequence[str], method: Method, on_bytes: BytesFn | None) -> SyncReport:  # fmt: skip
     """Bring target's copy of the snapshot up to date with source's; return what moved."""
     start = time.monotonic()
     files, total = transfer_list(snapshot, include, exclude)
     if source.node == target.node and source.path.rstrip("/") == target.path.rstrip("/"):
         return SyncReport(target.node, "none", len(files), 0, total, 0, 0.0, "source and destination are one folder")
-    note = None
-    use = method
+    note, use = None, method
     if use == "auto" and source.local and shutil.which("rsync") is None:
-        use, note = "tar", _fallback_note(source.node)
+        use, note = "tar", _FALLBACK.format(source.node)
     if use in ("auto", "rsync"):
         try:
             stats = _rsync(source, target, files, on_bytes)
@@ -287,7 +241,7 @@ def sync_node(
         except RsyncMissing as missing:
             if use == "rsync":
                 raise StagingError(missing.node, "rsync is not installed on this node") from None
-            use, note = "tar", _fallback_note(missing.node)
+            use, note = "tar", _FALLBACK.format(missing.node)
     if use == "rsync":
         sent_files, sent = stats.get("files_sent", 0), stats.get("literal", 0)
     else:
