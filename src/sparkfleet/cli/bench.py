@@ -167,9 +167,7 @@ def decode_cmd(
     model: ModelOpt = None,
     api_key: ApiKeyOpt = None,
     concurrency: Annotated[str, typer.Option(help="Concurrency tiers.")] = "1,2,4,8,16",
-    types: Annotated[str, typer.Option("--types", help=f"Prompt types: {','.join(PROMPT_TYPES)}.")] = ",".join(
-        PROMPT_TYPES
-    ),
+    types: Annotated[str, typer.Option(help=f"Prompt types: {','.join(PROMPT_TYPES)}.")] = ",".join(PROMPT_TYPES),
     output_len: Annotated[int, typer.Option("--output-len", help="New tokens per request (exactly).")] = 256,
     repeats: Annotated[int, typer.Option(help="Measured runs per tier.")] = 3,
     waves: Annotated[int, typer.Option(help="Requests per run = concurrency x waves.")] = 1,

@@ -28,9 +28,7 @@ def serve_cmd(
     target: TargetArg,
     model: ModelOpt = None,
     api_key: ApiKeyOpt = None,
-    request_rate: Annotated[
-        str, typer.Option("--request-rate", help="Requests/s; a sweep as 1,2,4,inf (inf = all at once).")
-    ] = "inf",
+    request_rate: Annotated[str, typer.Option(help="Requests/s; a sweep as 1,2,4,inf (inf = all at once).")] = "inf",
     burstiness: Annotated[
         str, typer.Option(help="Gamma shape of the gaps: 1 = Poisson, <1 burstier, inf = constant rate.")
     ] = "1",
@@ -52,9 +50,7 @@ def serve_cmd(
             "(a .jsonl file: --dataset-path).",
         ),
     ] = None,
-    dataset_path: Annotated[
-        Path | None, typer.Option("--dataset-path", help="A .jsonl file of requests (the custom dataset).")
-    ] = None,
+    dataset_path: Annotated[Path | None, typer.Option(help="A .jsonl file of requests (the custom dataset).")] = None,
     prefix_len: Annotated[int, typer.Option(help="Shared system prompt tokens (--dataset-name prefix).")] = 512,
     turns: Annotated[int, typer.Option(help="Turns per conversation (--dataset-name multiturn).")] = 3,
     goodput: Annotated[

@@ -20,41 +20,23 @@ if TYPE_CHECKING:
     from sparkfleet.nodes.collective import SweepRank
     from sparkfleet.nodes.transport.base import Transport
 
-OptionalRecipeArg = Annotated[
-    Path | None,
-    typer.Argument(help="A recipe (folder or recipe.toml); without it only the nodes are checked."),
-]
-FabricOpt = Annotated[
-    bool,
-    typer.Option("--fabric", help="Measure every pair of nodes over the fabric (iperf3, ping, path MTU) instead."),
-]
-FabricSecondsOpt = Annotated[int, typer.Option("--fabric-seconds", min=1, max=60, help="Seconds of each iperf3 test.")]
-FabricFractionOpt = Annotated[
-    float,
-    typer.Option("--fabric-fraction", min=0.0, max=1.0, help="A direction below this × the fleet's median fails."),
-]
 FabricToolOpt = Annotated[
     str,
     typer.Option("--fabric-tool", help="What measures bandwidth: auto (iperf3 where both nodes have it, else "
                  "sparkfleet's stream test, Python on the nodes), iperf3 or stdlib."),
 ]  # fmt: skip
-FabricLossOpt = Annotated[float, typer.Option("--fabric-max-loss", min=0.0, help="Ping loss (%) above this fails.")]
 NcclOpt = Annotated[
     bool,
     typer.Option("--nccl", help="With a recipe: an all-reduce/all-gather sweep on the plan's ranks (NCCL, or gloo "
                  "without GPUs), in each rank's Python or image with its planned NCCL_* settings."),
 ]  # fmt: skip
-NcclMaxOpt = Annotated[int, typer.Option("--nccl-max-mib", min=1, help="The sweep's largest message, MiB.")]
-NcclPortOpt = Annotated[int, typer.Option("--nccl-port", min=1, max=65535, help="Rank 0's rendezvous port.")]
-NcclBackendOpt = Annotated[str, typer.Option("--nccl-backend", help="auto (nccl with GPUs, else gloo), nccl or gloo.")]
-NcclPythonOpt = Annotated[
-    str | None, typer.Option("--nccl-python", help="The interpreter with torch on every node (default: the rank's).")
-]
 _STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
 
 
 def doctor(
-    recipe: OptionalRecipeArg = None,
+    recipe: Annotated[
+        Path | None, typer.Argument(help="A recipe (folder or recipe.toml); without it only the nodes are checked.")
+    ] = None,
     cluster: ClusterOpt = None,
     set_: SetOpt = None,
     env: EnvOpt = None,
@@ -62,16 +44,23 @@ def doctor(
     as_json: JsonOpt = False,
     timeout: NodeTimeoutOpt = 15.0,
     accept_new: AcceptNewOpt = False,
-    fabric: FabricOpt = False,
-    fabric_seconds: FabricSecondsOpt = 2,
-    fabric_fraction: FabricFractionOpt = 0.7,
-    fabric_max_loss: FabricLossOpt = 1.0,
+    fabric: Annotated[
+        bool,
+        typer.Option("--fabric", help="Measure every pair of nodes over the fabric (iperf3, ping, path MTU) instead."),
+    ] = False,
+    fabric_seconds: Annotated[int, typer.Option(min=1, max=60, help="Seconds of each iperf3 test.")] = 2,
+    fabric_fraction: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="A direction below this × the fleet's median fails.")
+    ] = 0.7,
+    fabric_max_loss: Annotated[float, typer.Option(min=0.0, help="Ping loss (%) above this fails.")] = 1.0,
     fabric_tool: FabricToolOpt = "auto",
     nccl: NcclOpt = False,
-    nccl_max_mib: NcclMaxOpt = 1024,
-    nccl_port: NcclPortOpt = 29511,
-    nccl_backend: NcclBackendOpt = "auto",
-    nccl_python: NcclPythonOpt = None,
+    nccl_max_mib: Annotated[int, typer.Option(min=1, help="The sweep's largest message, MiB.")] = 1024,
+    nccl_port: Annotated[int, typer.Option(min=1, max=65535, help="Rank 0's rendezvous port.")] = 29511,
+    nccl_backend: Annotated[str, typer.Option(help="auto (nccl with GPUs, else gloo), nccl or gloo.")] = "auto",
+    nccl_python: Annotated[
+        str | None, typer.Option(help="The interpreter with torch on every node (default: the rank's).")
+    ] = None,
 ) -> None:
     """Check every node in parallel: SSH, docker, GPUs, RDMA, fabric, disk, memory, image, model,
     ports, clocks. Exit 0 when nothing failed, 1 otherwise."""

@@ -31,10 +31,6 @@ StrictOpt = Annotated[
         "recipe lists what its import could not carry over (not_carried).",
     ),
 ]
-DiffOpt = Annotated[
-    tuple[str, str] | None,
-    typer.Option("--diff", help="Two variants: per rank, the argv words, env keys and image that differ."),
-]
 
 
 def validate(recipe: RecipeArg, set_: SetOpt = None, cluster: ClusterOpt = None, strict: StrictOpt = False) -> None:
@@ -68,7 +64,10 @@ def plan_cmd(
     name: NameOpt = None,
     as_json: JsonOpt = False,
     variant: VariantOpt = "base",
-    diff: DiffOpt = None,
+    diff: Annotated[
+        tuple[str, str] | None,
+        typer.Option("--diff", help="Two variants: per rank, the argv words, env keys and image that differ."),
+    ] = None,
     strict: StrictOpt = False,
 ) -> None:
     """Show what `up` will do on every node: commands, env (with sources), mounts, staging."""
