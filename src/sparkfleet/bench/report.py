@@ -12,7 +12,7 @@ import csv
 import io
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -218,11 +218,12 @@ class TierComparison:
     exceeds_spread: bool  # |median B − median A| > the wider min–max range of the two
 
 
-def compare(
-    a: Sequence[TierSummary], b: Sequence[TierSummary], figure: Callable[[TierSummary], Spread] | None = None
-) -> list[TierComparison]:
-    """Tier by tier, B against A, on the headline figure (or ``figure`` of each tier)."""
-    pick = figure or (lambda t: t.headline)
+def compare(a: Sequence[TierSummary], b: Sequence[TierSummary], figure: str | None = None) -> list[TierComparison]:
+    """Tier by tier, B against A, on the headline figure (or each tier's ``figures[figure]``)."""
+
+    def pick(t: TierSummary) -> Spread:
+        return t.figures[figure] if figure else t.headline
+
     b_by = {t.tier: t for t in b}
     out = []
     for ta in a:

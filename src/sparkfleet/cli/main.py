@@ -29,7 +29,7 @@ COMMAND_MODULES = {
     "sparkfleet.cli.init": ("init",),
     "sparkfleet.cli.doctor": ("doctor",),
     "sparkfleet.cli.image": ("image",),
-    "sparkfleet.cli.bench_serve": ("bench",),
+    "sparkfleet.cli.bench": ("bench",),
     "sparkfleet.cli.ab": ("ab",),
     "sparkfleet.cli.evals": ("eval",),
     "sparkfleet.cli.imports": ("import",),
