@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from sparkfleet.bench.client import RequestRecord
     from sparkfleet.bench.report import TierSummary
-    from sparkfleet.bench.store import BenchStore, StoredRun
+    from sparkfleet.bench.store import BenchStore
 
 bench_app = group("Decode, prefill and open-loop (serve) benchmarks, history, comparison and export.")
 COMMANDS = {"bench": bench_app}
@@ -255,8 +255,28 @@ def _show(bench: BenchStore, run_id: int) -> None:
     from sparkfleet.bench.report import fmt, fmt_spread, run_title, stored_tiers
 
     run, tiers = stored_tiers(bench, run_id)
-    if run.kind == "serve":
-        show_serve(run, tiers)
+    if run.kind == "serve":  # figures as median (min–max) over repeats
+        shown = table(run_title(run), "rate", "achieved", "req/s", "goodput (share)", "out tok/s",
+                      "TPOT p50 ms (engine)", "TTFT p50/p90/p99 ms", "ITL p99", "E2E p50/p99 ms", "KV max", "",
+                      left=("rate", ""))  # fmt: skip
+        for t in tiers:
+            f = t.figures
+            good = f["goodput"]
+            share = f["good_share"].median
+            kv = f["kv_usage_max"].median
+            shown.add_row(
+                t.tier, fmt(f["achieved_rate"].median, 2), fmt(f["request_throughput"].median, 2),
+                "–" if good.median is None else f"{fmt_spread(good, 2)} ({100 * (share or 0):.0f}%)",
+                fmt_spread(f["output_throughput"]),
+                f"{fmt(f['tpot_p50'].median)} ({fmt(f['server_tpot_ms'].median)})",
+                f"{fmt(f['ttft_p50'].median, 0)}/{fmt(f['ttft_p90'].median, 0)}/{fmt(f['ttft_p99'].median, 0)}",
+                fmt(f["itl_p99"].median), f"{fmt(f['e2el_p50'].median, 0)}/{fmt(f['e2el_p99'].median, 0)}",
+                "–" if kv is None else f"{100 * kv:.0f}%", flag_cell(t),
+            )  # fmt: skip
+        console.print(shown)
+        accept = [t.figures["spec_accept_length"].median for t in tiers if t.figures["spec_accept_length"].median]
+        if accept:
+            console.print(f"speculative decoding: {', '.join(f'{a:.2f}' for a in accept)} tokens per step by tier")
     elif run.kind == "decode":
         shown = table(run_title(run), "tier", "runs", "aggregate tok/s", "per stream", "TTFT p50 ms", "TPOT p50 ms",
                       "ITL p99 ms", "", left=("tier", ""))  # fmt: skip
@@ -299,6 +319,16 @@ def show_cmd(
     console.print(shown)
 
 
+COMPARED = (
+    ("output tok/s", "output_throughput", 1),
+    ("goodput /s", "goodput", 2),
+    ("achieved /s", "achieved_rate", 2),
+    ("TTFT p50 ms", "ttft_p50", 0),
+    ("TPOT p50 ms", "tpot_p50", 1),
+    ("E2E p99 ms", "e2el_p99", 0),
+)
+
+
 @bench_app.command("compare")
 def compare_cmd(
     a: Annotated[str, typer.Argument(help="Baseline run (id, 'last~1', …).")],
@@ -313,8 +343,22 @@ def compare_cmd(
     run_b, tiers_b = stored_tiers(bench, bench.resolve(b))
     if run_a.kind != run_b.kind:
         raise BenchError(f"run {run_a.id} is {run_a.kind} and run {run_b.id} is {run_b.kind}: compare like with like")
-    if run_a.kind == "serve":
-        compare_serve(run_a, tiers_a, run_b, tiers_b)
+    if run_a.kind == "serve":  # per common rate tier and figure
+        shown = table(f"rate tiers: A = run {run_a.id}, B = run {run_b.id}", "rate", "figure", "A median (min–max)",
+                      "B median (min–max)", "B/A", "verdict", left=("rate", "figure", "verdict"))  # fmt: skip
+        for name, key, digits in COMPARED:
+            for row in compare(tiers_a, tiers_b, figure=key):
+                if row.a.median is None and row.b.median is None:
+                    continue
+                verdict = "different" if row.exceeds_spread else "within spread"
+                shown.add_row(row.tier, name, fmt_spread(row.a, digits), fmt_spread(row.b, digits),
+                              fmt(row.ratio, 3), verdict)  # fmt: skip
+        if not shown.row_count:
+            raise BenchError(f"runs {run_a.id} and {run_b.id} have no rate tier in common")
+        console.print(shown)
+        dirty = [f"{r.id}:{t.tier}" for r, ts in ((run_a, tiers_a), (run_b, tiers_b)) for t in ts if t.foreign_requests]
+        if dirty:
+            console.print(f"[yellow]foreign requests ran in {', '.join(dirty)}: those figures are not clean[/]")
         return
     rows = compare(tiers_a, tiers_b)
     if not rows:
@@ -451,63 +495,3 @@ def _dataset(name: str | None, path: Path | None) -> str:
     if name == "custom":
         raise BenchError("--dataset-name custom reads a .jsonl file: give it with --dataset-path FILE")
     return name or "random"
-
-
-def show_serve(run: StoredRun, tiers: list[TierSummary]) -> None:
-    """The rate tiers as a table, figures shown as median (min–max) over repeats (``bench show``
-    then adds the run's status)."""
-    from sparkfleet.bench.report import fmt, fmt_spread, run_title
-
-    shown = table(run_title(run), "rate", "achieved", "req/s", "goodput (share)", "out tok/s", "TPOT p50 ms (engine)",
-                  "TTFT p50/p90/p99 ms", "ITL p99", "E2E p50/p99 ms", "KV max", "", left=("rate", ""))  # fmt: skip
-    for t in tiers:
-        f = t.figures
-        good = f["goodput"]
-        share = f["good_share"].median
-        kv = f["kv_usage_max"].median
-        shown.add_row(
-            t.tier, fmt(f["achieved_rate"].median, 2), fmt(f["request_throughput"].median, 2),
-            "–" if good.median is None else f"{fmt_spread(good, 2)} ({100 * (share or 0):.0f}%)",
-            fmt_spread(f["output_throughput"]),
-            f"{fmt(f['tpot_p50'].median)} ({fmt(f['server_tpot_ms'].median)})",
-            f"{fmt(f['ttft_p50'].median, 0)}/{fmt(f['ttft_p90'].median, 0)}/{fmt(f['ttft_p99'].median, 0)}",
-            fmt(f["itl_p99"].median), f"{fmt(f['e2el_p50'].median, 0)}/{fmt(f['e2el_p99'].median, 0)}",
-            "–" if kv is None else f"{100 * kv:.0f}%", flag_cell(t),
-        )  # fmt: skip
-    console.print(shown)
-    accept = [t.figures["spec_accept_length"].median for t in tiers if t.figures["spec_accept_length"].median]
-    if accept:
-        console.print(f"speculative decoding: {', '.join(f'{a:.2f}' for a in accept)} tokens per step by tier")
-
-
-COMPARED = (
-    ("output tok/s", "output_throughput", 1),
-    ("goodput /s", "goodput", 2),
-    ("achieved /s", "achieved_rate", 2),
-    ("TTFT p50 ms", "ttft_p50", 0),
-    ("TPOT p50 ms", "tpot_p50", 1),
-    ("E2E p99 ms", "e2el_p99", 0),
-)
-
-
-def compare_serve(run_a: StoredRun, tiers_a: list[TierSummary], run_b: StoredRun, tiers_b: list[TierSummary]) -> None:
-    """Per common rate tier and figure: both medians, B/A, and whether it exceeds the spread."""
-    from sparkfleet.bench.report import compare, fmt, fmt_spread
-
-    shown = table(f"rate tiers: A = run {run_a.id}, B = run {run_b.id}", "rate", "figure", "A median (min–max)",
-                  "B median (min–max)", "B/A", "verdict", left=("rate", "figure", "verdict"))  # fmt: skip
-    rows = 0
-    for name, key, digits in COMPARED:
-        for row in compare(tiers_a, tiers_b, figure=key):
-            if row.a.median is None and row.b.median is None:
-                continue
-            rows += 1
-            verdict = "different" if row.exceeds_spread else "within spread"
-            shown.add_row(row.tier, name, fmt_spread(row.a, digits), fmt_spread(row.b, digits),
-                          fmt(row.ratio, 3), verdict)  # fmt: skip
-    if not rows:
-        raise BenchError(f"runs {run_a.id} and {run_b.id} have no rate tier in common")
-    console.print(shown)
-    dirty = [f"{r.id}:{t.tier}" for r, ts in ((run_a, tiers_a), (run_b, tiers_b)) for t in ts if t.foreign_requests]
-    if dirty:
-        console.print(f"[yellow]foreign requests ran in {', '.join(dirty)}: those figures are not clean[/]")
