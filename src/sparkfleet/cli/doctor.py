@@ -13,11 +13,9 @@ from sparkfleet.cli.console import console, plain
 from sparkfleet.cli.options import AcceptNewOpt, ClusterOpt, EnvOpt, JsonOpt, NameOpt, NodeTimeoutOpt, SetOpt
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Mapping
 
-    from sparkfleet.doctor.pairs import Thresholds
     from sparkfleet.doctor.targets import Check, DoctorSpec
-    from sparkfleet.nodes.collective import SweepRank
     from sparkfleet.nodes.transport.base import Transport
 
 FabricToolOpt = Annotated[
@@ -88,17 +86,23 @@ def doctor(
         nodes, spec, memory = list(inventory.nodes), spec_for(inventory), None
     with connected(nodes, accept_new_host_keys=accept_new) as transports:
         if fabric:
+            from sparkfleet.doctor.collective import render_collective, run_collective, sweep_ranks
             from sparkfleet.doctor.pairs import Thresholds
 
-            thresholds = Thresholds(fraction=fabric_fraction, max_loss_pct=fabric_max_loss)
-            pairs = _fabric(spec, transports, recipe, as_json, fabric_seconds, thresholds, timeout, alone=not nccl,
-                            tool=fabric_tool)  # fmt: skip
-            if nccl:
-                from sparkfleet.doctor.collective import sweep_ranks
-
-                ranks = sweep_ranks(planned, nccl_python)
-                _collective(ranks, transports, pairs, as_json, nccl_max_mib << 20, nccl_port, nccl_backend)
-            elif not pairs["ok"]:
+            pairs = _fabric(spec, transports, recipe, as_json, not nccl, seconds=fabric_seconds, timeout=timeout,
+                            thresholds=Thresholds(fabric_fraction, fabric_max_loss), tool=fabric_tool)  # fmt: skip
+            if nccl:  # the collective sweep beside the pair test just run
+                sweep = run_collective(sweep_ranks(planned, nccl_python), transports, max_bytes=nccl_max_mib << 20,
+                                       port=nccl_port, backend=nccl_backend, fabric_report=pairs,
+                                       link_from="doctor --fabric, this run")  # fmt: skip
+                if as_json:
+                    typer.echo(json.dumps({"fabric": pairs, "collective": sweep.to_json()}, indent=2))
+                else:
+                    console.print()
+                    for line in render_collective(sweep):
+                        plain(line)
+                    _print_checks(list(sweep.checks))
+            if not pairs["ok"] or (nccl and sweep.failed):
                 raise SystemExit(1)
             return
         report = run_doctor(spec, transports, memory, timeout=timeout)
@@ -134,15 +138,7 @@ def _print_checks(checks: list[Check]) -> None:
 
 
 def _fabric(
-    spec: DoctorSpec,
-    transports: Mapping[str, Transport],
-    recipe: Path | None,
-    as_json: bool,
-    seconds: int,
-    thresholds: Thresholds,
-    timeout: float,
-    alone: bool,
-    tool: str,
+    spec: DoctorSpec, transports: Mapping[str, Transport], recipe: Path | None, as_json: bool, alone: bool, **how: Any
 ) -> dict[str, Any]:
     """`doctor --fabric`: the pair test, printed or as JSON (not alone: the caller prints it in its
     own), kept in doctor's history; its JSON form."""
@@ -151,7 +147,7 @@ def _fabric(
     from sparkfleet.doctor.run import sort_for_display
     from sparkfleet.state.store import Store
 
-    report = run_fabric(spec.nodes, transports, seconds=seconds, thresholds=thresholds, timeout=timeout, tool=tool)
+    report = run_fabric(spec.nodes, transports, **how)
     if as_json:
         if alone:
             typer.echo(json.dumps(report.to_json(), indent=2))
@@ -167,24 +163,6 @@ def _fabric(
         )
     record_fabric(Store(), report.to_json(), report.seconds, str(recipe) if recipe is not None else None)
     return report.to_json()
-
-
-def _collective(ranks: Sequence[SweepRank], transports: Mapping[str, Transport], pairs: dict[str, Any],
-                as_json: bool, max_bytes: int, port: int, backend: str) -> None:  # fmt: skip
-    """`doctor --fabric --nccl`: the collective sweep beside the pair test just run."""
-    from sparkfleet.doctor.collective import render_collective, run_collective
-
-    report = run_collective(ranks, transports, max_bytes=max_bytes, port=port, backend=backend, fabric_report=pairs,
-                            link_from="doctor --fabric, this run")  # fmt: skip
-    if as_json:
-        typer.echo(json.dumps({"fabric": pairs, "collective": report.to_json()}, indent=2))
-    else:
-        console.print()
-        for line in render_collective(report):
-            plain(line)
-        _print_checks(list(report.checks))
-    if report.failed or not pairs["ok"]:
-        raise SystemExit(1)
 
 
 COMMANDS = {"doctor": doctor}
