@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -19,9 +19,6 @@ from sparkfleet.cli.options import (
     build_plan,
 )
 from sparkfleet.errors import PlanError, RecipeError
-
-if TYPE_CHECKING:
-    from sparkfleet.plan.model import Plan
 
 StrictOpt = Annotated[
     bool,
@@ -84,7 +81,14 @@ def plan_cmd(
                 plain(line)
         return
     planned = build_plan(recipe, cluster, set_, env, name, variant)
-    report_overrides(planned, strict)
+    # The plan's per-node overrides on stderr (the JSON on stdout stays clean); --strict refuses.
+    report_not_carried(planned.recipe_source, planned.not_carried, strict)
+    if strict and planned.warnings:
+        raise PlanError(f"{planned.recipe_source}: --strict: " + "; ".join(w.message for w in planned.warnings))
+    for w in planned.warnings:
+        warn(w.message)
+    for note in planned.secret_args:
+        warn(f"{planned.recipe_source}: {note}")
     if as_json:
         typer.echo(json.dumps(plan_json(planned), indent=2, sort_keys=False))
     else:
@@ -95,17 +99,6 @@ def plan_cmd(
             from sparkfleet.apply.staging.hub import print_rules  # only then: it loads the runners
 
             print_rules(step, console)
-
-
-def report_overrides(planned: Plan, strict: bool) -> None:
-    """The plan's per-node overrides on stderr (the JSON on stdout stays clean); --strict refuses."""
-    report_not_carried(planned.recipe_source, planned.not_carried, strict)
-    if strict and planned.warnings:
-        raise PlanError(f"{planned.recipe_source}: --strict: " + "; ".join(w.message for w in planned.warnings))
-    for w in planned.warnings:
-        warn(w.message)
-    for note in planned.secret_args:
-        warn(f"{planned.recipe_source}: {note}")
 
 
 def report_not_carried(source: str, items: tuple[str, ...], strict: bool) -> None:
