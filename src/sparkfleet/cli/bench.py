@@ -466,11 +466,11 @@ def serve_cmd(
     from sparkfleet.bench.arrivals import parse_burstiness, parse_rates
     from sparkfleet.bench.serve import ServeConfig
     from sparkfleet.bench.stats import SLO
-    from sparkfleet.bench.workload import Lengths, WorkloadConfig
+    from sparkfleet.bench.workload import Lengths, WorkloadConfig, dataset_of
 
     if num_prompts is not None and duration is not None:
         raise BenchError("give --num-prompts or --duration, not both")
-    workload = WorkloadConfig(dataset=_dataset(dataset_name, dataset_path),
+    workload = WorkloadConfig(dataset=dataset_of(dataset_name, dataset_path),
                               input_len=Lengths.parse(input_len, "--input-len"),
                               output_len=Lengths.parse(output_len, "--output-len"), prefix_len=prefix_len,
                               turns=turns)  # fmt: skip
@@ -484,14 +484,3 @@ def serve_cmd(
         extra_body=parse_extra(extra_body),
     )  # fmt: skip
     run_bench("serve", config, target, model, api_key, label, as_json, out)
-
-
-def _dataset(name: str | None, path: Path | None) -> str:
-    """The workload's dataset: a name, or the file of the custom one."""
-    if path is not None:
-        if name not in (None, "custom"):
-            raise BenchError(f"--dataset-path is the custom dataset's file: drop --dataset-name {name} or give custom")
-        return str(path)
-    if name == "custom":
-        raise BenchError("--dataset-name custom reads a .jsonl file: give it with --dataset-path FILE")
-    return name or "random"
