@@ -186,10 +186,7 @@ def needle(
     api_key: ApiKeyOpt = None,
     label: LabelOpt = None,
     input_len: Annotated[
-        str,
-        typer.Option(
-            "--input-len", help="Prompt lengths in tokens, comma-separated (k = 1024); capped at the context."
-        ),
+        str, typer.Option(help="Prompt lengths in tokens, comma-separated (k = 1024); capped at the context.")
     ] = ",".join(str(x) for x in DEFAULT_LENGTHS),
     depths: Annotated[str, typer.Option(help="Needle depths in percent, comma-separated.")] = ",".join(
         f"{d:g}" for d in DEFAULT_DEPTHS
