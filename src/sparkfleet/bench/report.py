@@ -14,6 +14,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sparkfleet.bench.arrivals import rate_of_label
@@ -548,3 +549,13 @@ def render_run(bench: BenchStore, run_id: int, form: str) -> str:
         return to_json(stored, samples, summarize(stored, samples))
     run, tiers = stored_tiers(bench, run_id)
     return to_csv(run, tiers) if form == "csv" else markdown(run, tiers)  # the callers checked form: csv or md
+
+
+def write_run(bench: BenchStore, run_id: int, form: str, path: Path) -> None:
+    """``render_run`` into path, or for form ``png`` the run's plot."""
+    if form != "png":
+        path.write_text(render_run(bench, run_id, form))
+        return
+    from sparkfleet.bench.plots import plot_run  # matplotlib is heavy: load it only to plot
+
+    plot_run(*stored_tiers(bench, run_id), path)

@@ -80,7 +80,7 @@ def run_bench(kind: str, config: Any, target: str, model: str | None, api_key: s
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from sparkfleet.bench.endpoint import resolve_endpoint
-    from sparkfleet.bench.report import render_run
+    from sparkfleet.bench.report import render_run, write_run
     from sparkfleet.bench.runs import create_run, measure
     from sparkfleet.bench.store import BenchStore
 
@@ -114,7 +114,8 @@ def run_bench(kind: str, config: Any, target: str, model: str | None, api_key: s
     finally:
         if bench.has_run(run_id):
             for path, fmt in formats:
-                _write_run(bench, run_id, fmt, path)
+                write_run(bench, run_id, fmt, path)
+                err_console.print(f"wrote {path}")
             if as_json:
                 typer.echo(render_run(bench, run_id, "json"), nl=False)
     if not as_json:
@@ -134,18 +135,6 @@ def out_formats(out: list[Path] | None) -> list[tuple[Path, str]]:
     if any(fmt == "png" for _, fmt in formats):
         require_extra("plots", ("matplotlib",), "--out FILE.png")
     return formats
-
-
-def _write_run(bench: BenchStore, run_id: int, fmt: str, path: Path) -> None:
-    from sparkfleet.bench.report import render_run, stored_tiers
-
-    if fmt == "png":
-        from sparkfleet.bench.plots import plot_run  # matplotlib is heavy: load it only to plot
-
-        plot_run(*stored_tiers(bench, run_id), path)
-    else:
-        path.write_text(render_run(bench, run_id, fmt))
-    err_console.print(f"wrote {path}")
 
 
 # ---------------------------------------------------------------- decode / prefill
@@ -385,7 +374,7 @@ def export_cmd(
     ] = None,
 ) -> None:
     """Export a run: JSON (vLLM key names where they exist), CSV, Markdown tables, or a PNG plot."""
-    from sparkfleet.bench.report import render_run
+    from sparkfleet.bench.report import render_run, write_run
     from sparkfleet.bench.store import BenchStore
 
     if fmt_ == "png":
@@ -397,7 +386,9 @@ def export_cmd(
     if out is None and fmt_ != "png":
         console.file.write(render_run(bench, run_id, fmt_))
     else:  # a plot is always a file: bench-ID-KIND.png without --out
-        _write_run(bench, run_id, fmt_, out or Path(f"bench-{run_id}-{bench.get_run(run_id).kind}.png"))
+        out = out or Path(f"bench-{run_id}-{bench.get_run(run_id).kind}.png")
+        write_run(bench, run_id, fmt_, out)
+        err_console.print(f"wrote {out}")
 
 
 # ---------------------------------------------------------------- serve (issue 18)
