@@ -12,8 +12,6 @@ from sparkfleet.cli.console import console
 from sparkfleet.cli.options import AcceptNewOpt, NodeTimeoutOpt
 from sparkfleet.errors import ClusterError
 
-OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Where to write the cluster file.")]
-
 
 def _pairs(items: list[str] | None) -> dict[str, str]:
     out = {}
@@ -27,7 +25,7 @@ def _pairs(items: list[str] | None) -> dict[str, str]:
 
 def init(
     hosts: Annotated[list[str], typer.Argument(help="The nodes' SSH addresses, head first (rank order).")],
-    out: OutOpt = Path("cluster.toml"),
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the cluster file.")] = Path("cluster.toml"),
     force: Annotated[bool, typer.Option("--force", help="Overwrite the output file if it exists.")] = False,
     name: Annotated[str | None, typer.Option("--name", help="The cluster's name (default: the file's stem).")] = None,
     user: Annotated[str | None, typer.Option("--user", help="SSH user (default: ssh's own choice).")] = None,
