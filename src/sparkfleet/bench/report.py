@@ -12,8 +12,9 @@ import csv
 import io
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sparkfleet.bench.arrivals import rate_of_label
@@ -218,11 +219,12 @@ class TierComparison:
     exceeds_spread: bool  # |median B − median A| > the wider min–max range of the two
 
 
-def compare(
-    a: Sequence[TierSummary], b: Sequence[TierSummary], figure: Callable[[TierSummary], Spread] | None = None
-) -> list[TierComparison]:
-    """Tier by tier, B against A, on the headline figure (or ``figure`` of each tier)."""
-    pick = figure or (lambda t: t.headline)
+def compare(a: Sequence[TierSummary], b: Sequence[TierSummary], figure: str | None = None) -> list[TierComparison]:
+    """Tier by tier, B against A, on the headline figure (or each tier's ``figures[figure]``)."""
+
+    def pick(t: TierSummary) -> Spread:
+        return t.figures[figure] if figure else t.headline
+
     b_by = {t.tier: t for t in b}
     out = []
     for ta in a:
@@ -547,3 +549,13 @@ def render_run(bench: BenchStore, run_id: int, form: str) -> str:
         return to_json(stored, samples, summarize(stored, samples))
     run, tiers = stored_tiers(bench, run_id)
     return to_csv(run, tiers) if form == "csv" else markdown(run, tiers)  # the callers checked form: csv or md
+
+
+def write_run(bench: BenchStore, run_id: int, form: str, path: Path) -> None:
+    """``render_run`` into path, or for form ``png`` the run's plot."""
+    if form != "png":
+        path.write_text(render_run(bench, run_id, form))
+        return
+    from sparkfleet.bench.plots import plot_run  # matplotlib is heavy: load it only to plot
+
+    plot_run(*stored_tiers(bench, run_id), path)

@@ -128,6 +128,17 @@ class WorkloadConfig:
             raise BenchError("--prefix-len must be at least 1 token")
 
 
+def dataset_of(name: str | None, path: Path | None) -> str:
+    """The dataset that --dataset-name and --dataset-path ask for: a name, or the custom one's file."""
+    if path is not None:
+        if name not in (None, "custom"):
+            raise BenchError(f"--dataset-path is the custom dataset's file: drop --dataset-name {name} or give custom")
+        return str(path)
+    if name == "custom":
+        raise BenchError("--dataset-name custom reads a .jsonl file: give it with --dataset-path FILE")
+    return name or "random"
+
+
 class Workload:
     """Draws conversations, seeded, with prompt text cut at ``chars_per_token``."""
 

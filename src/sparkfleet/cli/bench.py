@@ -1,4 +1,4 @@
-"""``sparkfleet bench decode|prefill|show|compare|export`` (issue 5).
+"""``sparkfleet bench decode|prefill|serve|show|compare|export`` (issues 5 and 18).
 
 Runs are stored as they go: a run row first, then each measured tier repeat as soon as it ends,
 so Ctrl-C or an endpoint failure keeps everything measured so far, marked ``partial``.
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from sparkfleet.bench.store import BenchStore
 
 bench_app = group("Decode, prefill and open-loop (serve) benchmarks, history, comparison and export.")
+COMMANDS = {"bench": bench_app}
 
 
 # ---------------------------------------------------------------- option parsing
@@ -79,7 +80,7 @@ def run_bench(kind: str, config: Any, target: str, model: str | None, api_key: s
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from sparkfleet.bench.endpoint import resolve_endpoint
-    from sparkfleet.bench.report import render_run
+    from sparkfleet.bench.report import render_run, write_run
     from sparkfleet.bench.runs import create_run, measure
     from sparkfleet.bench.store import BenchStore
 
@@ -113,7 +114,8 @@ def run_bench(kind: str, config: Any, target: str, model: str | None, api_key: s
     finally:
         if bench.has_run(run_id):
             for path, fmt in formats:
-                _write_run(bench, run_id, fmt, path)
+                write_run(bench, run_id, fmt, path)
+                err_console.print(f"wrote {path}")
             if as_json:
                 typer.echo(render_run(bench, run_id, "json"), nl=False)
     if not as_json:
@@ -133,18 +135,6 @@ def out_formats(out: list[Path] | None) -> list[tuple[Path, str]]:
     if any(fmt == "png" for _, fmt in formats):
         require_extra("plots", ("matplotlib",), "--out FILE.png")
     return formats
-
-
-def _write_run(bench: BenchStore, run_id: int, fmt: str, path: Path) -> None:
-    from sparkfleet.bench.report import render_run, stored_tiers
-
-    if fmt == "png":
-        from sparkfleet.bench.plots import plot_run  # matplotlib is heavy: load it only to plot
-
-        plot_run(*stored_tiers(bench, run_id), path)
-    else:
-        path.write_text(render_run(bench, run_id, fmt))
-    err_console.print(f"wrote {path}")
 
 
 # ---------------------------------------------------------------- decode / prefill
@@ -167,9 +157,7 @@ def decode_cmd(
     model: ModelOpt = None,
     api_key: ApiKeyOpt = None,
     concurrency: Annotated[str, typer.Option(help="Concurrency tiers.")] = "1,2,4,8,16",
-    types: Annotated[str, typer.Option("--types", help=f"Prompt types: {','.join(PROMPT_TYPES)}.")] = ",".join(
-        PROMPT_TYPES
-    ),
+    types: Annotated[str, typer.Option(help=f"Prompt types: {','.join(PROMPT_TYPES)}.")] = ",".join(PROMPT_TYPES),
     output_len: Annotated[int, typer.Option("--output-len", help="New tokens per request (exactly).")] = 256,
     repeats: Annotated[int, typer.Option(help="Measured runs per tier.")] = 3,
     waves: Annotated[int, typer.Option(help="Requests per run = concurrency x waves.")] = 1,
@@ -256,10 +244,28 @@ def _show(bench: BenchStore, run_id: int) -> None:
     from sparkfleet.bench.report import fmt, fmt_spread, run_title, stored_tiers
 
     run, tiers = stored_tiers(bench, run_id)
-    if run.kind == "serve":
-        from sparkfleet.cli.bench_serve import show_serve
-
-        show_serve(run, tiers)
+    if run.kind == "serve":  # figures as median (min–max) over repeats
+        shown = table(run_title(run), "rate", "achieved", "req/s", "goodput (share)", "out tok/s",
+                      "TPOT p50 ms (engine)", "TTFT p50/p90/p99 ms", "ITL p99", "E2E p50/p99 ms", "KV max", "",
+                      left=("rate", ""))  # fmt: skip
+        for t in tiers:
+            f = t.figures
+            good = f["goodput"]
+            share = f["good_share"].median
+            kv = f["kv_usage_max"].median
+            shown.add_row(
+                t.tier, fmt(f["achieved_rate"].median, 2), fmt(f["request_throughput"].median, 2),
+                "–" if good.median is None else f"{fmt_spread(good, 2)} ({100 * (share or 0):.0f}%)",
+                fmt_spread(f["output_throughput"]),
+                f"{fmt(f['tpot_p50'].median)} ({fmt(f['server_tpot_ms'].median)})",
+                f"{fmt(f['ttft_p50'].median, 0)}/{fmt(f['ttft_p90'].median, 0)}/{fmt(f['ttft_p99'].median, 0)}",
+                fmt(f["itl_p99"].median), f"{fmt(f['e2el_p50'].median, 0)}/{fmt(f['e2el_p99'].median, 0)}",
+                "–" if kv is None else f"{100 * kv:.0f}%", flag_cell(t),
+            )  # fmt: skip
+        console.print(shown)
+        accept = [t.figures["spec_accept_length"].median for t in tiers if t.figures["spec_accept_length"].median]
+        if accept:
+            console.print(f"speculative decoding: {', '.join(f'{a:.2f}' for a in accept)} tokens per step by tier")
     elif run.kind == "decode":
         shown = table(run_title(run), "tier", "runs", "aggregate tok/s", "per stream", "TTFT p50 ms", "TPOT p50 ms",
                       "ITL p99 ms", "", left=("tier", ""))  # fmt: skip
@@ -302,6 +308,16 @@ def show_cmd(
     console.print(shown)
 
 
+COMPARED = (
+    ("output tok/s", "output_throughput", 1),
+    ("goodput /s", "goodput", 2),
+    ("achieved /s", "achieved_rate", 2),
+    ("TTFT p50 ms", "ttft_p50", 0),
+    ("TPOT p50 ms", "tpot_p50", 1),
+    ("E2E p99 ms", "e2el_p99", 0),
+)
+
+
 @bench_app.command("compare")
 def compare_cmd(
     a: Annotated[str, typer.Argument(help="Baseline run (id, 'last~1', …).")],
@@ -316,10 +332,22 @@ def compare_cmd(
     run_b, tiers_b = stored_tiers(bench, bench.resolve(b))
     if run_a.kind != run_b.kind:
         raise BenchError(f"run {run_a.id} is {run_a.kind} and run {run_b.id} is {run_b.kind}: compare like with like")
-    if run_a.kind == "serve":
-        from sparkfleet.cli.bench_serve import compare_serve
-
-        compare_serve(run_a, tiers_a, run_b, tiers_b)
+    if run_a.kind == "serve":  # per common rate tier and figure
+        shown = table(f"rate tiers: A = run {run_a.id}, B = run {run_b.id}", "rate", "figure", "A median (min–max)",
+                      "B median (min–max)", "B/A", "verdict", left=("rate", "figure", "verdict"))  # fmt: skip
+        for name, key, digits in COMPARED:
+            for row in compare(tiers_a, tiers_b, figure=key):
+                if row.a.median is None and row.b.median is None:
+                    continue
+                verdict = "different" if row.exceeds_spread else "within spread"
+                shown.add_row(row.tier, name, fmt_spread(row.a, digits), fmt_spread(row.b, digits),
+                              fmt(row.ratio, 3), verdict)  # fmt: skip
+        if not shown.row_count:
+            raise BenchError(f"runs {run_a.id} and {run_b.id} have no rate tier in common")
+        console.print(shown)
+        dirty = [f"{r.id}:{t.tier}" for r, ts in ((run_a, tiers_a), (run_b, tiers_b)) for t in ts if t.foreign_requests]
+        if dirty:
+            console.print(f"[yellow]foreign requests ran in {', '.join(dirty)}: those figures are not clean[/]")
         return
     rows = compare(tiers_a, tiers_b)
     if not rows:
@@ -346,7 +374,7 @@ def export_cmd(
     ] = None,
 ) -> None:
     """Export a run: JSON (vLLM key names where they exist), CSV, Markdown tables, or a PNG plot."""
-    from sparkfleet.bench.report import render_run
+    from sparkfleet.bench.report import render_run, write_run
     from sparkfleet.bench.store import BenchStore
 
     if fmt_ == "png":
@@ -358,4 +386,92 @@ def export_cmd(
     if out is None and fmt_ != "png":
         console.file.write(render_run(bench, run_id, fmt_))
     else:  # a plot is always a file: bench-ID-KIND.png without --out
-        _write_run(bench, run_id, fmt_, out or Path(f"bench-{run_id}-{bench.get_run(run_id).kind}.png"))
+        out = out or Path(f"bench-{run_id}-{bench.get_run(run_id).kind}.png")
+        write_run(bench, run_id, fmt_, out)
+        err_console.print(f"wrote {out}")
+
+
+# ---------------------------------------------------------------- serve (issue 18)
+
+
+@bench_app.command("serve")
+def serve_cmd(
+    target: TargetArg,
+    model: ModelOpt = None,
+    api_key: ApiKeyOpt = None,
+    request_rate: Annotated[str, typer.Option(help="Requests/s; a sweep as 1,2,4,inf (inf = all at once).")] = "inf",
+    burstiness: Annotated[
+        str, typer.Option(help="Gamma shape of the gaps: 1 = Poisson, <1 burstier, inf = constant rate.")
+    ] = "1",
+    constant: Annotated[bool, typer.Option("--constant", help="Constant gaps (same as --burstiness inf).")] = False,
+    max_concurrency: Annotated[int | None, typer.Option(help="At most this many requests in flight.")] = None,
+    num_prompts: Annotated[int | None, typer.Option("--num-prompts", help="Requests per tier (default 100).")] = None,
+    duration: Annotated[
+        float | None, typer.Option(help="Seconds of arrivals per tier, instead of --num-prompts.")
+    ] = None,
+    input_len: Annotated[str, typer.Option(help="Prompt tokens: 256, or uniform 128:512.")] = "256",
+    output_len: Annotated[
+        str, typer.Option(help="New tokens: 128, or uniform 64:256 (exact when the engine can).")
+    ] = "128",
+    dataset_name: Annotated[
+        str | None,
+        typer.Option(
+            "--dataset-name",
+            help="random (default), prefix (shared system prompt), multiturn, or custom "
+            "(a .jsonl file: --dataset-path).",
+        ),
+    ] = None,
+    dataset_path: Annotated[Path | None, typer.Option(help="A .jsonl file of requests (the custom dataset).")] = None,
+    prefix_len: Annotated[int, typer.Option(help="Shared system prompt tokens (--dataset-name prefix).")] = 512,
+    turns: Annotated[int, typer.Option(help="Turns per conversation (--dataset-name multiturn).")] = 3,
+    goodput: Annotated[
+        str | None,
+        typer.Option(
+            "--goodput",
+            help="SLO targets a good request meets, e.g. ttft=1s,tpot=50ms,e2e=20s, or vLLM's ttft:1000 tpot:50 (ms).",
+        ),
+    ] = None,
+    repeats: Annotated[int, typer.Option(help="Measured runs per rate.")] = 1,
+    discard_runs: Annotated[int, typer.Option(help="Runs thrown away before the first tier (cold caches).")] = 2,
+    strict: Annotated[bool, typer.Option("--strict", help="Abort when foreign requests ran during a tier.")] = False,
+    engine_log: Annotated[
+        Path | None, typer.Option(help="SGLang log to read #running-req from when /metrics has no gauge.")
+    ] = None,
+    no_metrics: Annotated[bool, typer.Option("--no-metrics", help="Do not poll the engine's /metrics.")] = False,
+    seed: Annotated[int, typer.Option(help="Seed of arrivals, lengths and texts.")] = 0,
+    api: ApiOpt = "chat",
+    timeout: RequestTimeoutOpt = 600.0,
+    extra_body: ExtraOpt = None,
+    label: LabelOpt = None,
+    as_json: JsonOpt = False,
+    out: OutOpt = None,
+) -> None:
+    """Open-loop load: requests arrive at an asked rate (Poisson, gamma or constant), not when a
+    slot frees; a sweep of rates, goodput under SLOs, and a check that nothing else ran.
+
+    Per tier: the achieved rate beside the asked one, req/s, goodput (requests meeting every
+    --goodput target per second), output tok/s next to TPOT (client and engine), p50/p90/p99 of TTFT,
+    TPOT, ITL and E2E, KV-cache use, speculative acceptance when exported, and foreign requests:
+    the most requests the engine reported running beyond the bench's own (flagged; --strict aborts).
+    """
+    from sparkfleet.bench.arrivals import parse_burstiness, parse_rates
+    from sparkfleet.bench.serve import ServeConfig
+    from sparkfleet.bench.stats import SLO
+    from sparkfleet.bench.workload import Lengths, WorkloadConfig, dataset_of
+
+    if num_prompts is not None and duration is not None:
+        raise BenchError("give --num-prompts or --duration, not both")
+    workload = WorkloadConfig(dataset=dataset_of(dataset_name, dataset_path),
+                              input_len=Lengths.parse(input_len, "--input-len"),
+                              output_len=Lengths.parse(output_len, "--output-len"), prefix_len=prefix_len,
+                              turns=turns)  # fmt: skip
+    config = ServeConfig(
+        rates=parse_rates(request_rate), burstiness=parse_burstiness(burstiness, constant),
+        max_concurrency=max_concurrency,
+        requests=num_prompts if num_prompts is not None or duration is not None else 100,
+        duration=duration, workload=workload, slo=SLO.parse(goodput), repeats=repeats, discard_runs=discard_runs,
+        strict=strict, seed=seed, api=api,  # type: ignore[arg-type]
+        timeout=timeout, watch_metrics=not no_metrics, engine_log=str(engine_log) if engine_log else None,
+        extra_body=parse_extra(extra_body),
+    )  # fmt: skip
+    run_bench("serve", config, target, model, api_key, label, as_json, out)

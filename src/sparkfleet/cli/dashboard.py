@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import secrets
 import socket
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -13,7 +14,6 @@ from sparkfleet.cli.console import console
 from sparkfleet.errors import UsageError
 
 TOKEN_ENV = "SPARKFLEET_DASHBOARD_TOKEN"
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
 def is_loopback(host: str) -> bool:
@@ -63,31 +63,17 @@ def dashboard(
     It reads the state store; it stops or restarts a deployment only when asked to on the page."""
     # Starlette, uvicorn and the library behind the pages load only for this command (CLI start-up).
     try:
-        import uvicorn
-
-        from sparkfleet.dashboard.app import create_app
+        from sparkfleet.dashboard.app import serve
     except ImportError as exc:
         raise UsageError(
             f"the dashboard needs its extras ({exc.name} is missing): pip install 'sparkfleet[dashboard]'"
         ) from None
-    from sparkfleet.state.store import Store
 
-    loopback = is_loopback(host)
-    # Loopback too: every local user can reach 127.0.0.1, and the page stops deployments.
-    token = token or secrets.token_urlsafe(24)
-    sock = bind(host, port)
-    bound_port = sock.getsockname()[1]
-    # The token guards; on loopback the Host check also stops DNS rebinding.
-    allowed = list(LOOPBACK_NAMES) if loopback else None
-    store = Store()
-    app = create_app(store, token=token, allowed_hosts=allowed)
-    shown = socket.gethostname() if host in ("0.0.0.0", "::") else host
-    shown = f"[{shown}]" if ":" in shown else shown
-    url = f"http://{shown}:{bound_port}/?token={token}"
-    console.print(f"dashboard on [bold]{url}[/] (state {store.path}); Ctrl-C stops it", soft_wrap=True)
-    # No access log: the first request of a browser carries the token in its address.
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
-    uvicorn.Server(config).run(sockets=[sock])
+    def announce(url: str, state: Path) -> None:
+        console.print(f"dashboard on [bold]{url}[/] (state {state}); Ctrl-C stops it", soft_wrap=True)
+
+    # A token on loopback too: every local user can reach 127.0.0.1, and the page stops deployments.
+    serve(bind(host, port), host, token or secrets.token_urlsafe(24), is_loopback(host), announce)
 
 
 COMMANDS = {"dashboard": dashboard}

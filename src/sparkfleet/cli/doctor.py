@@ -13,48 +13,28 @@ from sparkfleet.cli.console import console, plain
 from sparkfleet.cli.options import AcceptNewOpt, ClusterOpt, EnvOpt, JsonOpt, NameOpt, NodeTimeoutOpt, SetOpt
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Mapping
 
-    from sparkfleet.doctor.pairs import Thresholds
     from sparkfleet.doctor.targets import Check, DoctorSpec
-    from sparkfleet.nodes.collective import SweepRank
     from sparkfleet.nodes.transport.base import Transport
 
-OptionalRecipeArg = Annotated[
-    Path | None,
-    typer.Argument(help="A recipe (folder or recipe.toml); without it only the nodes are checked."),
-]
-FabricOpt = Annotated[
-    bool,
-    typer.Option("--fabric", help="Measure every pair of nodes over the fabric (iperf3, ping, path MTU) instead."),
-]
-FabricSecondsOpt = Annotated[int, typer.Option("--fabric-seconds", min=1, max=60, help="Seconds of each iperf3 test.")]
-FabricFractionOpt = Annotated[
-    float,
-    typer.Option("--fabric-fraction", min=0.0, max=1.0, help="A direction below this × the fleet's median fails."),
-]
 FabricToolOpt = Annotated[
     str,
     typer.Option("--fabric-tool", help="What measures bandwidth: auto (iperf3 where both nodes have it, else "
                  "sparkfleet's stream test, Python on the nodes), iperf3 or stdlib."),
 ]  # fmt: skip
-FabricLossOpt = Annotated[float, typer.Option("--fabric-max-loss", min=0.0, help="Ping loss (%) above this fails.")]
 NcclOpt = Annotated[
     bool,
     typer.Option("--nccl", help="With a recipe: an all-reduce/all-gather sweep on the plan's ranks (NCCL, or gloo "
                  "without GPUs), in each rank's Python or image with its planned NCCL_* settings."),
 ]  # fmt: skip
-NcclMaxOpt = Annotated[int, typer.Option("--nccl-max-mib", min=1, help="The sweep's largest message, MiB.")]
-NcclPortOpt = Annotated[int, typer.Option("--nccl-port", min=1, max=65535, help="Rank 0's rendezvous port.")]
-NcclBackendOpt = Annotated[str, typer.Option("--nccl-backend", help="auto (nccl with GPUs, else gloo), nccl or gloo.")]
-NcclPythonOpt = Annotated[
-    str | None, typer.Option("--nccl-python", help="The interpreter with torch on every node (default: the rank's).")
-]
 _STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
 
 
 def doctor(
-    recipe: OptionalRecipeArg = None,
+    recipe: Annotated[
+        Path | None, typer.Argument(help="A recipe (folder or recipe.toml); without it only the nodes are checked.")
+    ] = None,
     cluster: ClusterOpt = None,
     set_: SetOpt = None,
     env: EnvOpt = None,
@@ -62,16 +42,23 @@ def doctor(
     as_json: JsonOpt = False,
     timeout: NodeTimeoutOpt = 15.0,
     accept_new: AcceptNewOpt = False,
-    fabric: FabricOpt = False,
-    fabric_seconds: FabricSecondsOpt = 2,
-    fabric_fraction: FabricFractionOpt = 0.7,
-    fabric_max_loss: FabricLossOpt = 1.0,
+    fabric: Annotated[
+        bool,
+        typer.Option("--fabric", help="Measure every pair of nodes over the fabric (iperf3, ping, path MTU) instead."),
+    ] = False,
+    fabric_seconds: Annotated[int, typer.Option(min=1, max=60, help="Seconds of each iperf3 test.")] = 2,
+    fabric_fraction: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="A direction below this × the fleet's median fails.")
+    ] = 0.7,
+    fabric_max_loss: Annotated[float, typer.Option(min=0.0, help="Ping loss (%) above this fails.")] = 1.0,
     fabric_tool: FabricToolOpt = "auto",
     nccl: NcclOpt = False,
-    nccl_max_mib: NcclMaxOpt = 1024,
-    nccl_port: NcclPortOpt = 29511,
-    nccl_backend: NcclBackendOpt = "auto",
-    nccl_python: NcclPythonOpt = None,
+    nccl_max_mib: Annotated[int, typer.Option(min=1, help="The sweep's largest message, MiB.")] = 1024,
+    nccl_port: Annotated[int, typer.Option(min=1, max=65535, help="Rank 0's rendezvous port.")] = 29511,
+    nccl_backend: Annotated[str, typer.Option(help="auto (nccl with GPUs, else gloo), nccl or gloo.")] = "auto",
+    nccl_python: Annotated[
+        str | None, typer.Option(help="The interpreter with torch on every node (default: the rank's).")
+    ] = None,
 ) -> None:
     """Check every node in parallel: SSH, docker, GPUs, RDMA, fabric, disk, memory, image, model,
     ports, clocks. Exit 0 when nothing failed, 1 otherwise."""
@@ -99,17 +86,23 @@ def doctor(
         nodes, spec, memory = list(inventory.nodes), spec_for(inventory), None
     with connected(nodes, accept_new_host_keys=accept_new) as transports:
         if fabric:
+            from sparkfleet.doctor.collective import render_collective, run_collective, sweep_ranks
             from sparkfleet.doctor.pairs import Thresholds
 
-            thresholds = Thresholds(fraction=fabric_fraction, max_loss_pct=fabric_max_loss)
-            pairs = _fabric(spec, transports, recipe, as_json, fabric_seconds, thresholds, timeout, alone=not nccl,
-                            tool=fabric_tool)  # fmt: skip
-            if nccl:
-                from sparkfleet.doctor.collective import sweep_ranks
-
-                ranks = sweep_ranks(planned, nccl_python)
-                _collective(ranks, transports, pairs, as_json, nccl_max_mib << 20, nccl_port, nccl_backend)
-            elif not pairs["ok"]:
+            pairs = _fabric(spec, transports, recipe, as_json, not nccl, seconds=fabric_seconds, timeout=timeout,
+                            thresholds=Thresholds(fabric_fraction, fabric_max_loss), tool=fabric_tool)  # fmt: skip
+            if nccl:  # the collective sweep beside the pair test just run
+                sweep = run_collective(sweep_ranks(planned, nccl_python), transports, max_bytes=nccl_max_mib << 20,
+                                       port=nccl_port, backend=nccl_backend, fabric_report=pairs,
+                                       link_from="doctor --fabric, this run")  # fmt: skip
+                if as_json:
+                    typer.echo(json.dumps({"fabric": pairs, "collective": sweep.to_json()}, indent=2))
+                else:
+                    console.print()
+                    for line in render_collective(sweep):
+                        plain(line)
+                    _print_checks(list(sweep.checks))
+            if not pairs["ok"] or (nccl and sweep.failed):
                 raise SystemExit(1)
             return
         report = run_doctor(spec, transports, memory, timeout=timeout)
@@ -145,15 +138,7 @@ def _print_checks(checks: list[Check]) -> None:
 
 
 def _fabric(
-    spec: DoctorSpec,
-    transports: Mapping[str, Transport],
-    recipe: Path | None,
-    as_json: bool,
-    seconds: int,
-    thresholds: Thresholds,
-    timeout: float,
-    alone: bool,
-    tool: str,
+    spec: DoctorSpec, transports: Mapping[str, Transport], recipe: Path | None, as_json: bool, alone: bool, **how: Any
 ) -> dict[str, Any]:
     """`doctor --fabric`: the pair test, printed or as JSON (not alone: the caller prints it in its
     own), kept in doctor's history; its JSON form."""
@@ -162,7 +147,7 @@ def _fabric(
     from sparkfleet.doctor.run import sort_for_display
     from sparkfleet.state.store import Store
 
-    report = run_fabric(spec.nodes, transports, seconds=seconds, thresholds=thresholds, timeout=timeout, tool=tool)
+    report = run_fabric(spec.nodes, transports, **how)
     if as_json:
         if alone:
             typer.echo(json.dumps(report.to_json(), indent=2))
@@ -178,24 +163,6 @@ def _fabric(
         )
     record_fabric(Store(), report.to_json(), report.seconds, str(recipe) if recipe is not None else None)
     return report.to_json()
-
-
-def _collective(ranks: Sequence[SweepRank], transports: Mapping[str, Transport], pairs: dict[str, Any],
-                as_json: bool, max_bytes: int, port: int, backend: str) -> None:  # fmt: skip
-    """`doctor --fabric --nccl`: the collective sweep beside the pair test just run."""
-    from sparkfleet.doctor.collective import render_collective, run_collective
-
-    report = run_collective(ranks, transports, max_bytes=max_bytes, port=port, backend=backend, fabric_report=pairs,
-                            link_from="doctor --fabric, this run")  # fmt: skip
-    if as_json:
-        typer.echo(json.dumps({"fabric": pairs, "collective": report.to_json()}, indent=2))
-    else:
-        console.print()
-        for line in render_collective(report):
-            plain(line)
-        _print_checks(list(report.checks))
-    if report.failed or not pairs["ok"]:
-        raise SystemExit(1)
 
 
 COMMANDS = {"doctor": doctor}

@@ -25,8 +25,6 @@ if TYPE_CHECKING:
 eval_app = group("Quality gate, paired comparison and long-context needle checks.")
 COMMANDS = {"eval": eval_app}
 
-OutOpt = Annotated[list[Path] | None, out_files("Also write the full result (JSON) to this file (repeatable).")]
-
 
 def _write_json(result: dict[str, Any], paths: list[Path] | None) -> None:
     for path in paths or []:
@@ -85,7 +83,7 @@ def quality(
     ] = 0,
     timeout: Annotated[float, typer.Option(help="Seconds per request.")] = 600.0,
     as_json: JsonOpt = False,
-    out: OutOpt = None,
+    out: Annotated[list[Path] | None, out_files("Also write the full result (JSON) to this file (repeatable).")] = None,
     gate: Annotated[
         float | None,
         typer.Option(
@@ -186,10 +184,7 @@ def needle(
     api_key: ApiKeyOpt = None,
     label: LabelOpt = None,
     input_len: Annotated[
-        str,
-        typer.Option(
-            "--input-len", help="Prompt lengths in tokens, comma-separated (k = 1024); capped at the context."
-        ),
+        str, typer.Option(help="Prompt lengths in tokens, comma-separated (k = 1024); capped at the context.")
     ] = ",".join(str(x) for x in DEFAULT_LENGTHS),
     depths: Annotated[str, typer.Option(help="Needle depths in percent, comma-separated.")] = ",".join(
         f"{d:g}" for d in DEFAULT_DEPTHS

@@ -69,9 +69,7 @@ def k8s(
     namespace: Annotated[str | None, typer.Option("--namespace", "-n")] = None,
     gpus: GpusOpt = None,
     state_dir: StateOpt = None,
-    hf_cache: Annotated[str, typer.Option("--hf-cache", help="Hugging Face cache on the nodes.")] = (
-        "/root/.cache/huggingface"
-    ),
+    hf_cache: Annotated[str, typer.Option(help="Hugging Face cache on the nodes.")] = "/root/.cache/huggingface",
     no_rdma: Annotated[bool, typer.Option("--no-rdma", help="Do not mount /dev/infiniband.")] = False,
     cluster: NicsOpt = None,
 ) -> None:
@@ -95,9 +93,7 @@ def slurm(
     out: OutOpt = None,
     set_: SetOpt = None,
     name: NameOpt = None,
-    container: Annotated[str, typer.Option("--container", help="docker or pyxis (recipes with an image).")] = (
-        "docker"
-    ),
+    container: Annotated[str, typer.Option(help="docker or pyxis (recipes with an image).")] = "docker",
     gpus: GpusOpt = None,
     state_dir: StateOpt = None,
     partition: Annotated[str | None, typer.Option("--partition", "-p")] = None,

@@ -20,12 +20,6 @@ if TYPE_CHECKING:
 image_app = group("Build the recipe's image and give every node the same image ID.")
 COMMANDS = {"image": image_app}
 
-EachOpt = Annotated[
-    bool, typer.Option("--on-each-node", help="Build on every node instead of building once and streaming.")
-]
-NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Rebuild every layer.")]
-FileOpt = Annotated[str, typer.Option("--file", "-f", help="Dockerfile inside docker_image_dir.")]
-FromOpt = Annotated[str | None, typer.Option("--from", help="Node that holds the image (default: the head).")]
 _STYLE = {"skipped": "dim", "built": "green", "loaded": "green", "pulled": "green", "failed": "bold red"}
 
 
@@ -65,9 +59,11 @@ def build_cmd(
     recipe: RecipeArg,
     cluster: ClusterOpt = None,
     set_: SetOpt = None,
-    on_each_node: EachOpt = False,
-    no_cache: NoCacheOpt = False,
-    dockerfile: FileOpt = "Dockerfile",
+    on_each_node: Annotated[
+        bool, typer.Option("--on-each-node", help="Build on every node instead of building once and streaming.")
+    ] = False,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Rebuild every layer.")] = False,
+    dockerfile: Annotated[str, typer.Option("--file", "-f", help="Dockerfile inside docker_image_dir.")] = "Dockerfile",
     accept_new: AcceptNewOpt = False,
 ) -> None:
     """Build from docker_image_dir (context shipped over SSH) and stream to nodes that differ."""
@@ -83,7 +79,7 @@ def push_cmd(
     recipe: RecipeArg,
     cluster: ClusterOpt = None,
     set_: SetOpt = None,
-    source: FromOpt = None,
+    source: Annotated[str | None, typer.Option("--from", help="Node that holds the image (default: the head).")] = None,
     accept_new: AcceptNewOpt = False,
 ) -> None:
     """Stream the image from the head (or --from NODE) to every node whose image ID differs."""

@@ -57,9 +57,7 @@ def _emit(result: ImportResult, out: Path | None, cluster_out: Path | None, forc
 def mia_env(
     file: FileArg,
     out: OutOpt = None,
-    cluster_out: Annotated[
-        Path | None, typer.Option("--cluster-out", help="Cluster file (default: cluster.toml beside --out).")
-    ] = None,
+    cluster_out: Annotated[Path | None, typer.Option(help="Cluster file (default: cluster.toml beside --out).")] = None,
     no_tp4: Annotated[bool, typer.Option("--no-tp4", help="A start.sh (3-node) profile, not start-tp4.sh.")] = False,
     force: ForceOpt = False,
 ) -> None:

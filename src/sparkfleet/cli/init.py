@@ -12,22 +12,6 @@ from sparkfleet.cli.console import console
 from sparkfleet.cli.options import AcceptNewOpt, NodeTimeoutOpt
 from sparkfleet.errors import ClusterError
 
-HostsArg = Annotated[list[str], typer.Argument(help="The nodes' SSH addresses, head first (rank order).")]
-OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Where to write the cluster file.")]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite the output file if it exists.")]
-ClusterNameOpt = Annotated[str | None, typer.Option("--name", help="The cluster's name (default: the file's stem).")]
-UserOpt = Annotated[str | None, typer.Option("--user", help="SSH user (default: ssh's own choice).")]
-PortOpt = Annotated[int | None, typer.Option("--ssh-port", help="SSH port.")]
-KeyOpt = Annotated[str | None, typer.Option("--ssh-key", help="SSH private key.")]
-ConfigOpt = Annotated[str | None, typer.Option("--ssh-config", help="An ssh_config file (ssh -F).")]
-SubnetOpt = Annotated[
-    str | None, typer.Option("--fabric-subnet", help="The fabric network, when several could be (CIDR).")
-]
-IfnameOpt = Annotated[
-    list[str] | None,
-    typer.Option("--ifname", help="NODE=IFNAME: the fabric interface of a node with several in the subnet."),
-]
-
 
 def _pairs(items: list[str] | None) -> dict[str, str]:
     out = {}
@@ -40,16 +24,19 @@ def _pairs(items: list[str] | None) -> dict[str, str]:
 
 
 def init(
-    hosts: HostsArg,
-    out: OutOpt = Path("cluster.toml"),
-    force: ForceOpt = False,
-    name: ClusterNameOpt = None,
-    user: UserOpt = None,
-    ssh_port: PortOpt = None,
-    ssh_key: KeyOpt = None,
-    ssh_config: ConfigOpt = None,
-    fabric_subnet: SubnetOpt = None,
-    ifname: IfnameOpt = None,
+    hosts: Annotated[list[str], typer.Argument(help="The nodes' SSH addresses, head first (rank order).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the cluster file.")] = Path("cluster.toml"),
+    force: Annotated[bool, typer.Option("--force", help="Overwrite the output file if it exists.")] = False,
+    name: Annotated[str | None, typer.Option("--name", help="The cluster's name (default: the file's stem).")] = None,
+    user: Annotated[str | None, typer.Option("--user", help="SSH user (default: ssh's own choice).")] = None,
+    ssh_port: Annotated[int | None, typer.Option("--ssh-port", help="SSH port.")] = None,
+    ssh_key: Annotated[str | None, typer.Option("--ssh-key", help="SSH private key.")] = None,
+    ssh_config: Annotated[str | None, typer.Option("--ssh-config", help="An ssh_config file (ssh -F).")] = None,
+    fabric_subnet: Annotated[str | None, typer.Option(help="The fabric network, when several could be (CIDR).")] = None,
+    ifname: Annotated[
+        list[str] | None,
+        typer.Option("--ifname", help="NODE=IFNAME: the fabric interface of a node with several in the subnet."),
+    ] = None,
     timeout: NodeTimeoutOpt = 20.0,
     accept_new: AcceptNewOpt = False,
 ) -> None:

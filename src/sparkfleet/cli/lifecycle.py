@@ -132,9 +132,8 @@ def down(
         bool,
         typer.Option(
             "--sweep",
-            help="Find the deployment's ranks by name on every node of --cluster (this machine "
-            "without one), whoever "
-            "started them, list them with their owner, and stop them (when the local record is lost).",
+            help="Find the deployment's ranks by name on every node of --cluster (this machine without one), "
+            "whoever started them, list them with their owner, and stop them (when the local record is lost).",
         ),
     ] = False,
 ) -> None:

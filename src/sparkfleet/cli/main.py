@@ -29,7 +29,7 @@ COMMAND_MODULES = {
     "sparkfleet.cli.init": ("init",),
     "sparkfleet.cli.doctor": ("doctor",),
     "sparkfleet.cli.image": ("image",),
-    "sparkfleet.cli.bench_serve": ("bench",),
+    "sparkfleet.cli.bench": ("bench",),
     "sparkfleet.cli.ab": ("ab",),
     "sparkfleet.cli.evals": ("eval",),
     "sparkfleet.cli.imports": ("import",),
@@ -88,7 +88,7 @@ def build_app(argv: list[str] | None = None) -> typer.Typer:
     if command is None and argv is not None:
         # Nothing to run, only the listing to show (--help, or no arguments at all).
         for name, summary in SUMMARIES.items():
-            app.command(name, help=summary, add_help_option=False)(_listed)
+            app.command(name, help=summary, add_help_option=False)(lambda: None)  # listed, never run
         return app
     owners = [m for m, names in COMMAND_MODULES.items() if command in names]
     for module in owners or COMMAND_MODULES:
@@ -98,10 +98,6 @@ def build_app(argv: list[str] | None = None) -> typer.Typer:
             else:
                 app.command(name)(command)
     return app
-
-
-def _listed() -> None:
-    """A command as the root listing shows it; never run, since no command was named."""
 
 
 def _usage_error(exc: typer.TyperException, argv: list[str]) -> NoReturn:
@@ -127,30 +123,20 @@ def _usage_error(exc: typer.TyperException, argv: list[str]) -> NoReturn:
     sys.exit(EXIT_USER_ERROR)
 
 
-def _renamed(args: list[str]) -> list[str]:
-    """args with the old spellings of renamed options replaced (cli/renamed.py), one line on
-    stderr for each; an old spelling that cannot be carried over is a usage error."""
-    from sparkfleet.cli.renamed import rewrite
-
-    new, notes, refusal = rewrite(args)
-    if refusal is not None:
-        raise UsageError(refusal)
-    if notes:
-        from sparkfleet.cli.console import warn
-
-        for note in notes:
-            warn(note)
-    return new
-
-
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI: user errors become one red line and exit 2; bugs go to the crash log."""
-    from sparkfleet.cli.console import err_console
+    from sparkfleet.cli.console import err_console, warn
+    from sparkfleet.cli.renamed import rewrite
 
     logging.basicConfig(level=os.environ.get("SPARKFLEET_LOG", "WARNING"))
     args = sys.argv[1:] if argv is None else argv
     try:
-        args = _renamed(args)
+        # Old spellings of renamed options (cli/renamed.py): replaced, one line on stderr each.
+        args, notes, refusal = rewrite(args)
+        if refusal is not None:
+            raise UsageError(refusal)
+        for note in notes:
+            warn(note)
         # Without standalone mode click returns a command's exit code (e.g. 130 after Ctrl-C).
         code = build_app(args)(args=args, standalone_mode=False)
     except SparkfleetError as exc:

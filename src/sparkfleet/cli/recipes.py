@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -20,9 +20,6 @@ from sparkfleet.cli.options import (
 )
 from sparkfleet.errors import PlanError, RecipeError
 
-if TYPE_CHECKING:
-    from sparkfleet.plan.model import Plan
-
 StrictOpt = Annotated[
     bool,
     typer.Option(
@@ -30,10 +27,6 @@ StrictOpt = Annotated[
         help="Refuse when a recipe/--env value overrides a per-node cluster value, or when an imported "
         "recipe lists what its import could not carry over (not_carried).",
     ),
-]
-DiffOpt = Annotated[
-    tuple[str, str] | None,
-    typer.Option("--diff", help="Two variants: per rank, the argv words, env keys and image that differ."),
 ]
 
 
@@ -68,7 +61,10 @@ def plan_cmd(
     name: NameOpt = None,
     as_json: JsonOpt = False,
     variant: VariantOpt = "base",
-    diff: DiffOpt = None,
+    diff: Annotated[
+        tuple[str, str] | None,
+        typer.Option("--diff", help="Two variants: per rank, the argv words, env keys and image that differ."),
+    ] = None,
     strict: StrictOpt = False,
 ) -> None:
     """Show what `up` will do on every node: commands, env (with sources), mounts, staging."""
@@ -85,7 +81,14 @@ def plan_cmd(
                 plain(line)
         return
     planned = build_plan(recipe, cluster, set_, env, name, variant)
-    report_overrides(planned, strict)
+    # The plan's per-node overrides on stderr (the JSON on stdout stays clean); --strict refuses.
+    report_not_carried(planned.recipe_source, planned.not_carried, strict)
+    if strict and planned.warnings:
+        raise PlanError(f"{planned.recipe_source}: --strict: " + "; ".join(w.message for w in planned.warnings))
+    for w in planned.warnings:
+        warn(w.message)
+    for note in planned.secret_args:
+        warn(f"{planned.recipe_source}: {note}")
     if as_json:
         typer.echo(json.dumps(plan_json(planned), indent=2, sort_keys=False))
     else:
@@ -96,17 +99,6 @@ def plan_cmd(
             from sparkfleet.apply.staging.hub import print_rules  # only then: it loads the runners
 
             print_rules(step, console)
-
-
-def report_overrides(planned: Plan, strict: bool) -> None:
-    """The plan's per-node overrides on stderr (the JSON on stdout stays clean); --strict refuses."""
-    report_not_carried(planned.recipe_source, planned.not_carried, strict)
-    if strict and planned.warnings:
-        raise PlanError(f"{planned.recipe_source}: --strict: " + "; ".join(w.message for w in planned.warnings))
-    for w in planned.warnings:
-        warn(w.message)
-    for note in planned.secret_args:
-        warn(f"{planned.recipe_source}: {note}")
 
 
 def report_not_carried(source: str, items: tuple[str, ...], strict: bool) -> None:

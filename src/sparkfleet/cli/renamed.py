@@ -67,9 +67,7 @@ def rewrite(argv: Sequence[str]) -> tuple[list[str], list[str], str | None]:
     out = list(argv[: len(path)])
     notes: list[str] = []
     rest = list(argv[len(path) :])
-    i = 0
-    while i < len(rest):
-        word = rest[i]
+    for i, word in enumerate(rest):
         if word == "--":
             out += rest[i:]
             break
@@ -77,7 +75,6 @@ def rewrite(argv: Sequence[str]) -> tuple[list[str], list[str], str | None]:
         rule = rules.get(name)
         if rule is None:
             out.append(word)
-            i += 1
             continue
         value = inline if eq else (rest[i + 1] if i + 1 < len(rest) else "")
         new, refusal = rule(value) if callable(rule) else (rule, "")
@@ -86,7 +83,6 @@ def rewrite(argv: Sequence[str]) -> tuple[list[str], list[str], str | None]:
             return list(argv), notes, f"{where}: {refusal}"
         notes.append(f"{where}: {name} is deprecated, use {new} (the old spelling will go)")
         out.append(f"{new}={inline}" if eq else new)
-        i += 1
     return out, notes, None
 
 

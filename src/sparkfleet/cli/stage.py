@@ -11,9 +11,6 @@ from sparkfleet.cli.console import console, err_console, table
 from sparkfleet.cli.options import AcceptNewOpt, ClusterOpt, JsonOpt, NameOpt, RecipeArg, SetOpt, build_plan
 from sparkfleet.errors import UsageError
 
-VerifyOpt = Annotated[
-    bool, typer.Option("--verify", help="Check every staged file in full against its ledger; write nothing.")
-]
 MethodOpt = Annotated[
     str,
     typer.Option("--method", help="How a sync from a source node reaches the others: pipeline (each node "
@@ -24,7 +21,9 @@ MethodOpt = Annotated[
 def stage(
     recipe: RecipeArg,
     cluster: ClusterOpt = None,
-    verify: VerifyOpt = False,
+    verify: Annotated[
+        bool, typer.Option("--verify", help="Check every staged file in full against its ledger; write nothing.")
+    ] = False,
     set_: SetOpt = None,
     name: NameOpt = None,
     as_json: JsonOpt = False,

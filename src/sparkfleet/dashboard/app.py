@@ -10,10 +10,12 @@ cannot send, so another web page cannot stop a deployment through the user's bro
 from __future__ import annotations
 
 import secrets
+import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import uvicorn
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
@@ -31,6 +33,7 @@ from sparkfleet.state.store import Store
 STATIC = Path(__file__).resolve().parent / "static"
 COOKIE = "sparkfleet_token"
 ACTION_HEADER = "x-sparkfleet-action"
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
 class _TokenGate(BaseHTTPMiddleware):
@@ -163,3 +166,16 @@ def create_app(store: Store, *, token: str | None = None, allowed_hosts: list[st
     if token is not None:
         middleware.append(Middleware(_TokenGate, token=token))
     return Starlette(routes=routes, middleware=middleware)
+
+
+def serve(sock: socket.socket, host: str, token: str, loopback: bool, announce: Callable[[str, Path], None]) -> None:
+    """Serve the dashboard on sock until interrupted; announce gets its address (which carries
+    the token) and the state store's path."""
+    store = Store()
+    # The token guards; on loopback the Host check also stops DNS rebinding.
+    app = create_app(store, token=token, allowed_hosts=list(LOOPBACK_NAMES) if loopback else None)
+    shown = socket.gethostname() if host in ("0.0.0.0", "::") else host
+    shown = f"[{shown}]" if ":" in shown else shown
+    announce(f"http://{shown}:{sock.getsockname()[1]}/?token={token}", store.path)
+    # No access log: the first request of a browser carries the token in its address.
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")).run(sockets=[sock])
