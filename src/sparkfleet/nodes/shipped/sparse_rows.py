@@ -1,15 +1,10 @@
-"""Stage one rank's rows of large tables onto node-local disk (node-side entry point).
+"""Stage one rank's rows of large tables onto node-local disk (node-side entry point, bundled
+into one script by ``bundle.py``; the last stdout line is a JSON result).
 
-Run on the node as ``python3 - '<json args>'`` with this package's node-side modules bundled into
-one script (``bundle.py``). For every output file of the rank it first checks what is already
-there against its ledger: an output whose ledger matches the source identity, the output's own
-stat, its header, a sample of rows compared with the source and a sample of chunk hashes is left
-alone. Anything else is (re)built in ``<output>.partial`` — comparing chunk hashes so only chunks
-that differ are written — fsynced, described by a fresh ledger, and renamed into place, so the
-final path only ever holds a file its ledger vouches for. The ledgers' and the renames' own
-fsyncs come once every output of the run is written (see ``_Finisher``): a killed worker loses
-nothing, a power cut before them at worst a ledger, and that output is packed again. The last
-stdout line is a JSON result.
+An output whose ledger matches the source identity, its own stat, its header, sampled rows
+(against the source) and sampled chunk hashes is left alone. Anything else is (re)built in
+``<output>.partial``, writing only chunks that differ, fsynced, given a fresh ledger and renamed
+into place, so the final path only ever holds a file its ledger vouches for.
 """
 
 from __future__ import annotations
@@ -106,15 +101,13 @@ def _drop_cache(fd: int, offset: int, length: int) -> None:
 
 class _Finisher:
     """The disk side of one output, in its own thread: page-cache advice while it is packed,
-    then its finish: fsync once the output packed before it is synced, ledger, rename.
+    then fsync (once the output before it is synced), ledger, rename.
 
-    The packing thread hands work over and never waits on the disk. A pack is bound by how fast
-    the disk makes writes durable, so the fsyncs are what must follow each other without a gap:
-    while output k is fsynced, output k+1 is read and written, and k+1's fsync starts as soon
-    as k's returns, while k's ledger is written and both are renamed into place. The ledger's
-    fsync and the folder's wait for the stager's close (``later``): made while another output
-    is being written, each small fsync waited 50-160 ms for that output's data in the same
-    journal commit, and a tp=4 pack on one node made twelve of them.
+    A pack is bound by how fast the disk makes writes durable, so the fsyncs must follow each
+    other without a gap: while output k is fsynced, k+1 is read and written. The ledger's and
+    the folder's fsyncs wait for the stager's close (``later``): made while another output was
+    being written, each waited 50-160 ms for that output's data in the same journal commit.
+    A killed worker loses nothing; a power cut before the close at worst a ledger.
     """
 
     def __init__(self, fd: int, before: _Finisher | None) -> None:
@@ -128,7 +121,6 @@ class _Finisher:
         self._thread.start()
 
     def advise(self, offset: int, length: int) -> None:
-        """POSIX_FADV_DONTNEED on a range of the output (see ``_WriteBehind``)."""
         self._calls.put(functools.partial(_drop_cache, self.fd, offset, length))
 
     def finish(self, sync: Callable[[], None], then: Callable[[], None]) -> None:
@@ -175,21 +167,16 @@ class _WriteBehind:
     """Starts write-back of each window of output as soon as it is written, and drops it and the
     source bytes it came from from the page cache once they are no longer needed.
 
-    Left to the kernel, a pack dirties the whole output in memory and the fsync at the end writes
-    it all (``cp && sync`` does the same). POSIX_FADV_DONTNEED on dirty pages starts asynchronous
-    write-back (Linux, WB_SYNC_NONE) and drops pages that are clean, so issuing it on each window
-    as it is finished lets the disk write while the next windows are read, and issuing it again
-    ``_LAG`` windows later drops them once written. The page cache holds a few windows of the pack
-    instead of all of it (on a DGX Spark it competes with GPU memory), and the kernel never has
-    to throttle the writer for too much dirty memory. The output's advice goes through its
-    ``_Finisher``, as starting write-back can wait on a busy disk; dropping clean source pages
-    cannot, and is done here.
+    Left to the kernel, a pack dirties the whole output and the final fsync writes it all.
+    POSIX_FADV_DONTNEED on dirty pages starts asynchronous write-back (WB_SYNC_NONE) and drops
+    clean ones, so issuing it on each finished window lets the disk write while the next is
+    read, and issuing it again ``_LAG`` windows later drops them: the page cache holds a few
+    windows, not the pack, and the writer is never throttled for dirty memory. The output's
+    advice goes through its ``_Finisher`` (starting write-back can wait on a busy disk).
 
-    A window ends on a multiple of ``_ALIGN`` in the file, the rest of its last block going to
-    the next window: blocks are whole rows (1,048,344 bytes) and end inside a page, and a window
-    ending there wrote that page half-filled and again later, and split the write-back into
-    requests the device could not merge (on the test VM the pack issued a fifth more write
-    requests than ``cp`` for the same bytes).
+    A window ends on a multiple of ``_ALIGN``: blocks are whole rows and end inside a page, and
+    a window ending there wrote that page twice and split the write-back into requests the
+    device could not merge (a fifth more write requests than ``cp`` on the test VM).
     """
 
     _WINDOW = 32 << 20
@@ -235,11 +222,6 @@ class _WriteBehind:
             for lo, hi in runs:
                 _drop_cache(self.fds[stream], lo, hi - lo)
         self.read.clear()
-
-
-def _prefetch(fd: int, offset: int, length: int) -> None:
-    if _FADV_OK:
-        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
 
 
 def _write_all(fd: int, data: Any, offset: int) -> None:
@@ -311,12 +293,13 @@ class _Pieces:
                 runs.append([offset, offset + length])
         self.data: dict[int, list[bytes]] = {}
 
-    def prefetch(self) -> None:
-        for fd, runs in self.runs.items():
-            for start, end in runs:
-                _prefetch(fd, start, end - start)
-
     def read(self) -> None:
+        # Random reads: asked for all at once (WILLNEED starts the reads and returns) they queue
+        # on the device together (NVMe does ~30x more IOPS at depth 64 than at depth 1) instead
+        # of paying one latency each, without a thread pool to start.
+        for fd, runs in self.runs.items():
+            for start, end in runs if _FADV_OK else ():
+                os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
         for fd, runs in self.runs.items():
             self.data[fd] = [os.pread(fd, end - start, start) for start, end in runs]
 
@@ -380,12 +363,7 @@ def assess(
         points = _sample_rows(out, rng, sample_rows)
         pieces = _Pieces([(fd, *out.row_in_output(*point)) for point in points]
                          + [(fds[s], o, k) for point in points for s, o, k in out.row_parts(*point)])  # fmt: skip
-        # Sampled rows are random reads: asked for all at once (WILLNEED starts the reads and
-        # returns) they queue on the device together (NVMe does ~30x more IOPS at depth 64 than
-        # at depth 1) instead of paying one latency each, without a thread pool to start. The
-        # sampled chunk is left to sequential readahead, which read it faster than WILLNEED did.
-        pieces.prefetch()
-        pieces.read()
+        pieces.read()  # the sampled chunk is left to readahead, which read it faster than WILLNEED
         for point in points:
             expected = b"".join(pieces.get(fds[s], o, k) for s, o, k in out.row_parts(*point))
             if pieces.get(fd, *out.row_in_output(*point)) != expected:
@@ -438,11 +416,9 @@ class _ChunkRuns:
     """An output's chunk indices as one contiguous run per lane; a lane whose run is done takes
     the second half of the longest run left.
 
-    Runs keep each lane's reads sequential: handing out chunks in turn (every lane jumping a
-    chunk ahead each time) packed 14 % slower on the test VM, as readahead started over at every
-    chunk. Halving what is left balances the end: with fixed halves one lane finished 0.1-0.14 s
-    before the other in each 0.5 GiB output (seen while the lanes still shared descriptors), and
-    the other then packed alone.
+    Runs keep each lane's reads sequential (chunks handed out in turn packed 14 % slower, as
+    readahead started over at every chunk); halving what is left keeps one lane from packing
+    the end alone.
     """
 
     def __init__(self, n: int, lanes: int) -> None:
@@ -464,13 +440,9 @@ class _ChunkRuns:
 
 
 class _Lane:
-    """Packs the chunks of one output it takes from a ``_ChunkRuns`` (see ``_LANES``).
-
-    Each lane has its own buffers and its own ``_WriteBehind`` and reports the hashes of its
-    chunks by index; the runs, the output's ``_Finisher`` and ``Progress`` are shared, and each
-    takes calls from several threads. A lane that fails sets ``stop``, so the others end at
-    their next chunk instead of writing on.
-    """
+    """Packs the chunks of one output it takes from a ``_ChunkRuns`` (see ``_LANES``), with its
+    own buffers and ``_WriteBehind``; a lane that fails sets ``stop``, so the others end at their
+    next chunk."""
 
     def __init__(
         self, out: Layout, fd: int, finisher: _Finisher, progress: Progress,
@@ -550,11 +522,8 @@ def repack(
     out: Layout, ledger: dict[str, Any] | None, ident: list[dict[str, Any]], progress: Progress,
     stager: _Stager, job: int,
 ) -> dict[str, Any]:  # fmt: skip
-    """Make ``out`` right, writing only blocks whose bytes differ; returns counts.
-
-    The fsync, ledger and rename are left to the output's ``_Finisher``: ``stager.close()``
-    waits for them and says which failed.
-    """
+    """Make ``out`` right, writing only blocks whose bytes differ; returns counts. The fsync,
+    ledger and rename are left to the output's ``_Finisher`` (``stager.close()`` waits for them)."""
     hash_name = default_algorithm()
     expected = _usable_hashes(out, ledger, ident)
     if expected is not None and ledger is not None:
@@ -751,10 +720,41 @@ class _Job:
         the outputs' finish, which ``stager.close()`` waits for."""
         try:
             t0 = time.monotonic()
-            result = _run_outputs(self.outs, self.checked, self.idents, self.args, self.dst, self.mode, stager, job)
-            return {**result, "seconds": self.seconds + time.monotonic() - t0}
+            return {**self._stage(stager, job), "seconds": self.seconds + time.monotonic() - t0}
         finally:
             self.close()
+
+    def _stage(self, stager: _Stager, job: int) -> dict[str, Any]:
+        outs, checked = self.outs, self.checked
+        reports = [
+            {"path": o.path, "layout": o.layout, "size": o.size, "status": status, "action": "verified",
+             "bytes_written": 0, "chunks_rewritten": 0, "chunks_total": len(o.chunks)}
+            for o, (status, _) in zip(outs, checked, strict=True)
+        ]  # fmt: skip
+        work = [i for i, (status, _) in enumerate(checked) if status != "ok"]
+        if self.mode == "verify" or not work:
+            return {"outputs": reports, "hash": default_algorithm()}
+        import_numpy_in_background()
+        # Chunks rewritten in place need no new blocks: only what is not yet allocated counts.
+        to_write = sum(
+            max(0, outs[i].data_bytes - max(allocated_bytes(p), allocated_bytes(p + PARTIAL_SUFFIX)))
+            for i in work
+            for p in [outs[i].path]
+        )
+        check_room(self.dst, int(self.args.get("min_free") or 0), to_write)
+        os.makedirs(self.dst, exist_ok=True)
+        stager.lock(self.dst)
+        progress = Progress(
+            self.args.get("progress_file"), sum(outs[i].data_bytes for i in work), self.args.get("job", 0)
+        )
+        progress.flush()
+        for i in work:
+            t0 = time.monotonic()
+            counts = repack(outs[i], checked[i][1], self.idents[i], progress, stager, job)
+            action = "packed" if checked[i][0] in ("missing", "unvouched") else "repaired"
+            reports[i].update(counts, action=action, seconds=time.monotonic() - t0)
+        progress.flush()
+        return {"outputs": reports, "hash": default_algorithm()}
 
     def close(self) -> None:
         for fd in self.fds.values():
@@ -772,39 +772,6 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
     if failure is not None:
         raise failure
     return {**result, "seconds": result["seconds"] + seconds}
-
-
-def _run_outputs(
-    outs: list[Layout], checked: list[tuple[str, dict[str, Any] | None]], idents: list[list[dict[str, Any]]],
-    args: dict[str, Any], dst: str, mode: str, stager: _Stager, job: int,
-) -> dict[str, Any]:  # fmt: skip
-    reports = [
-        {"path": o.path, "layout": o.layout, "size": o.size, "status": status, "action": "verified",
-         "bytes_written": 0, "chunks_rewritten": 0, "chunks_total": len(o.chunks)}
-        for o, (status, _) in zip(outs, checked, strict=True)
-    ]  # fmt: skip
-    work = [i for i, (status, _) in enumerate(checked) if status != "ok"]
-    if mode == "verify" or not work:
-        return {"outputs": reports, "hash": default_algorithm()}
-    import_numpy_in_background()
-    # Chunks rewritten in place need no new blocks: only what is not yet allocated counts.
-    to_write = sum(
-        max(0, outs[i].data_bytes - max(allocated_bytes(p), allocated_bytes(p + PARTIAL_SUFFIX)))
-        for i in work
-        for p in [outs[i].path]
-    )
-    check_room(dst, int(args.get("min_free") or 0), to_write)
-    os.makedirs(dst, exist_ok=True)
-    stager.lock(dst)
-    progress = Progress(args.get("progress_file"), sum(outs[i].data_bytes for i in work), args.get("job", 0))
-    progress.flush()
-    for i in work:
-        t0 = time.monotonic()
-        counts = repack(outs[i], checked[i][1], idents[i], progress, stager, job)
-        action = "packed" if checked[i][0] in ("missing", "unvouched") else "repaired"
-        reports[i].update(counts, action=action, seconds=time.monotonic() - t0)
-    progress.flush()
-    return {"outputs": reports, "hash": default_algorithm()}
 
 
 def _together(calls: list[Callable[[], _T]]) -> list[_T]:
