@@ -232,8 +232,12 @@ def inspect(spec: dict) -> dict:
     except (OSError, ValueError):
         pass
     if found and exit_code is None and _starttime(found[1]) == found[2]:
-        started = _boot_time() + int(found[2]) / CLK_TCK
-        return {"state": "running", "pid": found[1], "exit_code": None, "started_at": started}
+        return {
+            "state": "running",
+            "pid": found[1],
+            "exit_code": None,
+            "started_at": _boot_time() + int(found[2]) / CLK_TCK,
+        }
     state = "exited" if found or exit_code is not None else "absent"
     return {"state": state, "pid": found[1] if found else None, "exit_code": exit_code, "started_at": None}
 
@@ -320,11 +324,7 @@ def stop(spec: dict) -> dict:
 
 
 def _groups_of(pids: list[int]) -> set[int]:
-    groups = set()
-    for pid in pids:
-        if (group := _group(pid)) is not None:
-            groups.add(group)
-    return groups
+    return {group for pid in pids if (group := _group(pid)) is not None}
 
 
 def _terminate(groups: set[int], members: list[int], grace: float) -> None:
@@ -480,11 +480,6 @@ def watch(spec: dict) -> dict:
 _MARKERS = ("SPARKFLEET_DEPLOYMENT", "SPARKFLEET_INSTANCE", "SPARKFLEET_CONTAINER_DEPLOYMENT")
 
 
-def _started(pid: str) -> float | None:
-    ticks = _starttime(pid)
-    return _boot_time() + int(ticks) / CLK_TCK if ticks is not None else None
-
-
 def _group(pid: int | str) -> int | None:
     try:
         return os.getpgid(int(pid))
@@ -520,20 +515,20 @@ def _fd_links(pid: str) -> list[str]:
     return links
 
 
-def _under(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
-
-
 def _holds(pid: str, workdir: str, sockets: dict[str, tuple[int, int]]) -> str | None:
     """What of the deployment a process without markers still holds, or None."""
+
+    def under(path: str) -> bool:
+        return bool(workdir) and (path == workdir or path.startswith(workdir.rstrip("/") + "/"))
+
     try:
         cwd = os.readlink(f"/proc/{pid}/cwd")
     except OSError:
         cwd = ""
-    if workdir and _under(cwd, workdir):
+    if under(cwd):
         return f"its working directory is {cwd}"
     for link in _fd_links(pid):
-        if workdir and _under(link, workdir):
+        if under(link):
             return f"it holds {link} open"
         if link.startswith("socket:[") and link[8:-1] in sockets:
             return f"it listens on port {sockets[link[8:-1]][0]}"
@@ -564,10 +559,10 @@ def leftovers(spec: dict) -> list[dict]:
     marked_groups = _groups_of([int(p) for p, env in envs.items() if env and any(k in env for k in _MARKERS)])
     out = []
     for pid, env in envs.items():
-        started = _started(pid)
-        if env is None or started is None:
+        ticks = _starttime(pid)
+        if env is None or ticks is None:
             continue  # gone meanwhile, a zombie, or another user's
-        why = None
+        started, why = _boot_time() + int(ticks) / CLK_TCK, None
         if any(k in env for k in _MARKERS):
             if _belongs(pid, deployment, None, node, instance):
                 why = "it carries the instance's markers (it left its rank's process group)"
@@ -606,11 +601,6 @@ def gpu_apps(command: list[str]) -> dict:
     return {"gpu_apps": done.stdout, "gpu_error": None}
 
 
-def after_down(spec: dict) -> dict:
-    """What ``down`` checks once the ranks are stopped, in one round trip."""
-    return {"found": leftovers(spec), "mem_available": mem_available(), **gpu_apps(spec.get("gpu_command") or [])}
-
-
 # What a controller may ask of this agent besides start (which also takes the env file): each
 # takes the request's payload and returns its JSON answer.
 COMMANDS = {
@@ -622,7 +612,12 @@ COMMANDS = {
     "preflight": lambda spec: {"found": find(spec), "holders": holders(spec)},
     "kill": kill,
     "watch": watch,
-    "leftovers": after_down,
+    # what ``down`` checks once the ranks are stopped, in one round trip
+    "leftovers": lambda spec: {
+        "found": leftovers(spec),
+        "mem_available": mem_available(),
+        **gpu_apps(spec.get("gpu_command") or []),
+    },
 }
 
 
