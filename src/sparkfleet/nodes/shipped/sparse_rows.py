@@ -37,6 +37,7 @@ from sparkfleet.nodes.shipped.ledger import (
     default_algorithm,
     fsync,
     hash_algorithms,
+    ledger_path,
     read_ledger,
     remove_ledger,
     write_json_atomic,
@@ -579,19 +580,18 @@ def repack(
         st = synced[0]
         assert finisher is not None
         write_json_atomic(
-            final + ".ledger.json",
+            ledger_path(final),
             {
                 "format": LEDGER_FORMAT, "output_name": os.path.basename(final), "geometry": out.describe(),
                 "sources": ident, "hash": hash_name, "chunk_hashes": hashes,
                 "output": {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino},
                 "written_at": time.time(),
             },
-            durable=False,
         )  # fmt: skip
         # The data is durable (sync ran first); a SIGKILL from here on loses nothing, and a power
         # cut before the stager's close can only lose the ledger, so the output is packed again.
         os.replace(partial, final)
-        finisher.later.append(final + ".ledger.json")
+        finisher.later.append(ledger_path(final))
 
     finisher.finish(sync, finish)
     return {"bytes_written": written, "chunks_rewritten": rewritten, "chunks_total": len(out.chunks)}
