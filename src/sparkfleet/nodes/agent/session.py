@@ -1,21 +1,14 @@
 """One node agent per node, kept open for the length of a sparkfleet command.
 
-A one-shot agent call costs a new SSH channel, a shell and an interpreter on the node and an ssh
-client here; `up` makes three to four calls per node (preflight, start, readiness, the head's
-probe) and `down` three. A
-session opens on the first call (``… serve``: JSON requests and answers, one line each) and
-answers every later call on the same transport in about a millisecond. It closes when its
-transport is dropped; the node's agent ends when its stdin does.
+A one-shot agent call costs an SSH channel, a shell and an interpreter on the node; `up` makes
+three to four per node and `down` three. A session opens on the first call (``… serve``: one
+JSON line each way) and answers every later call in about a millisecond.
 
-The one-shot call stays: for transports that cannot hold a stream open (``capabilities.sessions``
-false: local, scripted), for a second caller while the session is busy (ranks of one node start
-in parallel), and when the session never came up — then the one-shot call reports why (no such
-python, a refused login) the way it always has. A session that dies in the middle of a call
-raises: the command may have run there, so it is not sent again.
-
-As Mitogen's remote interpreter, the agent lives and dies with its connection: when this process
-ends (or drops the transport), the ssh client ends, the agent's stdin ends, and the agent exits.
-Nothing of it stays on the node but the ranks it started and their monitors.
+The one-shot call stays for transports without ``capabilities.sessions`` (local, scripted), for
+a second caller while the session is busy, and when the session never came up (the one-shot
+call then reports why). A session that dies mid-call raises: the command may have run there, so
+it is not sent again. As Mitogen's remote interpreter, the agent lives and dies with its
+connection: when the transport is dropped, the ssh client ends, then the agent's stdin, then it.
 """
 
 from __future__ import annotations
@@ -161,14 +154,9 @@ def call_in_session(transport: Transport, python: str, command: str, payload: di
 
 
 def open_sessions(transports: Mapping[str, Transport], pythons: Mapping[str, str]) -> None:
-    """Open each node's session now; returns once the ssh clients are started, about a
-    millisecond each (the agents' hellos are read by their first calls).
-
-    For a command that still has code to load before its first node call: the nodes' agents
-    boot (an SSH handshake where no master connection is up yet, an interpreter) while this
-    process loads, instead of after it. Opened here, not from a thread: one that competed with
-    the imports for the GIL took 16 ms a node. A session that does not come up is found by its
-    first call, which then reports why as it always has."""
+    """Open each node's session now (about a millisecond each; the hellos are read by the first
+    calls), so the agents boot while this process still loads code. Not from a thread: one that
+    competed with the imports for the GIL took 16 ms a node."""
     for node, transport in transports.items():
         with contextlib.suppress(SparkfleetError, OSError):  # its first call finds and reports it
             session_for(transport, pythons[node])

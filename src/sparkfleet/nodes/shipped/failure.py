@@ -1,9 +1,5 @@
-"""The one exception the node-side staging code raises.
-
-The node-side modules of this package are shipped to nodes as a single stdlib-only script (see
-``bundle.py``), so they cannot raise ``sparkfleet.errors`` types; the controller turns a
-``StageFailure`` reported by the script into a ``StagingError`` that names the node.
-"""
+"""The one exception the node-side staging code raises: shipped code cannot import
+``sparkfleet.errors``, so the controller turns a reported ``StageFailure`` into a ``StagingError``."""
 
 from __future__ import annotations
 
