@@ -1,10 +1,7 @@
-"""The commands of a pipeline copy (apply/staging/pipeline.py): a tar stream from a source node
-down a chain of nodes over SSH, each writing it while forwarding it to the next.
-
-Stock tools only: ``tar -c`` on the source piped into ``ssh`` to the first node, where ``tee``
-writes the stream into a FIFO read by ``ssh`` to the next node while ``tar -x`` unpacks it; the
-last node only unpacks. Each node's ``tar --checkpoint`` prints ``sparkfleet-hop I RECORDS`` on
-stderr, which comes back up the chain to the source's output: per-node progress.
+"""The commands of a pipeline copy (apply/staging/pipeline.py): ``tar -c`` on a source node piped
+down a chain of nodes over SSH, each ``tee``-ing the stream to the next while ``tar -x`` unpacks
+it. Each node's ``tar --checkpoint`` line (``sparkfleet-hop I RECORDS``) comes back up the chain
+to the source's output: per-node progress.
 """
 
 from __future__ import annotations

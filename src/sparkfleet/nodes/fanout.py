@@ -1,13 +1,6 @@
-"""Running one function on every node at once, keeping every node's outcome.
-
-``fan_out(nodes, fn)`` is the one way sparkfleet works on several nodes in parallel. It returns a
-``GroupResult`` (fabric's name): every node's outcome in node order, with the error policies the
-callers need on it, so none of them keeps a pool of its own:
-
-    group = fan_out(transports, lambda n: transports[n].run(["true"]))
-    group.raise_first()      # the values, or the first node's error as it is
-    group.raise_all(StagingError)   # the values, or one error naming every node that failed
-    group.failures           # {node: error} of the nodes that failed, to report per node
+"""``fan_out(nodes, fn)``: the one way sparkfleet works on several nodes in parallel. Its
+``GroupResult`` (fabric's name) keeps every node's outcome in node order, with the error
+policies callers need (``raise_first``, ``raise_all``, ``failures``), so none keeps a pool.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
-"""Measuring one pair of nodes over the fabric: the node-side commands and their pure parsers.
+"""Measuring one pair of nodes over the fabric: the node-side commands and their pure parsers
+(each tested on captured real output, tests/fixtures/fabric/).
 
-A pair test runs `iperf3 -s -1` on the target, bound to its fabric address and killed by
-`timeout` at the pair's time limit (`-1`: it exits after its one test, so no listener is left),
-and on the source one script: `iperf3 --bidir` (both directions at once), `ping` (RTT and loss)
-and don't-fragment pings (`ping -M do`) from the interface MTU down, all from the source's fabric
-address. Each parser is tested on captured real output (tests/fixtures/fabric/); the RDMA ones
-parse `ib_write_bw` / `ib_write_lat` (Debian's perftest).
+The target runs a one-test `iperf3 -s -1` under `timeout`; the source runs `iperf3 --bidir`,
+`ping` and don't-fragment pings from the interface MTU down. RDMA pairs use perftest's
+`ib_write_bw` / `ib_write_lat`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The node agent, from the controller's side: every runtime's node-side questions (preflight,
-watch, leftovers, port owners) and the process runtime's ranks go through it.
-
-The agent itself is ``nodes/shipped/agent.py`` (standard library only), shipped with
-``run_shipped``; ``session.py`` keeps one serving per node for the length of a command.
-"""
+"""The node agent (``nodes/shipped/agent.py``) from the controller's side; ``session.py`` keeps
+one serving per node for the length of a command."""
 
 from __future__ import annotations
 

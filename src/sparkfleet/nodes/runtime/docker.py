@@ -1,9 +1,5 @@
-"""The docker runtime: a rank is a labelled container started with the plan's ``docker run``.
-
-Every docker command sparkfleet runs on a node is built here: the ranks' containers, the
-images (inspect, pull, build, ``docker save | docker load`` through this machine), the nfs
-staging kind's volumes, and the argv doctor probes with.
-"""
+"""The docker runtime (a rank is a labelled container started with the plan's ``docker run``),
+and every other docker command sparkfleet runs on a node: images, volumes, doctor's probes."""
 
 from __future__ import annotations
 

@@ -1,24 +1,12 @@
 """The node agent, node side (stdlib only: it runs on nodes without sparkfleet). It serves every
 runtime (preflight, watch, leftovers, port owners) and runs the process runtime's ranks.
 
-Shipped as ``python3 -c <this source> COMMAND JSON``, or ``… serve``: a session that answers one
-JSON request per line on stdin (``{"command", "payload", "stdin"}``) with one JSON line
-(``{"answer"}`` or ``{"error"}``) until its stdin ends, so a controller pays for SSH and this
-interpreter once per node and command, not once per call. Nothing of it outlives the session
-but the ranks it started and their monitors. Commands:
-  start   fork a monitor in a new session; it starts the engine in its process group, records
-          "pgid pid starttime" in the pid file, waits, and writes the exit code file
-  inspect print {"state", "pid", "exit_code", "started_at"} as JSON
-  stop    SIGTERM the process group, SIGKILL after the grace period; also every process whose
-          environment says it belongs to the deployment instance (so a lost pid file still stops it)
-  find    every process of a deployment on this node, with the instance markers it carries
-  holders who listens on the given TCP ports (pid, command, sparkfleet markers)
-  preflight  find + holders in one round trip (what ``up`` checks before starting anything)
-  kill    SIGTERM, then SIGKILL, the given pids of a deployment (``down --sweep``)
-  watch   every given rank's state (with when it exited) and the node's MemAvailable, in one
-          round trip per node and poll (``sparkfleet watch``)
-  leftovers  after ``down``: every process still of the instance on this node (see
-          ``leftovers``), the node's MemAvailable, and nvidia-smi's compute apps where there is one
+Shipped as ``python3 -c <this source> COMMAND JSON``, or ``… serve``: a session answering one
+JSON request per stdin line (``{"command", "payload", "stdin"}``) with one JSON line
+(``{"answer"}`` or ``{"error"}``) until its stdin ends. The commands are ``start`` and
+``COMMANDS``'s. A rank runs in its own process group under a monitor that records
+"pgid pid starttime" in the pid file and the exit code in the exit file; ``stop`` also signals
+every process whose environment marks it as the instance's, so a lost pid file still stops it.
 """
 
 from __future__ import annotations
@@ -536,16 +524,11 @@ def _holds(pid: str, workdir: str, sockets: dict[str, tuple[int, int]]) -> str |
 
 
 def leftovers(spec: dict) -> list[dict]:
-    """Every process on this node still of the instance after its ranks were stopped.
-
-    Of the instance means either (1) it carries the instance's markers in its environment
-    (SPARKFLEET_INSTANCE, and this node's SPARKFLEET_RANK_NODE): a rank's child that left the
-    rank's process group (setsid, a daemon) inherits them; or (2) it carries no sparkfleet
-    marker at all, started after the instance did, and still holds something of the
-    deployment on this node: its working directory or an open file under the deployment's
-    workdir, or a listening socket on one of its ranks' ports. A process that dropped its
-    markers and holds none of these cannot be told apart from any other process of the user.
-    """
+    """Every process on this node still of the instance after its ranks were stopped: one that
+    carries the instance's markers (a rank's child that left its process group inherits them),
+    or one with no sparkfleet marker, started after the instance, that still holds its workdir
+    (cwd or an open file) or listens on one of its ports. A process that dropped its markers and
+    holds none of these cannot be told apart from any other of the user's."""
     deployment, node, instance = spec["deployment"], spec.get("node"), spec.get("instance")
     workdir = os.path.realpath(spec["workdir"]) if spec.get("workdir") else ""
     since = float(spec.get("since") or 0)

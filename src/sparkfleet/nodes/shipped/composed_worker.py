@@ -1,10 +1,7 @@
-"""Build a composed model directory on the node (node-side, stdlib only, shipped as-is).
-
-Hugging Face cache layout under ``dst``: ``models--org--name/refs/main`` and
-``models--org--name/snapshots/<rev>/…`` where every file of the source snapshot is a symlink to
-the file it resolves to (the hub's blob), then each local file hard-linked over the entry of the
-same name. Prints one marked JSON line: the snapshot directory and the roots the symlinks point
-into (the container must mount those at the same path).
+"""Build a composed model directory on the node (node-side, stdlib only): a Hugging Face cache
+layout under ``dst`` whose snapshot links every file of the source snapshot to its blob, with each
+local file hard-linked over the entry of the same name. Prints one marked JSON line: the snapshot
+directory and the roots the links point into (the container mounts those at the same path).
 """
 
 from __future__ import annotations

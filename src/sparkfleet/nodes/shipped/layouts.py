@@ -1,8 +1,5 @@
-"""The two on-disk layouts of a rank's rows: ``packed`` and ``sparse-file`` (node-side, stdlib only).
-
-Both describe an output as a list of chunks ``(offset, length)``, say how to build each chunk's
-expected bytes from the source, and where any row lives in the output and in the source, so the
-staging engine can pack, diff and verify them the same way.
+"""The two on-disk layouts of a rank's rows, ``packed`` and ``sparse-file`` (node-side, stdlib
+only): chunks, how to build them from the source, and where each row lives in both.
 """
 
 from __future__ import annotations
@@ -71,11 +68,8 @@ def interleave(out: Any, parts: list[tuple[Any, int]], rows: int) -> None:
 
 
 def _numpy() -> Any:
-    """numpy if the node has it, else None (then interleave uses memoryview copies).
-
-    Imported when a pack starts, not at start-up: a re-stage that only verifies never
-    interleaves, and numpy's import is a large part of its run time.
-    """
+    """numpy if the node has it, else None (then interleave uses memoryview copies). Imported
+    when a pack starts: a re-stage that only verifies never interleaves."""
     if _NUMPY_IMPORT:
         _NUMPY_IMPORT[0].join()
     if not _NUMPY:
@@ -129,12 +123,9 @@ class Layout:
         return BLOCK_BYTES
 
     def streams(self) -> dict[str, str]:
-        """The source shard behind each sequential stream that ``build`` reads, by name.
-
-        A stream is read through a descriptor of its own (``build``'s ``fds``): the kernel keeps
-        readahead state per open file, and weight and scale rows of one shard read through one
-        descriptor read at half the rate of two on the test VM (readahead saw random reads).
-        """
+        """The source shard behind each sequential stream that ``build`` reads, by name. Each has a
+        descriptor of its own: readahead state is per open file, and weight and scale rows read
+        through one descriptor read at half the rate of two (readahead saw random reads)."""
         raise NotImplementedError
 
     def build(self, offset: int, length: int, out: bytearray, fds: dict[str, int]) -> memoryview:

@@ -1,10 +1,8 @@
-"""Read safetensors shard headers and find the 2-D row tables to stage (node-side, stdlib only).
+"""sparkfleet's one safetensors header reader (node-side, stdlib only; the controller uses
+``header_tensors`` / ``tensor_nbytes`` too), and the 2-D row tables to stage.
 
 The format: an 8-byte little-endian header length, a JSON header mapping each tensor name to
-``{dtype, shape, data_offsets}`` (offsets relative to the end of the header), then the data.
-
-This is sparkfleet's one safetensors header reader: the controller's memory model and doctor's
-checkpoint probe use ``header_tensors`` / ``tensor_nbytes`` from here too.
+``{dtype, shape, data_offsets}`` (relative to the end of the header), then the data.
 """
 
 from __future__ import annotations

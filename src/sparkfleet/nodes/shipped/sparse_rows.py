@@ -838,14 +838,9 @@ def _node_picks(jobs: list[_Job], rng: random.Random) -> list[list[list[int]]]:
 
 
 def run_jobs(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``run_job`` for each of a node's jobs: all assessed at once, then packed one after the
-    other (each output finishing while the next is packed).
-
-    A re-stage is mostly waiting for small random reads (ledgers, headers, sampled rows, sampled
-    chunks); assessing the ranks together queues those reads on the disk together, and the
-    chunks are sampled over all of the node's outputs. Jobs that share an output run one by one
-    instead, each seeing what the one before it wrote.
-    """
+    """``run_job`` for each of a node's jobs: all assessed at once (a re-stage is mostly waiting
+    for small random reads, which then queue on the disk together), then packed one after the
+    other. Jobs that share an output run one by one, each seeing what the one before wrote."""
     if len(jobs) < 2:
         return [run_job(job) for job in jobs]
     opened = _together([functools.partial(_caught, functools.partial(_Job, job)) for job in jobs])
@@ -885,11 +880,8 @@ def run_jobs(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point on the node: one JSON argument in, one marked JSON line out.
-
-    The argument is one job, or ``{"jobs": [...], "progress_file": …}`` for all of a node's ranks
-    in one process (one interpreter start per node, not per rank).
-    """
+    """One JSON argument in (one job, or ``{"jobs": [...], "progress_file": …}`` for all of a
+    node's ranks in one process), one marked JSON line out."""
     words = sys.argv[1:] if argv is None else argv
     if len(words) != 1:
         result: dict[str, Any] = {"ok": False, "error": "usage: stage-worker '<json arguments>'"}

@@ -1,9 +1,8 @@
 """The Transport interface: run a command on one node, put and get files, stream a command.
 
-Commands are data (a list of words) until the edge: a transport quotes them once, with
-``shlex.join``, if it needs a shell at all. What a transport can do beyond that is declared in
-its ``capabilities`` (pyinfra's connector style), so code above the seam never asks which class
-it holds.
+Commands are lists of words until the edge, where a transport quotes them once if it needs a
+shell. What it can do beyond that is in its ``capabilities`` (pyinfra's connector style), so
+code above the seam never asks which class it holds.
 """
 
 from __future__ import annotations
@@ -53,14 +52,11 @@ def trace(kind: str, node: str, started: float, ended: float, what: str) -> None
 class Capabilities:
     """What a transport offers beyond run/put/get/stream.
 
-    local: the node is this machine: its paths are the controller's paths, and code can read
-        them directly (no interpreter to start there).
+    local: the node is this machine (its paths are the controller's, readable directly).
     ssh: the ssh words up to and including the destination, for tools that take an ssh command
-        of their own (``rsync -e``, a node that pushes to this one); None when the node is not
-        reached over SSH.
-    sessions: a stream with stdin may stay open for a whole sparkfleet command as the node's
-        agent session (``nodes/agent/session.py``): each call otherwise pays for a
-        connection and an interpreter there. Its streams never get the terminal's Ctrl-C.
+        of their own (``rsync -e``, a node that pushes to this one); None when not over SSH.
+    sessions: a stream with stdin may stay open for a whole command as the node's agent session
+        (``nodes/agent/session.py``); its streams never get the terminal's Ctrl-C.
     """
 
     local: bool = False
