@@ -52,11 +52,6 @@ class Outcome(Generic[T]):
         return self.error is None
 
 
-def _user_facing(error: BaseException) -> bool:
-    """An error to show as a message (a node's failure), not a bug to show with its traceback."""
-    return isinstance(error, SparkfleetError | OSError)
-
-
 class GroupResult(Mapping[str, Outcome[T]]):
     """Every node's outcome of one fan-out, in the order the nodes were given; all errors kept."""
 
@@ -101,7 +96,8 @@ class GroupResult(Mapping[str, Outcome[T]]):
         failures = self.failures
         if not failures:
             return self.succeeded
-        bug = next((e for e in failures.values() if not _user_facing(e)), None)
+        # A node's failure is shown as a message; anything else is a bug, shown with its traceback.
+        bug = next((e for e in failures.values() if not isinstance(e, SparkfleetError | OSError)), None)
         if bug is not None:
             raise bug
         key, first = next(iter(failures.items()))
