@@ -66,17 +66,6 @@ class AgentSession:
     def release(self) -> None:
         self._lock.release()
 
-    def _hello(self, deadline: float) -> bool:
-        """Wait for the agent's hello (anything a login shell prints comes before it)."""
-        while not self.serving:
-            line = self._next(deadline)
-            if line is None:
-                self.close()
-                return False  # it never served, so it never read the request
-            if line.startswith('{"serving"'):
-                self.serving, self.pid = True, int(json.loads(line)["serving"])
-        return True
-
     def call(self, command: str, payload: dict[str, object], stdin: bytes | None,
              timeout: float) -> dict[str, Any] | None:  # fmt: skip
         """The agent's answer; None when the command was never delivered (the caller makes the
@@ -90,8 +79,13 @@ class AgentSession:
             self.close()
             return None
         try:
-            if not self._hello(deadline):
-                return None
+            while not self.serving:  # its hello (anything a login shell prints comes before it)
+                line = self._next(deadline)
+                if line is None:
+                    self.close()
+                    return None  # it never served, so it never read the request
+                if line.startswith('{"serving"'):
+                    self.serving, self.pid = True, int(json.loads(line)["serving"])
             line = self._next(deadline)
         except TimeoutError:
             self.close()
