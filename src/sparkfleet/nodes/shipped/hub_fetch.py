@@ -122,13 +122,6 @@ def _digest(path: str, lfs: bool, size: int) -> str:
     return h.hexdigest()
 
 
-def _partial_bytes(blobs: str) -> int:
-    try:
-        return sum(e.stat().st_size for e in os.scandir(blobs) if e.name.endswith(".incomplete"))
-    except OSError:
-        return 0
-
-
 def fetch(job: dict) -> dict:
     """Bring the engine's files of job's repo into job's cache; the report (see the module doc)."""
     cache, repo, revision, profile = job["cache"], job["repo"], job.get("revision"), job["profile"]
@@ -202,7 +195,11 @@ def fetch(job: dict) -> dict:
 
     def tell() -> None:
         while not stop.wait(0.5):
-            print(f"P {done + _partial_bytes(blobs)} {total}", flush=True)
+            try:
+                partial = sum(e.stat().st_size for e in os.scandir(blobs) if e.name.endswith(".incomplete"))
+            except OSError:
+                partial = 0
+            print(f"P {done + partial} {total}", flush=True)
 
     ticker = threading.Thread(target=tell, daemon=True)
     ticker.start()
