@@ -344,17 +344,10 @@ def find(spec: dict) -> list[dict]:
         env = _environ(pid) or {}
         if _starttime(pid) is None:
             continue
-        rank = env.get("SPARKFLEET_RANK", "")
-        started = env.get("SPARKFLEET_STARTED", "")
-        out.append(
-            {
-                "pid": pid,
-                "rank": int(rank) if rank.isdigit() else None,
-                "instance": env.get("SPARKFLEET_INSTANCE"),
-                "owner": env.get("SPARKFLEET_OWNER"),
-                "started": float(started) if started.isdigit() else None,
-            }
-        )
+        rank, started = env.get("SPARKFLEET_RANK", ""), env.get("SPARKFLEET_STARTED", "")
+        out.append({"pid": pid, "rank": int(rank) if rank.isdigit() else None,
+                    "instance": env.get("SPARKFLEET_INSTANCE"), "owner": env.get("SPARKFLEET_OWNER"),
+                    "started": float(started) if started.isdigit() else None})  # fmt: skip
     return out
 
 
@@ -556,15 +549,8 @@ def leftovers(spec: dict) -> list[dict]:
         if why is None:
             continue
         rank = env.get("SPARKFLEET_RANK", "")
-        out.append(
-            {
-                "pid": int(pid),
-                "command": _cmdline(pid),
-                "why": why,
-                "started": started,
-                "rank": int(rank) if rank.isdigit() else None,
-            }
-        )
+        out.append({"pid": int(pid), "command": _cmdline(pid), "why": why, "started": started,
+                    "rank": int(rank) if rank.isdigit() else None})  # fmt: skip
     return out
 
 
