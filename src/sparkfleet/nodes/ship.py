@@ -44,7 +44,7 @@ STAGE_WORKER = ShippedProgram(
     ("failure", "safetensors_index", "ledger", "disk", "layouts", "sparse_rows"),
     site=True,
 )
-COMPOSE_WORKER = ShippedProgram("compose-worker", ("composed_worker",))
+COMPOSE_WORKER = ShippedProgram("compose-worker", ("failure", "composed_worker"))
 SNAPSHOT_SCAN = ShippedProgram("snapshot-scan", ("snapshot_scan",))
 # site: huggingface_hub is in the node's site-packages.
 HUB_FETCH = ShippedProgram("hub-fetch", ("hub_fetch",), site=True)

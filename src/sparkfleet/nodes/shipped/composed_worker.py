@@ -13,11 +13,9 @@ import os
 import sys
 from typing import Any
 
+from sparkfleet.nodes.shipped.failure import StageFailure, failure_result
+
 RESULT_MARKER = "SPARKFLEET-COMPOSE-RESULT "
-
-
-class ComposeFailure(Exception):
-    """The directory cannot be composed; the message is shown to the user."""
 
 
 def _revision(repo_dir: str, revision: str | None) -> str:
@@ -33,7 +31,7 @@ def _revision(repo_dir: str, revision: str | None) -> str:
     snaps = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
     if revision is None and len(snaps) == 1:
         return snaps[0]
-    raise ComposeFailure(
+    raise StageFailure(
         f"no snapshot of {repo_dir} for revision {revision or 'main'} (found {snaps or 'none'}); "
         "download the model into the node's Hugging Face cache first"
     )
@@ -64,7 +62,7 @@ def compose(args: dict[str, Any]) -> dict[str, Any]:
     rev = _revision(repo_dir, args.get("revision"))
     snapshot = os.path.join(repo_dir, "snapshots", rev)
     if not os.path.isdir(snapshot):
-        raise ComposeFailure(f"snapshot {snapshot} does not exist")
+        raise StageFailure(f"snapshot {snapshot} does not exist")
     model_dir = os.path.join(dst, os.path.basename(repo_dir.rstrip("/")), "snapshots", rev)
     wanted: dict[str, str] = {}
     for base, _dirs, files in os.walk(snapshot, followlinks=True):
@@ -74,7 +72,7 @@ def compose(args: dict[str, Any]) -> dict[str, Any]:
     local: dict[str, str] = {}
     for host in args.get("local_files", []):
         if not os.path.isfile(host):
-            raise ComposeFailure(f"local file {host} does not exist")
+            raise StageFailure(f"local file {host} does not exist")
         local[os.path.basename(host)] = host
     problems: list[str] = []
     if not verify:
@@ -107,7 +105,7 @@ def compose(args: dict[str, Any]) -> dict[str, Any]:
             _replace_with(lambda tmp, h=host: os.link(h, tmp), dest)
         except OSError as exc:
             if exc.errno == errno.EXDEV:
-                raise ComposeFailure(
+                raise StageFailure(
                     f"cannot hard-link {host} into {model_dir}: they are on different filesystems; "
                     "put the composed directory (composed_model.dir) on the filesystem that holds "
                     "the local files"
@@ -141,20 +139,11 @@ def compose(args: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
-    """One JSON argument in, one marked JSON line out."""
-    words = sys.argv[1:] if argv is None else argv
-    try:
-        result: dict[str, Any] = {"ok": True, **compose(json.loads(words[0]))}
-        code = 0
-    except ComposeFailure as exc:
-        result, code = {"ok": False, "error": str(exc)}, 3
-    except OSError as exc:
-        where = f"{exc.filename}: " if exc.filename else ""
-        result, code = {"ok": False, "error": f"{where}{exc.strerror or exc}"}, 3
-    sys.stdout.write(RESULT_MARKER + json.dumps(result) + "\n")
-    return code
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    # One JSON argument in, one marked JSON line out.
+    try:
+        result: dict[str, Any] = {"ok": True, **compose(json.loads(sys.argv[1]))}
+    except (StageFailure, OSError) as exc:
+        result = failure_result(exc)
+    sys.stdout.write(RESULT_MARKER + json.dumps(result) + "\n")
+    sys.exit(0 if result["ok"] else 3)

@@ -24,7 +24,7 @@ from queue import Queue
 from typing import Any, TypeVar
 
 from sparkfleet.nodes.shipped.disk import allocated_bytes, check_room
-from sparkfleet.nodes.shipped.failure import StageFailure
+from sparkfleet.nodes.shipped.failure import StageFailure, failure_result
 from sparkfleet.nodes.shipped.layouts import (
     Layout,
     import_numpy_in_background,
@@ -798,15 +798,6 @@ def _together(calls: list[Callable[[], _T]]) -> list[_T]:
     return results
 
 
-def _failure(exc: Exception) -> dict[str, Any]:
-    if isinstance(exc, StageFailure):
-        return {"ok": False, "error": str(exc)}
-    if isinstance(exc, OSError):
-        where = f"{exc.filename}: " if exc.filename else ""
-        return {"ok": False, "error": f"{where}{exc.strerror or exc}"}
-    return {"ok": False, "error": f"bad staging worker arguments: {exc!r}"}
-
-
 _EXPECTED = (StageFailure, OSError, KeyError, ValueError, TypeError)
 
 
@@ -815,7 +806,7 @@ def _caught(call: Callable[[], _T]) -> _T | dict[str, Any]:
     try:
         return call()
     except _EXPECTED as exc:
-        return _failure(exc)
+        return failure_result(exc)
 
 
 def run_job(args: dict[str, Any]) -> dict[str, Any]:
@@ -864,7 +855,7 @@ def run_jobs(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             try:
                 results.append({"ok": True, **job.finish(stager, k)})
             except _EXPECTED as exc:
-                results.append(_failure(exc))
+                results.append(failure_result(exc))
     finally:
         finished = stager.close()
     for k, (failure, seconds) in finished.items():
@@ -873,7 +864,7 @@ def run_jobs(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if failure is None:
             results[k]["seconds"] += seconds
         elif isinstance(failure, _EXPECTED):
-            results[k] = _failure(failure)
+            results[k] = failure_result(failure)
         else:
             raise failure
     return results
