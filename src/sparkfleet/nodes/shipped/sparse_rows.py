@@ -662,10 +662,8 @@ class _Stager:
 
 
 class _Job:
-    """One rank's outputs with their sources open: ``assess`` them, then ``finish`` (stage them).
-
-    ``run`` in two halves, so that all of a node's ranks are checked at once (see ``run_jobs``).
-    """
+    """One rank's outputs with their sources open: ``assess`` them, then ``finish`` (stage them);
+    two halves, so that all of a node's ranks are checked at once (see ``run_jobs``)."""
 
     def __init__(self, args: dict[str, Any]) -> None:
         t0 = time.monotonic()
@@ -693,13 +691,11 @@ class _Job:
         self.checked: list[tuple[str, dict[str, Any] | None]] = []
         self.seconds = time.monotonic() - t0
 
-    def assess(self, picks: list[list[int]] | None = None) -> _Job:
+    def assess(self, picks: list[list[int]]) -> _Job:
         """Check every output, all at once, as their reads are mostly waits; ``picks``: the chunks
-        of each to hash (by default ``chunk_picks`` over this job's outputs alone)."""
+        of each to hash."""
         t0 = time.monotonic()
         seeds = [self.rng.random() for _ in self.outs]  # reproducible with a seed, whatever the threads do
-        if picks is None:
-            picks = chunk_picks(self.outs, self.rng, self.mode == "verify")
         try:
             self.checked = _together(
                 [
@@ -762,18 +758,6 @@ class _Job:
         self.fds = {}
 
 
-def run(args: dict[str, Any]) -> dict[str, Any]:
-    """Stage (or, with ``mode = "verify"``, only check) every output of one rank."""
-    stager = _Stager()
-    try:
-        result = _Job(args).assess().finish(stager)
-    finally:
-        failure, seconds = stager.close().get(0, (None, 0.0))
-    if failure is not None:
-        raise failure
-    return {**result, "seconds": result["seconds"] + seconds}
-
-
 def _together(calls: list[Callable[[], _T]]) -> list[_T]:
     """The results of ``calls``, run at once in a thread each; the first failure (in order) raised."""
     if len(calls) < 2:
@@ -810,8 +794,9 @@ def _caught(call: Callable[[], _T]) -> _T | dict[str, Any]:
 
 
 def run_job(args: dict[str, Any]) -> dict[str, Any]:
-    """``run`` with every failure turned into ``{"ok": False, "error": …}``."""
-    return _caught(lambda: {"ok": True, **run(args)})
+    """Stage (or, with ``mode = "verify"``, only check) every output of one rank; every expected
+    failure as ``{"ok": False, "error": …}``."""
+    return run_jobs([args])[0]
 
 
 def _assessed(job: _Job | dict[str, Any], picks: list[list[int]]) -> _Job | dict[str, Any]:
@@ -832,8 +817,6 @@ def run_jobs(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``run_job`` for each of a node's jobs: all assessed at once (a re-stage is mostly waiting
     for small random reads, which then queue on the disk together), then packed one after the
     other. Jobs that share an output run one by one, each seeing what the one before wrote."""
-    if len(jobs) < 2:
-        return [run_job(job) for job in jobs]
     opened = _together([functools.partial(_caught, functools.partial(_Job, job)) for job in jobs])
     good = [job for job in opened if isinstance(job, _Job)]
     paths = [o.path for one in good for o in one.outs]
@@ -841,7 +824,7 @@ def run_jobs(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for one in good:
             one.close()
         return [run_job(job) for job in jobs]
-    picks = iter(_node_picks(good, random.Random(jobs[0].get("seed"))))
+    picks = iter(_node_picks(good, random.Random(jobs[0].get("seed") if jobs else None)))
     ready = _together(
         [functools.partial(_assessed, job, next(picks) if isinstance(job, _Job) else []) for job in opened]
     )
