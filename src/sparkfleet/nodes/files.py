@@ -118,7 +118,6 @@ def tar_out(transport: Transport, folder: str) -> Stream:
 
 
 def tar_in(transport: Transport, folder: str) -> Stream:
-    """Unpack the tar on stdin into folder."""
     return transport.stream(["tar", "-C", folder, "-xpf", "-"], stdin=True, merge_stderr=False)
 
 

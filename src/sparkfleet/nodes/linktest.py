@@ -72,7 +72,6 @@ def parse_tc_rate(line: str) -> float | None:
 
 
 def parse_local(text: str) -> LocalLink:
-    """Parse local_command's output."""
     ifname, mtu, iperf3, speed, shaped, perftest = None, None, False, None, None, 0
     section = ""
     for line in text.splitlines():
@@ -213,7 +212,6 @@ class PairMeasurement:
 
 
 def parse_client(text: str) -> PairMeasurement:
-    """Split client_command's output into its sections and parse each."""
     sections: list[tuple[str, list[str]]] = []
     for line in text.splitlines():
         if line.startswith("## "):
@@ -364,7 +362,6 @@ def parse_ib_write_bw(text: str) -> RdmaBandwidth:
 
 
 def parse_ib_write_lat(text: str) -> RdmaLatency:
-    """Parse `ib_write_lat`."""
     _, row = _result_rows(text, "t_avg")
     if len(row) < 9:
         raise ValueError("ib_write_lat result line has fewer than 9 fields")
@@ -430,7 +427,6 @@ class RdmaMeasurement:
 
 
 def parse_perftest_client(text: str) -> RdmaMeasurement:
-    """Split perftest_client_command's output and parse each tool's part."""
     bw_text, _, lat_text = text.partition(LAT_SECTION)
     bw = lat = None
     errors = []

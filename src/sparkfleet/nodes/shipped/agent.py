@@ -591,7 +591,6 @@ COMMANDS = {
 
 
 def answer(command: str, payload: dict, stdin: bytes) -> dict:
-    """One command's JSON answer."""
     if command == "start":
         return start(payload, stdin)
     if command not in COMMANDS:

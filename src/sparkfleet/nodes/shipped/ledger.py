@@ -42,7 +42,6 @@ def hash_algorithms() -> dict[str, Callable[[], Any]]:
 
 
 def default_algorithm() -> str:
-    """The fastest chunk hash available here."""
     return "xxh3_64" if xxhash is not None else "blake2b-64"
 
 
@@ -83,7 +82,6 @@ def read_ledger(output: str) -> dict[str, Any] | None:
 
 
 def remove_ledger(output: str) -> None:
-    """Withdraw the ledger's voucher for ``output``."""
     try:
         os.unlink(ledger_path(output))
     except FileNotFoundError:

@@ -90,7 +90,6 @@ class Result:
 
     @classmethod
     def of(cls, node: str, argv: Sequence[str], proc: subprocess.CompletedProcess[bytes], seconds: float) -> Result:
-        """The Result of a finished process."""
         return cls(node, tuple(argv), proc.returncode, proc.stdout.decode(errors="replace"),
                    proc.stderr.decode(errors="replace"), seconds)  # fmt: skip
 
@@ -144,9 +143,7 @@ class Stream(Protocol):
         """Feed the command's stdin (BrokenPipeError when it stopped reading)."""
         ...
 
-    def close_stdin(self) -> None:
-        """End the command's input."""
-        ...
+    def close_stdin(self) -> None: ...
 
     def wait(self, timeout: float | None = None) -> int:
         """Wait for the command to end; its exit code (TransportTimeout after timeout)."""
@@ -287,9 +284,7 @@ class Transport(Protocol):
         """Write bytes to a path on the node (atomically)."""
         ...
 
-    def get(self, remote: str, local: Path) -> None:
-        """Copy a file from the node to a local path."""
-        ...
+    def get(self, remote: str, local: Path) -> None: ...
 
     def stream(self, argv: Sequence[str], *, stdin: bool = False, merge_stderr: bool = True) -> Stream:
         """Start argv and return a handle on it: its output as it comes, its stdin with
