@@ -134,19 +134,6 @@ def session_for(transport: Transport, python: str) -> AgentSession | None:
         return session
 
 
-def call_in_session(transport: Transport, python: str, command: str, payload: dict[str, object], *,
-                    stdin: bytes | None = None, timeout: float = 30) -> dict[str, Any] | None:  # fmt: skip
-    """The agent's answer through the transport's session; None when there is none to use (no
-    session, a busy one, one that never came up): the caller then makes its own call."""
-    session = session_for(transport, python)
-    if session is None or not session.acquire():
-        return None
-    try:
-        return session.call(command, payload, stdin, timeout)
-    finally:
-        session.release()
-
-
 def open_sessions(transports: Mapping[str, Transport], pythons: Mapping[str, str]) -> None:
     """Open each node's session now (about a millisecond each; the hellos are read by the first
     calls), so the agents boot while this process still loads code. Not from a thread: one that
