@@ -301,14 +301,14 @@ def measure_pair(
     or, at the latest, at its time limit."""
     limit = seconds + 8
 
-    def client(secs: int) -> PairMeasurement:
+    def client(secs: int, throughput: Throughput | None = None, error: str | None = None) -> PairMeasurement:
         argv = client_command(dst_ip, src_ip, port=port, seconds=secs, mtu_sizes=mtu_sizes)
-        return parse_client(source.run(argv, timeout=limit + 5, check=False).stdout)
+        got = parse_client(source.run(argv, timeout=limit + 5, check=False).stdout)
+        errors = (error, *got.errors) if error else got.errors
+        return PairMeasurement(throughput or got.throughput, got.ping, got.mtu, errors)
 
     if tool == "stdlib":
-        throughput, error = _stream_pair(source, target, src_ip, dst_ip, port, seconds, limit, pythons)
-        rest = client(0)
-        return PairMeasurement(throughput, rest.ping, rest.mtu, (*((error,) if error else ()), *rest.errors))
+        return client(0, *_stream_pair(source, target, src_ip, dst_ip, port, seconds, limit, pythons))
     server = target.stream(server_command(dst_ip, port, limit), stdin=True)
     try:
         seen = []
@@ -317,9 +317,7 @@ def measure_pair(
             if READY in line:
                 return client(seconds)
         said = " ".join(x.strip() for x in seen if x.strip() and not x.startswith("---"))
-        rest = client(0)
-        why = f"iperf3 server on {dst_ip}:{port} did not start: {said or 'no output'}"
-        return PairMeasurement(None, rest.ping, rest.mtu, (why, *rest.errors))
+        return client(0, None, f"iperf3 server on {dst_ip}:{port} did not start: {said or 'no output'}")
     finally:
         _end(server)
 
