@@ -67,7 +67,7 @@ _FADV_OK = hasattr(os, "posix_fadvise")
 class Progress:
     """Writes ``{"job", "done", "total", "output"}`` to a file the controller polls (atomically)."""
 
-    def __init__(self, path: str | None, total: int, job: int = 0) -> None:
+    def __init__(self, path: str | None, total: int, job: int) -> None:
         self.path, self.total, self.done, self.job = path, total, 0, job
         self.output = ""
         self._last = 0.0
@@ -711,7 +711,7 @@ class _Job:
         self.seconds += time.monotonic() - t0
         return self
 
-    def finish(self, stager: _Stager, job: int = 0) -> dict[str, Any]:
+    def finish(self, stager: _Stager, job: int) -> dict[str, Any]:
         """Stage what ``assess`` found wrong (nothing in verify mode); the job's result, but for
         the outputs' finish, which ``stager.close()`` waits for."""
         try:
