@@ -40,9 +40,7 @@ class ShippedProgram:
 
 NODE_AGENT = ShippedProgram("node-agent", ("agent",))
 STAGE_WORKER = ShippedProgram(
-    "stage-worker",
-    ("failure", "safetensors_index", "ledger", "disk", "layouts", "sparse_rows"),
-    site=True,
+    "stage-worker", ("failure", "safetensors_index", "ledger", "disk", "layouts", "sparse_rows"), site=True
 )
 COMPOSE_WORKER = ShippedProgram("compose-worker", ("failure", "composed_worker"))
 SNAPSHOT_SCAN = ShippedProgram("snapshot-scan", ("snapshot_scan",))

@@ -48,14 +48,9 @@ def sweep(args: dict) -> None:
         bound = {"device_id": torch.device(device)}  # the rank's GPU, for barrier() too
     rank, world = int(args["rank"]), int(args["world"])
     print(json.dumps({"rank": rank, "backend": backend, "device": device, "torch": torch.__version__}), flush=True)
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://{args['master']}:{int(args['port'])}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=float(args.get("timeout_s", 120))),
-        **bound,
-    )
+    init = f"tcp://{args['master']}:{int(args['port'])}"
+    timeout = datetime.timedelta(seconds=float(args.get("timeout_s", 120)))
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world, timeout=timeout, **bound)
     try:
         for size in args["sizes"]:
             elems = max(1, int(size) // 4)
