@@ -48,15 +48,13 @@ _T = TypeVar("_T")
 
 DEFAULT_CHUNK_BYTES = 16 << 20
 DEFAULT_SAMPLE_ROWS = 128
-# Sampled rows come in runs of this many neighbours: a run is one read of the output and one of
-# each source stream, where rows picked one by one were three random reads each (1,560 for a
-# 2 GiB table at tp=4 on one node, most of a cold re-stage on the test VM). For damage that hits
-# a few rows here and there, the chance of a sampled row landing on one is the same.
+# Sampled rows come in runs of this many neighbours, one read of the output and of each source
+# stream per run: rows picked one by one were three random reads each (1,560 for a 2 GiB table at
+# tp=4, most of a cold re-stage), and damage here and there is found as often.
 SAMPLE_RUN = 8
-# A re-stage hashes one chunk in this many of a node's outputs against the ledgers (at least one
-# chunk, wherever it falls): its reads grow with the data, not with the number of files. One
-# chunk per output made 64 MiB of cold reads at tp=4 on one node, 3 % of a 2 GiB pack on its
-# own; ``--verify`` hashes every chunk.
+# A re-stage hashes one chunk in this many of a node's outputs (at least one), so its reads grow
+# with the data, not the number of files (one per output was 3 % of a 2 GiB pack at tp=4);
+# ``--verify`` hashes every chunk.
 SAMPLE_SHARE = 256
 PARTIAL_SUFFIX = ".partial"
 RESULT_MARKER = "SPARKFLEET-STAGE-RESULT "
@@ -404,11 +402,9 @@ def _same_as_source(fd: int, out: Layout, picks: list[int], buf: bytearray) -> b
 
 
 # An output is packed by this many threads at once, each through a contiguous run of its chunks
-# with descriptors of its own (see ``Layout.streams``). Reads, numpy's interleave, hashing and
-# writes release the GIL, so one lane's CPU work overlaps the other's waits on the disk, and
-# both keep writes queued. Measured side by side (2 GiB, tp=4): on the 2-core test VM two lanes
-# packed at 1.0-1.13x one lane's rate, on a 16-core VM 88 % of cp's rate against 81 % for the
-# single-thread loop with a reader thread; four lanes were no better than two on either.
+# with descriptors of its own. Reads, numpy, hashing and writes release the GIL, so one lane's CPU
+# work overlaps the other's disk waits. At 2 GiB, tp=4: 1.0-1.13x one lane's rate on 2 cores, 88 %
+# of cp's rate against 81 % on 16 cores; four lanes were no better than two.
 _LANES = 2
 _WARM_CHUNKS = 8  # per lane: 2 x 128 MiB is about what the disk reads while numpy is imported
 
