@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import sys
@@ -39,6 +40,7 @@ def _revision(repo_dir: str, revision: str | None) -> str:
 
 def _replace_with(make: Any, dest: str) -> None:
     """Create ``dest`` through a temp name and rename it over whatever is there."""
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
     tmp = f"{dest}.sparkfleet-tmp{os.getpid()}"
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)
@@ -75,21 +77,24 @@ def compose(args: dict[str, Any]) -> dict[str, Any]:
             raise StageFailure(f"local file {host} does not exist")
         local[os.path.basename(host)] = host
     problems: list[str] = []
+
+    def fix(problem: str, dest: str, make: Any = None) -> None:
+        """Report ``problem`` (verify), or put ``dest`` right: made by ``make(tmp)``, or removed."""
+        if verify:
+            problems.append(problem)
+        elif make is None:
+            os.unlink(dest)
+        else:
+            _replace_with(make, dest)
+
     if not verify:
         os.makedirs(os.path.join(model_dir, "..", "..", "refs"), exist_ok=True)
         with open(os.path.join(model_dir, "..", "..", "refs", "main"), "w", encoding="utf-8") as fh:
             fh.write(rev)
     for rel, target in sorted(wanted.items()):
-        if rel in local:
-            continue
         dest = os.path.join(model_dir, rel)
-        if os.path.islink(dest) and os.readlink(dest) == target:
-            continue
-        if verify:
-            problems.append(f"{dest} is not a link to {target}")
-            continue
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
-        _replace_with(lambda tmp, t=target: os.symlink(t, tmp), dest)
+        if rel not in local and not (os.path.islink(dest) and os.readlink(dest) == target):
+            fix(f"{dest} is not a link to {target}", dest, functools.partial(os.symlink, target))
     for name, host in sorted(local.items()):
         dest = os.path.join(model_dir, name)
         try:
@@ -97,12 +102,8 @@ def compose(args: dict[str, Any]) -> dict[str, Any]:
                 continue
         except OSError:
             pass
-        if verify:
-            problems.append(f"{dest} is not a hard link of {host}")
-            continue
-        os.makedirs(model_dir, exist_ok=True)
         try:
-            _replace_with(lambda tmp, h=host: os.link(h, tmp), dest)
+            fix(f"{dest} is not a hard link of {host}", dest, functools.partial(os.link, host))
         except OSError as exc:
             if exc.errno == errno.EXDEV:
                 raise StageFailure(
@@ -117,22 +118,15 @@ def compose(args: dict[str, Any]) -> dict[str, Any]:
             for name in files:
                 rel = os.path.relpath(os.path.join(base, name), model_dir)
                 if rel not in expected:
-                    if verify:
-                        problems.append(f"{os.path.join(model_dir, rel)} is not part of the model")
-                    else:
-                        os.unlink(os.path.join(model_dir, rel))
+                    fix(f"{os.path.join(model_dir, rel)} is not part of the model", os.path.join(model_dir, rel))
     elif verify:
         problems.append(f"{model_dir} does not exist")
     # `dst/model` names the snapshot folder, so the plan can mount and pass a path it knows
     # before the revision is resolved (the first source of a composed model is the model).
     current = os.path.join(dst, "model")
     link = os.path.relpath(model_dir, dst)
-    if args.get("primary", True):
-        if verify:
-            if not (os.path.islink(current) and os.readlink(current) == link):
-                problems.append(f"{current} is not a link to {link}")
-        else:
-            _replace_with(lambda tmp: os.symlink(link, tmp), current)
+    if args.get("primary", True) and not (os.path.islink(current) and os.readlink(current) == link):
+        fix(f"{current} is not a link to {link}", current, functools.partial(os.symlink, link))
     return {
         "model_dir": model_dir, "revision": rev, "mount_roots": _roots(list(wanted.values())),
         "links": len(wanted) - len(set(wanted) & set(local)), "hard_links": len(local), "problems": problems,
