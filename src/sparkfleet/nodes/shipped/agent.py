@@ -66,8 +66,8 @@ def _env(spec: dict) -> dict[str, str]:
 
 
 def _private_dir(path: str) -> None:
-    """path as a folder only this user can enter: made 0700, or checked with lstat where it is
-    there already (a symlink or another user's folder planted there would receive the env file)."""
+    """path as a folder only this user can enter: made 0700, or checked with lstat (a symlink or
+    another user's folder planted there would receive the env file)."""
     import stat
 
     os.makedirs(path, mode=0o700, exist_ok=True)
@@ -95,9 +95,8 @@ def start(spec: dict, env_text: bytes) -> dict:
         except FileNotFoundError:
             pass
     env = _env(spec)
-    # The monitor writes one byte here once the pid (or exit) file is in place, and dying closes
-    # it: the answer waits on the pipe, not on a polling loop. Non-inheritable, so the engine
-    # never holds it.
+    # The monitor writes a byte here once the pid (or exit) file is in place, and dying closes it:
+    # the answer waits on the pipe, not a polling loop (non-inheritable: the engine never holds it).
     ready_r, ready_w = os.pipe()
     middle = os.fork()
     if middle != 0:
@@ -107,9 +106,8 @@ def start(spec: dict, env_text: bytes) -> dict:
             os.read(ready_r, 1)
         os.close(ready_r)
         return inspect(spec)
-    # Forked twice: the monitor must not be this agent's child. A session agent lives on after
-    # the start, and every monitor that ended before it would linger as its zombie (init reaps
-    # an orphan at once).
+    # Forked twice: a monitor that is a session agent's child would linger as its zombie once it
+    # ended (init reaps an orphan at once).
     if os.fork() != 0:
         os._exit(0)
     try:
@@ -373,9 +371,8 @@ def _listeners(ports: set[int]) -> dict[str, tuple[int, int]]:
 
 
 def _bindable(port: int) -> bool:
-    """Nothing listens on the port on any address of this node, IPv4 or IPv6: a wildcard bind
-    of each succeeds (cheaper than /proc/net/tcp, a walk of the kernel's whole socket table,
-    which up would otherwise read on every node before it starts anything)."""
+    """Nothing listens on the port on any address of this node: a wildcard bind of IPv4 and IPv6
+    succeeds (cheaper than reading /proc/net/tcp, a walk of the kernel's whole socket table)."""
     import socket
 
     families = [(socket.AF_INET, "0.0.0.0")]
