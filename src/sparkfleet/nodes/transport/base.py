@@ -133,34 +133,27 @@ class Stream(Protocol):
 
     def __iter__(self) -> Iterator[str]:
         """The output's lines as they come (decoded, without the line break)."""
-        ...
 
     def read(self, size: int = CHUNK) -> bytes:
         """The next chunk of output, as soon as any is there (b"" at the end)."""
-        ...
 
     def write(self, data: bytes) -> None:
         """Feed the command's stdin (BrokenPipeError when it stopped reading)."""
-        ...
 
     def close_stdin(self) -> None: ...
 
     def wait(self, timeout: float | None = None) -> int:
         """Wait for the command to end; its exit code (TransportTimeout after timeout)."""
-        ...
 
     @property
     def exit_code(self) -> int | None:
         """The exit code, or None while it runs."""
-        ...
 
     def errors(self) -> str:
         """What the command wrote to stderr (separate stderr only; after it ended)."""
-        ...
 
     def close(self) -> None:
         """Stop the command if it still runs, and release the pipes."""
-        ...
 
     def __enter__(self) -> Stream: ...
 
@@ -256,7 +249,6 @@ class Transport(Protocol):
     @property
     def capabilities(self) -> Capabilities:
         """What this transport offers beyond the calls below."""
-        ...
 
     def run(
         self,
@@ -274,7 +266,6 @@ class Transport(Protocol):
     def _run(self, argv: tuple[str, ...], stdin: bytes | None, timeout: float | None,
              env: dict[str, str] | None) -> Result:  # fmt: skip
         """What ``run`` does, whatever the exit code."""
-        ...
 
     def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
         """Copy a local file to a path on the node (atomically: temp file then rename)."""
@@ -282,14 +273,12 @@ class Transport(Protocol):
 
     def put_bytes(self, data: bytes, remote: str, *, mode: int | None = None) -> None:
         """Write bytes to a path on the node (atomically)."""
-        ...
 
     def get(self, remote: str, local: Path) -> None: ...
 
     def stream(self, argv: Sequence[str], *, stdin: bool = False, merge_stderr: bool = True) -> Stream:
         """Start argv and return a handle on it: its output as it comes, its stdin with
         ``stdin=True`` (following logs, piping an image or a tar stream through this machine)."""
-        ...
 
     def close(self) -> None:
         """Release connections: none to release here, and ssh leaves the node's master running
