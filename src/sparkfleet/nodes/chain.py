@@ -64,11 +64,10 @@ def _hop(chain: Sequence[Hop], ssh: Sequence[str], scripts: Sequence[str], i: in
 
 def start(source: Transport, folder: str, chain: Sequence[Hop], ssh: Sequence[str], files: Sequence[str],
           scripts: Sequence[str]) -> Stream:  # fmt: skip
-    """Start the chain: tar of files (relative to folder on source) to chain[0] through ssh[0],
-    and on down; ssh[i] is what the node before chain[i] runs to reach it. Its output carries
-    every node's progress lines and errors; its exit code the first failure. Each node's script
-    is written to scripts[i] first (``script_paths``) and removes itself when it ends
-    (``remove_scripts`` after the stream, for a node whose script never started)."""
+    """Start the chain: a tar of files (relative to folder on source) to chain[0] through ssh[0],
+    and on down (ssh[i]: what the node before chain[i] runs to reach it). Its output carries every
+    node's progress and errors, its exit code the first failure. Each script removes itself when
+    it ends (``remove_scripts`` after the stream, for one that never started)."""
     for i, hop in enumerate(chain):
         hop.transport.put_bytes(_hop(chain, ssh, scripts, i).encode(), scripts[i], mode=0o700)
     script = (

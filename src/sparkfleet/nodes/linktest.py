@@ -295,10 +295,9 @@ def measure_pair(
     tool: str = "iperf3",
     pythons: tuple[str, str] = ("python3", "python3"),
 ) -> PairMeasurement:
-    """Run one pair test: the server on the target, the script on the source. The server is a
-    one-test `iperf3 -1` under `timeout` (or, with tool="stdlib", the shipped stream test under
-    its own limit, run by the nodes' pythons: source, target), so it is gone when this returns
-    or, at the latest, at its time limit."""
+    """Run one pair test: the server on the target (a one-test `iperf3 -1` under `timeout`, or with
+    tool="stdlib" the shipped stream test run by the nodes' pythons: source, target), the script
+    on the source. The server is gone when this returns or, at the latest, at its time limit."""
     limit = seconds + 8
 
     def client(secs: int, throughput: Throughput | None = None, error: str | None = None) -> PairMeasurement:
@@ -380,9 +379,8 @@ SERVER_END = "## perftest servers ended"
 
 def perftest_argv(tool: str, hca: str, gid_index: int, port: int) -> list[str]:
     """One end of a perftest run: `-d` the HCA, `-x` its RoCE v2 GID index, `-F` (no cpufreq
-    warning), `-p` its port; ib_write_bw with `--report_gbits` over RDMA_QPS QPs of RDMA_BW_ITERS
-    64 KiB writes each, ib_write_lat for RDMA_LAT_ITERS round trips. The duration is what the
-    link takes for that many bytes, bounded by RDMA_LIMIT_S."""
+    warning), `-p` its port; ib_write_bw over RDMA_QPS QPs of RDMA_BW_ITERS 64 KiB writes each,
+    ib_write_lat for RDMA_LAT_ITERS round trips."""
     argv = [tool, "-d", hca, "-x", str(gid_index), "-F", "-p", str(port)]
     if tool == "ib_write_bw":
         return [*argv, "--report_gbits", "-q", str(RDMA_QPS), "-n", str(RDMA_BW_ITERS)]
