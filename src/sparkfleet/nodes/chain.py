@@ -1,10 +1,7 @@
-"""The commands of a pipeline copy (apply/staging/pipeline.py): a tar stream from a source node
-down a chain of nodes over SSH, each writing it while forwarding it to the next.
-
-Stock tools only: ``tar -c`` on the source piped into ``ssh`` to the first node, where ``tee``
-writes the stream into a FIFO read by ``ssh`` to the next node while ``tar -x`` unpacks it; the
-last node only unpacks. Each node's ``tar --checkpoint`` prints ``sparkfleet-hop I RECORDS`` on
-stderr, which comes back up the chain to the source's output: per-node progress.
+"""The commands of a pipeline copy (apply/staging/pipeline.py): ``tar -c`` on a source node piped
+down a chain of nodes over SSH, each ``tee``-ing the stream to the next while ``tar -x`` unpacks
+it. Each node's ``tar --checkpoint`` line (``sparkfleet-hop I RECORDS``) comes back up the chain
+to the source's output: per-node progress.
 """
 
 from __future__ import annotations
@@ -67,11 +64,10 @@ def _hop(chain: Sequence[Hop], ssh: Sequence[str], scripts: Sequence[str], i: in
 
 def start(source: Transport, folder: str, chain: Sequence[Hop], ssh: Sequence[str], files: Sequence[str],
           scripts: Sequence[str]) -> Stream:  # fmt: skip
-    """Start the chain: tar of files (relative to folder on source) to chain[0] through ssh[0],
-    and on down; ssh[i] is what the node before chain[i] runs to reach it. Its output carries
-    every node's progress lines and errors; its exit code the first failure. Each node's script
-    is written to scripts[i] first (``script_paths``) and removes itself when it ends
-    (``remove_scripts`` after the stream, for a node whose script never started)."""
+    """Start the chain: a tar of files (relative to folder on source) to chain[0] through ssh[0],
+    and on down (ssh[i]: what the node before chain[i] runs to reach it). Its output carries every
+    node's progress and errors, its exit code the first failure. Each script removes itself when
+    it ends (``remove_scripts`` after the stream, for one that never started)."""
     for i, hop in enumerate(chain):
         hop.transport.put_bytes(_hop(chain, ssh, scripts, i).encode(), scripts[i], mode=0o700)
     script = (

@@ -1,13 +1,6 @@
-"""Running one function on every node at once, keeping every node's outcome.
-
-``fan_out(nodes, fn)`` is the one way sparkfleet works on several nodes in parallel. It returns a
-``GroupResult`` (fabric's name): every node's outcome in node order, with the error policies the
-callers need on it, so none of them keeps a pool of its own:
-
-    group = fan_out(transports, lambda n: transports[n].run(["true"]))
-    group.raise_first()      # the values, or the first node's error as it is
-    group.raise_all(StagingError)   # the values, or one error naming every node that failed
-    group.failures           # {node: error} of the nodes that failed, to report per node
+"""``fan_out(nodes, fn)``: the one way sparkfleet works on several nodes in parallel. Its
+``GroupResult`` (fabric's name) keeps every node's outcome in node order, with the error
+policies callers need (``raise_first``, ``raise_all``, ``failures``), so none keeps a pool.
 """
 
 from __future__ import annotations
@@ -59,11 +52,6 @@ class Outcome(Generic[T]):
         return self.error is None
 
 
-def _user_facing(error: BaseException) -> bool:
-    """An error to show as a message (a node's failure), not a bug to show with its traceback."""
-    return isinstance(error, SparkfleetError | OSError)
-
-
 class GroupResult(Mapping[str, Outcome[T]]):
     """Every node's outcome of one fan-out, in the order the nodes were given; all errors kept."""
 
@@ -108,7 +96,8 @@ class GroupResult(Mapping[str, Outcome[T]]):
         failures = self.failures
         if not failures:
             return self.succeeded
-        bug = next((e for e in failures.values() if not _user_facing(e)), None)
+        # A node's failure is shown as a message; anything else is a bug, shown with its traceback.
+        bug = next((e for e in failures.values() if not isinstance(e, SparkfleetError | OSError)), None)
         if bug is not None:
             raise bug
         key, first = next(iter(failures.items()))

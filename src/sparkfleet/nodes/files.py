@@ -1,9 +1,6 @@
-"""Files and folders on a node, as commands: what staging and distribution read and write there.
-
-Each function runs one command on the transport's node (a list of words, quoted once at the
-edge) and returns what it found; where the output needs reading, a pure ``parse_*`` beside it
-does that and is tested on real output. ``apply/`` decides what to do with the answers and never
-writes a command itself.
+"""Files and folders on a node, as commands (with a pure ``parse_*`` beside those whose output
+needs reading): what staging and distribution read and write there. ``apply/`` decides what to
+do with the answers and never writes a command itself.
 """
 
 from __future__ import annotations
@@ -121,17 +118,14 @@ def tar_out(transport: Transport, folder: str) -> Stream:
 
 
 def tar_in(transport: Transport, folder: str) -> Stream:
-    """Unpack the tar on stdin into folder."""
     return transport.stream(["tar", "-C", folder, "-xpf", "-"], stdin=True, merge_stderr=False)
 
 
 def rsync_argv(src: str, dest: str, ssh: str | None, make_dest: str | None = None) -> list[str]:
-    """rsync words: exact file list on stdin (NUL separated), archive mode, resumable partials.
-    With make_dest, the receiving side creates that folder first (no extra SSH round trip).
-
-    ``--modify-window=-1``: the quick check compares mtimes to the nanosecond (receivers from
-    rsync 3.1.3). At the default, whole seconds, a table rewritten at the same size within a
-    second of the last sync looked unchanged and was never sent."""
+    """rsync words: exact file list on stdin (NUL separated), archive mode, resumable partials;
+    with make_dest, the receiver creates that folder first (no extra SSH round trip).
+    ``--modify-window=-1`` compares mtimes to the nanosecond: at whole seconds, a table rewritten
+    at the same size within a second of the last sync looked unchanged and was never sent."""
     words = [
         "rsync", "-a", "--modify-window=-1", "--from0", "--files-from=-", f"--partial-dir={PARTIAL_DIR}",
         f"--timeout={_IO_TIMEOUT_S}", "--info=progress2", "--stats", "--no-human-readable",

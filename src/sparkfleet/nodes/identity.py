@@ -1,9 +1,6 @@
-"""Which ``up`` started a rank: every deployment instance has an id and an owner.
-
-Names are not enough on a shared fleet: two controllers (two users, or one user's two state
-dirs) may both run a deployment called ``gemma``. Container labels and process markers carry the
-instance id, so ``down`` and rollback stop only their own instance; finding ranks by name alone
-is the explicit ``down --sweep``.
+"""Which ``up`` started a rank: every deployment instance has an id and an owner. Two controllers
+may both run a deployment called ``gemma``; labels and process markers carry the instance id, so
+``down`` and rollback stop only their own (finding ranks by name alone is ``down --sweep``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""One round trip per node for what ``watch`` polls and what ``down`` checks afterwards.
-
-``watch_node``: every rank's state on the node (with when it ended) and the node's
-MemAvailable, through the node agent's ``watch`` (docker ranks add a ``docker inspect``
-each). ``leftovers_on``: after a stop, whatever is still of the instance on the node (the
-agent's ``leftovers`` rule, plus the instance's containers in any state), MemAvailable, and
-nvidia-smi's compute-apps CSV where the node has nvidia-smi.
-"""
+"""One round trip per node (docker ranks add a ``docker inspect`` or ``docker ps``) for what
+``watch`` polls (``watch_node``) and what ``down`` checks afterwards (``leftovers_on``)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
-"""Measuring one pair of nodes over the fabric: the node-side commands and their pure parsers.
+"""Measuring one pair of nodes over the fabric: the node-side commands and their pure parsers
+(each tested on captured real output, tests/fixtures/fabric/).
 
-A pair test runs `iperf3 -s -1` on the target, bound to its fabric address and killed by
-`timeout` at the pair's time limit (`-1`: it exits after its one test, so no listener is left),
-and on the source one script: `iperf3 --bidir` (both directions at once), `ping` (RTT and loss)
-and don't-fragment pings (`ping -M do`) from the interface MTU down, all from the source's fabric
-address. Each parser is tested on captured real output (tests/fixtures/fabric/); the RDMA ones
-parse `ib_write_bw` / `ib_write_lat` (Debian's perftest).
+The target runs a one-test `iperf3 -s -1` under `timeout`; the source runs `iperf3 --bidir`,
+`ping` and don't-fragment pings from the interface MTU down. RDMA pairs use perftest's
+`ib_write_bw` / `ib_write_lat`.
 """
 
 from __future__ import annotations
@@ -74,7 +72,6 @@ def parse_tc_rate(line: str) -> float | None:
 
 
 def parse_local(text: str) -> LocalLink:
-    """Parse local_command's output."""
     ifname, mtu, iperf3, speed, shaped, perftest = None, None, False, None, None, 0
     section = ""
     for line in text.splitlines():
@@ -215,7 +212,6 @@ class PairMeasurement:
 
 
 def parse_client(text: str) -> PairMeasurement:
-    """Split client_command's output into its sections and parse each."""
     sections: list[tuple[str, list[str]]] = []
     for line in text.splitlines():
         if line.startswith("## "):
@@ -299,20 +295,19 @@ def measure_pair(
     tool: str = "iperf3",
     pythons: tuple[str, str] = ("python3", "python3"),
 ) -> PairMeasurement:
-    """Run one pair test: the server on the target, the script on the source. The server is a
-    one-test `iperf3 -1` under `timeout` (or, with tool="stdlib", the shipped stream test under
-    its own limit, run by the nodes' pythons: source, target), so it is gone when this returns
-    or, at the latest, at its time limit."""
+    """Run one pair test: the server on the target (a one-test `iperf3 -1` under `timeout`, or with
+    tool="stdlib" the shipped stream test run by the nodes' pythons: source, target), the script
+    on the source. The server is gone when this returns or, at the latest, at its time limit."""
     limit = seconds + 8
 
-    def client(secs: int) -> PairMeasurement:
+    def client(secs: int, throughput: Throughput | None = None, error: str | None = None) -> PairMeasurement:
         argv = client_command(dst_ip, src_ip, port=port, seconds=secs, mtu_sizes=mtu_sizes)
-        return parse_client(source.run(argv, timeout=limit + 5, check=False).stdout)
+        got = parse_client(source.run(argv, timeout=limit + 5, check=False).stdout)
+        errors = (error, *got.errors) if error else got.errors
+        return PairMeasurement(throughput or got.throughput, got.ping, got.mtu, errors)
 
     if tool == "stdlib":
-        throughput, error = _stream_pair(source, target, src_ip, dst_ip, port, seconds, limit, pythons)
-        rest = client(0)
-        return PairMeasurement(throughput, rest.ping, rest.mtu, (*((error,) if error else ()), *rest.errors))
+        return client(0, *_stream_pair(source, target, src_ip, dst_ip, port, seconds, limit, pythons))
     server = target.stream(server_command(dst_ip, port, limit), stdin=True)
     try:
         seen = []
@@ -321,9 +316,7 @@ def measure_pair(
             if READY in line:
                 return client(seconds)
         said = " ".join(x.strip() for x in seen if x.strip() and not x.startswith("---"))
-        rest = client(0)
-        why = f"iperf3 server on {dst_ip}:{port} did not start: {said or 'no output'}"
-        return PairMeasurement(None, rest.ping, rest.mtu, (why, *rest.errors))
+        return client(0, None, f"iperf3 server on {dst_ip}:{port} did not start: {said or 'no output'}")
     finally:
         _end(server)
 
@@ -366,7 +359,6 @@ def parse_ib_write_bw(text: str) -> RdmaBandwidth:
 
 
 def parse_ib_write_lat(text: str) -> RdmaLatency:
-    """Parse `ib_write_lat`."""
     _, row = _result_rows(text, "t_avg")
     if len(row) < 9:
         raise ValueError("ib_write_lat result line has fewer than 9 fields")
@@ -387,9 +379,8 @@ SERVER_END = "## perftest servers ended"
 
 def perftest_argv(tool: str, hca: str, gid_index: int, port: int) -> list[str]:
     """One end of a perftest run: `-d` the HCA, `-x` its RoCE v2 GID index, `-F` (no cpufreq
-    warning), `-p` its port; ib_write_bw with `--report_gbits` over RDMA_QPS QPs of RDMA_BW_ITERS
-    64 KiB writes each, ib_write_lat for RDMA_LAT_ITERS round trips. The duration is what the
-    link takes for that many bytes, bounded by RDMA_LIMIT_S."""
+    warning), `-p` its port; ib_write_bw over RDMA_QPS QPs of RDMA_BW_ITERS 64 KiB writes each,
+    ib_write_lat for RDMA_LAT_ITERS round trips."""
     argv = [tool, "-d", hca, "-x", str(gid_index), "-F", "-p", str(port)]
     if tool == "ib_write_bw":
         return [*argv, "--report_gbits", "-q", str(RDMA_QPS), "-n", str(RDMA_BW_ITERS)]
@@ -432,7 +423,6 @@ class RdmaMeasurement:
 
 
 def parse_perftest_client(text: str) -> RdmaMeasurement:
-    """Split perftest_client_command's output and parse each tool's part."""
     bw_text, _, lat_text = text.partition(LAT_SECTION)
     bw = lat = None
     errors = []

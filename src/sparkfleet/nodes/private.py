@@ -1,11 +1,9 @@
 """Folders and files on the controller that only this user may use.
 
-A folder under a shared ``/tmp`` (or a state dir on a shared disk) that another user made first,
-or a symlink planted where it will be, would hand them every secret that passes through it: the
-ssh master sockets carry the nodes' env files. So a folder is made 0700 or, when it is there
-already, checked with ``lstat`` (not followed): a real directory owned by this user (its group
-and other bits then taken away). Anything else is refused with one line naming the path; nothing
-is "repaired" in someone else's folder.
+A folder under a shared ``/tmp`` that another user made first, or a symlink planted there, would
+hand them every secret passing through it (the ssh master sockets carry the nodes' env files).
+So a folder is made 0700, or checked with ``lstat`` when it exists: this user's real directory
+is narrowed to 0700, anything else refused; nothing is "repaired" in someone else's folder.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """The one way sparkfleet runs its own code on a node: ``python3 [-S] -c PROGRAM ARGS…``.
 
-Nodes have no sparkfleet installed. A ``ShippedProgram`` names modules of
-``sparkfleet.nodes.shipped`` (standard library only) in dependency order. Its text is built once:
-the modules joined, their imports of each other dropped (the names stay as in the package), one
-``from __future__`` line on top; the last module's ``if __name__ == "__main__"`` block is the
-entry point. The text travels as the ``-c`` program, the arguments as words after it, and stdin
-stays free for data (an env file, a payload), so nothing secret sits in argv.
-
-    result = run_shipped(transport, node.python, SNAPSHOT_SCAN, [json.dumps(args)], timeout=600)
+A ``ShippedProgram`` names modules of ``sparkfleet.nodes.shipped`` (standard library only) in
+dependency order, joined once into one script whose last module's main block is the entry
+point. Stdin stays free for data (an env file, a payload), so nothing secret sits in argv.
 """
 
 from __future__ import annotations
@@ -45,11 +40,9 @@ class ShippedProgram:
 
 NODE_AGENT = ShippedProgram("node-agent", ("agent",))
 STAGE_WORKER = ShippedProgram(
-    "stage-worker",
-    ("failure", "safetensors_index", "ledger", "disk", "layouts", "sparse_rows"),
-    site=True,
+    "stage-worker", ("failure", "safetensors_index", "ledger", "disk", "layouts", "sparse_rows"), site=True
 )
-COMPOSE_WORKER = ShippedProgram("compose-worker", ("composed_worker",))
+COMPOSE_WORKER = ShippedProgram("compose-worker", ("failure", "composed_worker"))
 SNAPSHOT_SCAN = ShippedProgram("snapshot-scan", ("snapshot_scan",))
 # site: huggingface_hub is in the node's site-packages.
 HUB_FETCH = ShippedProgram("hub-fetch", ("hub_fetch",), site=True)

@@ -1,21 +1,14 @@
 """One node agent per node, kept open for the length of a sparkfleet command.
 
-A one-shot agent call costs a new SSH channel, a shell and an interpreter on the node and an ssh
-client here; `up` makes three to four calls per node (preflight, start, readiness, the head's
-probe) and `down` three. A
-session opens on the first call (``… serve``: JSON requests and answers, one line each) and
-answers every later call on the same transport in about a millisecond. It closes when its
-transport is dropped; the node's agent ends when its stdin does.
+A one-shot agent call costs an SSH channel, a shell and an interpreter on the node; `up` makes
+three to four per node and `down` three. A session opens on the first call (``… serve``: one
+JSON line each way) and answers every later call in about a millisecond.
 
-The one-shot call stays: for transports that cannot hold a stream open (``capabilities.sessions``
-false: local, scripted), for a second caller while the session is busy (ranks of one node start
-in parallel), and when the session never came up — then the one-shot call reports why (no such
-python, a refused login) the way it always has. A session that dies in the middle of a call
-raises: the command may have run there, so it is not sent again.
-
-As Mitogen's remote interpreter, the agent lives and dies with its connection: when this process
-ends (or drops the transport), the ssh client ends, the agent's stdin ends, and the agent exits.
-Nothing of it stays on the node but the ranks it started and their monitors.
+The one-shot call stays for transports without ``capabilities.sessions`` (local, scripted), for
+a second caller while the session is busy, and when the session never came up (the one-shot
+call then reports why). A session that dies mid-call raises: the command may have run there, so
+it is not sent again. As Mitogen's remote interpreter, the agent lives and dies with its
+connection: when the transport is dropped, the ssh client ends, then the agent's stdin, then it.
 """
 
 from __future__ import annotations
@@ -73,17 +66,6 @@ class AgentSession:
     def release(self) -> None:
         self._lock.release()
 
-    def _hello(self, deadline: float) -> bool:
-        """Wait for the agent's hello (anything a login shell prints comes before it)."""
-        while not self.serving:
-            line = self._next(deadline)
-            if line is None:
-                self.close()
-                return False  # it never served, so it never read the request
-            if line.startswith('{"serving"'):
-                self.serving, self.pid = True, int(json.loads(line)["serving"])
-        return True
-
     def call(self, command: str, payload: dict[str, object], stdin: bytes | None,
              timeout: float) -> dict[str, Any] | None:  # fmt: skip
         """The agent's answer; None when the command was never delivered (the caller makes the
@@ -97,8 +79,13 @@ class AgentSession:
             self.close()
             return None
         try:
-            if not self._hello(deadline):
-                return None
+            while not self.serving:  # its hello (anything a login shell prints comes before it)
+                line = self._next(deadline)
+                if line is None:
+                    self.close()
+                    return None  # it never served, so it never read the request
+                if line.startswith('{"serving"'):
+                    self.serving, self.pid = True, int(json.loads(line)["serving"])
             line = self._next(deadline)
         except TimeoutError:
             self.close()
@@ -147,28 +134,10 @@ def session_for(transport: Transport, python: str) -> AgentSession | None:
         return session
 
 
-def call_in_session(transport: Transport, python: str, command: str, payload: dict[str, object], *,
-                    stdin: bytes | None = None, timeout: float = 30) -> dict[str, Any] | None:  # fmt: skip
-    """The agent's answer through the transport's session; None when there is none to use (no
-    session, a busy one, one that never came up): the caller then makes its own call."""
-    session = session_for(transport, python)
-    if session is None or not session.acquire():
-        return None
-    try:
-        return session.call(command, payload, stdin, timeout)
-    finally:
-        session.release()
-
-
 def open_sessions(transports: Mapping[str, Transport], pythons: Mapping[str, str]) -> None:
-    """Open each node's session now; returns once the ssh clients are started, about a
-    millisecond each (the agents' hellos are read by their first calls).
-
-    For a command that still has code to load before its first node call: the nodes' agents
-    boot (an SSH handshake where no master connection is up yet, an interpreter) while this
-    process loads, instead of after it. Opened here, not from a thread: one that competed with
-    the imports for the GIL took 16 ms a node. A session that does not come up is found by its
-    first call, which then reports why as it always has."""
+    """Open each node's session now (about a millisecond each; the hellos are read by the first
+    calls), so the agents boot while this process still loads code. Not from a thread: one that
+    competed with the imports for the GIL took 16 ms a node."""
     for node, transport in transports.items():
         with contextlib.suppress(SparkfleetError, OSError):  # its first call finds and reports it
             session_for(transport, pythons[node])

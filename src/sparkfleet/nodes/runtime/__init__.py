@@ -17,7 +17,6 @@ __all__ = ["RUNTIMES", "Runtime", "find_ranks", "port_holders", "preflight", "re
 
 
 def runtime_for(rank: RankPlan | RankHandle) -> Runtime:
-    """The runtime that runs this rank."""
     return DockerRuntime() if rank.runtime == "docker" else ProcessRuntime()
 
 

@@ -35,37 +35,29 @@ class Runtime(Protocol):
 
     def start(self, rank: RankPlan, transport: Transport, instance: Instance) -> str:
         """Start the rank, marked with instance; returns its container id or pid."""
-        ...
 
     def inspect(self, rank: RankHandle, transport: Transport) -> RankState:
         """Whether the rank runs, and since when."""
-        ...
 
     def probe(self, rank: RankHandle, transport: Transport) -> tuple[RankState, str]:
         """inspect and the whole recent log together (readiness polls this)."""
-        ...
 
     def logs(self, rank: RankHandle, transport: Transport, tail: int | None = 200) -> str:
         """The last lines of the rank's log (all of it when tail is None)."""
-        ...
 
     def follow(self, rank: RankHandle, transport: Transport) -> Stream:
         """The log's last lines, then every new line as it comes (until the stream is closed)."""
-        ...
 
     def stop(self, rank: RankHandle, transport: Transport, deployment: str, instance: str | None,
              grace: float = 10.0) -> list[str]:  # fmt: skip
         """Stop the rank of that instance (idempotent; None: any instance, for records from before
         instance ids); returns what was stopped."""
-        ...
 
     def find(self, transport: Transport, deployment: str, node: Node) -> list[FoundRank]:
         """Every rank of any instance of deployment on the node, with its owner."""
-        ...
 
     def remove(self, transport: Transport, found: list[FoundRank], node: Node, grace: float = 10.0) -> None:
         """Stop what find returned, whoever owns it (``down --sweep``)."""
-        ...
 
 
 def env_file_text(rank: RankPlan) -> bytes:

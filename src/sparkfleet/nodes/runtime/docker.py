@@ -1,9 +1,5 @@
-"""The docker runtime: a rank is a labelled container started with the plan's ``docker run``.
-
-Every docker command sparkfleet runs on a node is built here: the ranks' containers, the
-images (inspect, pull, build, ``docker save | docker load`` through this machine), the nfs
-staging kind's volumes, and the argv doctor probes with.
-"""
+"""The docker runtime (a rank is a labelled container started with the plan's ``docker run``),
+and every other docker command sparkfleet runs on a node: images, volumes, doctor's probes."""
 
 from __future__ import annotations
 
@@ -93,35 +89,26 @@ class DockerRuntime:
         return result.stdout.strip()[:12]
 
     def inspect(self, rank: RankHandle, transport: Transport) -> RankState:
-        result = transport.run(
-            ["docker", "inspect", "--format", "{{json .State}}", rank.container_name], check=False, timeout=30
-        )
+        argv = ["docker", "inspect", "--format", "{{json .State}}", rank.container_name]
+        result = transport.run(argv, check=False, timeout=30)
         if not result.ok:
             if "No such" in result.stderr:
                 return RankState(rank.rank, rank.node.name, "absent")
             raise RankRuntimeError(rank.node.name, f"docker inspect failed: {result.tail(3)}")
         state = json.loads(result.stdout)
-        running = bool(state.get("Running"))
-        return RankState(
-            rank.rank,
-            rank.node.name,
-            "running" if running else "exited",
-            None if running else int(state.get("ExitCode", 0)),
-            _epoch(state.get("StartedAt")),
-            rank.container_name,
-            None if running else _epoch(state.get("FinishedAt")),
-        )
+        started = _epoch(state.get("StartedAt"))
+        if state.get("Running"):
+            return RankState(rank.rank, rank.node.name, "running", None, started, rank.container_name)
+        code, ended = int(state.get("ExitCode", 0)), _epoch(state.get("FinishedAt"))
+        return RankState(rank.rank, rank.node.name, "exited", code, started, rank.container_name, ended)
 
     def probe(self, rank: RankHandle, transport: Transport) -> tuple[RankState, str]:
         return self.inspect(rank, transport), self.logs(rank, transport, tail=None)
 
     def logs(self, rank: RankHandle, transport: Transport, tail: int | None = 200) -> str:
         count = str(tail) if tail else "all"
-        result = transport.run(
-            ["sh", "-c", 'docker logs --tail "$1" "$2" 2>&1', "sh", count, rank.container_name],
-            check=False,
-            timeout=60,
-        )
+        argv = ["sh", "-c", 'docker logs --tail "$1" "$2" 2>&1', "sh", count, rank.container_name]
+        result = transport.run(argv, check=False, timeout=60)
         return result.stdout if result.ok else ""
 
     def follow(self, rank: RankHandle, transport: Transport) -> Stream:

@@ -1,7 +1,5 @@
-"""The process runtime: a rank is a host process group, watched by a small monitor.
-
-The node needs only ``python3``: the node agent (``nodes/agent/``) starts and watches the ranks,
-and the environment travels in a private env file, never in argv.
+"""The process runtime: a rank is a host process group that the node agent starts and watches
+(the node needs only ``python3``); its environment travels in a private env file, never in argv.
 """
 
 from __future__ import annotations

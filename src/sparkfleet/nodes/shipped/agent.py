@@ -1,24 +1,12 @@
 """The node agent, node side (stdlib only: it runs on nodes without sparkfleet). It serves every
 runtime (preflight, watch, leftovers, port owners) and runs the process runtime's ranks.
 
-Shipped as ``python3 -c <this source> COMMAND JSON``, or ``… serve``: a session that answers one
-JSON request per line on stdin (``{"command", "payload", "stdin"}``) with one JSON line
-(``{"answer"}`` or ``{"error"}``) until its stdin ends, so a controller pays for SSH and this
-interpreter once per node and command, not once per call. Nothing of it outlives the session
-but the ranks it started and their monitors. Commands:
-  start   fork a monitor in a new session; it starts the engine in its process group, records
-          "pgid pid starttime" in the pid file, waits, and writes the exit code file
-  inspect print {"state", "pid", "exit_code", "started_at"} as JSON
-  stop    SIGTERM the process group, SIGKILL after the grace period; also every process whose
-          environment says it belongs to the deployment instance (so a lost pid file still stops it)
-  find    every process of a deployment on this node, with the instance markers it carries
-  holders who listens on the given TCP ports (pid, command, sparkfleet markers)
-  preflight  find + holders in one round trip (what ``up`` checks before starting anything)
-  kill    SIGTERM, then SIGKILL, the given pids of a deployment (``down --sweep``)
-  watch   every given rank's state (with when it exited) and the node's MemAvailable, in one
-          round trip per node and poll (``sparkfleet watch``)
-  leftovers  after ``down``: every process still of the instance on this node (see
-          ``leftovers``), the node's MemAvailable, and nvidia-smi's compute apps where there is one
+Shipped as ``python3 -c <this source> COMMAND JSON``, or ``… serve``: a session answering one
+JSON request per stdin line (``{"command", "payload", "stdin"}``) with one JSON line
+(``{"answer"}`` or ``{"error"}``) until its stdin ends. The commands are ``start`` and
+``COMMANDS``'s. A rank runs in its own process group under a monitor that records
+"pgid pid starttime" in the pid file and the exit code in the exit file; ``stop`` also signals
+every process whose environment marks it as the instance's, so a lost pid file still stops it.
 """
 
 from __future__ import annotations
@@ -78,8 +66,8 @@ def _env(spec: dict) -> dict[str, str]:
 
 
 def _private_dir(path: str) -> None:
-    """path as a folder only this user can enter: made 0700, or checked with lstat where it is
-    there already (a symlink or another user's folder planted there would receive the env file)."""
+    """path as a folder only this user can enter: made 0700, or checked with lstat (a symlink or
+    another user's folder planted there would receive the env file)."""
     import stat
 
     os.makedirs(path, mode=0o700, exist_ok=True)
@@ -107,9 +95,8 @@ def start(spec: dict, env_text: bytes) -> dict:
         except FileNotFoundError:
             pass
     env = _env(spec)
-    # The monitor writes one byte here once the pid (or exit) file is in place, and dying closes
-    # it: the answer waits on the pipe, not on a polling loop. Non-inheritable, so the engine
-    # never holds it.
+    # The monitor writes a byte here once the pid (or exit) file is in place, and dying closes it:
+    # the answer waits on the pipe, not a polling loop (non-inheritable: the engine never holds it).
     ready_r, ready_w = os.pipe()
     middle = os.fork()
     if middle != 0:
@@ -119,9 +106,8 @@ def start(spec: dict, env_text: bytes) -> dict:
             os.read(ready_r, 1)
         os.close(ready_r)
         return inspect(spec)
-    # Forked twice: the monitor must not be this agent's child. A session agent lives on after
-    # the start, and every monitor that ended before it would linger as its zombie (init reaps
-    # an orphan at once).
+    # Forked twice: a monitor that is a session agent's child would linger as its zombie once it
+    # ended (init reaps an orphan at once).
     if os.fork() != 0:
         os._exit(0)
     try:
@@ -232,8 +218,12 @@ def inspect(spec: dict) -> dict:
     except (OSError, ValueError):
         pass
     if found and exit_code is None and _starttime(found[1]) == found[2]:
-        started = _boot_time() + int(found[2]) / CLK_TCK
-        return {"state": "running", "pid": found[1], "exit_code": None, "started_at": started}
+        return {
+            "state": "running",
+            "pid": found[1],
+            "exit_code": None,
+            "started_at": _boot_time() + int(found[2]) / CLK_TCK,
+        }
     state = "exited" if found or exit_code is not None else "absent"
     return {"state": state, "pid": found[1] if found else None, "exit_code": exit_code, "started_at": None}
 
@@ -320,11 +310,7 @@ def stop(spec: dict) -> dict:
 
 
 def _groups_of(pids: list[int]) -> set[int]:
-    groups = set()
-    for pid in pids:
-        if (group := _group(pid)) is not None:
-            groups.add(group)
-    return groups
+    return {group for pid in pids if (group := _group(pid)) is not None}
 
 
 def _terminate(groups: set[int], members: list[int], grace: float) -> None:
@@ -356,17 +342,10 @@ def find(spec: dict) -> list[dict]:
         env = _environ(pid) or {}
         if _starttime(pid) is None:
             continue
-        rank = env.get("SPARKFLEET_RANK", "")
-        started = env.get("SPARKFLEET_STARTED", "")
-        out.append(
-            {
-                "pid": pid,
-                "rank": int(rank) if rank.isdigit() else None,
-                "instance": env.get("SPARKFLEET_INSTANCE"),
-                "owner": env.get("SPARKFLEET_OWNER"),
-                "started": float(started) if started.isdigit() else None,
-            }
-        )
+        rank, started = env.get("SPARKFLEET_RANK", ""), env.get("SPARKFLEET_STARTED", "")
+        out.append({"pid": pid, "rank": int(rank) if rank.isdigit() else None,
+                    "instance": env.get("SPARKFLEET_INSTANCE"), "owner": env.get("SPARKFLEET_OWNER"),
+                    "started": float(started) if started.isdigit() else None})  # fmt: skip
     return out
 
 
@@ -392,9 +371,8 @@ def _listeners(ports: set[int]) -> dict[str, tuple[int, int]]:
 
 
 def _bindable(port: int) -> bool:
-    """Nothing listens on the port on any address of this node, IPv4 or IPv6: a wildcard bind
-    of each succeeds (cheaper than /proc/net/tcp, a walk of the kernel's whole socket table,
-    which up would otherwise read on every node before it starts anything)."""
+    """Nothing listens on the port on any address of this node: a wildcard bind of IPv4 and IPv6
+    succeeds (cheaper than reading /proc/net/tcp, a walk of the kernel's whole socket table)."""
     import socket
 
     families = [(socket.AF_INET, "0.0.0.0")]
@@ -480,11 +458,6 @@ def watch(spec: dict) -> dict:
 _MARKERS = ("SPARKFLEET_DEPLOYMENT", "SPARKFLEET_INSTANCE", "SPARKFLEET_CONTAINER_DEPLOYMENT")
 
 
-def _started(pid: str) -> float | None:
-    ticks = _starttime(pid)
-    return _boot_time() + int(ticks) / CLK_TCK if ticks is not None else None
-
-
 def _group(pid: int | str) -> int | None:
     try:
         return os.getpgid(int(pid))
@@ -520,20 +493,20 @@ def _fd_links(pid: str) -> list[str]:
     return links
 
 
-def _under(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
-
-
 def _holds(pid: str, workdir: str, sockets: dict[str, tuple[int, int]]) -> str | None:
     """What of the deployment a process without markers still holds, or None."""
+
+    def under(path: str) -> bool:
+        return bool(workdir) and (path == workdir or path.startswith(workdir.rstrip("/") + "/"))
+
     try:
         cwd = os.readlink(f"/proc/{pid}/cwd")
     except OSError:
         cwd = ""
-    if workdir and _under(cwd, workdir):
+    if under(cwd):
         return f"its working directory is {cwd}"
     for link in _fd_links(pid):
-        if workdir and _under(link, workdir):
+        if under(link):
             return f"it holds {link} open"
         if link.startswith("socket:[") and link[8:-1] in sockets:
             return f"it listens on port {sockets[link[8:-1]][0]}"
@@ -541,16 +514,11 @@ def _holds(pid: str, workdir: str, sockets: dict[str, tuple[int, int]]) -> str |
 
 
 def leftovers(spec: dict) -> list[dict]:
-    """Every process on this node still of the instance after its ranks were stopped.
-
-    Of the instance means either (1) it carries the instance's markers in its environment
-    (SPARKFLEET_INSTANCE, and this node's SPARKFLEET_RANK_NODE): a rank's child that left the
-    rank's process group (setsid, a daemon) inherits them; or (2) it carries no sparkfleet
-    marker at all, started after the instance did, and still holds something of the
-    deployment on this node: its working directory or an open file under the deployment's
-    workdir, or a listening socket on one of its ranks' ports. A process that dropped its
-    markers and holds none of these cannot be told apart from any other process of the user.
-    """
+    """Every process on this node still of the instance after its ranks were stopped: one that
+    carries the instance's markers (a rank's child that left its process group inherits them),
+    or one with no sparkfleet marker, started after the instance, that still holds its workdir
+    (cwd or an open file) or listens on one of its ports. A process that dropped its markers and
+    holds none of these cannot be told apart from any other of the user's."""
     deployment, node, instance = spec["deployment"], spec.get("node"), spec.get("instance")
     workdir = os.path.realpath(spec["workdir"]) if spec.get("workdir") else ""
     since = float(spec.get("since") or 0)
@@ -564,10 +532,10 @@ def leftovers(spec: dict) -> list[dict]:
     marked_groups = _groups_of([int(p) for p, env in envs.items() if env and any(k in env for k in _MARKERS)])
     out = []
     for pid, env in envs.items():
-        started = _started(pid)
-        if env is None or started is None:
+        ticks = _starttime(pid)
+        if env is None or ticks is None:
             continue  # gone meanwhile, a zombie, or another user's
-        why = None
+        started, why = _boot_time() + int(ticks) / CLK_TCK, None
         if any(k in env for k in _MARKERS):
             if _belongs(pid, deployment, None, node, instance):
                 why = "it carries the instance's markers (it left its rank's process group)"
@@ -578,15 +546,8 @@ def leftovers(spec: dict) -> list[dict]:
         if why is None:
             continue
         rank = env.get("SPARKFLEET_RANK", "")
-        out.append(
-            {
-                "pid": int(pid),
-                "command": _cmdline(pid),
-                "why": why,
-                "started": started,
-                "rank": int(rank) if rank.isdigit() else None,
-            }
-        )
+        out.append({"pid": int(pid), "command": _cmdline(pid), "why": why, "started": started,
+                    "rank": int(rank) if rank.isdigit() else None})  # fmt: skip
     return out
 
 
@@ -606,11 +567,6 @@ def gpu_apps(command: list[str]) -> dict:
     return {"gpu_apps": done.stdout, "gpu_error": None}
 
 
-def after_down(spec: dict) -> dict:
-    """What ``down`` checks once the ranks are stopped, in one round trip."""
-    return {"found": leftovers(spec), "mem_available": mem_available(), **gpu_apps(spec.get("gpu_command") or [])}
-
-
 # What a controller may ask of this agent besides start (which also takes the env file): each
 # takes the request's payload and returns its JSON answer.
 COMMANDS = {
@@ -622,12 +578,16 @@ COMMANDS = {
     "preflight": lambda spec: {"found": find(spec), "holders": holders(spec)},
     "kill": kill,
     "watch": watch,
-    "leftovers": after_down,
+    # what ``down`` checks once the ranks are stopped, in one round trip
+    "leftovers": lambda spec: {
+        "found": leftovers(spec),
+        "mem_available": mem_available(),
+        **gpu_apps(spec.get("gpu_command") or []),
+    },
 }
 
 
 def answer(command: str, payload: dict, stdin: bytes) -> dict:
-    """One command's JSON answer."""
     if command == "start":
         return start(payload, stdin)
     if command not in COMMANDS:

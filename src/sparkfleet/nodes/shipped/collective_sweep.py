@@ -1,14 +1,10 @@
 """One rank of a collective sweep: all-reduce and all-gather over growing message sizes through
-``torch.distributed``, the way nccl-tests measures them (bus bandwidth = algorithm bandwidth ×
-2(n-1)/n for all-reduce, (n-1)/n for all-gather), run with the interpreter and environment the
-rank's engine would get (NCCL_* from the plan), so the figure is the one the engine will see.
+``torch.distributed``, measured as nccl-tests does, run with the interpreter and environment the
+rank's engine would get, so the figure is the one the engine will see.
 
-Rank 0 prints one JSON line per (op, size) and a last ``{"done": ...}`` line; every rank prints
-``{"rank": r, "backend": ..., "device": ...}`` first. NCCL's own INFO lines (NCCL_DEBUG=INFO)
-go to stderr, where the controller reads the transport NCCL chose.
-
-    python3 - '{"rank": 0, "world": 2, "master": "10.0.0.1", "port": 29511, "sizes": [1024],
-               "backend": "auto", "timeout_s": 120}' < this script
+Every rank prints ``{"rank", "backend", "device"}`` first; rank 0 then one JSON line per
+(op, size) and a last ``{"done": true}``. NCCL's INFO lines go to stderr, where the controller
+reads the transport NCCL chose.
 """
 
 from __future__ import annotations
@@ -52,14 +48,9 @@ def sweep(args: dict) -> None:
         bound = {"device_id": torch.device(device)}  # the rank's GPU, for barrier() too
     rank, world = int(args["rank"]), int(args["world"])
     print(json.dumps({"rank": rank, "backend": backend, "device": device, "torch": torch.__version__}), flush=True)
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://{args['master']}:{int(args['port'])}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=float(args.get("timeout_s", 120))),
-        **bound,
-    )
+    init = f"tcp://{args['master']}:{int(args['port'])}"
+    timeout = datetime.timedelta(seconds=float(args.get("timeout_s", 120)))
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world, timeout=timeout, **bound)
     try:
         for size in args["sizes"]:
             elems = max(1, int(size) // 4)

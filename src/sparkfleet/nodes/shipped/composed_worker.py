@@ -1,26 +1,22 @@
-"""Build a composed model directory on the node (node-side, stdlib only, shipped as-is).
-
-Hugging Face cache layout under ``dst``: ``models--org--name/refs/main`` and
-``models--org--name/snapshots/<rev>/…`` where every file of the source snapshot is a symlink to
-the file it resolves to (the hub's blob), then each local file hard-linked over the entry of the
-same name. Prints one marked JSON line: the snapshot directory and the roots the symlinks point
-into (the container must mount those at the same path).
+"""Build a composed model directory on the node (node-side, stdlib only): a Hugging Face cache
+layout under ``dst`` whose snapshot links every file of the source snapshot to its blob, with each
+local file hard-linked over the entry of the same name. Prints one marked JSON line: the snapshot
+directory and the roots the links point into (the container mounts those at the same path).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import sys
 from typing import Any
 
+from sparkfleet.nodes.shipped.failure import StageFailure, failure_result
+
 RESULT_MARKER = "SPARKFLEET-COMPOSE-RESULT "
-
-
-class ComposeFailure(Exception):
-    """The directory cannot be composed; the message is shown to the user."""
 
 
 def _revision(repo_dir: str, revision: str | None) -> str:
@@ -36,7 +32,7 @@ def _revision(repo_dir: str, revision: str | None) -> str:
     snaps = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
     if revision is None and len(snaps) == 1:
         return snaps[0]
-    raise ComposeFailure(
+    raise StageFailure(
         f"no snapshot of {repo_dir} for revision {revision or 'main'} (found {snaps or 'none'}); "
         "download the model into the node's Hugging Face cache first"
     )
@@ -44,6 +40,7 @@ def _revision(repo_dir: str, revision: str | None) -> str:
 
 def _replace_with(make: Any, dest: str) -> None:
     """Create ``dest`` through a temp name and rename it over whatever is there."""
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
     tmp = f"{dest}.sparkfleet-tmp{os.getpid()}"
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)
@@ -67,7 +64,7 @@ def compose(args: dict[str, Any]) -> dict[str, Any]:
     rev = _revision(repo_dir, args.get("revision"))
     snapshot = os.path.join(repo_dir, "snapshots", rev)
     if not os.path.isdir(snapshot):
-        raise ComposeFailure(f"snapshot {snapshot} does not exist")
+        raise StageFailure(f"snapshot {snapshot} does not exist")
     model_dir = os.path.join(dst, os.path.basename(repo_dir.rstrip("/")), "snapshots", rev)
     wanted: dict[str, str] = {}
     for base, _dirs, files in os.walk(snapshot, followlinks=True):
@@ -77,24 +74,27 @@ def compose(args: dict[str, Any]) -> dict[str, Any]:
     local: dict[str, str] = {}
     for host in args.get("local_files", []):
         if not os.path.isfile(host):
-            raise ComposeFailure(f"local file {host} does not exist")
+            raise StageFailure(f"local file {host} does not exist")
         local[os.path.basename(host)] = host
     problems: list[str] = []
+
+    def fix(problem: str, dest: str, make: Any = None) -> None:
+        """Report ``problem`` (verify), or put ``dest`` right: made by ``make(tmp)``, or removed."""
+        if verify:
+            problems.append(problem)
+        elif make is None:
+            os.unlink(dest)
+        else:
+            _replace_with(make, dest)
+
     if not verify:
         os.makedirs(os.path.join(model_dir, "..", "..", "refs"), exist_ok=True)
         with open(os.path.join(model_dir, "..", "..", "refs", "main"), "w", encoding="utf-8") as fh:
             fh.write(rev)
     for rel, target in sorted(wanted.items()):
-        if rel in local:
-            continue
         dest = os.path.join(model_dir, rel)
-        if os.path.islink(dest) and os.readlink(dest) == target:
-            continue
-        if verify:
-            problems.append(f"{dest} is not a link to {target}")
-            continue
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
-        _replace_with(lambda tmp, t=target: os.symlink(t, tmp), dest)
+        if rel not in local and not (os.path.islink(dest) and os.readlink(dest) == target):
+            fix(f"{dest} is not a link to {target}", dest, functools.partial(os.symlink, target))
     for name, host in sorted(local.items()):
         dest = os.path.join(model_dir, name)
         try:
@@ -102,15 +102,11 @@ def compose(args: dict[str, Any]) -> dict[str, Any]:
                 continue
         except OSError:
             pass
-        if verify:
-            problems.append(f"{dest} is not a hard link of {host}")
-            continue
-        os.makedirs(model_dir, exist_ok=True)
         try:
-            _replace_with(lambda tmp, h=host: os.link(h, tmp), dest)
+            fix(f"{dest} is not a hard link of {host}", dest, functools.partial(os.link, host))
         except OSError as exc:
             if exc.errno == errno.EXDEV:
-                raise ComposeFailure(
+                raise StageFailure(
                     f"cannot hard-link {host} into {model_dir}: they are on different filesystems; "
                     "put the composed directory (composed_model.dir) on the filesystem that holds "
                     "the local files"
@@ -122,42 +118,26 @@ def compose(args: dict[str, Any]) -> dict[str, Any]:
             for name in files:
                 rel = os.path.relpath(os.path.join(base, name), model_dir)
                 if rel not in expected:
-                    if verify:
-                        problems.append(f"{os.path.join(model_dir, rel)} is not part of the model")
-                    else:
-                        os.unlink(os.path.join(model_dir, rel))
+                    fix(f"{os.path.join(model_dir, rel)} is not part of the model", os.path.join(model_dir, rel))
     elif verify:
         problems.append(f"{model_dir} does not exist")
     # `dst/model` names the snapshot folder, so the plan can mount and pass a path it knows
     # before the revision is resolved (the first source of a composed model is the model).
     current = os.path.join(dst, "model")
     link = os.path.relpath(model_dir, dst)
-    if args.get("primary", True):
-        if verify:
-            if not (os.path.islink(current) and os.readlink(current) == link):
-                problems.append(f"{current} is not a link to {link}")
-        else:
-            _replace_with(lambda tmp: os.symlink(link, tmp), current)
+    if args.get("primary", True) and not (os.path.islink(current) and os.readlink(current) == link):
+        fix(f"{current} is not a link to {link}", current, functools.partial(os.symlink, link))
     return {
         "model_dir": model_dir, "revision": rev, "mount_roots": _roots(list(wanted.values())),
         "links": len(wanted) - len(set(wanted) & set(local)), "hard_links": len(local), "problems": problems,
     }  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
-    """One JSON argument in, one marked JSON line out."""
-    words = sys.argv[1:] if argv is None else argv
-    try:
-        result: dict[str, Any] = {"ok": True, **compose(json.loads(words[0]))}
-        code = 0
-    except ComposeFailure as exc:
-        result, code = {"ok": False, "error": str(exc)}, 3
-    except OSError as exc:
-        where = f"{exc.filename}: " if exc.filename else ""
-        result, code = {"ok": False, "error": f"{where}{exc.strerror or exc}"}, 3
-    sys.stdout.write(RESULT_MARKER + json.dumps(result) + "\n")
-    return code
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    # One JSON argument in, one marked JSON line out.
+    try:
+        result: dict[str, Any] = {"ok": True, **compose(json.loads(sys.argv[1]))}
+    except (StageFailure, OSError) as exc:
+        result = failure_result(exc)
+    sys.stdout.write(RESULT_MARKER + json.dumps(result) + "\n")
+    sys.exit(0 if result["ok"] else 3)

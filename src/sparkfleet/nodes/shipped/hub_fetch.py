@@ -1,18 +1,13 @@
-"""Node side of the Hub fetch: which files of a repo the engine loads, and bringing those into the
-node's Hugging Face cache with huggingface_hub's own client.
+"""Node side of the Hub fetch: which files of a repo the engine loads (``choose``, pure: a repo
+often holds a second full checkpoint, ``original/*.pth`` or ``consolidated.safetensors``, that
+would double a 150 GB download), and bringing those into the node's Hugging Face cache with
+huggingface_hub's own client.
 
-``choose(listing, profile, index)`` is pure (the controller imports it too, for tests and ``plan``):
-a repo holds more than the engine loads, often a second full checkpoint (``original/*.pth``
-beside the safetensors, ``consolidated.safetensors`` beside the shards); fetching those doubles
-a 150 GB download for nothing.
-
-Run on the node (``python3 -c PROGRAM``, the job as one JSON line on stdin, so the token is never
-in argv): a pinned revision whose snapshot already holds what the engine loads is answered
-without asking the Hub. Otherwise the listing (sizes, sha256 of LFS files, git blob ids of the
-others) comes from ``HfApi.model_info``, each chosen file from ``hf_hub_download`` (which resumes
-its ``.incomplete`` blob), and each downloaded blob is hashed against the listing: a file that
-does not match is removed and refused. Progress lines ``P <done> <total>`` go to stdout while it
-runs; the last line is the JSON report.
+The job comes as one JSON line on stdin (the token never sits in argv). A pinned revision whose
+snapshot already holds what the engine loads is answered without the Hub; otherwise each chosen
+file comes from ``hf_hub_download`` (which resumes) and is hashed against ``model_info``'s
+listing, and a mismatch is removed and refused. ``P <done> <total>`` lines report progress; the
+last line is the JSON report.
 """
 
 from __future__ import annotations
@@ -127,13 +122,6 @@ def _digest(path: str, lfs: bool, size: int) -> str:
     return h.hexdigest()
 
 
-def _partial_bytes(blobs: str) -> int:
-    try:
-        return sum(e.stat().st_size for e in os.scandir(blobs) if e.name.endswith(".incomplete"))
-    except OSError:
-        return 0
-
-
 def fetch(job: dict) -> dict:
     """Bring the engine's files of job's repo into job's cache; the report (see the module doc)."""
     cache, repo, revision, profile = job["cache"], job["repo"], job.get("revision"), job["profile"]
@@ -207,7 +195,11 @@ def fetch(job: dict) -> dict:
 
     def tell() -> None:
         while not stop.wait(0.5):
-            print(f"P {done + _partial_bytes(blobs)} {total}", flush=True)
+            try:
+                partial = sum(e.stat().st_size for e in os.scandir(blobs) if e.name.endswith(".incomplete"))
+            except OSError:
+                partial = 0
+            print(f"P {done + partial} {total}", flush=True)
 
     ticker = threading.Thread(target=tell, daemon=True)
     ticker.start()

@@ -1,8 +1,5 @@
-"""The two on-disk layouts of a rank's rows: ``packed`` and ``sparse-file`` (node-side, stdlib only).
-
-Both describe an output as a list of chunks ``(offset, length)``, say how to build each chunk's
-expected bytes from the source, and where any row lives in the output and in the source, so the
-staging engine can pack, diff and verify them the same way.
+"""The two on-disk layouts of a rank's rows, ``packed`` and ``sparse-file`` (node-side, stdlib
+only): chunks, how to build them from the source, and where each row lives in both.
 """
 
 from __future__ import annotations
@@ -71,11 +68,8 @@ def interleave(out: Any, parts: list[tuple[Any, int]], rows: int) -> None:
 
 
 def _numpy() -> Any:
-    """numpy if the node has it, else None (then interleave uses memoryview copies).
-
-    Imported when a pack starts, not at start-up: a re-stage that only verifies never
-    interleaves, and numpy's import is a large part of its run time.
-    """
+    """numpy if the node has it, else None (then interleave uses memoryview copies). Imported
+    when a pack starts: a re-stage that only verifies never interleaves."""
     if _NUMPY_IMPORT:
         _NUMPY_IMPORT[0].join()
     if not _NUMPY:
@@ -113,28 +107,22 @@ class Layout:
     size: int
     chunks: list[tuple[int, int]]
     layout: str
+    max_block = BLOCK_BYTES  # I/O block size (a whole number of records where records matter)
 
     def fixed_header(self) -> bytes:
         """Bytes at offset 0 that are not covered by chunks (compared exactly, not hashed)."""
         return b""
 
     def blocks(self, index: int) -> list[tuple[int, int]]:
-        """Chunk ``index`` as ``(offset, length)`` I/O blocks of at most about BLOCK_BYTES."""
+        """Chunk ``index`` as ``(offset, length)`` I/O blocks of at most ``max_block`` bytes."""
         offset, length = self.chunks[index]
-        step = self.block_step()
+        step = self.max_block
         return [(o, min(offset + length, o + step) - o) for o in range(offset, offset + length, step)]
 
-    def block_step(self) -> int:
-        """Block size in bytes (a whole number of records where records matter)."""
-        return BLOCK_BYTES
-
     def streams(self) -> dict[str, str]:
-        """The source shard behind each sequential stream that ``build`` reads, by name.
-
-        A stream is read through a descriptor of its own (``build``'s ``fds``): the kernel keeps
-        readahead state per open file, and weight and scale rows of one shard read through one
-        descriptor read at half the rate of two on the test VM (readahead saw random reads).
-        """
+        """The source shard behind each sequential stream that ``build`` reads, by name. Each has a
+        descriptor of its own: readahead state is per open file, and weight and scale rows read
+        through one descriptor read at half the rate of two (readahead saw random reads)."""
         raise NotImplementedError
 
     def build(self, offset: int, length: int, out: bytearray, fds: dict[str, int]) -> memoryview:
@@ -171,10 +159,6 @@ class Layout:
         """Bytes the output really holds (excluding holes)."""
         return len(self.fixed_header()) + sum(length for _, length in self.chunks)
 
-    @property
-    def max_block(self) -> int:
-        return self.block_step()
-
 
 class PackedLayout(Layout):
     """``engram-l{L}-r{rank}of{tp}.bin``: 4 KiB header, then interleaved weight+scale rows."""
@@ -202,14 +186,12 @@ class PackedLayout(Layout):
             for r0 in range(self.lo, self.hi, self.chunk_rows)
         ]  # fmt: skip
         self.block_rows = max(1, BLOCK_BYTES // self.row_bytes)
+        self.max_block = self.block_rows * self.row_bytes
         self._scratch = threading.local()  # read buffers, a pair per lane packing this output
 
     def fixed_header(self) -> bytes:
         fields = struct.pack("<6Q", PACKED_MAGIC, self.layer, self.lo, self.hi, self.weight.rows, self.row_bytes)
         return fields + bytes(PACKED_HEADER_BYTES - len(fields))
-
-    def block_step(self) -> int:
-        return self.block_rows * self.row_bytes
 
     def streams(self) -> dict[str, str]:
         return {"weight": self.weight.shard, "scale": self.scale.shard}

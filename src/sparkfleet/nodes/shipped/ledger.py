@@ -1,7 +1,5 @@
-"""The ledger beside each staged file, and the chunk hash it records (node-side, stdlib only).
-
-A ledger is JSON written atomically after the data it describes (and before the output is renamed
-into place), ``<output>.ledger.json``::
+"""The ledger beside each staged file, ``<output>.ledger.json``, and the chunk hash it records
+(node-side, stdlib only). Written after the data it describes, before the output's rename::
 
     format        "sparkfleet-staging-ledger/1"
     sources       [{path, real, size, mtime_ns, header_sha256}]  one per source shard used
@@ -44,12 +42,10 @@ def hash_algorithms() -> dict[str, Callable[[], Any]]:
 
 
 def default_algorithm() -> str:
-    """The fastest chunk hash available here."""
     return "xxh3_64" if xxhash is not None else "blake2b-64"
 
 
 def ledger_path(output: str) -> str:
-    """Where the ledger for ``output`` lives."""
     return output + LEDGER_SUFFIX
 
 
@@ -62,23 +58,15 @@ def fsync(path: str) -> None:
         os.close(fd)
 
 
-def write_json_atomic(path: str, obj: dict[str, Any], *, durable: bool = True) -> None:
-    """Write JSON to a temp file beside ``path`` and rename it into place; with ``durable``,
-    fsync the file first and its folder after. Without, the caller makes it durable later
-    (``fsync`` of the file, then of its folder): a rename is atomic for every process at once, and only
-    a power cut before those fsyncs can lose it."""
-    import json  # a pack writes ledgers; a re-stage of unchanged outputs does not
-
+def write_json_atomic(path: str, obj: dict[str, Any]) -> None:
+    """Write JSON to a temp file beside ``path`` and rename it into place. The caller makes it
+    durable later (``fsync`` of the file, then of its folder): the rename is atomic for every
+    process at once, and only a power cut before those fsyncs can lose it."""
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(obj, fh, indent=1, sort_keys=True)
         fh.write("\n")
-        fh.flush()
-        if durable:
-            os.fsync(fh.fileno())
     os.replace(tmp, path)
-    if durable:
-        fsync(os.path.dirname(path) or ".")
 
 
 def read_ledger(output: str) -> dict[str, Any] | None:
@@ -94,7 +82,6 @@ def read_ledger(output: str) -> dict[str, Any] | None:
 
 
 def remove_ledger(output: str) -> None:
-    """Withdraw the ledger's voucher for ``output``."""
     try:
         os.unlink(ledger_path(output))
     except FileNotFoundError:

@@ -1,7 +1,6 @@
-"""A bidirectional TCP stream test with the standard library only, for nodes without iperf3:
-both ends send zeros for SECS seconds at once, each counts what it receives, then prints one JSON
-line ``{"received": bytes, "seconds": first-to-last byte}``. One stream each way, from Python:
-on a link faster than a few Gbit/s it reads below line rate, where iperf3 does not.
+"""A bidirectional TCP stream test for nodes without iperf3 (standard library only; on a link
+faster than a few Gbit/s it reads below line rate): both ends send zeros for SECS seconds and
+print ``{"received": bytes, "seconds": first-to-last byte}``.
 
     serve BIND_IP PORT SECS LIMIT      listens (prints "listening"), takes one connection, exits
                                        by LIMIT seconds whatever happens

@@ -1,10 +1,8 @@
-"""Read safetensors shard headers and find the 2-D row tables to stage (node-side, stdlib only).
+"""sparkfleet's one safetensors header reader (node-side, stdlib only; the controller uses
+``header_tensors`` / ``tensor_nbytes`` too), and the 2-D row tables to stage.
 
 The format: an 8-byte little-endian header length, a JSON header mapping each tensor name to
-``{dtype, shape, data_offsets}`` (offsets relative to the end of the header), then the data.
-
-This is sparkfleet's one safetensors header reader: the controller's memory model and doctor's
-checkpoint probe use ``header_tensors`` / ``tensor_nbytes`` from here too.
+``{dtype, shape, data_offsets}`` (relative to the end of the header), then the data.
 """
 
 from __future__ import annotations
@@ -102,14 +100,7 @@ def read_header(path: str) -> ShardHeader:
         tensors = header_tensors(raw)
     except ValueError as exc:
         raise StageFailure(f"{path}: {exc}") from exc
-    return ShardHeader(
-        path=path,
-        size=st.st_size,
-        mtime_ns=st.st_mtime_ns,
-        data_start=8 + length,
-        header_hash=hashlib.sha256(head + raw).hexdigest(),
-        tensors=tensors,
-    )
+    return ShardHeader(path, st.st_size, st.st_mtime_ns, 8 + length, hashlib.sha256(head + raw).hexdigest(), tensors)
 
 
 def locate(header: ShardHeader, name: str) -> TensorLoc:
@@ -180,22 +171,13 @@ def find_tables(src: str, patterns: list[str]) -> tuple[list[RowTable], dict[str
             headers[path] = read_header(path)
         return headers[path]
 
-    if weight_map is not None:
-        names = sorted(n for n in weight_map if any(fnmatch.fnmatchcase(n, p) for p in patterns))
-        owner = weight_map
-    else:
-        owner = {}
-        for shard in shards:
-            for n in header_of(shard).tensors:
-                owner[n] = shard
-        names = sorted(n for n in owner if any(fnmatch.fnmatchcase(n, p) for p in patterns))
+    owner = weight_map if weight_map is not None else {n: s for s in shards for n in header_of(s).tensors}
+    names = sorted(n for n in owner if any(fnmatch.fnmatchcase(n, p) for p in patterns))
     if not names:
         raise StageFailure(f"source {src} has no tensor matching {patterns}")
     tables = []
     for name in names:
-        weight = locate(header_of(owner[name]), name)
-        scale = None
-        pname = partner_name(name)
+        weight, scale, pname = locate(header_of(owner[name]), name), None, partner_name(name)
         if pname is not None and pname in owner:
             scale = locate(header_of(owner[pname]), pname)
             if scale.rows != weight.rows:

@@ -1,9 +1,6 @@
 """Scan one model snapshot on the node (node-side, stdlib only): every file's path, size, link
-and, for the small files that decide how a checkpoint is read, its sha256.
-
-One JSON argument ``{"root", "revision", "hashed", "hash_limit"}`` in; the listing as one JSON
-line out (``scan_snapshot``'s answer). ``sparkfleet.apply.staging.snapshot_identity`` compares
-the listings of every node.
+and, for the small files that decide how a checkpoint is read, its sha256; compared across
+nodes by ``sparkfleet.apply.staging.snapshot_identity``.
 """
 
 from __future__ import annotations
@@ -73,14 +70,8 @@ def scan_snapshot(root: str, revision: str | None, hashed: Sequence[str], hash_l
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    """One JSON argument in, the listing as one JSON line out."""
-    words = sys.argv[1:] if argv is None else argv
-    args = json.loads(words[0])
+if __name__ == "__main__":
+    # One JSON argument {"root", "revision", "hashed", "hash_limit"} in, the listing as one JSON line out.
+    args = json.loads(sys.argv[1])
     found = scan_snapshot(args["root"], args.get("revision"), tuple(args["hashed"]), int(args["hash_limit"]))
     sys.stdout.write(json.dumps(found) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

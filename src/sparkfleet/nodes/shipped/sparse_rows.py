@@ -1,15 +1,10 @@
-"""Stage one rank's rows of large tables onto node-local disk (node-side entry point).
+"""Stage one rank's rows of large tables onto node-local disk (node-side entry point, bundled
+into one script by ``bundle.py``; the last stdout line is a JSON result).
 
-Run on the node as ``python3 - '<json args>'`` with this package's node-side modules bundled into
-one script (``bundle.py``). For every output file of the rank it first checks what is already
-there against its ledger: an output whose ledger matches the source identity, the output's own
-stat, its header, a sample of rows compared with the source and a sample of chunk hashes is left
-alone. Anything else is (re)built in ``<output>.partial`` — comparing chunk hashes so only chunks
-that differ are written — fsynced, described by a fresh ledger, and renamed into place, so the
-final path only ever holds a file its ledger vouches for. The ledgers' and the renames' own
-fsyncs come once every output of the run is written (see ``_Finisher``): a killed worker loses
-nothing, a power cut before them at worst a ledger, and that output is packed again. The last
-stdout line is a JSON result.
+An output whose ledger matches the source identity, its own stat, its header, sampled rows
+(against the source) and sampled chunk hashes is left alone. Anything else is (re)built in
+``<output>.partial``, writing only chunks that differ, fsynced, given a fresh ledger and renamed
+into place, so the final path only ever holds a file its ledger vouches for.
 """
 
 from __future__ import annotations
@@ -29,7 +24,7 @@ from queue import Queue
 from typing import Any, TypeVar
 
 from sparkfleet.nodes.shipped.disk import allocated_bytes, check_room
-from sparkfleet.nodes.shipped.failure import StageFailure
+from sparkfleet.nodes.shipped.failure import StageFailure, failure_result
 from sparkfleet.nodes.shipped.layouts import (
     Layout,
     import_numpy_in_background,
@@ -42,6 +37,7 @@ from sparkfleet.nodes.shipped.ledger import (
     default_algorithm,
     fsync,
     hash_algorithms,
+    ledger_path,
     read_ledger,
     remove_ledger,
     write_json_atomic,
@@ -52,15 +48,13 @@ _T = TypeVar("_T")
 
 DEFAULT_CHUNK_BYTES = 16 << 20
 DEFAULT_SAMPLE_ROWS = 128
-# Sampled rows come in runs of this many neighbours: a run is one read of the output and one of
-# each source stream, where rows picked one by one were three random reads each (1,560 for a
-# 2 GiB table at tp=4 on one node, most of a cold re-stage on the test VM). For damage that hits
-# a few rows here and there, the chance of a sampled row landing on one is the same.
+# Sampled rows come in runs of this many neighbours, one read of the output and of each source
+# stream per run: rows picked one by one were three random reads each (1,560 for a 2 GiB table at
+# tp=4, most of a cold re-stage), and damage here and there is found as often.
 SAMPLE_RUN = 8
-# A re-stage hashes one chunk in this many of a node's outputs against the ledgers (at least one
-# chunk, wherever it falls): its reads grow with the data, not with the number of files. One
-# chunk per output made 64 MiB of cold reads at tp=4 on one node, 3 % of a 2 GiB pack on its
-# own; ``--verify`` hashes every chunk.
+# A re-stage hashes one chunk in this many of a node's outputs (at least one), so its reads grow
+# with the data, not the number of files (one per output was 3 % of a 2 GiB pack at tp=4);
+# ``--verify`` hashes every chunk.
 SAMPLE_SHARE = 256
 PARTIAL_SUFFIX = ".partial"
 RESULT_MARKER = "SPARKFLEET-STAGE-RESULT "
@@ -71,7 +65,7 @@ _FADV_OK = hasattr(os, "posix_fadvise")
 class Progress:
     """Writes ``{"job", "done", "total", "output"}`` to a file the controller polls (atomically)."""
 
-    def __init__(self, path: str | None, total: int, job: int = 0) -> None:
+    def __init__(self, path: str | None, total: int, job: int) -> None:
         self.path, self.total, self.done, self.job = path, total, 0, job
         self.output = ""
         self._last = 0.0
@@ -106,15 +100,13 @@ def _drop_cache(fd: int, offset: int, length: int) -> None:
 
 class _Finisher:
     """The disk side of one output, in its own thread: page-cache advice while it is packed,
-    then its finish: fsync once the output packed before it is synced, ledger, rename.
+    then fsync (once the output before it is synced), ledger, rename.
 
-    The packing thread hands work over and never waits on the disk. A pack is bound by how fast
-    the disk makes writes durable, so the fsyncs are what must follow each other without a gap:
-    while output k is fsynced, output k+1 is read and written, and k+1's fsync starts as soon
-    as k's returns, while k's ledger is written and both are renamed into place. The ledger's
-    fsync and the folder's wait for the stager's close (``later``): made while another output
-    is being written, each small fsync waited 50-160 ms for that output's data in the same
-    journal commit, and a tp=4 pack on one node made twelve of them.
+    A pack is bound by how fast the disk makes writes durable, so the fsyncs must follow each
+    other without a gap: while output k is fsynced, k+1 is read and written. The ledger's and
+    the folder's fsyncs wait for the stager's close (``later``): made while another output was
+    being written, each waited 50-160 ms for that output's data in the same journal commit.
+    A killed worker loses nothing; a power cut before the close at worst a ledger.
     """
 
     def __init__(self, fd: int, before: _Finisher | None) -> None:
@@ -128,7 +120,6 @@ class _Finisher:
         self._thread.start()
 
     def advise(self, offset: int, length: int) -> None:
-        """POSIX_FADV_DONTNEED on a range of the output (see ``_WriteBehind``)."""
         self._calls.put(functools.partial(_drop_cache, self.fd, offset, length))
 
     def finish(self, sync: Callable[[], None], then: Callable[[], None]) -> None:
@@ -175,21 +166,16 @@ class _WriteBehind:
     """Starts write-back of each window of output as soon as it is written, and drops it and the
     source bytes it came from from the page cache once they are no longer needed.
 
-    Left to the kernel, a pack dirties the whole output in memory and the fsync at the end writes
-    it all (``cp && sync`` does the same). POSIX_FADV_DONTNEED on dirty pages starts asynchronous
-    write-back (Linux, WB_SYNC_NONE) and drops pages that are clean, so issuing it on each window
-    as it is finished lets the disk write while the next windows are read, and issuing it again
-    ``_LAG`` windows later drops them once written. The page cache holds a few windows of the pack
-    instead of all of it (on a DGX Spark it competes with GPU memory), and the kernel never has
-    to throttle the writer for too much dirty memory. The output's advice goes through its
-    ``_Finisher``, as starting write-back can wait on a busy disk; dropping clean source pages
-    cannot, and is done here.
+    Left to the kernel, a pack dirties the whole output and the final fsync writes it all.
+    POSIX_FADV_DONTNEED on dirty pages starts asynchronous write-back (WB_SYNC_NONE) and drops
+    clean ones, so issuing it on each finished window lets the disk write while the next is
+    read, and issuing it again ``_LAG`` windows later drops them: the page cache holds a few
+    windows, not the pack, and the writer is never throttled for dirty memory. The output's
+    advice goes through its ``_Finisher`` (starting write-back can wait on a busy disk).
 
-    A window ends on a multiple of ``_ALIGN`` in the file, the rest of its last block going to
-    the next window: blocks are whole rows (1,048,344 bytes) and end inside a page, and a window
-    ending there wrote that page half-filled and again later, and split the write-back into
-    requests the device could not merge (on the test VM the pack issued a fifth more write
-    requests than ``cp`` for the same bytes).
+    A window ends on a multiple of ``_ALIGN``: blocks are whole rows and end inside a page, and
+    a window ending there wrote that page twice and split the write-back into requests the
+    device could not merge (a fifth more write requests than ``cp`` on the test VM).
     """
 
     _WINDOW = 32 << 20
@@ -235,11 +221,6 @@ class _WriteBehind:
             for lo, hi in runs:
                 _drop_cache(self.fds[stream], lo, hi - lo)
         self.read.clear()
-
-
-def _prefetch(fd: int, offset: int, length: int) -> None:
-    if _FADV_OK:
-        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
 
 
 def _write_all(fd: int, data: Any, offset: int) -> None:
@@ -311,12 +292,13 @@ class _Pieces:
                 runs.append([offset, offset + length])
         self.data: dict[int, list[bytes]] = {}
 
-    def prefetch(self) -> None:
-        for fd, runs in self.runs.items():
-            for start, end in runs:
-                _prefetch(fd, start, end - start)
-
     def read(self) -> None:
+        # Random reads: asked for all at once (WILLNEED starts the reads and returns) they queue
+        # on the device together (NVMe does ~30x more IOPS at depth 64 than at depth 1) instead
+        # of paying one latency each, without a thread pool to start.
+        for fd, runs in self.runs.items():
+            for start, end in runs if _FADV_OK else ():
+                os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
         for fd, runs in self.runs.items():
             self.data[fd] = [os.pread(fd, end - start, start) for start, end in runs]
 
@@ -380,12 +362,7 @@ def assess(
         points = _sample_rows(out, rng, sample_rows)
         pieces = _Pieces([(fd, *out.row_in_output(*point)) for point in points]
                          + [(fds[s], o, k) for point in points for s, o, k in out.row_parts(*point)])  # fmt: skip
-        # Sampled rows are random reads: asked for all at once (WILLNEED starts the reads and
-        # returns) they queue on the device together (NVMe does ~30x more IOPS at depth 64 than
-        # at depth 1) instead of paying one latency each, without a thread pool to start. The
-        # sampled chunk is left to sequential readahead, which read it faster than WILLNEED did.
-        pieces.prefetch()
-        pieces.read()
+        pieces.read()  # the sampled chunk is left to readahead, which read it faster than WILLNEED
         for point in points:
             expected = b"".join(pieces.get(fds[s], o, k) for s, o, k in out.row_parts(*point))
             if pieces.get(fd, *out.row_in_output(*point)) != expected:
@@ -425,11 +402,9 @@ def _same_as_source(fd: int, out: Layout, picks: list[int], buf: bytearray) -> b
 
 
 # An output is packed by this many threads at once, each through a contiguous run of its chunks
-# with descriptors of its own (see ``Layout.streams``). Reads, numpy's interleave, hashing and
-# writes release the GIL, so one lane's CPU work overlaps the other's waits on the disk, and
-# both keep writes queued. Measured side by side (2 GiB, tp=4): on the 2-core test VM two lanes
-# packed at 1.0-1.13x one lane's rate, on a 16-core VM 88 % of cp's rate against 81 % for the
-# single-thread loop with a reader thread; four lanes were no better than two on either.
+# with descriptors of its own. Reads, numpy, hashing and writes release the GIL, so one lane's CPU
+# work overlaps the other's disk waits. At 2 GiB, tp=4: 1.0-1.13x one lane's rate on 2 cores, 88 %
+# of cp's rate against 81 % on 16 cores; four lanes were no better than two.
 _LANES = 2
 _WARM_CHUNKS = 8  # per lane: 2 x 128 MiB is about what the disk reads while numpy is imported
 
@@ -438,11 +413,9 @@ class _ChunkRuns:
     """An output's chunk indices as one contiguous run per lane; a lane whose run is done takes
     the second half of the longest run left.
 
-    Runs keep each lane's reads sequential: handing out chunks in turn (every lane jumping a
-    chunk ahead each time) packed 14 % slower on the test VM, as readahead started over at every
-    chunk. Halving what is left balances the end: with fixed halves one lane finished 0.1-0.14 s
-    before the other in each 0.5 GiB output (seen while the lanes still shared descriptors), and
-    the other then packed alone.
+    Runs keep each lane's reads sequential (chunks handed out in turn packed 14 % slower, as
+    readahead started over at every chunk); halving what is left keeps one lane from packing
+    the end alone.
     """
 
     def __init__(self, n: int, lanes: int) -> None:
@@ -464,13 +437,9 @@ class _ChunkRuns:
 
 
 class _Lane:
-    """Packs the chunks of one output it takes from a ``_ChunkRuns`` (see ``_LANES``).
-
-    Each lane has its own buffers and its own ``_WriteBehind`` and reports the hashes of its
-    chunks by index; the runs, the output's ``_Finisher`` and ``Progress`` are shared, and each
-    takes calls from several threads. A lane that fails sets ``stop``, so the others end at
-    their next chunk instead of writing on.
-    """
+    """Packs the chunks of one output it takes from a ``_ChunkRuns`` (see ``_LANES``), with its
+    own buffers and ``_WriteBehind``; a lane that fails sets ``stop``, so the others end at their
+    next chunk."""
 
     def __init__(
         self, out: Layout, fd: int, finisher: _Finisher, progress: Progress,
@@ -550,11 +519,8 @@ def repack(
     out: Layout, ledger: dict[str, Any] | None, ident: list[dict[str, Any]], progress: Progress,
     stager: _Stager, job: int,
 ) -> dict[str, Any]:  # fmt: skip
-    """Make ``out`` right, writing only blocks whose bytes differ; returns counts.
-
-    The fsync, ledger and rename are left to the output's ``_Finisher``: ``stager.close()``
-    waits for them and says which failed.
-    """
+    """Make ``out`` right, writing only blocks whose bytes differ; returns counts. The fsync,
+    ledger and rename are left to the output's ``_Finisher`` (``stager.close()`` waits for them)."""
     hash_name = default_algorithm()
     expected = _usable_hashes(out, ledger, ident)
     if expected is not None and ledger is not None:
@@ -610,19 +576,18 @@ def repack(
         st = synced[0]
         assert finisher is not None
         write_json_atomic(
-            final + ".ledger.json",
+            ledger_path(final),
             {
                 "format": LEDGER_FORMAT, "output_name": os.path.basename(final), "geometry": out.describe(),
                 "sources": ident, "hash": hash_name, "chunk_hashes": hashes,
                 "output": {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino},
                 "written_at": time.time(),
             },
-            durable=False,
         )  # fmt: skip
         # The data is durable (sync ran first); a SIGKILL from here on loses nothing, and a power
         # cut before the stager's close can only lose the ledger, so the output is packed again.
         os.replace(partial, final)
-        finisher.later.append(final + ".ledger.json")
+        finisher.later.append(ledger_path(final))
 
     finisher.finish(sync, finish)
     return {"bytes_written": written, "chunks_rewritten": rewritten, "chunks_total": len(out.chunks)}
@@ -693,10 +658,8 @@ class _Stager:
 
 
 class _Job:
-    """One rank's outputs with their sources open: ``assess`` them, then ``finish`` (stage them).
-
-    ``run`` in two halves, so that all of a node's ranks are checked at once (see ``run_jobs``).
-    """
+    """One rank's outputs with their sources open: ``assess`` them, then ``finish`` (stage them);
+    two halves, so that all of a node's ranks are checked at once (see ``run_jobs``)."""
 
     def __init__(self, args: dict[str, Any]) -> None:
         t0 = time.monotonic()
@@ -724,13 +687,11 @@ class _Job:
         self.checked: list[tuple[str, dict[str, Any] | None]] = []
         self.seconds = time.monotonic() - t0
 
-    def assess(self, picks: list[list[int]] | None = None) -> _Job:
+    def assess(self, picks: list[list[int]]) -> _Job:
         """Check every output, all at once, as their reads are mostly waits; ``picks``: the chunks
-        of each to hash (by default ``chunk_picks`` over this job's outputs alone)."""
+        of each to hash."""
         t0 = time.monotonic()
         seeds = [self.rng.random() for _ in self.outs]  # reproducible with a seed, whatever the threads do
-        if picks is None:
-            picks = chunk_picks(self.outs, self.rng, self.mode == "verify")
         try:
             self.checked = _together(
                 [
@@ -746,65 +707,51 @@ class _Job:
         self.seconds += time.monotonic() - t0
         return self
 
-    def finish(self, stager: _Stager, job: int = 0) -> dict[str, Any]:
+    def finish(self, stager: _Stager, job: int) -> dict[str, Any]:
         """Stage what ``assess`` found wrong (nothing in verify mode); the job's result, but for
         the outputs' finish, which ``stager.close()`` waits for."""
         try:
             t0 = time.monotonic()
-            result = _run_outputs(self.outs, self.checked, self.idents, self.args, self.dst, self.mode, stager, job)
-            return {**result, "seconds": self.seconds + time.monotonic() - t0}
+            return {**self._stage(stager, job), "seconds": self.seconds + time.monotonic() - t0}
         finally:
             self.close()
+
+    def _stage(self, stager: _Stager, job: int) -> dict[str, Any]:
+        outs, checked = self.outs, self.checked
+        reports = [
+            {"path": o.path, "layout": o.layout, "size": o.size, "status": status, "action": "verified",
+             "bytes_written": 0, "chunks_rewritten": 0, "chunks_total": len(o.chunks)}
+            for o, (status, _) in zip(outs, checked, strict=True)
+        ]  # fmt: skip
+        work = [i for i, (status, _) in enumerate(checked) if status != "ok"]
+        if self.mode == "verify" or not work:
+            return {"outputs": reports, "hash": default_algorithm()}
+        import_numpy_in_background()
+        # Chunks rewritten in place need no new blocks: only what is not yet allocated counts.
+        to_write = sum(
+            max(0, outs[i].data_bytes - max(allocated_bytes(p), allocated_bytes(p + PARTIAL_SUFFIX)))
+            for i in work
+            for p in [outs[i].path]
+        )
+        check_room(self.dst, int(self.args.get("min_free") or 0), to_write)
+        os.makedirs(self.dst, exist_ok=True)
+        stager.lock(self.dst)
+        progress = Progress(
+            self.args.get("progress_file"), sum(outs[i].data_bytes for i in work), self.args.get("job", 0)
+        )
+        progress.flush()
+        for i in work:
+            t0 = time.monotonic()
+            counts = repack(outs[i], checked[i][1], self.idents[i], progress, stager, job)
+            action = "packed" if checked[i][0] in ("missing", "unvouched") else "repaired"
+            reports[i].update(counts, action=action, seconds=time.monotonic() - t0)
+        progress.flush()
+        return {"outputs": reports, "hash": default_algorithm()}
 
     def close(self) -> None:
         for fd in self.fds.values():
             os.close(fd)
         self.fds = {}
-
-
-def run(args: dict[str, Any]) -> dict[str, Any]:
-    """Stage (or, with ``mode = "verify"``, only check) every output of one rank."""
-    stager = _Stager()
-    try:
-        result = _Job(args).assess().finish(stager)
-    finally:
-        failure, seconds = stager.close().get(0, (None, 0.0))
-    if failure is not None:
-        raise failure
-    return {**result, "seconds": result["seconds"] + seconds}
-
-
-def _run_outputs(
-    outs: list[Layout], checked: list[tuple[str, dict[str, Any] | None]], idents: list[list[dict[str, Any]]],
-    args: dict[str, Any], dst: str, mode: str, stager: _Stager, job: int,
-) -> dict[str, Any]:  # fmt: skip
-    reports = [
-        {"path": o.path, "layout": o.layout, "size": o.size, "status": status, "action": "verified",
-         "bytes_written": 0, "chunks_rewritten": 0, "chunks_total": len(o.chunks)}
-        for o, (status, _) in zip(outs, checked, strict=True)
-    ]  # fmt: skip
-    work = [i for i, (status, _) in enumerate(checked) if status != "ok"]
-    if mode == "verify" or not work:
-        return {"outputs": reports, "hash": default_algorithm()}
-    import_numpy_in_background()
-    # Chunks rewritten in place need no new blocks: only what is not yet allocated counts.
-    to_write = sum(
-        max(0, outs[i].data_bytes - max(allocated_bytes(p), allocated_bytes(p + PARTIAL_SUFFIX)))
-        for i in work
-        for p in [outs[i].path]
-    )
-    check_room(dst, int(args.get("min_free") or 0), to_write)
-    os.makedirs(dst, exist_ok=True)
-    stager.lock(dst)
-    progress = Progress(args.get("progress_file"), sum(outs[i].data_bytes for i in work), args.get("job", 0))
-    progress.flush()
-    for i in work:
-        t0 = time.monotonic()
-        counts = repack(outs[i], checked[i][1], idents[i], progress, stager, job)
-        action = "packed" if checked[i][0] in ("missing", "unvouched") else "repaired"
-        reports[i].update(counts, action=action, seconds=time.monotonic() - t0)
-    progress.flush()
-    return {"outputs": reports, "hash": default_algorithm()}
 
 
 def _together(calls: list[Callable[[], _T]]) -> list[_T]:
@@ -831,15 +778,6 @@ def _together(calls: list[Callable[[], _T]]) -> list[_T]:
     return results
 
 
-def _failure(exc: Exception) -> dict[str, Any]:
-    if isinstance(exc, StageFailure):
-        return {"ok": False, "error": str(exc)}
-    if isinstance(exc, OSError):
-        where = f"{exc.filename}: " if exc.filename else ""
-        return {"ok": False, "error": f"{where}{exc.strerror or exc}"}
-    return {"ok": False, "error": f"bad staging worker arguments: {exc!r}"}
-
-
 _EXPECTED = (StageFailure, OSError, KeyError, ValueError, TypeError)
 
 
@@ -848,12 +786,13 @@ def _caught(call: Callable[[], _T]) -> _T | dict[str, Any]:
     try:
         return call()
     except _EXPECTED as exc:
-        return _failure(exc)
+        return failure_result(exc)
 
 
 def run_job(args: dict[str, Any]) -> dict[str, Any]:
-    """``run`` with every failure turned into ``{"ok": False, "error": …}``."""
-    return _caught(lambda: {"ok": True, **run(args)})
+    """Stage (or, with ``mode = "verify"``, only check) every output of one rank; every expected
+    failure as ``{"ok": False, "error": …}``."""
+    return run_jobs([args])[0]
 
 
 def _assessed(job: _Job | dict[str, Any], picks: list[list[int]]) -> _Job | dict[str, Any]:
@@ -871,16 +810,9 @@ def _node_picks(jobs: list[_Job], rng: random.Random) -> list[list[list[int]]]:
 
 
 def run_jobs(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``run_job`` for each of a node's jobs: all assessed at once, then packed one after the
-    other (each output finishing while the next is packed).
-
-    A re-stage is mostly waiting for small random reads (ledgers, headers, sampled rows, sampled
-    chunks); assessing the ranks together queues those reads on the disk together, and the
-    chunks are sampled over all of the node's outputs. Jobs that share an output run one by one
-    instead, each seeing what the one before it wrote.
-    """
-    if len(jobs) < 2:
-        return [run_job(job) for job in jobs]
+    """``run_job`` for each of a node's jobs: all assessed at once (a re-stage is mostly waiting
+    for small random reads, which then queue on the disk together), then packed one after the
+    other. Jobs that share an output run one by one, each seeing what the one before wrote."""
     opened = _together([functools.partial(_caught, functools.partial(_Job, job)) for job in jobs])
     good = [job for job in opened if isinstance(job, _Job)]
     paths = [o.path for one in good for o in one.outs]
@@ -888,7 +820,7 @@ def run_jobs(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for one in good:
             one.close()
         return [run_job(job) for job in jobs]
-    picks = iter(_node_picks(good, random.Random(jobs[0].get("seed"))))
+    picks = iter(_node_picks(good, random.Random(jobs[0].get("seed") if jobs else None)))
     ready = _together(
         [functools.partial(_assessed, job, next(picks) if isinstance(job, _Job) else []) for job in opened]
     )
@@ -902,7 +834,7 @@ def run_jobs(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             try:
                 results.append({"ok": True, **job.finish(stager, k)})
             except _EXPECTED as exc:
-                results.append(_failure(exc))
+                results.append(failure_result(exc))
     finally:
         finished = stager.close()
     for k, (failure, seconds) in finished.items():
@@ -911,18 +843,15 @@ def run_jobs(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if failure is None:
             results[k]["seconds"] += seconds
         elif isinstance(failure, _EXPECTED):
-            results[k] = _failure(failure)
+            results[k] = failure_result(failure)
         else:
             raise failure
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point on the node: one JSON argument in, one marked JSON line out.
-
-    The argument is one job, or ``{"jobs": [...], "progress_file": …}`` for all of a node's ranks
-    in one process (one interpreter start per node, not per rank).
-    """
+    """One JSON argument in (one job, or ``{"jobs": [...], "progress_file": …}`` for all of a
+    node's ranks in one process), one marked JSON line out."""
     words = sys.argv[1:] if argv is None else argv
     if len(words) != 1:
         result: dict[str, Any] = {"ok": False, "error": "usage: stage-worker '<json arguments>'"}

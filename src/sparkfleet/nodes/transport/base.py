@@ -1,9 +1,8 @@
 """The Transport interface: run a command on one node, put and get files, stream a command.
 
-Commands are data (a list of words) until the edge: a transport quotes them once, with
-``shlex.join``, if it needs a shell at all. What a transport can do beyond that is declared in
-its ``capabilities`` (pyinfra's connector style), so code above the seam never asks which class
-it holds.
+Commands are lists of words until the edge, where a transport quotes them once if it needs a
+shell. What it can do beyond that is in its ``capabilities`` (pyinfra's connector style), so
+code above the seam never asks which class it holds.
 """
 
 from __future__ import annotations
@@ -53,14 +52,11 @@ def trace(kind: str, node: str, started: float, ended: float, what: str) -> None
 class Capabilities:
     """What a transport offers beyond run/put/get/stream.
 
-    local: the node is this machine: its paths are the controller's paths, and code can read
-        them directly (no interpreter to start there).
+    local: the node is this machine (its paths are the controller's, readable directly).
     ssh: the ssh words up to and including the destination, for tools that take an ssh command
-        of their own (``rsync -e``, a node that pushes to this one); None when the node is not
-        reached over SSH.
-    sessions: a stream with stdin may stay open for a whole sparkfleet command as the node's
-        agent session (``nodes/agent/session.py``): each call otherwise pays for a
-        connection and an interpreter there. Its streams never get the terminal's Ctrl-C.
+        of their own (``rsync -e``, a node that pushes to this one); None when not over SSH.
+    sessions: a stream with stdin may stay open for a whole command as the node's agent session
+        (``nodes/agent/session.py``); its streams never get the terminal's Ctrl-C.
     """
 
     local: bool = False
@@ -94,7 +90,6 @@ class Result:
 
     @classmethod
     def of(cls, node: str, argv: Sequence[str], proc: subprocess.CompletedProcess[bytes], seconds: float) -> Result:
-        """The Result of a finished process."""
         return cls(node, tuple(argv), proc.returncode, proc.stdout.decode(errors="replace"),
                    proc.stderr.decode(errors="replace"), seconds)  # fmt: skip
 
@@ -138,36 +133,27 @@ class Stream(Protocol):
 
     def __iter__(self) -> Iterator[str]:
         """The output's lines as they come (decoded, without the line break)."""
-        ...
 
     def read(self, size: int = CHUNK) -> bytes:
         """The next chunk of output, as soon as any is there (b"" at the end)."""
-        ...
 
     def write(self, data: bytes) -> None:
         """Feed the command's stdin (BrokenPipeError when it stopped reading)."""
-        ...
 
-    def close_stdin(self) -> None:
-        """End the command's input."""
-        ...
+    def close_stdin(self) -> None: ...
 
     def wait(self, timeout: float | None = None) -> int:
         """Wait for the command to end; its exit code (TransportTimeout after timeout)."""
-        ...
 
     @property
     def exit_code(self) -> int | None:
         """The exit code, or None while it runs."""
-        ...
 
     def errors(self) -> str:
         """What the command wrote to stderr (separate stderr only; after it ended)."""
-        ...
 
     def close(self) -> None:
         """Stop the command if it still runs, and release the pipes."""
-        ...
 
     def __enter__(self) -> Stream: ...
 
@@ -263,7 +249,6 @@ class Transport(Protocol):
     @property
     def capabilities(self) -> Capabilities:
         """What this transport offers beyond the calls below."""
-        ...
 
     def run(
         self,
@@ -281,7 +266,6 @@ class Transport(Protocol):
     def _run(self, argv: tuple[str, ...], stdin: bytes | None, timeout: float | None,
              env: dict[str, str] | None) -> Result:  # fmt: skip
         """What ``run`` does, whatever the exit code."""
-        ...
 
     def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
         """Copy a local file to a path on the node (atomically: temp file then rename)."""
@@ -289,16 +273,12 @@ class Transport(Protocol):
 
     def put_bytes(self, data: bytes, remote: str, *, mode: int | None = None) -> None:
         """Write bytes to a path on the node (atomically)."""
-        ...
 
-    def get(self, remote: str, local: Path) -> None:
-        """Copy a file from the node to a local path."""
-        ...
+    def get(self, remote: str, local: Path) -> None: ...
 
     def stream(self, argv: Sequence[str], *, stdin: bool = False, merge_stderr: bool = True) -> Stream:
         """Start argv and return a handle on it: its output as it comes, its stdin with
         ``stdin=True`` (following logs, piping an image or a tar stream through this machine)."""
-        ...
 
     def close(self) -> None:
         """Release connections: none to release here, and ssh leaves the node's master running

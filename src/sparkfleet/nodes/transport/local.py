@@ -11,13 +11,11 @@ from pathlib import Path
 from sparkfleet.errors import TransportError
 from sparkfleet.nodes.transport.base import Capabilities, ProcessStream, Result, Transport, run_here
 
-LOCAL = Capabilities(local=True)
-
 
 class LocalTransport(Transport):
     """The node is this machine."""
 
-    capabilities = LOCAL
+    capabilities = Capabilities(local=True)
 
     def __init__(self, node: str = "local") -> None:
         self.node = node

@@ -1,17 +1,10 @@
-"""A node whose commands are answered by a function: httpx's ``MockTransport``, for nodes.
+"""A node whose commands are answered by a function (httpx's ``MockTransport``), for unit tests
+of everything above the Transport without sshd or dockerd:
 
-For unit tests of everything above the Transport (up, rollback, readiness, status, down)
-without sshd or dockerd. The real-fleet tests stay for the real paths.
+    transport = MockTransport("node0", lambda call: 0 if call.argv == ("true",) else (1, "", "no"))
 
-    def node(call: Call) -> Answer:
-        if call.argv == ("true",):
-            return 0
-        return 1, "", "no such command"
-
-    transport = MockTransport("node0", node)
-
-A streamed command is answered the same way, when it starts: its output is the answer's stdout
-(then stderr, when merged), and what is written to its stdin is kept in ``stream.written``.
+A streamed command is answered when it starts: its output is the answer's stdout (then stderr,
+when merged); what is written to its stdin is kept in ``stream.written``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""Run commands on a node over the system OpenSSH client.
-
-One multiplexed master connection per node (ControlMaster/ControlPersist), so a fan-out over
-four nodes costs one handshake each and later commands ride the open connection. The user's
-``~/.ssh/config``, keys and known_hosts apply; host keys are checked unless the user asked for
-``accept-new``. The remote command is quoted once, here, with ``shlex.join``.
-"""
+"""Run commands on a node over the system OpenSSH client, with one multiplexed master connection
+per node (ControlPersist). The user's ``~/.ssh/config``, keys and known_hosts apply."""
 
 from __future__ import annotations
 
@@ -60,14 +55,10 @@ class SshTransport(Transport):
         return Capabilities(local=False, ssh=tuple(self.ssh_argv()), sessions=True)
 
     def control_path(self) -> str:
-        """This node's master socket, named by a digest of how the node is reached: host, port,
-        user, key, host-key policy and the ssh config in force (its path, size and mtime: an
-        edited config can send the same name to another machine).
-
-        The name alone would hand a command to a master opened for another inventory that once
-        used the same address (a re-imaged node, a re-created test fleet): a stale session on the
-        wrong machine, whose host key was never checked against this cluster's known_hosts.
-        """
+        """This node's master socket, named by a digest of how the node is reached (host, port,
+        user, key, host-key policy, and the ssh config's path, size and mtime). The address alone
+        would hand a command to a master opened for another inventory that once used it (a
+        re-imaged node): a session on the wrong machine, its host key never checked."""
         n = self._node
         config = n.ssh_config or os.path.expanduser("~/.ssh/config")
         try:
