@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sparkfleet.config.cluster import Cluster, Node
+from sparkfleet.config.cluster import Node
 from sparkfleet.config.sizes import format_size
 from sparkfleet.doctor.probes.gpu import APPS_COMMAND, GpuProcess, parse_apps
 from sparkfleet.errors import LeftoverError, StateError, StopIncomplete
@@ -178,8 +178,7 @@ def _stop_other_instances(deployment: Deployment, transports: dict[str, Transpor
 
     # A node that cannot be reached is named by down's own check of the recorded instance.
     found = [f for o in fan_out(list(nodes), look).values() if o.ok and o.value for f in o.value]
-    mine = {n: [f for f in found if f.node == n] for n in sorted({f.node for f in found})}
-    fan_out(list(mine), lambda n: remove_ranks(transports[n], mine[n], nodes[n])).raise_first()
+    sweep(found, nodes, lambda node: transports[node.name])
     return found
 
 
@@ -204,15 +203,14 @@ def _check_nodes(deployment: Deployment, transports: dict[str, Transport], befor
     return report
 
 
-def find_by_name(cluster: Cluster, name: str) -> list[FoundRank]:
-    """Every rank of any instance of deployment name on every node of cluster, with its owner
+def find_by_name(nodes: Mapping[str, Node], name: str) -> list[FoundRank]:
+    """Every rank of any instance of deployment name on every node (by name), with its owner
     (what ``down --sweep`` lists before it stops anything)."""
-    nodes = {n.name: n for n in cluster.nodes}
     found = fan_out(list(nodes), lambda n: find_ranks(transport_for(nodes[n]), name, nodes[n])).raise_first()
     return [f for ranks in found.values() for f in ranks]
 
 
-def sweep(cluster: Cluster, found: list[FoundRank]) -> None:
-    """Stop what find_by_name found, whoever started it."""
+def sweep(found: list[FoundRank], nodes: Mapping[str, Node], connect: Connector = transport_for) -> None:
+    """Stop the ranks found (by find_by_name, whoever started them, or by down's own look), node by node."""
     mine = {n: [f for f in found if f.node == n] for n in sorted({f.node for f in found})}
-    fan_out(list(mine), lambda n: remove_ranks(transport_for(cluster.node(n)), mine[n], cluster.node(n))).raise_first()
+    fan_out(list(mine), lambda n: remove_ranks(connect(nodes[n]), mine[n], nodes[n])).raise_first()

@@ -145,14 +145,15 @@ def down(
 
     if sweep_:
         # Without --cluster: this machine, the local cluster a recipe runs on without one.
-        found = find_by_name(load_cluster(cluster), name)
+        nodes = {n.name: n for n in load_cluster(cluster).nodes}
+        found = find_by_name(nodes, name)
         if not found:
             console.print(f"{name}: nothing of that name on any node of {cluster or 'the local cluster'}")
             return
         console.print(f"found {len(found)} rank(s) of {name!r}:")
         for item in found:
             console.print(f"  {item.describe()}", highlight=False, soft_wrap=True)
-        sweep(load_cluster(cluster), found)
+        sweep(found, nodes)
         console.print(f"[green]stopped[/] {name}: {len(found)} rank(s) swept")
         return
     record = Deployments().require(name, f"if its ranks still run somewhere, `sparkfleet down {name} --sweep "
