@@ -262,10 +262,6 @@ def _show(bench: BenchStore, run_id: int) -> None:
                 fmt(f["itl_p99"].median), f"{fmt(f['e2el_p50'].median, 0)}/{fmt(f['e2el_p99'].median, 0)}",
                 "–" if kv is None else f"{100 * kv:.0f}%", flag_cell(t),
             )  # fmt: skip
-        console.print(shown)
-        accept = [t.figures["spec_accept_length"].median for t in tiers if t.figures["spec_accept_length"].median]
-        if accept:
-            console.print(f"speculative decoding: {', '.join(f'{a:.2f}' for a in accept)} tokens per step by tier")
     elif run.kind == "decode":
         shown = table(run_title(run), "tier", "runs", "aggregate tok/s", "per stream", "TTFT p50 ms", "TPOT p50 ms",
                       "ITL p99 ms", "", left=("tier", ""))  # fmt: skip
@@ -274,7 +270,6 @@ def _show(bench: BenchStore, run_id: int) -> None:
                 t.tier, str(t.runs), fmt_spread(t.headline), fmt(t.per_stream.median),
                 fmt(t.ttft_p50.median, 0), fmt(t.tpot_p50.median), fmt(t.itl_p99.median), flag_cell(t),
             )  # fmt: skip
-        console.print(shown)
     else:
         shown = table(run_title(run), "length", "runs", "prompt tokens", "prefill tok/s", "TTFT p50 ms", "", left=("",))
         for t in tiers:
@@ -282,7 +277,10 @@ def _show(bench: BenchStore, run_id: int) -> None:
                 t.tier, str(t.runs), fmt(t.prompt_tokens.median, 0), fmt_spread(t.headline, 0),
                 fmt(t.ttft_p50.median, 0), flag_cell(t),
             )  # fmt: skip
-        console.print(shown)
+    console.print(shown)
+    accept = [t.figures["spec_accept_length"].median for t in tiers if run.kind == "serve"]
+    if any(accept):
+        console.print(f"speculative decoding: {', '.join(f'{a:.2f}' for a in accept if a)} tokens per step by tier")
     if run.status != "complete":
         console.print(f"[yellow]run {run.id} is {run.status}: {run.note or ''}[/]")
 
