@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-from types import FrameType
 from typing import Annotated
 
 import typer
@@ -26,6 +24,7 @@ def watch(
     """Poll every rank, rank 0's health and /metrics, each node's MemAvailable; record the series
     and events; with [serve] restart = "on-failure", bring the deployment back after a rank dies.
     Ends when the deployment is taken down (exit 0) or the restart policy gives up (exit 1)."""
+    from sparkfleet.apply.up import _signals_interrupt
     from sparkfleet.apply.watch import MIN_INTERVAL_S, Event, Poll, Watcher
 
     if interval < MIN_INTERVAL_S:
@@ -40,14 +39,9 @@ def watch(
             plain(poll.line())
 
     watcher = Watcher(name, interval=interval, on_event=show_event)
-
-    # systemd stops the unit with SIGTERM: end the way Ctrl-C does, between polls.
-    def stop(_signum: int, _frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
     try:
-        code = watcher.run(count=count, on_poll=show_poll)
+        with _signals_interrupt():  # systemd stops the unit with SIGTERM: end the way Ctrl-C does
+            code = watcher.run(count=count, on_poll=show_poll)
     except KeyboardInterrupt:
         console.print(f"{name}: watch stopped; the deployment keeps running")
         return
