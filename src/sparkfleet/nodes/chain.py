@@ -40,9 +40,7 @@ def ssh_to(forwarder: Transport, target: Transport, address: str | None) -> str 
     words = target.capabilities.ssh
     if words is None:
         return None
-    candidates = [words[i + 1] for i, w in enumerate(words[:-1]) if w in ("-F", "-i")]
-    present = node_files.readable(forwarder, candidates)
-    return f"{node_files.node_side_ssh(words, present)} {shlex.quote(address or words[-1])}"
+    return f"{node_files.node_side_ssh(forwarder, words)} {shlex.quote(address or words[-1])}"
 
 
 def _hop(chain: Sequence[Hop], ssh: Sequence[str], scripts: Sequence[str], i: int) -> str:

@@ -142,10 +142,11 @@ def in_new_folder(folder: str, argv: Sequence[str]) -> list[str]:
     return ["sh", "-c", 'mkdir -p "$1" && shift && exec "$@"', "sh", folder, *argv]
 
 
-def node_side_ssh(words: Sequence[str], present: set[str]) -> str:
-    """The ssh command rsync on a source node uses to reach the node whose controller-side ssh
-    words are ``words``: its user and port, and the controller's ssh_config and key only where
-    the same path exists on the source node (``present``)."""
+def node_side_ssh(source: Transport, words: Sequence[str]) -> str:
+    """The ssh command the source node runs (rsync's push, a pipeline hop) to reach the node whose
+    controller-side ssh words are ``words``: its user and port, and the controller's ssh_config
+    and key only where the source node can read the same path."""
+    present = readable(source, [words[i + 1] for i, w in enumerate(words[:-1]) if w in ("-F", "-i")])
     out = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
     config = next((words[i + 1] for i, w in enumerate(words[:-1]) if w == "-F"), None)
     if config is None or config not in present:

@@ -139,10 +139,8 @@ def _rsync(source: Endpoint, target: Endpoint, names: list[str], on_bytes: Bytes
         argv = node_files.in_new_folder(target.path, node_files.rsync_argv(source.path, target.path, None))
     else:
         tgt_words = target.transport.capabilities.ssh or ()
-        candidates = [tgt_words[i + 1] for i, w in enumerate(tgt_words[:-1]) if w in ("-F", "-i")]
-        present = node_files.readable(source.transport, candidates)
         address = target.address or (tgt_words[-1] if tgt_words else target.node)
-        ssh = node_files.node_side_ssh(tgt_words, present)
+        ssh = node_files.node_side_ssh(source.transport, tgt_words)
         argv = node_files.rsync_argv(source.path, f"{address}:{target.path}", ssh, make_dest=target.path)
     if source.local and target.local:
         os.makedirs(target.path, exist_ok=True)
