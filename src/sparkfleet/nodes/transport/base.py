@@ -164,10 +164,10 @@ class Stream(Protocol):
 class ProcessStream:
     """A Stream over a process started on this machine (a local command, or ssh to the node).
     Its stderr, unless merged into stdout, is read all along by a thread: a command that fills
-    its stderr pipe would block otherwise."""
+    its stderr pipe would block otherwise. missing: the error when argv's program is not here."""
 
     def __init__(self, node: str, argv: Sequence[str], *, stdin: bool = False, merge_stderr: bool = True,
-                 shown: str | None = None, new_session: bool = False) -> None:  # fmt: skip
+                 shown: str | None = None, new_session: bool = False, missing: str | None = None) -> None:  # fmt: skip
         self.node = node
         self._shown = shown or display_command(argv, 120)
         try:
@@ -179,7 +179,7 @@ class ProcessStream:
                 start_new_session=new_session,
             )
         except FileNotFoundError as exc:
-            raise TransportError(node, f"{argv[0]}: command not found") from exc
+            raise TransportError(node, missing or f"{argv[0]}: command not found") from exc
         assert self._proc.stdout is not None
         self._stdin, self._stdout, stderr = self._proc.stdin, self._proc.stdout, self._proc.stderr
         self._err: list[bytes] = []

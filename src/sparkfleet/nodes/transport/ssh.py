@@ -34,6 +34,7 @@ _SSH_ERROR = re.compile(
     r"Could not resolve|No route to host|kex_exchange|Connection reset|banner exchange)"
 )
 PERSIST_S = 300
+_NO_SSH = "the ssh client is not installed on this machine"
 
 
 def control_dir() -> Path:
@@ -115,7 +116,7 @@ class SshTransport(Transport):
         wall = time.time()
         proc, seconds = run_here(self.node, self._command(argv, env), stdin, timeout,
                                  shown=display_command(argv, 120), where=self.destination,
-                                 missing="the ssh client is not installed on this machine")  # fmt: skip
+                                 missing=_NO_SSH)  # fmt: skip
         trace("ssh", self.node, wall, time.time(), shlex.join(argv))
         if proc.returncode == SSH_FAILED and _SSH_ERROR.search(proc.stderr.decode(errors="replace")):
             last = proc.stderr.decode(errors="replace").strip().splitlines()[-1]
@@ -146,12 +147,7 @@ class SshTransport(Transport):
         is up); a handle on its output (and its stdin with ``stdin=True``)."""
         now = time.time()
         trace("ssh-stream", self.node, now, now, shlex.join(argv))
-        shown = display_command(argv, 120)
-        command = self._command(argv, None)
-        try:
-            # Its own session, as run's: Ctrl-C goes to sparkfleet, which closes what it opened
-            # (an agent session must outlive the Ctrl-C that starts up's rollback).
-            return ProcessStream(self.node, command, stdin=stdin, merge_stderr=merge_stderr, shown=shown,
-                                 new_session=True)  # fmt: skip
-        except TransportError as exc:
-            raise TransportError(self.node, "the ssh client is not installed on this machine") from exc
+        # Its own session, as run's: Ctrl-C goes to sparkfleet, which closes what it opened
+        # (an agent session must outlive the Ctrl-C that starts up's rollback).
+        return ProcessStream(self.node, self._command(argv, None), stdin=stdin, merge_stderr=merge_stderr,
+                             shown=display_command(argv, 120), new_session=True, missing=_NO_SSH)  # fmt: skip
