@@ -89,12 +89,12 @@ def _interrupt(_signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def _signals_interrupt() -> contextlib.AbstractContextManager[None]:
+def sigterm_interrupts() -> contextlib.AbstractContextManager[None]:
     """SIGTERM during up behaves like Ctrl-C: everything started is rolled back."""
     return _handling(_interrupt, signal.SIGTERM)
 
 
-def _shielded() -> contextlib.AbstractContextManager[None]:
+def shielded() -> contextlib.AbstractContextManager[None]:
     """A second Ctrl-C or SIGTERM must not cut a rollback short and leave ranks running."""
     return _handling(signal.SIG_IGN, signal.SIGINT, signal.SIGTERM)
 
@@ -137,10 +137,10 @@ def up(plan: Plan, *, config: ConfigSpec | None = None, deployments: Deployments
     transports: dict[str, Transport] = {}
     secrets = secrets_of((v.key, v.value) for r in plan.ranks for v in r.env)
     try:
-        with _signals_interrupt():
+        with sigterm_interrupts():
             answer = _run_up(plan, instance, records, report, timeout, allow_image_mismatch, transports, connect)
     except BaseException as exc:
-        with _shielded():
+        with shielded():
             report(None, None, "rolling back")
             # Every rank of this instance on every node reached so far, in the engine's stop order.
             stopped = stop_ranks(tuple(r.handle for r in plan.ranks), transports, plan.name, instance.id, grace=5.0)

@@ -24,7 +24,7 @@ def watch(
     """Poll every rank, rank 0's health and /metrics, each node's MemAvailable; record the series
     and events; with [serve] restart = "on-failure", bring the deployment back after a rank dies.
     Ends when the deployment is taken down (exit 0) or the restart policy gives up (exit 1)."""
-    from sparkfleet.apply.up import _signals_interrupt
+    from sparkfleet.apply.up import sigterm_interrupts
     from sparkfleet.apply.watch import MIN_INTERVAL_S, Event, Poll, Watcher
 
     if interval < MIN_INTERVAL_S:
@@ -40,7 +40,7 @@ def watch(
 
     watcher = Watcher(name, interval=interval, on_event=show_event)
     try:
-        with _signals_interrupt():  # systemd stops the unit with SIGTERM: end the way Ctrl-C does
+        with sigterm_interrupts():  # systemd stops the unit with SIGTERM: end the way Ctrl-C does
             code = watcher.run(count=count, on_poll=show_poll)
     except KeyboardInterrupt:
         console.print(f"{name}: watch stopped; the deployment keeps running")

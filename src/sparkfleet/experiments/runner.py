@@ -18,7 +18,7 @@ from sparkfleet.apply.configurations import ConfigSpec
 from sparkfleet.apply.down import down
 from sparkfleet.apply.observe import logs
 from sparkfleet.apply.switch import release
-from sparkfleet.apply.up import _shielded, _signals_interrupt, up  # up's SIGTERM-as-Ctrl-C and shield
+from sparkfleet.apply.up import shielded, sigterm_interrupts, up  # up's SIGTERM-as-Ctrl-C and shield
 from sparkfleet.bench.decode import DecodeConfig, DecodeTierRun
 from sparkfleet.bench.endpoint import Endpoint, resolve_endpoint
 from sparkfleet.bench.prefill import PrefillConfig, PrefillRun
@@ -151,7 +151,7 @@ def _variant_round(cfg: ABConfig, experiment: int, variant: str, rnd: int, posit
         # what it had not finished ("failed"), a ready deployment is this runner's to stop.
         record = Deployments(store).get(planned.name)
         if record is not None and record.status not in ("stopped", "failed"):
-            with _shielded():
+            with shielded():
                 # hold: behind a gateway, requests wait for the next variant (apply/switch.py).
                 down(record, deployments=Deployments(store), hold=True)
             say(f"round {rnd + 1}/{cfg.rounds}: {variant} down")
@@ -173,7 +173,7 @@ def run_ab(cfg: ABConfig, store: Store | None = None, say: Say = lambda _m: None
     say(f"experiment {experiment}: {cfg.variants[0]} vs {cfg.variants[1]}, {cfg.rounds} round(s) as {name!r}")
     status, note = "complete", None
     try:
-        with _signals_interrupt():
+        with sigterm_interrupts():
             for rnd in range(cfg.rounds):
                 order = cfg.variants if rnd % 2 == 0 else cfg.variants[::-1]
                 for position, variant in enumerate(order):
