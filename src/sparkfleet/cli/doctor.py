@@ -15,6 +15,7 @@ from sparkfleet.cli.options import AcceptNewOpt, ClusterOpt, EnvOpt, JsonOpt, Na
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from sparkfleet.doctor.pairs import Thresholds
     from sparkfleet.doctor.targets import Check, DoctorSpec
     from sparkfleet.nodes.transport.base import Transport
 
@@ -137,9 +138,8 @@ def _print_checks(checks: list[Check]) -> None:
             plain(f"{'':{width + 26}} fix: {check.fix}")
 
 
-def _fabric(
-    spec: DoctorSpec, transports: Mapping[str, Transport], recipe: Path | None, as_json: bool, alone: bool, **how: Any
-) -> dict[str, Any]:
+def _fabric(spec: DoctorSpec, transports: Mapping[str, Transport], recipe: Path | None, as_json: bool, alone: bool,
+            *, seconds: int, thresholds: Thresholds, timeout: float, tool: str) -> dict[str, Any]:  # fmt: skip
     """`doctor --fabric`: the pair test, printed or as JSON (not alone: the caller prints it in its
     own), kept in doctor's history; its JSON form."""
     from sparkfleet.doctor.history import record_fabric
@@ -147,7 +147,7 @@ def _fabric(
     from sparkfleet.doctor.run import sort_for_display
     from sparkfleet.state.store import Store
 
-    report = run_fabric(spec.nodes, transports, **how)
+    report = run_fabric(spec.nodes, transports, seconds=seconds, thresholds=thresholds, timeout=timeout, tool=tool)
     if as_json:
         if alone:
             typer.echo(json.dumps(report.to_json(), indent=2))
